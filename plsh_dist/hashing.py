@@ -1,0 +1,255 @@
+"""Positional LSH: hash token positions into contiguous blocks.
+
+Random binning of the Laplacian kernel on the line (Rahimi & Recht, 2007):
+for each (sample t, head h) draw a pitch ``delta ~ Gamma(shape=2, scale=sigma_h)``
+and a shift ``u ~ Uniform[0, delta)``; position ``p`` goes to bucket
+``floor((p - u) / delta)``.  Then
+
+    P[bucket(i) == bucket(j)] = E[max(0, 1 - |i - j| / delta)] = exp(-|i - j| / sigma)
+
+which is ALiBi's multiplicative weight with ``sigma_h = 1 / m_h``.  Buckets are
+monotone in position, so every bucket is a contiguous run (a block).
+
+Randomness is a pure function of (seed, sample, head): the pitch and shift of
+sample ``t`` and head ``h`` come from a counter-based generator (SplitMix64 of
+the tuple), never from a stateful RNG, so any rank, any sub-range of positions
+and any resumed run sees exactly the same blocks.
+
+Shape legend: s = num_samples, H = hash heads (1 for a shared float sigma),
+n = number of positions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+
+__all__ = [
+    "alibi_slopes",
+    "PositionalLSH",
+    "FixedBlocks",
+    "cu_seqlens_from_buckets",
+    "make_hash",
+]
+
+_MASK64 = (1 << 64) - 1
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi slopes of Press et al. (2022), Tensor[H] float32.
+
+    For a power of two ``n`` the slopes are the geometric sequence starting at
+    ``2^(-8/n)``; otherwise take the slopes of the closest smaller power of two
+    and fill up with every other slope of twice that power.
+    """
+    if not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    def slopes(n: int) -> list[float]:
+        if math.log2(n).is_integer():
+            return power_of_two(n)
+        closest = 2 ** math.floor(math.log2(n))
+        return power_of_two(closest) + slopes(2 * closest)[0::2][: n - closest]
+
+    return torch.tensor(slopes(num_heads), dtype=torch.float32)
+
+
+# ---------------------------------------------------------------------------
+# Counter-based randomness: uniform(seed, sample, head, stream) in (0, 1).
+# ---------------------------------------------------------------------------
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 finaliser on uint64 arrays (wrap-around arithmetic)."""
+    with np.errstate(over="ignore"):
+        x = (x + np.uint64(0x9E3779B97F4A7C15)) & np.uint64(_MASK64)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def counter_uniform(seed: int, samples: np.ndarray, heads: np.ndarray, stream: int) -> np.ndarray:
+    """Float64 uniforms in the open interval (0, 1), one per (sample, head).
+
+    A pure function of (seed, sample, head, stream): the same inputs give the
+    same numbers on every machine, independent of how many samples or heads
+    are asked for at once.
+    """
+    key = _splitmix64(np.full(samples.shape, int(seed) & _MASK64, dtype=np.uint64))
+    key = _splitmix64(key ^ samples.astype(np.uint64))
+    key = _splitmix64(key ^ heads.astype(np.uint64))
+    key = _splitmix64(key ^ np.uint64(stream))
+    # 53 random bits -> (0, 1), never exactly 0 or 1 (so log() below is finite).
+    return ((key >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
+
+
+def _as_sigma(sigma: float | Sequence[float] | torch.Tensor) -> torch.Tensor:
+    """sigma -> float64 Tensor[H] (H = 1 for a scalar), validated."""
+    if isinstance(sigma, torch.Tensor):
+        sig = sigma.detach().to("cpu", torch.float64).reshape(-1)
+        if sigma.dim() > 1:
+            raise ValueError(f"sigma must be a float or a 1-D Tensor[H], got shape {tuple(sigma.shape)}")
+    elif isinstance(sigma, (int, float)):
+        sig = torch.tensor([float(sigma)], dtype=torch.float64)
+    else:
+        sig = torch.tensor(list(sigma), dtype=torch.float64)
+    if sig.numel() == 0:
+        raise ValueError("sigma must not be empty")
+    if not bool(torch.isfinite(sig).all()) or bool((sig <= 0).any()):
+        raise ValueError(f"sigma must be finite and > 0 for every head, got {sig.tolist()}; "
+                         "use alibi_slopes(H).reciprocal() for ALiBi's per-head scales")
+    return sig
+
+
+class PositionalLSH:
+    """``s`` independent random binnings of positions, per head.
+
+    Args:
+        sigma: kernel scale. A float gives one hash shared by all heads
+            (``H = 1``: one varlen call serves every head); a Tensor[H] gives an
+            independent hash per head (ALiBi: ``sigma_h = 1 / slope_h``).
+        num_samples: ``s``, the number of masks averaged.
+        seed: any int; the masks are a pure function of (seed, sample, head,
+            position).
+        sampler: ``"iid"`` (the paper's estimator) or ``"stratified"``: pitch
+            quantiles and shifts stratified over the ``s`` samples with
+            seeded random permutations; each sample's marginal law is still
+            exactly Gamma(2, sigma) x Uniform[0, delta), so M~ stays unbiased
+            while its variance drops.
+    """
+
+    def __init__(self, sigma, num_samples: int, seed: int = 0, sampler: str = "iid"):
+        self.sigma = _as_sigma(sigma)
+        if not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+        if sampler not in ("iid", "stratified"):
+            raise ValueError(f"sampler must be 'iid' or 'stratified', got {sampler!r}")
+        self.num_samples = num_samples
+        self.seed = int(seed)
+        self.sampler = sampler
+        self.pitch, self.shift = self._draw()  # float64 Tensor[s, H] each
+
+    @property
+    def num_heads(self) -> int:
+        """H of the buckets: 1 for a shared float sigma, else len(sigma)."""
+        return self.sigma.numel()
+
+    def _draw(self) -> tuple[torch.Tensor, torch.Tensor]:
+        s, H = self.num_samples, self.num_heads
+        t, h = np.meshgrid(np.arange(s), np.arange(H), indexing="ij")
+        if self.sampler == "iid":
+            a = counter_uniform(self.seed, t, h, 0)
+            b = counter_uniform(self.seed, t, h, 1)
+            c = counter_uniform(self.seed, t, h, 2)
+            # Gamma(2, 1) = sum of two Exp(1).
+            gamma = -np.log(a) - np.log(b)
+        else:
+            gamma, c = self._stratified_unit_draws(t, h)
+        pitch = torch.from_numpy(gamma) * self.sigma[None, :]
+        shift = torch.from_numpy(c) * pitch
+        return pitch, shift
+
+    def _stratified_unit_draws(self, t: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Stratified Gamma(2, 1) quantiles and unit shifts, Tensor[s, H] each.
+
+        Sample ``t`` of head ``h`` takes stratum ``perm_h(t)`` of the pitch's
+        quantile range and stratum ``perm'_h(t)`` of the shift's; with the
+        permutations uniformly random each sample's marginal is exact.
+        """
+        s = self.num_samples
+        jitter_q = counter_uniform(self.seed, t, h, 3)
+        jitter_u = counter_uniform(self.seed, t, h, 4)
+        order_q = np.argsort(counter_uniform(self.seed, t, h, 5), axis=0)
+        order_u = np.argsort(counter_uniform(self.seed, t, h, 6), axis=0)
+        quantile = (order_q + jitter_q) / s
+        unit_shift = (order_u + jitter_u) / s
+        return _gamma2_ppf(quantile), unit_shift
+
+    # -- buckets and blocks -------------------------------------------------
+
+    def buckets(self, positions: torch.Tensor) -> torch.Tensor:
+        """Bucket ids, LongTensor[s, H, n], for a LongTensor[n] of positions.
+
+        Element-wise in position, so a sub-range of positions gives exactly
+        the slice of the full range's buckets.
+        """
+        if positions.dim() != 1:
+            raise ValueError(f"positions must be 1-D LongTensor[n], got shape {tuple(positions.shape)}")
+        p = positions.to(torch.float64)
+        pitch = self.pitch.to(p.device)[:, :, None]
+        shift = self.shift.to(p.device)[:, :, None]
+        return torch.floor((p[None, None, :] - shift) / pitch).to(torch.long)
+
+    def cu_seqlens(self, positions: torch.Tensor) -> list[list[torch.Tensor]]:
+        """Block boundaries as int32 offsets ``[0, ..., n]``, indexed [sample][head].
+
+        ``positions`` must be increasing (a contiguous or gapped range), so
+        each bucket is one contiguous run of indices.
+        """
+        b = self.buckets(positions)
+        return [[cu_seqlens_from_buckets(b[t, h]) for h in range(b.shape[1])] for t in range(b.shape[0])]
+
+    def averaged_mask(self, positions: torch.Tensor) -> torch.Tensor:
+        """M~ = (1/s) sum_t [bucket_t(i) == bucket_t(j)], float64 Tensor[H, n, n].
+
+        Dense and O(n^2): for tests and the approximation tools only.
+        """
+        b = self.buckets(positions)
+        same = (b[:, :, :, None] == b[:, :, None, :]).to(torch.float64)
+        return same.mean(dim=0)
+
+    def __repr__(self) -> str:
+        sig = self.sigma.tolist()
+        return f"{type(self).__name__}(sigma={sig if len(sig) > 1 else sig[0]}, num_samples={self.num_samples}, seed={self.seed})"
+
+
+class FixedBlocks(PositionalLSH):
+    """The paper's fixed-blocks baseline: pitch ``2 * sigma_h``, shift 0, one sample.
+
+    Same interface as :class:`PositionalLSH`; the seed is ignored.
+    """
+
+    def __init__(self, sigma, seed: int = 0):
+        super().__init__(sigma, num_samples=1, seed=seed)
+
+    def _draw(self) -> tuple[torch.Tensor, torch.Tensor]:
+        pitch = (2.0 * self.sigma)[None, :].clone()
+        return pitch, torch.zeros_like(pitch)
+
+
+def make_hash(kind: str, sigma, num_samples: int = 1, seed: int = 0, sampler: str = "iid") -> PositionalLSH:
+    """``kind`` in {"plsh", "fixed_blocks"} -> the hash object."""
+    if kind == "plsh":
+        return PositionalLSH(sigma, num_samples, seed, sampler)
+    if kind == "fixed_blocks":
+        return FixedBlocks(sigma, seed)
+    raise ValueError(f"unknown hash kind {kind!r}; expected 'plsh' or 'fixed_blocks'")
+
+
+def cu_seqlens_from_buckets(buckets: torch.Tensor) -> torch.Tensor:
+    """Non-decreasing bucket ids LongTensor[n] -> int32 offsets ``[0, b1, ..., n]``."""
+    n = buckets.numel()
+    starts = torch.nonzero(buckets[1:] != buckets[:-1]).flatten() + 1
+    zero = torch.zeros(1, dtype=starts.dtype, device=buckets.device)
+    end = torch.full((1,), n, dtype=starts.dtype, device=buckets.device)
+    return torch.cat([zero, starts, end]).to(torch.int32) if n else zero.to(torch.int32)
+
+
+def _gamma2_ppf(q: np.ndarray) -> np.ndarray:
+    """Inverse CDF of Gamma(2, 1): solve 1 - (1 + x) e^{-x} = q by Newton, float64."""
+    q = np.clip(q, 1e-300, 1.0 - 1e-16)
+    # Start from the exponential tail / small-x expansion, then polish.
+    x = np.where(q < 0.5, np.sqrt(2.0 * q), -np.log1p(-q) + np.log1p(-np.log1p(-q)))
+    for _ in range(60):
+        cdf = -np.expm1(-x) - x * np.exp(-x)
+        pdf = x * np.exp(-x)
+        step = (cdf - q) / np.maximum(pdf, 1e-300)
+        x = np.maximum(x - step, x * 0.5)
+    return x

@@ -1,0 +1,1 @@
+"""Attention operators: positional LSH, exact ALiBi baselines, dense references."""
