@@ -1,0 +1,71 @@
+"""Block attention on a padded batch of blocks (CPU, or any device via math).
+
+One call handles one (sample, head-group): every token attends (causally) to
+the tokens of its own block only. Blocks are padded to the longest one and run
+as a single batched dense call (see :mod:`plsh_dist.ops.blocks`); nothing
+n x n is ever built.
+
+Legend: B batch, n tokens, G heads sharing this hash, D head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from plsh_dist.ops.blocks import BlockLayout
+from plsh_dist.ops.kernels import dense_bwd, dense_fwd
+
+__all__ = ["block_fwd", "block_bwd"]
+
+
+def _bias(layout: BlockLayout, batch: int, causal: bool, dtype: torch.dtype) -> torch.Tensor | None:
+    """Padding-key bias (B * nb, 1, 1, L) for non-causal calls, else None."""
+    if causal:
+        return None
+    bias = layout.pad_key_bias(dtype)
+    if bias is None:
+        return None
+    return bias.expand(batch, *bias.shape).reshape(batch * layout.num_blocks, 1, 1, layout.max_len)
+
+
+def block_fwd(
+    q_BnGD: torch.Tensor,
+    k_BnGD: torch.Tensor,
+    v_BnGD: torch.Tensor,
+    layout: BlockLayout,
+    *,
+    causal: bool,
+    scale: float,
+    kernel: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blockwise attention. Returns out (B, n, G, D) in q's dtype and lse (B, G, n)."""
+    B = q_BnGD.shape[0]
+    q, k, v = (layout.to_blocks(x) for x in (q_BnGD, k_BnGD, v_BnGD))  # (B * nb, G, L, D)
+    out, lse = dense_fwd(q, k, v, causal=causal, scale=scale, bias=_bias(layout, B, causal, q.dtype), kernel=kernel)
+    return layout.from_blocks(out, B), layout.lse_from_blocks(lse, B)
+
+
+def block_bwd(
+    dout_BnGD: torch.Tensor,
+    q_BnGD: torch.Tensor,
+    k_BnGD: torch.Tensor,
+    v_BnGD: torch.Tensor,
+    out_BnGD: torch.Tensor,
+    lse_BGn: torch.Tensor,
+    layout: BlockLayout,
+    *,
+    causal: bool,
+    scale: float,
+    kernel: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward of :func:`block_fwd` given the merged ``out`` and ``lse``.
+
+    Padding slots carry dout = 0 and out = 0, so they add nothing to dk, dv.
+    Returns dq, dk, dv (B, n, G, D) in the inputs' dtype.
+    """
+    B = q_BnGD.shape[0]
+    dout, q, k, v, out = (layout.to_blocks(x) for x in (dout_BnGD, q_BnGD, k_BnGD, v_BnGD, out_BnGD))
+    lse = layout.lse_to_blocks(lse_BGn)
+    bias = _bias(layout, B, causal, q.dtype)
+    grads = dense_bwd(dout, q, k, v, out, lse, causal=causal, scale=scale, bias=bias, kernel=kernel)
+    return tuple(layout.from_blocks(g, B) for g in grads)

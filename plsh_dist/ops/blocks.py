@@ -1,0 +1,109 @@
+"""Block layouts: one (sample, head) hash -> a padded batch of contiguous blocks.
+
+All full blocks of one (sample, head) have length floor(delta) or ceil(delta)
+(only the first and last are cut by the range), so padding every block to the
+longest wastes little and turns the varlen problem into one batched call.
+
+Legend: n tokens (halo included under sequence parallelism), nb blocks,
+L = longest block, slots = nb * L padded positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from plsh_dist.hashing import cu_seqlens_from_buckets
+
+__all__ = ["BlockLayout"]
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Where each token sits in the padded (nb, L) block grid.
+
+    Attributes:
+        cu_seqlens: int32 (nb + 1,) block offsets into the n tokens.
+        max_len: L, the longest block.
+        gather: int64 (nb * L,) token index of every slot; padding slots hold
+            ``n`` (an appended zero row).
+        slot: int64 (n,) slot of every token (inverse of ``gather``).
+        key_valid: bool (nb, L), True where a slot holds a real token.
+    """
+
+    cu_seqlens: torch.Tensor
+    max_len: int
+    gather: torch.Tensor
+    slot: torch.Tensor
+    key_valid: torch.Tensor
+
+    @property
+    def num_blocks(self) -> int:
+        return self.cu_seqlens.numel() - 1
+
+    @property
+    def padded(self) -> bool:
+        """True when some block is shorter than ``max_len``."""
+        return self.gather.numel() != self.slot.numel()
+
+    @classmethod
+    def from_buckets(cls, buckets: torch.Tensor, device: torch.device | None = None) -> "BlockLayout":
+        """Non-decreasing bucket ids LongTensor[n] (on CPU) -> layout on ``device``."""
+        n = buckets.numel()
+        cu = cu_seqlens_from_buckets(buckets).to(torch.int64)
+        lengths = cu[1:] - cu[:-1]
+        num_blocks = lengths.numel()
+        max_len = int(lengths.max())
+        block_of_token = torch.repeat_interleave(torch.arange(num_blocks), lengths)
+        offset = torch.arange(n) - cu[:-1][block_of_token]
+        slot = block_of_token * max_len + offset
+        gather = torch.full((num_blocks * max_len,), n, dtype=torch.int64)
+        gather[slot] = torch.arange(n)
+        key_valid = torch.arange(max_len)[None, :] < lengths[:, None]
+        return cls(
+            cu_seqlens=cu.to(torch.int32).to(device),
+            max_len=max_len,
+            gather=gather.to(device),
+            slot=slot.to(device),
+            key_valid=key_valid.to(device),
+        )
+
+    # -- moving tensors between token order and the block grid -------------
+
+    def to_blocks(self, x_BTHD: torch.Tensor) -> torch.Tensor:
+        """(B, n, G, D) token order -> (B * nb, G, L, D) padded blocks (zeros in pads)."""
+        B, n, G, D = x_BTHD.shape
+        padded = torch.cat([x_BTHD, x_BTHD.new_zeros(B, 1, G, D)], dim=1)
+        blocks = padded.index_select(1, self.gather)  # (B, nb * L, G, D)
+        return blocks.view(B * self.num_blocks, self.max_len, G, D).transpose(1, 2)
+
+    def from_blocks(self, x_NGLD: torch.Tensor, batch: int) -> torch.Tensor:
+        """(B * nb, G, L, D) padded blocks -> (B, n, G, D) token order."""
+        _, G, L, D = x_NGLD.shape
+        flat = x_NGLD.transpose(1, 2).reshape(batch, self.num_blocks * L, G, D)
+        return flat.index_select(1, self.slot)
+
+    def lse_to_blocks(self, lse_BGT: torch.Tensor) -> torch.Tensor:
+        """(B, G, n) token order -> (B * nb, G, L) (zeros in pads)."""
+        B, G, n = lse_BGT.shape
+        padded = torch.cat([lse_BGT, lse_BGT.new_zeros(B, G, 1)], dim=2)
+        blocks = padded.index_select(2, self.gather).view(B, G, self.num_blocks, self.max_len)
+        return blocks.transpose(1, 2).reshape(B * self.num_blocks, G, self.max_len)
+
+    def lse_from_blocks(self, lse_NGL: torch.Tensor, batch: int) -> torch.Tensor:
+        """(B * nb, G, L) -> (B, G, n) token order."""
+        _, G, L = lse_NGL.shape
+        flat = lse_NGL.view(batch, self.num_blocks, G, L).transpose(1, 2).reshape(batch, G, -1)
+        return flat.index_select(2, self.slot)
+
+    def pad_key_bias(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """Additive bias (nb, 1, 1, L) hiding padding keys, or None if unpadded.
+
+        Causal attention never reaches the padding (it sits after every real
+        query of its block), so only non-causal calls need it.
+        """
+        if not self.padded:
+            return None
+        bias = torch.zeros(self.key_valid.shape, dtype=dtype, device=self.key_valid.device)
+        return bias.masked_fill(~self.key_valid, float("-inf"))[:, None, None, :]

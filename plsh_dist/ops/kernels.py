@@ -1,0 +1,122 @@
+"""Dense attention kernels that return / accept the log-sum-exp.
+
+The building block of every path: softmax attention on a batch of short
+sequences (blocks, or query chunks against a key range), forward returning
+``(out, lse)`` and backward taking a possibly *merged* ``(out, lse)`` — the
+recipe ring attention uses, which lets several partial attentions share one
+backward without storing anything per part.
+
+Layout legend (this file only): N batch of sequences, H heads, Lq / Lk
+query / key length, D head dim; tensors are (N, H, L, D), lse is (N, H, Lq).
+
+Two implementations with one signature:
+
+- ``aten``: PyTorch's flash-attention-for-CPU kernels
+  (``_scaled_dot_product_flash_attention_for_cpu`` and its ``_backward``),
+  a faithful stand-in for flash-attn's forward/backward on CPU;
+- ``math``: explicit matmuls, for any device and dtype (CUDA without
+  flash-attn). Memory O(N * H * Lq * Lk): only for short blocks or chunks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["dense_fwd", "dense_bwd", "kernel_for"]
+
+_ATEN_CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def kernel_for(device: torch.device, dtype: torch.dtype) -> str:
+    """The kernel used for tensors on ``device`` of ``dtype``: "aten" or "math"."""
+    return "aten" if device.type == "cpu" and dtype in _ATEN_CPU_DTYPES else "math"
+
+
+def dense_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    scale: float,
+    bias: torch.Tensor | None = None,
+    kernel: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention forward.
+
+    Args:
+        q: (N, H, Lq, D); k, v: (N, H, Lk, D).
+        causal: top-left aligned causal mask (only used with Lq == Lk).
+        bias: additive float bias broadcastable to (N, H, Lq, Lk), ``-inf``
+            masks a key; q's dtype.
+    Returns:
+        out (N, H, Lq, D) in q's dtype, lse (N, H, Lq) in fp32 (fp64 for fp64 input).
+    """
+    kernel = kernel or kernel_for(q.device, q.dtype)
+    if kernel == "aten":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, attn_mask=bias, scale=scale
+        )
+        return out, lse
+    logits = _masked_logits(q, k, causal=causal, scale=scale, bias=bias)
+    lse = torch.logsumexp(logits, dim=-1)
+    probs = torch.exp(logits - lse[..., None])
+    out = torch.matmul(probs.to(v.dtype), v)
+    return out, lse
+
+
+def dense_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    causal: bool,
+    scale: float,
+    bias: torch.Tensor | None = None,
+    kernel: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Softmax attention backward with a given ``(out, lse)``.
+
+    With the merged ``out`` and ``lse`` of several partial attentions, the
+    probabilities ``P = exp(S - lse)`` and ``D = rowsum(dout * out)`` are those
+    of the whole attention, so summing the returned gradients over the parts
+    gives the exact gradient of the merged output.
+
+    Shapes as in :func:`dense_fwd`; returns dq, dk, dv in the inputs' dtype.
+    """
+    kernel = kernel or kernel_for(q.device, q.dtype)
+    if kernel == "aten":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout, q, k, v, out, lse.to(_lse_dtype(q.dtype)), 0.0, causal, attn_mask=bias, scale=scale
+        )
+    acc = _lse_dtype(q.dtype)
+    logits = _masked_logits(q, k, causal=causal, scale=scale, bias=bias)
+    probs = torch.exp(logits - lse.to(acc)[..., None])  # (N, H, Lq, Lk)
+    dout_a, v_a = dout.to(acc), v.to(acc)
+    dv = torch.matmul(probs.transpose(-1, -2), dout_a)
+    dprobs = torch.matmul(dout_a, v_a.transpose(-1, -2))
+    delta = (dout_a * out.to(acc)).sum(dim=-1, keepdim=True)
+    dlogits = probs * (dprobs - delta) * scale
+    dq = torch.matmul(dlogits, k.to(acc))
+    dk = torch.matmul(dlogits.transpose(-1, -2), q.to(acc))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _masked_logits(q, k, *, causal: bool, scale: float, bias: torch.Tensor | None) -> torch.Tensor:
+    """(N, H, Lq, Lk) logits in the accumulation dtype, masked entries -inf."""
+    acc = _lse_dtype(q.dtype)
+    logits = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * scale
+    if bias is not None:
+        logits = logits + bias.to(acc)
+    if causal:
+        Lq, Lk = logits.shape[-2:]
+        future = torch.ones(Lq, Lk, dtype=torch.bool, device=q.device).triu(1)
+        logits = logits.masked_fill(future, float("-inf"))
+    return logits
