@@ -1,0 +1,216 @@
+"""The embedded default corpus: the running interpreter's standard library.
+
+Every machine with Python has it, needs no network, and its files are long
+documents with long-range structure (imports used hundreds of lines later,
+classes whose methods refer to each other), which is what a long-context
+model should learn from.
+
+Files are decoded the way Python itself decodes source (PEP 263 coding cookie,
+UTF-8 by default, BOM honoured). The ``test/`` tree holds a few deliberately
+broken files (bad coding cookies); they are reported and skipped, as are empty
+files (``__init__.py`` stubs).
+
+The train/validation split is a pure function of (seed, relative path): a
+stable hash (BLAKE2b), never Python's salted ``hash``, so every machine and
+every run puts each file on the same side.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import sys
+import sysconfig
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+
+from plsh_dist.data.report import BadDataReport
+
+__all__ = ["CorpusFiles", "CorpusStats", "stdlib_root", "list_stdlib_files", "stable_unit_hash", "write_stdlib_corpus"]
+
+logger = logging.getLogger(__name__)
+
+_FORMAT_VERSION = 1
+# Third-party packages live under the stdlib directory on most installs; they
+# are not part of the standard library and differ between machines.
+_EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
+
+
+@dataclass(frozen=True)
+class CorpusStats:
+    """What went into the corpus.
+
+    Attributes:
+        train_docs / val_docs: documents written to each file.
+        train_chars / val_chars: characters of text in each file.
+        report: files skipped (empty, undecodable), with examples.
+    """
+
+    train_docs: int
+    val_docs: int
+    train_chars: int
+    val_chars: int
+    report: BadDataReport
+
+
+@dataclass(frozen=True)
+class CorpusFiles:
+    """Paths of the written JSONL files (one ``{"text", "source"}`` object per line)."""
+
+    train: Path
+    val: Path
+    stats: CorpusStats
+
+
+def stdlib_root() -> Path:
+    """Directory of the running interpreter's pure-Python standard library."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def list_stdlib_files(root: Path | None = None) -> list[str]:
+    """Sorted POSIX relative paths of every ``.py`` file under the stdlib root."""
+    root = stdlib_root() if root is None else Path(root)
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        # Prune in place so os.walk never descends into third-party trees.
+        dirnames[:] = [d for d in dirnames if d not in _EXCLUDED_DIRS]
+        for name in filenames:
+            if name.endswith(".py"):
+                found.append((Path(dirpath) / name).relative_to(root).as_posix())
+    return sorted(found)
+
+
+def stable_unit_hash(seed: int, key: str) -> float:
+    """A float in [0, 1) from BLAKE2b(seed, key): identical on every machine and run."""
+    digest = hashlib.blake2b(f"{seed}\x00{key}".encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2.0**64
+
+
+def _decode_source(data: bytes) -> str:
+    """Decode Python source like the interpreter does (coding cookie, BOM); raises on bad bytes."""
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    return data.decode(encoding)
+
+
+def _choose_files(files: list[str], val_fraction: float, max_files: int | None, seed: int) -> tuple[list[str], list[str]]:
+    """Deterministic (train, val) relative paths, both sorted."""
+    if max_files is not None:
+        # Take the files with the smallest hashes rather than the first ones
+        # alphabetically: a small corpus then still spans the whole library.
+        files = sorted(sorted(files, key=lambda f: stable_unit_hash(seed + 1, f))[:max_files])
+    val = [f for f in files if stable_unit_hash(seed, f) < val_fraction]
+    if val_fraction > 0 and not val and len(files) >= 2:
+        # Tiny corpora may hash no file below the fraction; keep validation non-empty.
+        val = [min(files, key=lambda f: stable_unit_hash(seed, f))]
+    val_set = set(val)
+    return [f for f in files if f not in val_set], val
+
+
+def _manifest(root: Path, train: list[str], val: list[str], seed: int) -> dict:
+    """Everything the output depends on; identical manifest -> identical files."""
+    content = hashlib.blake2b(digest_size=16)
+    for side, rels in (("train", train), ("val", val)):
+        content.update(side.encode() + b"\x00")
+        for rel in rels:
+            content.update(rel.encode("utf-8") + b"\x00")
+            content.update(hashlib.blake2b((root / rel).read_bytes(), digest_size=16).digest())
+    return {
+        "format": _FORMAT_VERSION,
+        "python": sys.version.split()[0],
+        "seed": seed,
+        "num_train_files": len(train),
+        "num_val_files": len(val),
+        "content_hash": content.hexdigest(),
+    }
+
+
+def _write_jsonl(root: Path, rels: list[str], path: Path, report: BadDataReport) -> tuple[int, int]:
+    """Write one JSONL file atomically; returns (documents, characters)."""
+    docs = chars = 0
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        for rel in rels:
+            data = (root / rel).read_bytes()
+            try:
+                text = _decode_source(data)
+            except (SyntaxError, UnicodeDecodeError, LookupError):
+                # SyntaxError: invalid coding cookie; LookupError: unknown codec name.
+                report.skip("undecodable_file", rel)
+                continue
+            if not text.strip():
+                report.skip("empty_file", rel)
+                continue
+            out.write(json.dumps({"text": text, "source": rel}, ensure_ascii=False) + "\n")
+            docs += 1
+            chars += len(text)
+    os.replace(tmp, path)
+    report.kept += docs
+    return docs, chars
+
+
+def write_stdlib_corpus(
+    out_dir: str | os.PathLike,
+    val_fraction: float = 0.02,
+    max_files: int | None = None,
+    seed: int = 0,
+) -> CorpusFiles:
+    """Write the stdlib sources as ``train.jsonl`` and ``val.jsonl`` under ``out_dir``.
+
+    Args:
+        out_dir: created if missing; holds train.jsonl, val.jsonl, manifest.json.
+        val_fraction: expected fraction of files in validation, in [0, 1).
+        max_files: use only this many files (chosen by stable hash); None = all.
+        seed: changes which files are chosen and which go to validation.
+
+    Idempotent: when ``manifest.json`` matches (same interpreter files, split
+    and seed) and both files are intact, the existing files are reused.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if max_files is not None and max_files < 1:
+        raise ValueError(f"max_files must be >= 1 or None, got {max_files}")
+    root = stdlib_root()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train_rel, val_rel = _choose_files(list_stdlib_files(root), val_fraction, max_files, seed)
+    manifest = _manifest(root, train_rel, val_rel, seed)
+    train_path, val_path, manifest_path = out / "train.jsonl", out / "val.jsonl", out / "manifest.json"
+
+    if manifest_path.exists():
+        try:
+            saved = json.loads(manifest_path.read_text())
+        except json.JSONDecodeError:
+            saved = {}
+        if (
+            saved.get("inputs") == manifest
+            and train_path.exists()
+            and val_path.exists()
+            and train_path.stat().st_size == saved.get("train_bytes")
+            and val_path.stat().st_size == saved.get("val_bytes")
+        ):
+            stats = CorpusStats(**{k: v for k, v in saved["stats"].items() if k != "report"},
+                                report=BadDataReport.from_dict(saved["stats"]["report"]))
+            logger.info("reusing stdlib corpus in %s (%d train / %d val documents)", out, stats.train_docs, stats.val_docs)
+            return CorpusFiles(train=train_path, val=val_path, stats=stats)
+
+    report = BadDataReport()
+    train_docs, train_chars = _write_jsonl(root, train_rel, train_path, report)
+    val_docs, val_chars = _write_jsonl(root, val_rel, val_path, report)
+    stats = CorpusStats(train_docs, val_docs, train_chars, val_chars, report)
+    report.log(logger, f"stdlib corpus ({root})")
+    saved = {
+        "inputs": manifest,
+        "train_bytes": train_path.stat().st_size,
+        "val_bytes": val_path.stat().st_size,
+        "stats": {"train_docs": train_docs, "val_docs": val_docs, "train_chars": train_chars,
+                  "val_chars": val_chars, "report": report.to_dict()},
+    }
+    # Written last: a crash before this point leaves no manifest, so the next call rewrites.
+    tmp = manifest_path.with_name("manifest.json.tmp")
+    tmp.write_text(json.dumps(saved, indent=1))
+    os.replace(tmp, manifest_path)
+    return CorpusFiles(train=train_path, val=val_path, stats=stats)

@@ -1,0 +1,161 @@
+"""Where documents come from: local files or any ``datasets.load_dataset`` name.
+
+Local files are read with the ``datasets`` builder their extension asks for
+(text / json / parquet). A text file is one document (``sample_by="document"``
+by default: source files and books are long documents, not lines).
+
+Before ``datasets`` sees a local text or JSON-lines file we check it: empty
+files and files with bytes that are not UTF-8 are reported and left out. (The
+``datasets`` text builder aborts the whole load on the first bad byte, so this
+check is what turns one broken file into a counted skip rather than a crash.)
+Record-level problems (a text field that is missing, None, a number, empty)
+are counted while iterating.
+"""
+
+from __future__ import annotations
+
+import codecs
+import glob
+import logging
+import os
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from plsh_dist.data.report import BadDataReport
+
+__all__ = ["BUILDER_BY_EXTENSION", "resolve_files", "builder_for", "check_local_files", "iter_documents"]
+
+logger = logging.getLogger(__name__)
+
+# Extension (after stripping a compression suffix) -> datasets builder.
+# Anything not listed is read as plain text: source trees have many extensions.
+BUILDER_BY_EXTENSION = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+_COMPRESSION = {".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip"}
+_CHECK_CHUNK = 1 << 20  # bytes per read when checking UTF-8; bounded memory on big files
+
+
+def resolve_files(patterns: str | Sequence[str]) -> list[Path]:
+    """Expand paths and globs (``**`` recursive) to a sorted, de-duplicated file list.
+
+    Raises ValueError naming the pattern when one matches no file: a typo in a
+    data path must not silently train on less data.
+    """
+    if isinstance(patterns, (str, os.PathLike)):
+        patterns = [patterns]
+    found: set[Path] = set()
+    for pattern in patterns:
+        matches = [Path(m) for m in glob.glob(os.fspath(pattern), recursive=True)]
+        matches = [m for m in matches if m.is_file()]
+        if not matches:
+            raise ValueError(f"data file pattern {os.fspath(pattern)!r} matches no file; check the path or glob")
+        found.update(m.resolve() for m in matches)
+    return sorted(found)
+
+
+def _extension(path: Path) -> tuple[str, bool]:
+    """(extension without compression suffix, whether compressed)."""
+    suffixes = [s.lower() for s in path.suffixes]
+    compressed = bool(suffixes) and suffixes[-1] in _COMPRESSION
+    if compressed:
+        suffixes = suffixes[:-1]
+    return (suffixes[-1] if suffixes else ""), compressed
+
+
+def builder_for(paths: Sequence[Path]) -> str:
+    """The one datasets builder for all files; ValueError if they need different ones."""
+    builders = {BUILDER_BY_EXTENSION.get(_extension(p)[0], "text") for p in paths}
+    if len(builders) != 1:
+        raise ValueError(
+            f"data files mix formats that need different readers ({sorted(builders)}); "
+            "pass one kind of file (text, jsonl/json or parquet) per split"
+        )
+    return builders.pop()
+
+
+def _file_problem(path: Path) -> str | None:
+    """'empty_file', 'undecodable_file' or None for a local UTF-8 text/JSON file."""
+    if path.stat().st_size == 0:
+        return "empty_file"
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+    blank = True
+    with open(path, "rb") as f:
+        try:
+            while chunk := f.read(_CHECK_CHUNK):
+                text = decoder.decode(chunk)
+                blank = blank and not text.strip()
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            return "undecodable_file"
+    return "empty_file" if blank else None
+
+
+def check_local_files(paths: Sequence[Path], builder: str, report: BadDataReport) -> list[Path]:
+    """Drop (and count) empty and non-UTF-8 files; returns the usable ones.
+
+    Parquet is validated by Arrow itself and compressed files cannot be
+    checked without decompressing, so only their emptiness is checked.
+    """
+    usable = []
+    for path in paths:
+        if builder == "parquet" or _extension(path)[1]:
+            problem = "empty_file" if path.stat().st_size == 0 else None
+        else:
+            problem = _file_problem(path)
+        if problem:
+            report.skip(problem, str(path))
+        else:
+            usable.append(path)
+    return usable
+
+
+def iter_documents(
+    files: Sequence[str] | str | None = None,
+    *,
+    dataset_name: str | None = None,
+    dataset_config: str | None = None,
+    split: str = "train",
+    text_field: str = "text",
+    streaming: bool = True,
+    sample_by: str = "document",
+    hf_cache_dir: str | None = None,
+    report: BadDataReport | None = None,
+) -> Iterator[str]:
+    """Yield the text of every usable document, in a deterministic order.
+
+    Exactly one of ``files`` (paths/globs) and ``dataset_name`` (anything
+    ``datasets.load_dataset`` accepts; needs network unless cached) is given.
+    Skipped items are counted in ``report`` (created if None); ``report.kept``
+    is not touched here because length checks happen after tokenising.
+    """
+    import datasets  # deferred: importing datasets costs ~1 s and is not needed for packing
+
+    if (files is None) == (dataset_name is None):
+        raise ValueError("give exactly one of files (local paths/globs) or dataset_name")
+    if sample_by not in ("document", "line", "paragraph"):
+        raise ValueError(f"sample_by must be 'document', 'line' or 'paragraph', got {sample_by!r}")
+    report = BadDataReport() if report is None else report
+
+    if files is not None:
+        paths = resolve_files(files)
+        builder = builder_for(paths)
+        paths = check_local_files(paths, builder, report)
+        if not paths:
+            raise ValueError(f"no usable data file among {files!r}: {report.summary('files')}")
+        kwargs = {"sample_by": sample_by} if builder == "text" else {}
+        ds = datasets.load_dataset(
+            builder, data_files=[str(p) for p in paths], split="train",
+            streaming=streaming, cache_dir=hf_cache_dir, **kwargs,
+        )
+        where = f"{paths[0].parent}"
+    else:
+        ds = datasets.load_dataset(dataset_name, dataset_config, split=split, streaming=streaming, cache_dir=hf_cache_dir)
+        where = dataset_name
+
+    for i, record in enumerate(ds):
+        text = record.get(text_field)
+        if not isinstance(text, str):
+            report.skip("non_string", f"{where} record {i} ({text_field}={type(text).__name__})")
+        elif not text.strip():
+            report.skip("empty", f"{where} record {i}")
+        else:
+            yield text
