@@ -1,0 +1,123 @@
+"""Build transformers decoders with our attention, and switch its mode.
+
+    model = build_model(presets["tiny"], AttentionConfig(bias="plsh"), AttentionRuntime(run_seed=1))
+    runtime = get_runtime(model)            # the trainer: runtime.set_step(step, micro)
+    set_attention_mode(model, AttentionConfig(bias="alibi"))   # evaluation: same weights
+
+The model is transformers' own ``Qwen3ForCausalLM`` / ``LlamaForCausalLM`` /
+``MistralForCausalLM``; nothing of it is subclassed. What we add lives in
+plain attributes (``plsh_attn_cfg`` and ``plsh_runtime`` on each attention
+module, a rope flag on the rotary module), so ``state_dict`` / ``save_pretrained``
+/ DeepSpeed see an ordinary HF model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from plsh_dist.models.attention import CFG_ATTR, IMPLEMENTATION, RUNTIME_ATTR, register
+from plsh_dist.models.config import AttentionConfig, ModelConfig
+from plsh_dist.models.rope import set_rope
+from plsh_dist.models.runtime import AttentionRuntime
+
+__all__ = ["build_model", "set_attention_mode", "get_runtime", "attention_modules", "count_parameters"]
+
+
+def _causal_lm_class(family: str):
+    import transformers
+
+    return {
+        "qwen3": transformers.Qwen3ForCausalLM,
+        "llama": transformers.LlamaForCausalLM,
+        "mistral": transformers.MistralForCausalLM,
+    }[family]
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """The decoder's attention modules (``layers[i].self_attn``), in layer order."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__} has no decoder `layers`; expected a transformers decoder LM")
+    return [layer.self_attn for layer in layers]
+
+
+def build_model(
+    model_cfg: ModelConfig,
+    attn_cfg: AttentionConfig,
+    runtime: AttentionRuntime | None = None,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """A transformers causal LM of ``model_cfg`` whose attention is ours.
+
+    Args:
+        model_cfg: architecture.
+        attn_cfg: attention mode (switchable later, see ``set_attention_mode``).
+        runtime: shared seed/step/SP state; a fresh ``AttentionRuntime()`` if None.
+        device: where parameters are created; ``"meta"`` allocates nothing
+            (for counting, or for DeepSpeed ZeRO-3 / ``to_empty`` flows).
+            Default: torch's current default device.
+        dtype: parameter dtype (default float32). RMSNorm and rope still
+            compute in float32 inside transformers.
+    Weights are drawn from torch's global RNG (seed it first for reproducible inits).
+    """
+    register()
+    hf_cfg = model_cfg.to_hf_config(attn_implementation=IMPLEMENTATION)
+    cls = _causal_lm_class(model_cfg.family)
+    ctx = torch.device(device) if device is not None else contextlib.nullcontext()
+    with ctx:
+        model = cls(hf_cfg)
+    if dtype is not None:
+        model = model.to(dtype=dtype)
+    set_attention_mode(model, attn_cfg, runtime if runtime is not None else AttentionRuntime())
+    return model
+
+
+def set_attention_mode(
+    model: nn.Module, attn_cfg: AttentionConfig, runtime: AttentionRuntime | None = None
+) -> nn.Module:
+    """Make ``model`` (built here or loaded with transformers) use our attention under ``attn_cfg``.
+
+    Switches the HF attention implementation to ours, sets the mode of every
+    attention module, turns rope on/off and attaches ``runtime`` (keeps the
+    model's current one if None, else a fresh ``AttentionRuntime()``).
+    Weights are untouched. Returns the model.
+    """
+    if not isinstance(attn_cfg, AttentionConfig):
+        raise ValueError(f"attn_cfg must be an AttentionConfig, got {type(attn_cfg).__name__}")
+    register()
+    modules = attention_modules(model)
+    if runtime is None:
+        runtime = getattr(modules[0], RUNTIME_ATTR, None) or AttentionRuntime()
+    if model.config._attn_implementation != IMPLEMENTATION:
+        model.set_attn_implementation(IMPLEMENTATION)
+    for module in modules:
+        setattr(module, CFG_ATTR, attn_cfg)
+        setattr(module, RUNTIME_ATTR, runtime)
+    set_rope(model, attn_cfg.rope)
+    return model
+
+
+def get_runtime(model: nn.Module) -> AttentionRuntime:
+    """The ``AttentionRuntime`` shared by the model's attention modules."""
+    runtime = getattr(attention_modules(model)[0], RUNTIME_ATTR, None)
+    if runtime is None:
+        raise ValueError("model has no attention runtime: call set_attention_mode(model, attn_cfg) first")
+    return runtime
+
+
+def count_parameters(model: nn.Module, *, exclude_embeddings: bool = False) -> int:
+    """Number of distinct parameters (tied weights counted once; works on meta).
+
+    ``exclude_embeddings`` drops the input embedding (and the LM head when it
+    is tied to it), the convention of "non-embedding parameters".
+    """
+    total = sum(p.numel() for p in model.parameters())
+    if exclude_embeddings:
+        total -= model.get_input_embeddings().weight.numel()
+    return total

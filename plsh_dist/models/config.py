@@ -1,0 +1,238 @@
+"""Model and attention configs: documented dataclasses, checked in ``__post_init__``.
+
+``ModelConfig`` describes the decoder (a transformers Qwen3 / Llama / Mistral
+model); ``AttentionConfig`` describes how its attention is computed (which
+positional bias, rope on or off, the hash's parameters). They are separate
+on purpose: evaluation runs the *same* weights under several attention
+configs (``set_attention_mode``), and a checkpoint's model config never
+changes when only the attention mode does.
+
+Both serialise to plain dicts (``to_dict`` / ``from_dict``) so a TOML run
+config maps onto them one section each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["AttentionConfig", "ModelConfig", "BIASES", "FAMILIES"]
+
+#: Positional bias modes understood by the attention function.
+BIASES = ("none", "alibi", "plsh", "fixed_blocks", "window")
+#: transformers decoder families we build (all share the AttentionInterface path).
+FAMILIES = ("qwen3", "llama", "mistral")
+_SAMPLERS = ("iid", "stratified")
+_BACKENDS = ("auto", "torch", "math", "flash_attn")
+
+
+def _from_dict(cls, d: dict[str, Any], section: str):
+    """Build dataclass ``cls`` from ``d``, naming unknown keys instead of a TypeError."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ValueError(f"[{section}] unknown keys {unknown}; valid keys are {sorted(names)}")
+    return cls(**d)
+
+
+@dataclass
+class AttentionConfig:
+    """How attention is computed inside the decoder.
+
+    The model's weights do not depend on it: switch it on a built or loaded
+    model with :func:`plsh_dist.models.set_attention_mode`.
+    """
+
+    bias: str = "plsh"
+    """Positional bias: ``"none"`` (plain causal attention; positions only via
+    rope), ``"alibi"`` (exact ALiBi), ``"plsh"`` (positional-LSH estimate of
+    ALiBi), ``"fixed_blocks"`` (the paper's fixed-blocks baseline: pitch
+    2*sigma, one sample) or ``"window"`` (exact ALiBi on a sliding window)."""
+
+    rope: bool = False
+    """Rotate q and k with the model's rotary embedding. ALiBi-style biases
+    are usually trained without rope; ``bias="none"`` needs rope on to see
+    positions at all."""
+
+    num_samples: int = 8
+    """``s``, number of hash samples averaged by ``"plsh"`` (error ~ 1/sqrt(s))."""
+
+    sigma: float | None = None
+    """Kernel scale. ``None``: per head, ``sigma_h = 1 / m_h`` with ALiBi's slopes
+    (Press et al.). A float: one constant for all heads (the paper trains with
+    256); ``"alibi"`` and ``"window"`` then use slope ``1 / sigma`` on every head,
+    so the exact baselines are exactly the kernel ``"plsh"`` estimates."""
+
+    window: int = 512
+    """Key window of ``"window"``: a query sees keys less than ``window``
+    positions back (itself included)."""
+
+    fixed_masks: bool = False
+    """``False`` (default): every forward draws fresh hash masks, seeded by
+    (run seed, step, micro-step, layer). ``True``: masks depend on (run seed,
+    layer) only, fixed for the whole run (they are step 0's masks)."""
+
+    sampler: str = "iid"
+    """``"iid"`` (the paper's estimator) or ``"stratified"`` (same marginals,
+    lower variance); see :class:`plsh_dist.hashing.PositionalLSH`."""
+
+    backend: str = "auto"
+    """Block-attention backend of the hash ops: ``"auto"`` (flash-attn varlen
+    when available, else torch), ``"torch"``, ``"math"`` (explicit matmuls,
+    any device) or ``"flash_attn"`` (CUDA + flash-attn only)."""
+
+    chunk_size: int | None = None
+    """Query chunk of exact ALiBi (``"alibi"``/``"window"``): memory O(T * chunk).
+    ``None`` lets the op choose."""
+
+    def __post_init__(self) -> None:
+        if self.bias not in BIASES:
+            raise ValueError(f"attention.bias must be one of {BIASES}, got {self.bias!r}")
+        if not isinstance(self.rope, bool):
+            raise ValueError(f"attention.rope must be true or false, got {self.rope!r}")
+        if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or self.num_samples < 1:
+            raise ValueError(f"attention.num_samples must be an int >= 1, got {self.num_samples!r}")
+        if self.sigma is not None:
+            if isinstance(self.sigma, bool) or not isinstance(self.sigma, (int, float)) or not self.sigma > 0:
+                raise ValueError(
+                    f"attention.sigma must be a float > 0 (e.g. 256.0) or None for per-head 1/alibi_slope, "
+                    f"got {self.sigma!r}"
+                )
+            self.sigma = float(self.sigma)
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"attention.window must be an int >= 1 (tokens), got {self.window!r}")
+        if not isinstance(self.fixed_masks, bool):
+            raise ValueError(f"attention.fixed_masks must be true or false, got {self.fixed_masks!r}")
+        if self.sampler not in _SAMPLERS:
+            raise ValueError(f"attention.sampler must be one of {_SAMPLERS}, got {self.sampler!r}")
+        if self.backend not in _BACKENDS:
+            raise ValueError(f"attention.backend must be one of {_BACKENDS}, got {self.backend!r}")
+        if self.chunk_size is not None and (
+            isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size < 1
+        ):
+            raise ValueError(f"attention.chunk_size must be an int >= 1 or None, got {self.chunk_size!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "AttentionConfig":
+        return _from_dict(cls, d, "attention")
+
+
+@dataclass
+class ModelConfig:
+    """The decoder's architecture; maps one-to-one onto a transformers config.
+
+    Qwen3 has RMSNorm on q and k per head (qk-norm); Llama and Mistral do not
+    (the family decides, as in the upstream models).
+    """
+
+    family: str = "qwen3"
+    """transformers decoder: ``"qwen3"``, ``"llama"`` or ``"mistral"``."""
+
+    vocab_size: int = 151936
+    """Embedding rows; set it from the tokenizer (``len(tokenizer)``, possibly
+    padded up to a multiple of 64 for fast matmuls)."""
+
+    hidden_size: int = 1024
+    num_layers: int = 28
+    num_heads: int = 16
+    """Query heads (``Hq``)."""
+    num_kv_heads: int = 8
+    """Key/value heads (``Hkv``, grouped-query attention); must divide ``num_heads``."""
+    head_dim: int = 128
+    intermediate_size: int = 3072
+    """Width of the SwiGLU MLP."""
+    max_position_embeddings: int = 40960
+    """Only informs the rotary embedding's bookkeeping; nothing is sized by it."""
+    rope_theta: float = 1_000_000.0
+    """Rotary base (used only when ``AttentionConfig.rope`` is on)."""
+    tie_embeddings: bool = True
+    """Share the input embedding with the LM head."""
+    rms_norm_eps: float = 1e-6
+    init_std: float = 0.02
+    """Std of the normal init of linear and embedding weights."""
+    attention_bias: bool = False
+    """Bias terms on the q/k/v/o projections."""
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"model.family must be one of {FAMILIES}, got {self.family!r}")
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "intermediate_size", "max_position_embeddings"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"model.{name} must be an int >= 1, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model.num_heads ({self.num_heads}) must be a multiple of model.num_kv_heads "
+                f"({self.num_kv_heads}) for grouped-query attention"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"model.head_dim must be even (rotary pairs dimensions), got {self.head_dim}")
+        for name in ("rope_theta", "rms_norm_eps", "init_std"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"model.{name} must be a number > 0, got {value!r}")
+            setattr(self, name, float(value))
+        for name in ("tie_embeddings", "attention_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        """Plain dict -> config. A ``preset`` key starts from that preset and
+        the other keys override it (``{"preset": "qwen3-0.6b", "vocab_size": 32000}``)."""
+        d = dict(d)
+        preset = d.pop("preset", None)
+        if preset is None:
+            return _from_dict(cls, d, "model")
+        from plsh_dist.models.presets import presets  # late import: presets builds ModelConfigs
+
+        if preset not in presets:
+            raise ValueError(f"[model] preset must be one of {sorted(presets)}, got {preset!r}")
+        base = presets[preset].to_dict()
+        unknown = sorted(set(d) - set(base))
+        if unknown:
+            raise ValueError(f"[model] unknown keys {unknown}; valid keys are {sorted(base)} and 'preset'")
+        return cls(**{**base, **d})
+
+    def to_hf_config(self, attn_implementation: str = "plsh_dist"):
+        """The transformers config of this model (``Qwen3Config``, ``LlamaConfig``
+        or ``MistralConfig``), no sliding window, no KV cache, no dropout."""
+        import transformers
+
+        common = dict(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            hidden_act="silu",
+            max_position_embeddings=self.max_position_embeddings,
+            initializer_range=self.init_std,
+            rms_norm_eps=self.rms_norm_eps,
+            # Training and perplexity evaluation never decode token by token;
+            # a cache would also hand our op keys longer than the queries.
+            use_cache=False,
+            tie_word_embeddings=self.tie_embeddings,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+            attention_bias=self.attention_bias,
+            attention_dropout=0.0,
+        )
+        if self.family == "qwen3":
+            cfg = transformers.Qwen3Config(**common, use_sliding_window=False)
+        elif self.family == "llama":
+            cfg = transformers.LlamaConfig(**common, mlp_bias=False)
+        else:
+            # Our "window" bias replaces Mistral's own sliding window.
+            cfg = transformers.MistralConfig(**common, sliding_window=None)
+        cfg._attn_implementation = attn_implementation
+        return cfg

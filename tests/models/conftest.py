@@ -1,0 +1,6 @@
+"""Model tests run offline: no Hugging Face hub access."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

@@ -1,0 +1,92 @@
+"""Configs: checks name the field, dicts round-trip, presets build on meta with the right size."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from plsh_dist.models import (
+    FAMILIES,
+    AttentionConfig,
+    ModelConfig,
+    build_model,
+    count_parameters,
+    presets,
+)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(bias="rope"), "attention.bias"),
+        (dict(num_samples=0), "attention.num_samples"),
+        (dict(sigma=-1.0), "attention.sigma"),
+        (dict(window=0), "attention.window"),
+        (dict(sampler="sobol"), "attention.sampler"),
+        (dict(backend="cuda"), "attention.backend"),
+        (dict(chunk_size=0), "attention.chunk_size"),
+        (dict(rope="yes"), "attention.rope"),
+    ],
+)
+def test_attention_config_rejects(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        AttentionConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(family="gpt2"), "model.family"),
+        (dict(num_heads=6, num_kv_heads=4), "model.num_heads"),
+        (dict(head_dim=33), "model.head_dim"),
+        (dict(vocab_size=0), "model.vocab_size"),
+        (dict(init_std=0.0), "model.init_std"),
+    ],
+)
+def test_model_config_rejects(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        ModelConfig(**kwargs)
+
+
+def test_dicts_round_trip_and_presets_resolve():
+    attn = AttentionConfig(bias="window", sigma=256, window=64)
+    assert attn.sigma == 256.0 and isinstance(attn.sigma, float)
+    assert AttentionConfig.from_dict(attn.to_dict()) == attn
+    model = presets["tiny"]
+    assert ModelConfig.from_dict(model.to_dict()) == model
+    assert ModelConfig.from_dict({"preset": "qwen3-0.6b", "vocab_size": 32000}) == dataclasses.replace(
+        presets["qwen3-0.6b"], vocab_size=32000
+    )
+    with pytest.raises(ValueError, match="unknown keys"):
+        AttentionConfig.from_dict({"bias": "plsh", "samples": 4})
+    with pytest.raises(ValueError, match="preset"):
+        ModelConfig.from_dict({"preset": "qwen3-7b"})
+
+
+def test_qwen3_06b_on_meta_has_published_size():
+    model = build_model(presets["qwen3-0.6b"], AttentionConfig(), device="meta")
+    assert next(model.parameters()).device.type == "meta"
+    # Published: 0.6B parameters, 0.44B non-embedding (Qwen3-0.6B model card).
+    # Exact count of the architecture with tied embeddings at vocab 151936:
+    # embedding 151936*1024 + 28 layers * 15,730,944 + final norm 1024.
+    assert count_parameters(model) == 596_049_920
+    assert count_parameters(model, exclude_embeddings=True) == 440_467_456
+    cfg = model.config
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (1024, 28, 16, 8)
+    assert (cfg.head_dim, cfg.intermediate_size, cfg.tie_word_embeddings) == (128, 3072, True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    attn = model.model.layers[0].self_attn
+    assert attn.q_norm.weight.shape == (128,) and attn.k_norm.weight.shape == (128,)  # qk-norm
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_builds_with_our_attention(family):
+    cfg = dataclasses.replace(presets["tiny"], family=family)
+    model = build_model(cfg, AttentionConfig(bias="plsh"), device="meta", dtype=torch.bfloat16)
+    assert model.config._attn_implementation == "plsh_dist"
+    assert type(model).__name__.lower().startswith(family)
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert model.config.use_cache is False
+    assert getattr(model.config, "sliding_window", None) is None
+    # Only Qwen3 has qk-norm, as upstream.
+    assert hasattr(model.model.layers[0].self_attn, "q_norm") == (family == "qwen3")
