@@ -4,6 +4,7 @@ Every function takes q (B, T, Hq, D) and k, v (B, T, Hkv, D) and returns
 (B, T, Hq, D) in q's dtype.
 """
 
+from plsh_dist.ops.alibi import alibi_attention, causal_attention
 from plsh_dist.ops.plsh import fixed_blocks_attention, plsh_attention
 
-__all__ = ["plsh_attention", "fixed_blocks_attention"]
+__all__ = ["plsh_attention", "fixed_blocks_attention", "alibi_attention", "causal_attention"]

@@ -60,11 +60,12 @@ def block_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of :func:`block_fwd` given the merged ``out`` and ``lse``.
 
-    Padding slots carry dout = 0 and out = 0, so they add nothing to dk, dv.
+    Padding slots carry dout = 0, so they add nothing to dk, dv.
     Returns dq, dk, dv (B, n, G, D) in the inputs' dtype.
     """
     B = q_BnGD.shape[0]
-    dout, q, k, v, out = (layout.to_blocks(x) for x in (dout_BnGD, q_BnGD, k_BnGD, v_BnGD, out_BnGD))
+    q, k, v, out = (layout.to_blocks(x) for x in (q_BnGD, k_BnGD, v_BnGD, out_BnGD))
+    dout = layout.to_blocks(dout_BnGD, zero_pads=True)
     lse = layout.lse_to_blocks(lse_BGn)
     bias = _bias(layout, B, causal, q.dtype)
     grads = dense_bwd(dout, q, k, v, out, lse, causal=causal, scale=scale, bias=bias, kernel=kernel)

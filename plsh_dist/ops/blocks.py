@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-from plsh_dist.hashing import cu_seqlens_from_buckets
-
 __all__ = ["BlockLayout"]
 
 
@@ -26,8 +24,7 @@ class BlockLayout:
     Attributes:
         cu_seqlens: int32 (nb + 1,) block offsets into the n tokens.
         max_len: L, the longest block.
-        gather: int64 (nb * L,) token index of every slot; padding slots hold
-            ``n`` (an appended zero row).
+        gather: int64 (nb * L,) token index of every slot (padding slots: 0).
         slot: int64 (n,) slot of every token (inverse of ``gather``).
         key_valid: bool (nb, L), True where a slot holds a real token.
     """
@@ -51,16 +48,21 @@ class BlockLayout:
     def from_buckets(cls, buckets: torch.Tensor, device: torch.device | None = None) -> "BlockLayout":
         """Non-decreasing bucket ids LongTensor[n] (on CPU) -> layout on ``device``."""
         n = buckets.numel()
-        cu = cu_seqlens_from_buckets(buckets).to(torch.int64)
-        lengths = cu[1:] - cu[:-1]
-        num_blocks = lengths.numel()
+        starts_new = torch.ones(n, dtype=torch.bool)
+        starts_new[1:] = buckets[1:] != buckets[:-1]
+        block_of_token = torch.cumsum(starts_new, 0) - 1
+        starts = torch.nonzero(starts_new).flatten()
+        cu = torch.cat([starts, torch.tensor([n])])
+        lengths = cu[1:] - starts
+        num_blocks = starts.numel()
         max_len = int(lengths.max())
-        block_of_token = torch.repeat_interleave(torch.arange(num_blocks), lengths)
-        offset = torch.arange(n) - cu[:-1][block_of_token]
-        slot = block_of_token * max_len + offset
-        gather = torch.full((num_blocks * max_len,), n, dtype=torch.int64)
-        gather[slot] = torch.arange(n)
+        slot = block_of_token * max_len + (torch.arange(n) - starts[block_of_token])
         key_valid = torch.arange(max_len)[None, :] < lengths[:, None]
+        # Padding slots read token 0: any finite value will do, because padded
+        # queries are discarded and get dout = 0 in backward, and padded keys
+        # are masked (causal: they follow every real query of their block).
+        gather = torch.zeros(num_blocks * max_len, dtype=torch.int64)
+        gather[slot] = torch.arange(n)
         return cls(
             cu_seqlens=cu.to(torch.int32).to(device),
             max_len=max_len,
@@ -71,11 +73,16 @@ class BlockLayout:
 
     # -- moving tensors between token order and the block grid -------------
 
-    def to_blocks(self, x_BTHD: torch.Tensor) -> torch.Tensor:
-        """(B, n, G, D) token order -> (B * nb, G, L, D) padded blocks (zeros in pads)."""
+    def to_blocks(self, x_BTHD: torch.Tensor, zero_pads: bool = False) -> torch.Tensor:
+        """(B, n, G, D) token order -> (B * nb, G, L, D) padded blocks.
+
+        Padding slots hold an arbitrary real token unless ``zero_pads`` (needed
+        for dout only: a padded query must not contribute to dk, dv).
+        """
         B, n, G, D = x_BTHD.shape
-        padded = torch.cat([x_BTHD, x_BTHD.new_zeros(B, 1, G, D)], dim=1)
-        blocks = padded.index_select(1, self.gather)  # (B, nb * L, G, D)
+        blocks = x_BTHD.index_select(1, self.gather).view(B, self.num_blocks, self.max_len, G, D)
+        if zero_pads and self.padded:
+            blocks = blocks.masked_fill(~self.key_valid[None, :, :, None, None], 0)
         return blocks.view(B * self.num_blocks, self.max_len, G, D).transpose(1, 2)
 
     def from_blocks(self, x_NGLD: torch.Tensor, batch: int) -> torch.Tensor:
@@ -85,10 +92,9 @@ class BlockLayout:
         return flat.index_select(1, self.slot)
 
     def lse_to_blocks(self, lse_BGT: torch.Tensor) -> torch.Tensor:
-        """(B, G, n) token order -> (B * nb, G, L) (zeros in pads)."""
+        """(B, G, n) token order -> (B * nb, G, L) (padding slots: an arbitrary real row)."""
         B, G, n = lse_BGT.shape
-        padded = torch.cat([lse_BGT, lse_BGT.new_zeros(B, G, 1)], dim=2)
-        blocks = padded.index_select(2, self.gather).view(B, G, self.num_blocks, self.max_len)
+        blocks = lse_BGT.index_select(2, self.gather).view(B, G, self.num_blocks, self.max_len)
         return blocks.transpose(1, 2).reshape(B * self.num_blocks, G, self.max_len)
 
     def lse_from_blocks(self, lse_NGL: torch.Tensor, batch: int) -> torch.Tensor:

@@ -1,0 +1,226 @@
+"""Exact ALiBi attention (optionally sliding-window) in query chunks, and plain
+causal attention: the baselines Positional LSH is measured against.
+
+Exact ALiBi cannot use a bias-free kernel, so it runs in chunks of queries
+against the key range they can see, with the bias ``-m_h |p_i - p_j|`` built
+per chunk: memory O(T * chunk * H) instead of O(T^2 * H), also in backward
+(which recomputes each chunk from the saved out and lse).
+
+Legend: B batch, Tq / Tk query / key tokens, Hq query heads, Hkv key/value
+heads, D head dim, C chunk of queries, K keys seen by a chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from plsh_dist.ops.kernels import dense_bwd, dense_fwd
+from plsh_dist.ops.merge import accum_dtype
+from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_for
+
+__all__ = ["alibi_attention", "causal_attention", "alibi_forward", "alibi_backward", "default_chunk_size"]
+
+# Bias bytes per chunk: Hq * C * K * 4 stays below this.
+_CHUNK_BIAS_BYTES = 64 * 2**20
+
+
+def default_chunk_size(num_heads: int, num_keys: int) -> int:
+    """Largest multiple of 16 in [16, 1024] with the chunk's bias under 64 MiB."""
+    c = _CHUNK_BIAS_BYTES // (4 * num_heads * max(num_keys, 1))
+    return int(min(1024, max(16, c - c % 16)))
+
+
+def _key_range(q_pos, k_pos, i0: int, i1: int, causal: bool, window: int | None) -> tuple[int, int]:
+    """Keys [k0, k1) that queries [i0, i1) can see (positions increasing)."""
+    first, last = int(q_pos[i0]), int(q_pos[i1 - 1])
+    k0 = 0 if window is None else int(torch.searchsorted(k_pos, first - window + 1))
+    if causal:
+        k1 = int(torch.searchsorted(k_pos, last, right=True))
+    elif window is not None:
+        k1 = int(torch.searchsorted(k_pos, last + window))
+    else:
+        k1 = k_pos.numel()
+    return k0, k1
+
+
+def _bias(q_pos, k_pos, slopes, causal: bool, window: int | None, dtype, device) -> torch.Tensor:
+    """(1, Hq, C, K) additive bias: -m_h |p_i - p_j|, -inf for hidden keys."""
+    dist = (q_pos[:, None] - k_pos[None, :]).to(device)  # (C, K), signed: i - j
+    bias = -slopes.to(device, torch.float32)[:, None, None] * dist.abs().to(torch.float32)[None]
+    hidden = torch.zeros_like(dist, dtype=torch.bool)
+    if causal:
+        hidden |= dist < 0
+    if window is not None:
+        hidden |= dist.abs() >= window
+    return bias.masked_fill(hidden[None], float("-inf")).to(dtype)[None]
+
+
+def _expand(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """(B, T, Hkv, D) -> (B, Hq, T, D) with each kv head repeated for its query heads."""
+    return x.repeat_interleave(groups, dim=2).transpose(1, 2) if groups > 1 else x.transpose(1, 2)
+
+
+def alibi_forward(q, k, v, q_pos, k_pos, slopes, *, causal, window, scale, chunk):
+    """Chunked exact (windowed) ALiBi.
+
+    Args:
+        q: (B, Tq, Hq, D); k, v: (B, Tk, Hkv, D); q_pos LongTensor[Tq], k_pos
+        LongTensor[Tk] on CPU, increasing; slopes Tensor[Hq].
+    Returns:
+        out (B, Tq, Hq, D) in q's dtype, lse (B, Hq, Tq) fp32 (fp64 for fp64).
+    """
+    B, Tq, Hq, D = q.shape
+    groups = Hq // k.shape[2]
+    k_h, v_h = _expand(k, groups), _expand(v, groups)  # (B, Hq, Tk, D)
+    q_h = q.transpose(1, 2)
+    out = torch.empty(B, Hq, Tq, D, dtype=q.dtype, device=q.device)
+    lse = torch.empty(B, Hq, Tq, dtype=accum_dtype(q.dtype), device=q.device)
+    for i0 in range(0, Tq, chunk):
+        i1 = min(Tq, i0 + chunk)
+        k0, k1 = _key_range(q_pos, k_pos, i0, i1, causal, window)
+        bias = _bias(q_pos[i0:i1], k_pos[k0:k1], slopes, causal, window, q.dtype, q.device)
+        o, l = dense_fwd(q_h[:, :, i0:i1], k_h[:, :, k0:k1], v_h[:, :, k0:k1], causal=False, scale=scale, bias=bias)
+        out[:, :, i0:i1] = o
+        lse[:, :, i0:i1] = l
+    return out.transpose(1, 2), lse
+
+
+def alibi_backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, *, causal, window, scale, chunk):
+    """Gradients of :func:`alibi_forward`, recomputing each chunk.
+
+    Returns dq (B, Tq, Hq, D), dk, dv (B, Tk, Hkv, D) in the inputs' dtype.
+    """
+    B, Tq, Hq, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    groups = Hq // Hkv
+    acc = accum_dtype(q.dtype)
+    k_h, v_h = _expand(k, groups), _expand(v, groups)
+    q_h, out_h, dout_h = q.transpose(1, 2), out.transpose(1, 2), dout.transpose(1, 2)
+    dq = torch.empty(B, Hq, Tq, D, dtype=q.dtype, device=q.device)
+    dk = torch.zeros(B, Hq, Tk, D, dtype=acc, device=q.device)
+    dv = torch.zeros(B, Hq, Tk, D, dtype=acc, device=q.device)
+    for i0 in range(0, Tq, chunk):
+        i1 = min(Tq, i0 + chunk)
+        k0, k1 = _key_range(q_pos, k_pos, i0, i1, causal, window)
+        bias = _bias(q_pos[i0:i1], k_pos[k0:k1], slopes, causal, window, q.dtype, q.device)
+        dq_c, dk_c, dv_c = dense_bwd(
+            dout_h[:, :, i0:i1], q_h[:, :, i0:i1], k_h[:, :, k0:k1], v_h[:, :, k0:k1],
+            out_h[:, :, i0:i1], lse[:, :, i0:i1], causal=False, scale=scale, bias=bias,
+        )
+        dq[:, :, i0:i1] = dq_c
+        dk[:, :, k0:k1] += dk_c
+        dv[:, :, k0:k1] += dv_c
+    # Sum the repeated query heads back onto their key/value head.
+    dk = dk.view(B, Hkv, groups, Tk, D).sum(2).transpose(1, 2)
+    dv = dv.view(B, Hkv, groups, Tk, D).sum(2).transpose(1, 2)
+    return dq.transpose(1, 2), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class AlibiAttentionFunction(torch.autograd.Function):
+    """Saves q, k, v, out, lse only; backward recomputes chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_pos, k_pos, slopes, causal, window, scale, chunk):
+        kw = dict(causal=causal, window=window, scale=scale, chunk=chunk)
+        out, lse = alibi_forward(q, k, v, q_pos, k_pos, slopes, **kw)
+        if any(ctx.needs_input_grad[:3]):
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.pos, ctx.slopes, ctx.kw = (q_pos, k_pos), slopes, kw
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = alibi_backward(dout.contiguous(), q, k, v, out, lse, *ctx.pos, ctx.slopes, **ctx.kw)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def check_slopes(slopes, num_heads: int) -> torch.Tensor:
+    """slopes -> float32 CPU Tensor[Hq], validated."""
+    slopes = torch.as_tensor(slopes, dtype=torch.float32).reshape(-1).cpu()
+    if slopes.numel() != num_heads:
+        raise ValueError(
+            f"slopes must have one entry per query head ({num_heads}), got {slopes.numel()}; "
+            "use plsh_dist.hashing.alibi_slopes(num_heads)"
+        )
+    if not bool(torch.isfinite(slopes).all()) or bool((slopes < 0).any()):
+        raise ValueError(f"slopes must be finite and >= 0, got {slopes.tolist()}")
+    return slopes
+
+
+def alibi_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    slopes,
+    positions: torch.Tensor | None = None,
+    causal: bool = True,
+    window: int | None = None,
+    softmax_scale: float | None = None,
+    chunk_size: int | None = None,
+    sp_group=None,
+) -> torch.Tensor:
+    """Exact ALiBi attention: logits ``q_i . k_j * scale - m_h |p_i - p_j|``.
+
+    Args:
+        q: (B, T, Hq, D); k, v: (B, T, Hkv, D), Hq % Hkv == 0.
+        slopes: Tensor[Hq] of ALiBi slopes ``m_h`` (``alibi_slopes(Hq)``).
+        positions: LongTensor[T] increasing absolute positions (default arange(T)).
+        causal: keys after the query are hidden.
+        window: sliding window: keys with ``|p_i - p_j| >= window`` are hidden.
+        chunk_size: queries per chunk (default: bias of a chunk under 64 MiB).
+        sp_group: sequence-parallel group (each rank passes its chunk).
+    Returns:
+        (B, T, Hq, D) in q's dtype.
+    """
+    check_qkv(q, k, v)
+    slopes = check_slopes(slopes, q.shape[2])
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive int or None, got {window!r}")
+    pos = check_positions(positions, q.shape[1], q.device)
+    scale = softmax_scale_for(q, softmax_scale)
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    if sp_group is not None:
+        from plsh_dist.distributed.halo_attention import sp_alibi_attention  # noqa: PLC0415 (avoid cycle)
+
+        return sp_alibi_attention(
+            q, k, v, pos, slopes, causal=causal, window=window, scale=scale, chunk=chunk_size, group=sp_group
+        )
+    seen = q.shape[1] if window is None else min(q.shape[1], 2 * window)
+    chunk = chunk_size or default_chunk_size(q.shape[2], seen)
+    return AlibiAttentionFunction.apply(q, k, v, pos, pos, slopes, causal, window, scale, chunk)
+
+
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    positions: torch.Tensor | None = None,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    sp_group=None,
+) -> torch.Tensor:
+    """Attention without positional bias (the model's own positions, e.g. rope,
+    are applied to q, k before). Single process: PyTorch SDPA (the exact-
+    attention floor); under sequence parallelism: exact attention over the
+    all-gathered keys (zero ALiBi slopes).
+
+    Shapes as :func:`alibi_attention`.
+    """
+    check_qkv(q, k, v)
+    scale = softmax_scale_for(q, softmax_scale)
+    if sp_group is not None:
+        zero = torch.zeros(q.shape[2])
+        return alibi_attention(
+            q, k, v, slopes=zero, positions=positions, causal=causal, softmax_scale=scale, sp_group=sp_group
+        )
+    check_positions(positions, q.shape[1], q.device)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=scale,
+        enable_gqa=q.shape[2] != k.shape[2],
+    )
+    return out.transpose(1, 2)
