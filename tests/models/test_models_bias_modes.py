@@ -94,3 +94,19 @@ def test_no_dense_mask_is_built_and_bad_inputs_are_refused(model):
             model(ids, attention_mask=torch.tensor([[1] * 8, [1] * 6 + [0] * 2]))
         with pytest.raises(ValueError, match="position_ids differ"):
             model(ids, position_ids=torch.stack([torch.arange(8), torch.arange(1, 9)]))
+
+
+def test_activation_checkpointing_replays_the_masks():
+    """The recomputed forward must draw the forward's masks (same runtime step):
+    gradients with checkpointing equal those without, bit for bit up to op order."""
+    torch.manual_seed(0)
+    model = build_model(presets["tiny"], AttentionConfig(bias="plsh", num_samples=2), dtype=torch.float64)
+    model.train()
+    get_runtime(model).set_step(3, 0)
+    ids = torch.randint(0, 512, (1, T))
+    plain = _run(model, ids, None)
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    ckpt = _run(model, ids, None)
+    torch.testing.assert_close(plain[0], ckpt[0], atol=0, rtol=0)
+    for name, grad in plain[1].items():
+        torch.testing.assert_close(grad, ckpt[1][name], atol=ATOL, rtol=RTOL, msg=name)
