@@ -119,13 +119,16 @@ def iter_documents(
     sample_by: str = "document",
     hf_cache_dir: str | None = None,
     report: BadDataReport | None = None,
-) -> Iterator[str]:
+    with_location: bool = False,
+) -> Iterator[str] | Iterator[tuple[str, str]]:
     """Yield the text of every usable document, in a deterministic order.
 
     Exactly one of ``files`` (paths/globs) and ``dataset_name`` (anything
     ``datasets.load_dataset`` accepts; needs network unless cached) is given.
     Skipped items are counted in ``report`` (created if None); ``report.kept``
     is not touched here because length checks happen after tokenising.
+    With ``with_location`` it yields ``(text, where)``: the record's ``source``
+    field when it has one (the stdlib corpus does), else ``"<origin> record i"``.
     """
     import datasets  # deferred: importing datasets costs ~1 s and is not needed for packing
 
@@ -157,5 +160,8 @@ def iter_documents(
             report.skip("non_string", f"{where} record {i} ({text_field}={type(text).__name__})")
         elif not text.strip():
             report.skip("empty", f"{where} record {i}")
+        elif with_location:
+            source = record.get("source")
+            yield text, (source if isinstance(source, str) else f"{where} record {i}")
         else:
             yield text

@@ -148,6 +148,13 @@ def _line_chunks(documents: Iterable[str], max_bytes: int = _MAX_SENTENCE_BYTES 
             yield "".join(buf)
 
 
+def _counted(documents: Iterable[str], report) -> Iterator[str]:
+    """Pass documents through, counting them as kept in ``report``."""
+    for doc in documents:
+        report.kept += 1
+        yield doc
+
+
 def train_tokenizer(
     inputs: str | os.PathLike | Sequence[str | os.PathLike] | Iterable[str],
     model_prefix: str | os.PathLike,
@@ -179,11 +186,16 @@ def train_tokenizer(
         raise ValueError(f"vocab_size must be >= 300 (4 special + 256 byte pieces + merges), got {vocab_size}")
     if input_sentence_size < 1:
         raise ValueError(f"input_sentence_size must be >= 1, got {input_sentence_size}")
+    report = None
     if isinstance(inputs, (str, os.PathLike, list, tuple)):
-        from plsh_dist.data.sources import iter_documents  # deferred: pulls in datasets
+        from plsh_dist.data.report import BadDataReport  # deferred with sources: pulls in datasets
+        from plsh_dist.data.sources import iter_documents
 
-        documents: Iterable[str] = iter_documents(list(inputs) if isinstance(inputs, tuple) else inputs,
-                                                  text_field=text_field)
+        report = BadDataReport()
+        documents: Iterable[str] = _counted(
+            iter_documents(list(inputs) if isinstance(inputs, tuple) else inputs, text_field=text_field, report=report),
+            report,
+        )
     else:
         documents = inputs
     prefix = Path(model_prefix)
@@ -218,6 +230,8 @@ def train_tokenizer(
     tmp.write_bytes(proto)
     os.replace(tmp, model_path)
     tok = Tokenizer(proto, model_path)
+    if report is not None:
+        report.log(logger, "tokenizer training data")
     logger.info("trained tokenizer %s: vocab %d in %.1f s", model_path, tok.vocab_size, time.perf_counter() - start)
     return tok
 

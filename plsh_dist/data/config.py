@@ -1,0 +1,111 @@
+"""Configuration of the data pipeline: documented dataclasses, checked on creation.
+
+Two sections, each handed only to its own component: ``TokenizerConfig``
+(what model, trained from what) and ``DataConfig`` (where documents come
+from, how they are packed and batched). Parallel layout (dp/sp rank and size)
+is not configuration: the launcher passes it at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+__all__ = ["TokenizerConfig", "DataConfig"]
+
+
+@dataclass
+class TokenizerConfig:
+    """SentencePiece tokenizer: loaded from ``model_path``, trained there if missing."""
+
+    model_path: str = "data_cache/tokenizer/stdlib_bpe8k.model"
+    """The ``.model`` file. If it does not exist it is trained from the training data."""
+    vocab_size: int = 8192
+    """Pieces when training (>= 300: 4 special ids + 256 byte pieces + merges)."""
+    input_sentence_size: int = 20_000
+    """Line chunks (~4 KB) sampled for training; bounds training time (~10 s for the stdlib, 2 cores)."""
+    seed: int = 0
+    """Seed of the chunk sampling; the same seed and data give the same model."""
+
+    def __post_init__(self):
+        if not self.model_path.endswith(".model"):
+            raise ValueError(f"TokenizerConfig.model_path must end in .model, got {self.model_path!r}")
+        if self.vocab_size < 300:
+            raise ValueError(f"TokenizerConfig.vocab_size must be >= 300, got {self.vocab_size}")
+        if self.input_sentence_size < 1:
+            raise ValueError(f"TokenizerConfig.input_sentence_size must be >= 1, got {self.input_sentence_size}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class DataConfig:
+    """Documents, packing and batching.
+
+    Sources, in order of precedence: ``train_files`` (local paths/globs), else
+    ``dataset_name`` (anything ``datasets.load_dataset`` accepts), else the
+    embedded corpus (the running Python's standard library sources, written
+    to ``corpus_dir``).
+    """
+
+    train_files: list[str] | None = None
+    """Local training files or globs (text: one document per file; .jsonl/.json; .parquet)."""
+    val_files: list[str] | None = None
+    """Local validation files or globs; None = no validation set (unless a dataset/corpus provides one)."""
+    dataset_name: str | None = None
+    """A ``datasets.load_dataset`` name (needs network or a local HF cache). Ignored if train_files is set."""
+    dataset_config: str | None = None
+    """Second argument of ``load_dataset`` (the subset name), if the dataset has several."""
+    train_split: str = "train"
+    """Split of ``dataset_name`` used for training."""
+    val_split: str | None = None
+    """Split of ``dataset_name`` used for validation; None = no validation."""
+    text_field: str = "text"
+    """Field of a record that holds the document text (jsonl, parquet, hub datasets)."""
+    sample_by: str = "document"
+    """For plain text files: 'document' (a file is a document), 'paragraph' or 'line'."""
+    streaming: bool = True
+    """Read sources with ``streaming=True``: one pass, no Arrow copy on disk. We tokenise in one pass anyway."""
+    seq_len: int = 1024
+    """Tokens per training sequence (inputs); windows hold seq_len + 1 tokens for the shifted labels."""
+    micro_batch_size: int = 8
+    """Sequences per rank per forward pass."""
+    seed: int = 0
+    """Shuffling seed; the same on every rank."""
+    min_doc_tokens: int = 32
+    """Documents with fewer tokens are reported as 'short' and skipped (stubs, licence-only files)."""
+    cache_dir: str = "data_cache"
+    """Root of the token caches (one sub-directory per tokenizer+source)."""
+    hf_cache_dir: str | None = None
+    """``cache_dir`` passed to ``datasets.load_dataset``; None = the datasets default."""
+    verify_cache: bool = True
+    """Check the CRC32 of a cached token file on open (about 1 s per GB)."""
+    corpus_dir: str = "data_cache/stdlib_corpus"
+    """Where the embedded stdlib corpus is written (train.jsonl, val.jsonl)."""
+    corpus_max_files: int | None = None
+    """Use only this many stdlib files (smoke tests); None = all (~1800 files, ~30 MB)."""
+    corpus_val_fraction: float = 0.02
+    """Fraction of stdlib files held out for validation (chosen by a stable hash of the path)."""
+
+    def __post_init__(self):
+        if isinstance(self.train_files, str):
+            self.train_files = [self.train_files]
+        if isinstance(self.val_files, str):
+            self.val_files = [self.val_files]
+        if self.seq_len < 1:
+            raise ValueError(f"DataConfig.seq_len must be >= 1, got {self.seq_len}")
+        if self.micro_batch_size < 1:
+            raise ValueError(f"DataConfig.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.min_doc_tokens < 0:
+            raise ValueError(f"DataConfig.min_doc_tokens must be >= 0, got {self.min_doc_tokens}")
+        if self.sample_by not in ("document", "paragraph", "line"):
+            raise ValueError(f"DataConfig.sample_by must be 'document', 'paragraph' or 'line', got {self.sample_by!r}")
+        if not 0.0 <= self.corpus_val_fraction < 1.0:
+            raise ValueError(f"DataConfig.corpus_val_fraction must be in [0, 1), got {self.corpus_val_fraction}")
+        if self.corpus_max_files is not None and self.corpus_max_files < 1:
+            raise ValueError(f"DataConfig.corpus_max_files must be >= 1 or None, got {self.corpus_max_files}")
+        if self.val_files and not self.train_files:
+            raise ValueError("DataConfig.val_files is set but train_files is not; set both, or neither")
+
+    def to_dict(self) -> dict:
+        return asdict(self)

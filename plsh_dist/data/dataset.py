@@ -1,0 +1,151 @@
+"""From configuration to token streams: sources, tokenizer, caches.
+
+``prepare_data`` is the one call a launcher makes (on one rank first, then a
+barrier, then on every rank: the second call only opens the caches):
+
+    stdlib corpus (if no data given) -> tokenizer (load or train)
+      -> token cache per split (load or tokenise) -> PreparedData
+
+``build_loader`` then turns a split into batches for one (dp_rank, sp_rank).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from plsh_dist.data.config import DataConfig, TokenizerConfig
+from plsh_dist.data.corpus import write_stdlib_corpus
+from plsh_dist.data.loader import PackedLoader
+from plsh_dist.data.report import BadDataReport
+from plsh_dist.data.sources import iter_documents, resolve_files
+from plsh_dist.data.token_cache import TokenStream, load_or_build_token_stream
+from plsh_dist.data.tokenizer import Tokenizer, load_or_train_tokenizer
+
+__all__ = ["Source", "data_sources", "load_token_stream", "PreparedData", "prepare_data", "build_loader"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One split's documents: local files/globs, or a ``datasets`` name and split."""
+
+    files: tuple[str, ...] | None = None
+    dataset_name: str | None = None
+    dataset_config: str | None = None
+    split: str = "train"
+
+    def describe(self, cfg: DataConfig) -> dict:
+        """What identifies the documents, for the cache key. Local files: path, size, mtime."""
+        if self.files is not None:
+            stats = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in resolve_files(list(self.files))]
+            return {"files": stats, "text_field": cfg.text_field, "sample_by": cfg.sample_by}
+        return {"dataset": self.dataset_name, "config": self.dataset_config, "split": self.split,
+                "text_field": cfg.text_field}
+
+    def documents(self, cfg: DataConfig, report: BadDataReport, with_location: bool = False):
+        """Iterator over the usable document texts (skips counted in ``report``)."""
+        return iter_documents(
+            list(self.files) if self.files is not None else None, dataset_name=self.dataset_name,
+            dataset_config=self.dataset_config, split=self.split, text_field=cfg.text_field,
+            streaming=cfg.streaming, sample_by=cfg.sample_by, hf_cache_dir=cfg.hf_cache_dir, report=report,
+            with_location=with_location,
+        )
+
+
+def data_sources(cfg: DataConfig, corpus_report: BadDataReport | None = None) -> dict[str, Source]:
+    """``{"train": Source, "val": Source}`` ("val" absent when there is none).
+
+    With neither files nor a dataset name, writes (or reuses) the stdlib corpus
+    and adds its skipped files (empty, undecodable) to ``corpus_report``.
+    """
+    if cfg.train_files:
+        out = {"train": Source(files=tuple(cfg.train_files))}
+        if cfg.val_files:
+            out["val"] = Source(files=tuple(cfg.val_files))
+        return out
+    if cfg.dataset_name:
+        out = {"train": Source(dataset_name=cfg.dataset_name, dataset_config=cfg.dataset_config, split=cfg.train_split)}
+        if cfg.val_split:
+            out["val"] = Source(dataset_name=cfg.dataset_name, dataset_config=cfg.dataset_config, split=cfg.val_split)
+        return out
+    corpus = write_stdlib_corpus(cfg.corpus_dir, cfg.corpus_val_fraction, cfg.corpus_max_files, cfg.seed)
+    if corpus_report is not None:
+        corpus_report.merge(corpus.stats.report)
+    out = {"train": Source(files=(str(corpus.train),))}
+    if corpus.stats.val_docs:
+        out["val"] = Source(files=(str(corpus.val),))
+    return out
+
+
+def load_token_stream(source: Source, cfg: DataConfig, tokenizer: Tokenizer,
+                      report: BadDataReport | None = None) -> TokenStream:
+    """The cached token stream of ``source`` (built on first use)."""
+    return load_or_build_token_stream(
+        lambda r: source.documents(cfg, r, with_location=True), tokenizer, cfg.cache_dir, source.describe(cfg),
+        cfg.min_doc_tokens, report=report, verify=cfg.verify_cache,
+    )
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    """Tokenizer and token streams of every split.
+
+    Attributes:
+        tokenizer: the loaded (or freshly trained) tokenizer.
+        train: training token stream.
+        val: validation token stream, or None.
+        reports: split -> skip counts of that split; "corpus" -> files the
+            stdlib corpus writer skipped (when the embedded corpus is used).
+    """
+
+    tokenizer: Tokenizer
+    train: TokenStream
+    val: TokenStream | None
+    reports: dict[str, BadDataReport]
+
+
+def prepare_data(cfg: DataConfig, tok_cfg: TokenizerConfig) -> PreparedData:
+    """Corpus, tokenizer and token caches for a run; idempotent and cheap when warm.
+
+    The tokenizer, when missing, is trained on the training source only (so
+    validation text never shapes the vocabulary).
+    """
+    corpus_report = BadDataReport()
+    sources = data_sources(cfg, corpus_report)
+    train_src = sources["train"]
+    tokenizer = load_or_train_tokenizer(
+        tok_cfg.model_path,
+        # A generator, so nothing is read when the model file already exists;
+        # its skip counts are reported again (and kept) by the token cache build.
+        train_src.documents(cfg, BadDataReport()),
+        tok_cfg.vocab_size,
+        text_field=cfg.text_field,
+        input_sentence_size=tok_cfg.input_sentence_size,
+        seed=tok_cfg.seed,
+    )
+    reports = {name: BadDataReport() for name in sources}
+    if corpus_report.kept or corpus_report.counts:
+        reports["corpus"] = corpus_report
+    streams = {name: load_token_stream(src, cfg, tokenizer, reports[name]) for name, src in sources.items()}
+    for name, stream in streams.items():
+        logger.info("%s: %d tokens in %d documents (%s)", name, stream.num_tokens, stream.num_docs, stream.path)
+    return PreparedData(tokenizer, streams["train"], streams.get("val"), reports)
+
+
+def build_loader(stream: TokenStream, cfg: DataConfig, *, dp_rank: int = 0, dp_size: int = 1, sp_rank: int = 0,
+                 sp_size: int = 1, train: bool = True, consumed: int = 0, seq_len: int | None = None) -> PackedLoader:
+    """Batches of ``stream`` for one rank.
+
+    ``train=True``: shuffled with ``cfg.seed``, endless, resumable from
+    ``consumed``. ``train=False``: stream order, one epoch. ``seq_len``
+    overrides ``cfg.seq_len`` (evaluating at longer contexts reuses the cache).
+    """
+    return PackedLoader(
+        stream.tokens, cfg.seq_len if seq_len is None else seq_len, cfg.micro_batch_size,
+        dp_rank=dp_rank, dp_size=dp_size, sp_rank=sp_rank, sp_size=sp_size, seed=cfg.seed,
+        shuffle=train, loop=train, consumed=consumed,
+    )

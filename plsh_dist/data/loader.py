@@ -1,0 +1,91 @@
+"""Batches for one (dp_rank, sp_rank): the piece the training loop iterates.
+
+Shape legend: B = micro_batch_size, T = seq_len, T_local = T / sp_size.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from plsh_dist.data.packing import check_sp, gather_windows, num_windows, split_for_sp
+from plsh_dist.data.sampler import ShardedSampler
+
+__all__ = ["PackedLoader"]
+
+
+class PackedLoader:
+    """Yields ``{"input_ids", "labels", "position_ids"}``, int64 tensors (B, T_local).
+
+    Every SP rank of a group (same ``dp_rank``) reads the same windows and
+    takes its own contiguous chunk; labels are shifted before the cut.
+
+    Args:
+        tokens: (N,) token stream (documents each followed by EOS), e.g. a
+            ``TokenStream.tokens`` memmap.
+        seq_len: T, tokens per sequence; must be divisible by sp_size.
+        micro_batch_size: B.
+        dp_rank, dp_size, sp_rank, sp_size: this process's place in the layout.
+        seed: shuffling seed (same on every rank).
+        shuffle: False reads windows in stream order (evaluation).
+        loop: True cycles epochs forever (training); False stops after one
+            epoch, the last batch possibly smaller (same size on every rank).
+        consumed: sequences this rank has already read (resume point; see
+            ``state_dict``).
+    """
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, micro_batch_size: int, *, dp_rank: int = 0,
+                 dp_size: int = 1, sp_rank: int = 0, sp_size: int = 1, seed: int = 0, shuffle: bool = True,
+                 loop: bool = True, consumed: int = 0):
+        check_sp(seq_len, sp_rank, sp_size)
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        n = num_windows(len(tokens), seq_len)
+        if n < dp_size:
+            raise ValueError(
+                f"the token stream ({len(tokens)} tokens) holds {n} sequences of seq_len={seq_len}, "
+                f"fewer than dp_size={dp_size}; use more data or a shorter seq_len"
+            )
+        self.tokens, self.seq_len, self.micro_batch_size = tokens, seq_len, micro_batch_size
+        self.sp_rank, self.sp_size = sp_rank, sp_size
+        self.sampler = ShardedSampler(n, dp_rank, dp_size, seed, shuffle=shuffle, loop=loop, consumed=consumed)
+
+    @property
+    def num_windows(self) -> int:
+        """Sequences in the whole dataset."""
+        return self.sampler.num_items
+
+    @property
+    def sequences_per_epoch(self) -> int:
+        """Sequences this rank reads per epoch (the same on every rank)."""
+        return self.sampler.per_rank
+
+    @property
+    def consumed(self) -> int:
+        """Sequences this rank has read so far (across epochs)."""
+        return self.sampler.consumed
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (last one possibly partial)."""
+        return -(-self.sampler.per_rank // self.micro_batch_size)
+
+    def next_batch(self) -> dict[str, torch.Tensor] | None:
+        """The next batch, or None when a one-epoch loader is exhausted."""
+        idx = self.sampler.take(self.micro_batch_size)
+        if len(idx) == 0:
+            return None
+        windows = gather_windows(self.tokens, idx, self.seq_len)  # (B, T + 1)
+        return split_for_sp(windows, self.sp_rank, self.sp_size)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        while (batch := self.next_batch()) is not None:
+            yield batch
+
+    def state_dict(self) -> dict:
+        """What a checkpoint stores to resume this loader (JSON-serialisable)."""
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state)
