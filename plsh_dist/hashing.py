@@ -157,20 +157,42 @@ class PositionalLSH:
         return pitch, shift
 
     def _stratified_unit_draws(self, t: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Stratified Gamma(2, 1) quantiles and unit shifts, Tensor[s, H] each.
+        """Grouped, stratified Gamma(2, 1) draws and unit shifts, ndarray[s, H] each.
 
-        Sample ``t`` of head ``h`` takes stratum ``perm_h(t)`` of the pitch's
-        quantile range and stratum ``perm'_h(t)`` of the shift's; with the
-        permutations uniformly random each sample's marginal is exact.
+        Independent stratification of pitch and shift barely helps: for a pair
+        ``(i, j)`` the shift's collision window sits at ``frac(i / delta)``,
+        which moves with every pitch, so stratified shifts of different
+        pitches do not cancel (measured: max-norm error at s = 16 within 3% of
+        i.i.d.).  Shifts only cancel under a shared pitch.  So:
+
+        - the ``s`` samples form ``G = ceil(s / k)`` groups of ``k = round(sqrt(s))``
+          consecutive samples (the last group may be smaller);
+        - group ``g`` of head ``h`` takes one pitch quantile from stratum
+          ``perm_h(g)`` of ``G`` equal strata, uniformly jittered inside it;
+        - its ``k_g`` samples share that pitch and take the equally spaced unit
+          shifts ``frac(c_g + m / k_g)``, ``m < k_g``, ``c_g ~ U(0, 1)``: the
+          collision fraction of a pair is then ``max(0, 1 - d / delta)`` up
+          to one ``1 / k_g`` step, whatever ``i``.
+
+        Each sample's marginal is exact: with ``perm_h`` a uniform random
+        permutation the quantile is U(0, 1), and ``frac(c_g + m / k_g)`` is
+        U(0, 1) independently of it, so every sample is Gamma(2, sigma) x
+        Uniform[0, delta) and E[M~] = L* exactly.  ``k ~ sqrt(s)`` balances
+        the pitch part (falls with ``G``) against the shift part (falls with
+        ``k``); measured best among k in {2..32} at s = 16 and 64.
         """
         s = self.num_samples
-        jitter_q = counter_uniform(self.seed, t, h, 3)
-        jitter_u = counter_uniform(self.seed, t, h, 4)
-        order_q = np.argsort(counter_uniform(self.seed, t, h, 5), axis=0)
-        order_u = np.argsort(counter_uniform(self.seed, t, h, 6), axis=0)
-        quantile = (order_q + jitter_q) / s
-        unit_shift = (order_u + jitter_u) / s
-        return _gamma2_ppf(quantile), unit_shift
+        k = max(1, round(math.sqrt(s)))
+        num_groups = -(-s // k)
+        group, member = t // k, t % k  # (s, H) each
+        group_size = np.minimum(k, s - group * k)
+        g, hg = np.meshgrid(np.arange(num_groups), h[0], indexing="ij")  # (G, H)
+        stratum = np.argsort(counter_uniform(self.seed, g, hg, 5), axis=0)
+        quantile = (stratum + counter_uniform(self.seed, g, hg, 3)) / num_groups
+        base_shift = counter_uniform(self.seed, g, hg, 4)
+        # x - floor(x) is exact for x in [0, 2), so the shift stays in [0, 1).
+        unit_shift = np.mod(base_shift[group, h] + member / group_size, 1.0)
+        return _gamma2_ppf(quantile)[group, h], unit_shift
 
     # -- buckets and blocks -------------------------------------------------
 
@@ -248,8 +270,27 @@ def _gamma2_ppf(q: np.ndarray) -> np.ndarray:
     # Start from the exponential tail / small-x expansion, then polish.
     x = np.where(q < 0.5, np.sqrt(2.0 * q), -np.log1p(-q) + np.log1p(-np.log1p(-q)))
     for _ in range(60):
-        cdf = -np.expm1(-x) - x * np.exp(-x)
+        cdf = _gamma2_cdf(x)
         pdf = x * np.exp(-x)
         step = (cdf - q) / np.maximum(pdf, 1e-300)
-        x = np.maximum(x - step, x * 0.5)
+        x_new = np.maximum(x - step, x * 0.5)
+        # Quadratic convergence: a handful of steps; stop once nothing moves.
+        if np.all(np.abs(x_new - x) <= 1e-15 * x):
+            return x_new
+        x = x_new
     return x
+
+
+def _gamma2_cdf(x: np.ndarray) -> np.ndarray:
+    """CDF of Gamma(2, 1), ``1 - (1 + x) e^{-x}``, accurate to a few ulps for every x >= 0.
+
+    For x < 1 the closed form cancels (relative error ~eps / x, 5e-9 at
+    q = 1e-15), so sum the positive series ``e^{-x} sum_{k>=2} x^k / k!``
+    instead; 20 terms reach float64 precision there.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    xs = np.minimum(x, 1.0)
+    term, series = xs * xs / 2.0, np.zeros_like(xs)
+    for k in range(3, 23):
+        series, term = series + term, term * xs / k
+    return np.where(x < 1.0, np.exp(-xs) * series, -np.expm1(-x) - x * np.exp(-x))
