@@ -44,13 +44,14 @@ RUNTIME_ATTR = "plsh_runtime"
 
 
 @functools.lru_cache(maxsize=64)
-def head_scales(sigma: float | None, num_heads: int, device: torch.device | None = None):
+def head_scales(sigma: float | None, num_heads: int):
     """Per-head ``(sigma, slopes)`` of a config's ``sigma`` (cached; do not modify).
 
     ``sigma is None``: ALiBi's slopes ``m_h`` and ``sigma_h = 1 / m_h``
     (Tensor[Hq] each). A float: ``sigma`` itself (one hash shared by all heads)
-    and slopes ``1 / sigma`` on every head. The hash reads sigma on the CPU,
-    so sigma stays there; slopes go to ``device`` (float32).
+    and slopes ``1 / sigma`` on every head. Both stay on the CPU, float32:
+    the ops build hashes and bias tables from CPU values, so a device copy
+    would only add a sync.
     """
     if sigma is None:
         slopes = alibi_slopes(num_heads)
@@ -58,7 +59,7 @@ def head_scales(sigma: float | None, num_heads: int, device: torch.device | None
     else:
         slopes = torch.full((num_heads,), 1.0 / sigma, dtype=torch.float32)
         sig = float(sigma)
-    return sig, slopes.to(device) if device is not None else slopes
+    return sig, slopes
 
 
 def _positions(position_ids: torch.Tensor | None, T: int, device: torch.device, check_rows: bool) -> torch.Tensor:
@@ -92,7 +93,7 @@ def _dispatch(
     if cfg.bias == "none":
         return ops.causal_attention(q, k, v, **common)
     if cfg.bias in ("alibi", "window"):
-        _, slopes = head_scales(cfg.sigma, q.shape[2], q.device)
+        _, slopes = head_scales(cfg.sigma, q.shape[2])
         window = cfg.window if cfg.bias == "window" else None
         return ops.alibi_attention(q, k, v, slopes=slopes, window=window, chunk_size=cfg.chunk_size, **common)
     sigma, _ = head_scales(cfg.sigma, q.shape[2])

@@ -6,7 +6,7 @@ from transformers import AttentionInterface
 
 from plsh_dist.models import AttentionConfig, build_model, presets, rope_enabled, set_attention_mode
 
-from model_refs import DENSE_REF, dense_reference_attention
+from tests.models.model_refs import DENSE_REF, dense_reference_attention
 
 CAPTURE = "plsh_dist_test_capture"
 _captured = {}
