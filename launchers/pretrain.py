@@ -1,0 +1,44 @@
+"""Pretrain a decoder with positional-LSH attention (DeepSpeed engine).
+
+    deepspeed --num_gpus 2 --master_port 29511 launchers/pretrain.py --config configs/quickstart.toml \
+        [--section.key=value ...]
+
+On CPU set DS_ACCELERATOR=cpu (gloo backend). Plain ``python launchers/pretrain.py``
+runs one process. The launcher's ``--local_rank`` is accepted (LOCAL_RANK env wins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="Any --section.key=value overrides the config file.")
+    parser.add_argument("--config", required=True, help="TOML run config (configs/*.toml)")
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
+    parser.add_argument("--resume", default=None, help="auto | never | checkpoint dir (= --checkpoint.resume)")
+    args, overrides = parser.parse_known_args(argv)
+    if args.local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    if args.resume is not None:
+        overrides.append(f"--checkpoint.resume={args.resume}")
+
+    from plsh_dist.train import load_config, train
+
+    try:
+        cfg = load_config(args.config, overrides)  # all checks happen here, before any work
+    except ValueError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    train(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,363 @@
+"""Run configuration: documented dataclasses, TOML loading, CLI overrides, checks.
+
+One TOML file describes a run; each component receives only its own section:
+
+    [run] [model] [attention] [data] [optim] [deepspeed] [parallel] [checkpoint] [logging]
+
+Precedence: command line ``--section.key=value`` > file > dataclass defaults.
+Unknown sections or keys are errors that name the key and list the valid ones.
+``[model]`` and ``[attention]`` map onto the model package's ``ModelConfig`` and
+``AttentionConfig`` (``[model].preset`` picks a preset; the other keys override
+it; ``vocab_size`` defaults to the tokenizer's); ``[data]`` and ``[tokenizer]``
+onto the data package's ``DataConfig`` and ``TokenizerConfig``. The DeepSpeed config is
+generated from these sections (``deepspeed_config.py``), never written by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from plsh_dist.data.config import DataConfig, TokenizerConfig
+
+__all__ = [
+    "RunSection",
+    "OptimSection",
+    "DeepSpeedSection",
+    "ParallelSection",
+    "CheckpointSection",
+    "LoggingSection",
+    "RunConfig",
+    "load_config",
+    "parse_overrides",
+    "apply_overrides",
+    "to_toml",
+]
+
+
+def _positive(section: str, obj: Any, *names: str, allow_zero: bool = False) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        ok = isinstance(value, int) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+        if not ok:
+            bound = ">= 0" if allow_zero else ">= 1"
+            raise ValueError(f"[{section}].{name} must be an integer {bound}, got {value!r}")
+
+
+def _choice(section: str, name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"[{section}].{name} = {value!r} is invalid; choose one of {list(choices)}")
+
+
+@dataclass
+class RunSection:
+    """What the run is and where it writes."""
+
+    name: str = "run"
+    """Label shown in logs and tensorboard."""
+    out_dir: str = "runs/run"
+    """Outputs: metrics.jsonl, tensorboard/, checkpoints/, final/, resolved config."""
+    seed: int = 0
+    """Run seed: model init, data shuffling and the attention hash seeds derive from it."""
+    max_steps: int = 100
+    """Optimizer steps to train (each = grad_accum_steps micro-batches on every DP rank)."""
+    device: str = "auto"
+    """auto (cuda if available, else cpu) | cpu | cuda."""
+
+    def __post_init__(self) -> None:
+        _positive("run", self, "max_steps")
+        _positive("run", self, "seed", allow_zero=True)
+        _choice("run", "device", self.device, ("auto", "cpu", "cuda"))
+        if not self.out_dir:
+            raise ValueError("[run].out_dir must be a non-empty path, e.g. out_dir = \"runs/my_run\"")
+
+
+@dataclass
+class OptimSection:
+    """AdamW with linear warmup then cosine decay to ``min_lr``."""
+
+    lr: float = 3e-4
+    """Peak learning rate."""
+    min_lr: float = 3e-5
+    """Learning rate at the end of the cosine decay."""
+    warmup_steps: int = 10
+    """Linear warmup from 0 to lr over this many optimizer steps."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay (not applied to norms and biases)."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Max global gradient norm; 0 disables clipping."""
+    grad_accum_steps: int = 1
+    """Micro-batches accumulated per optimizer step."""
+
+    def __post_init__(self) -> None:
+        self.lr, self.min_lr = float(self.lr), float(self.min_lr)
+        self.weight_decay, self.eps, self.grad_clip = float(self.weight_decay), float(self.eps), float(self.grad_clip)
+        self.beta1, self.beta2 = float(self.beta1), float(self.beta2)
+        if self.lr <= 0:
+            raise ValueError(f"[optim].lr must be > 0, got {self.lr}")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"[optim].min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"[optim].{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.weight_decay < 0 or self.eps <= 0 or self.grad_clip < 0:
+            raise ValueError("[optim]: weight_decay and grad_clip must be >= 0 and eps > 0")
+        _positive("optim", self, "grad_accum_steps")
+        _positive("optim", self, "warmup_steps", allow_zero=True)
+
+
+@dataclass
+class DeepSpeedSection:
+    """Engine settings; the DeepSpeed JSON is generated from these."""
+
+    zero_stage: int = 0
+    """ZeRO stage 0 (plain DDP), 1 (optimizer states), 2 (+gradients), 3 (+parameters)."""
+    precision: str = "auto"
+    """auto (bf16 on GPU, fp32 on CPU) | bf16 (GPU only) | fp32."""
+    activation_checkpointing: bool = False
+    """Recompute decoder layers in backward (HF gradient checkpointing) to save memory."""
+    offload_optimizer: bool = False
+    """ZeRO >= 1: keep optimizer states in CPU memory (GPU runs)."""
+
+    def __post_init__(self) -> None:
+        _choice("deepspeed", "zero_stage", self.zero_stage, (0, 1, 2, 3))
+        _choice("deepspeed", "precision", self.precision, ("auto", "bf16", "fp32"))
+
+
+@dataclass
+class ParallelSection:
+    """Parallel layout; dp_size = world_size / sp_size is derived at launch."""
+
+    sp_size: int = 1
+    """Ranks sharing one sequence (sequence parallelism); must divide the world size."""
+
+    def __post_init__(self) -> None:
+        _positive("parallel", self, "sp_size")
+
+
+@dataclass
+class CheckpointSection:
+    """Checkpoints (DeepSpeed format + resolved config + tokenizer) and resume."""
+
+    every_steps: int = 0
+    """Save every N optimizer steps (0 = only at the end)."""
+    resume: str = "auto"
+    """auto (latest checkpoint in out_dir if any) | never | a checkpoint directory."""
+    keep_last: int = 2
+    """Keep this many step checkpoints (0 = keep all)."""
+    export_safetensors: bool = True
+    """Export final weights (HF layout, safetensors) to out_dir/final."""
+
+    def __post_init__(self) -> None:
+        _positive("checkpoint", self, "every_steps", "keep_last", allow_zero=True)
+        if not self.resume:
+            raise ValueError("[checkpoint].resume must be auto, never or a checkpoint path")
+
+
+@dataclass
+class LoggingSection:
+    """Metrics, progress and evaluation during training."""
+
+    every_steps: int = 1
+    """Write metrics.jsonl / tensorboard every N optimizer steps."""
+    tensorboard: bool = True
+    progress: bool = True
+    """Progress bar on rank 0."""
+    eval_every: int = 0
+    """Validation loss every N steps (0 = only at the end)."""
+    eval_batches: int = 8
+    """Micro-batches per DP rank used for validation."""
+
+    def __post_init__(self) -> None:
+        _positive("logging", self, "every_steps")
+        _positive("logging", self, "eval_every", "eval_batches", allow_zero=True)
+
+
+_SECTIONS: dict[str, type] = {
+    "run": RunSection,
+    "optim": OptimSection,
+    "deepspeed": DeepSpeedSection,
+    "parallel": ParallelSection,
+    "checkpoint": CheckpointSection,
+    "logging": LoggingSection,
+}
+# Sections whose dataclasses live in plsh_dist.models (validated there).
+_MODEL_SECTIONS = ("model", "attention")
+
+
+@dataclass
+class RunConfig:
+    """The whole run. ``model`` and ``attention`` stay plain tables here (the
+    model's vocabulary comes from the tokenizer) and are validated by
+    ``plsh_dist.models`` (see ``model_configs``)."""
+
+    run: RunSection = field(default_factory=RunSection)
+    model: dict = field(default_factory=lambda: {"preset": "tiny"})
+    attention: dict = field(default_factory=dict)
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    optim: OptimSection = field(default_factory=OptimSection)
+    deepspeed: DeepSpeedSection = field(default_factory=DeepSpeedSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
+
+    def to_dict(self) -> dict:
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = dict(value) if isinstance(value, dict) else dataclasses.asdict(value)
+        return out
+
+    def model_configs(self, vocab_size: int | None = None):
+        """``(ModelConfig, AttentionConfig)`` from [model] / [attention].
+
+        ``vocab_size``: the tokenizer's, used unless [model] sets one.
+        """
+        from plsh_dist.models import AttentionConfig, ModelConfig
+
+        table = dict(self.model)
+        table.setdefault("vocab_size", vocab_size or self.tokenizer.vocab_size)
+        return ModelConfig.from_dict(table), AttentionConfig.from_dict(dict(self.attention))
+
+    def validate(self, world_size: int | None = None) -> None:
+        """Cross-section checks; with ``world_size`` also the parallel layout."""
+        sp = self.parallel.sp_size
+        if self.data.seq_len % sp != 0:
+            raise ValueError(
+                f"[data].seq_len={self.data.seq_len} is not divisible by [parallel].sp_size={sp}; "
+                f"each SP rank trains on seq_len / sp_size tokens: pick seq_len a multiple of {sp}"
+            )
+        if world_size is not None:
+            from plsh_dist.distributed import ParallelDims
+
+            ParallelDims(world_size, sp)
+        self.model_configs()  # builds and checks the model's own dataclasses
+
+
+def _build_section(name: str, cls: type, table: dict):
+    if not isinstance(table, dict):
+        raise ValueError(f"[{name}] must be a TOML table, got {type(table).__name__}")
+    valid = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted(set(table) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in [{name}]; valid keys are {valid}")
+    try:
+        return cls(**table)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"[{name}]: {exc}") from exc
+
+
+def parse_overrides(args: list[str]) -> dict[str, dict[str, Any]]:
+    """``["--optim.lr=1e-3", "--run.out_dir", "x"]`` -> ``{"optim": {"lr": 0.001}, ...}``.
+
+    Values are parsed as TOML literals (numbers, booleans, arrays, quoted strings);
+    anything that does not parse is kept as a bare string.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
+            raise ValueError(f"override {arg!r} must look like --section.key=value (e.g. --optim.lr=1e-3)")
+        if "=" in arg:
+            key, raw = arg[2:].split("=", 1)
+        else:
+            if i + 1 >= len(args):
+                raise ValueError(f"override {arg!r} has no value; write {arg}=VALUE")
+            key, raw = arg[2:], args[i + 1]
+            i += 1
+        section, name = key.split(".", 1)
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        out.setdefault(section, {})[name] = value
+        i += 1
+    return out
+
+
+def apply_overrides(table: dict, overrides: dict[str, dict[str, Any]]) -> dict:
+    """Merge overrides into a raw TOML table (section by section, key by key)."""
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in table.items()}
+    for section, values in overrides.items():
+        merged.setdefault(section, {}).update(values)
+    return merged
+
+
+def config_from_table(table: dict) -> RunConfig:
+    """Build and check a ``RunConfig`` from a raw (already merged) table."""
+    valid = list(_SECTIONS) + ["data", "tokenizer"] + list(_MODEL_SECTIONS)
+    unknown = sorted(set(table) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown section(s) {unknown}; valid sections are {valid}")
+    sections = {**_SECTIONS, "data": DataConfig, "tokenizer": TokenizerConfig}
+    kwargs: dict[str, Any] = {name: _build_section(name, cls, table.get(name, {})) for name, cls in sections.items()}
+    for name in _MODEL_SECTIONS:
+        if name in table:
+            if not isinstance(table[name], dict):
+                raise ValueError(f"[{name}] must be a TOML table")
+            kwargs[name] = dict(table[name])
+    cfg = RunConfig(**kwargs)
+    cfg.validate()
+    return cfg
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a TOML run config, apply ``--section.key=value`` overrides, check it all.
+
+    Raises ValueError (naming the field and the fix) before any work starts.
+    """
+    table: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"config file {str(path)!r} does not exist; pass --config configs/<run>.toml")
+        with path.open("rb") as fh:
+            try:
+                table = tomllib.load(fh)
+            except tomllib.TOMLDecodeError as exc:
+                raise ValueError(f"{path}: invalid TOML: {exc}") from exc
+    return config_from_table(apply_overrides(table, parse_overrides(overrides or [])))
+
+
+# --- writing the resolved config ------------------------------------------------
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise ValueError(f"cannot write {value!r} ({type(value).__name__}) to TOML")
+
+
+def to_toml(cfg: RunConfig | dict) -> str:
+    """Serialise the resolved config as TOML (None values are left out: TOML has no null)."""
+    table = cfg.to_dict() if isinstance(cfg, RunConfig) else cfg
+    lines = []
+    for section, values in table.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items() if v is not None]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_resolved(cfg: RunConfig, directory: str | Path) -> Path:
+    """Write ``config.resolved.toml`` and ``config.resolved.json`` into ``directory``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.resolved.toml").write_text(to_toml(cfg))
+    (directory / "config.resolved.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=False) + "\n")
+    return directory / "config.resolved.toml"

@@ -1,0 +1,54 @@
+"""The training loop's view of the data package: prepare once, then batches per rank."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from plsh_dist.data import DataConfig, PreparedData, TokenizerConfig, build_loader, prepare_data
+
+__all__ = ["prepare", "DataPipeline"]
+
+
+def prepare(data: DataConfig, tokenizer: TokenizerConfig) -> PreparedData:
+    """Corpus, tokenizer and token caches; rank 0 builds them first, the others
+    then only open the caches (no duplicate tokenizer training or tokenising)."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    prepared = prepare_data(data, tokenizer) if rank == 0 else None
+    if dist.is_initialized():
+        dist.barrier()
+    return prepared if prepared is not None else prepare_data(data, tokenizer)
+
+
+class DataPipeline:
+    """Training batches (endless, resumable) and validation batches of one rank.
+
+    Batches are dicts of int64 (B, seq_len / sp_size): ``input_ids``,
+    ``labels``, ``position_ids`` (global positions).
+    """
+
+    def __init__(self, prepared: PreparedData, cfg: DataConfig, *, dp_rank: int, dp_size: int,
+                 sp_rank: int, sp_size: int):
+        self.prepared, self.cfg = prepared, cfg
+        self.layout = dict(dp_rank=dp_rank, dp_size=dp_size, sp_rank=sp_rank, sp_size=sp_size)
+        self.train = build_loader(prepared.train, cfg, train=True, **self.layout)
+
+    def skip_to(self, micro_batches: int) -> None:
+        """Position the training stream after ``micro_batches`` batches (resume)."""
+        self.train = build_loader(self.prepared.train, self.cfg, train=True,
+                                  consumed=micro_batches * self.cfg.micro_batch_size, **self.layout)
+
+    def next_train(self) -> dict[str, torch.Tensor]:
+        return self.train.next_batch()
+
+    def val_batches(self, n: int) -> Iterator[dict[str, torch.Tensor]]:
+        """The first ``n`` validation batches (stream order, same every call);
+        the training split's first batches if the data has no validation split."""
+        stream = self.prepared.val if self.prepared.val is not None else self.prepared.train
+        loader = build_loader(stream, self.cfg, train=False, **self.layout)
+        for i, batch in enumerate(loader):
+            if i >= n:
+                return
+            yield batch

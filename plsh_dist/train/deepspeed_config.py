@@ -1,0 +1,64 @@
+"""Generate the DeepSpeed config dict from our run config (one source of truth).
+
+The optimizer and the LR schedule are torch objects handed to
+``deepspeed.initialize`` (``optim.py``), not DeepSpeed JSON entries: DeepSpeed's
+own Adam variants compile C++ ops on first use (minutes, and they may fail on
+a machine without a compiler), while ``torch.optim.AdamW`` works everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plsh_dist.train.config import DeepSpeedSection, OptimSection
+
+__all__ = ["resolve_precision", "deepspeed_config"]
+
+
+def resolve_precision(section: DeepSpeedSection, device_type: str) -> str:
+    """``"bf16"`` or ``"fp32"`` for this device; bf16 on CPU is refused loudly."""
+    if section.precision == "auto":
+        return "bf16" if device_type == "cuda" else "fp32"
+    if section.precision == "bf16" and device_type != "cuda":
+        raise ValueError(
+            "[deepspeed].precision = \"bf16\" needs a GPU; on CPU set precision = \"fp32\" (or \"auto\")"
+        )
+    return section.precision
+
+
+def deepspeed_config(
+    ds: DeepSpeedSection, optim: OptimSection, *, micro_batch_size: int, device_type: str
+) -> dict[str, Any]:
+    """The dict passed as ``deepspeed.initialize(config=...)``.
+
+    Args:
+        ds: [deepspeed] section.
+        optim: [optim] section (grad accumulation, clipping).
+        micro_batch_size: sequences per micro-batch per rank ([data].micro_batch_size).
+        device_type: "cpu" or "cuda" (decides bf16 vs fp32 under "auto").
+    DeepSpeed derives ``train_batch_size = micro x accum x world_size`` itself.
+    """
+    precision = resolve_precision(ds, device_type)
+    zero: dict[str, Any] = {"stage": ds.zero_stage}
+    if ds.zero_stage >= 1 and ds.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": device_type == "cuda"}
+    if ds.zero_stage == 3:
+        # Export needs the full weights gathered on save (see export.py).
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": optim.grad_accum_steps,
+        "gradient_clipping": optim.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": False},
+        # We log ourselves (metrics.jsonl, tensorboard); silence DeepSpeed's per-step prints.
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+        # A torch optimizer is "untested" for ZeRO in DeepSpeed's eyes; AdamW is fine.
+        "zero_allow_untested_optimizer": True,
+    }
+    if precision == "bf16":
+        # Accumulate and all-reduce gradients in fp32 for bf16 params.
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+    return config

@@ -1,0 +1,51 @@
+"""AdamW with linear warmup and cosine decay, as plain torch objects."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from plsh_dist.train.config import OptimSection
+
+__all__ = ["lr_at", "param_groups", "build_optimizer", "build_scheduler"]
+
+
+def lr_at(step: int, optim: OptimSection, max_steps: int) -> float:
+    """Learning rate of optimizer step ``step`` (0-based).
+
+    Linear warmup ``lr * (step + 1) / warmup_steps``, then cosine from ``lr`` to
+    ``min_lr`` over the remaining steps (flat at ``min_lr`` past ``max_steps``).
+    """
+    if step < optim.warmup_steps:
+        return optim.lr * (step + 1) / optim.warmup_steps
+    decay = max(1, max_steps - optim.warmup_steps)
+    progress = min(1.0, (step - optim.warmup_steps) / decay)
+    return optim.min_lr + 0.5 * (optim.lr - optim.min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices (ndim >= 2: linear and embedding weights), not norms or biases."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, optim: OptimSection, device_type: str) -> torch.optim.Optimizer:
+    """torch AdamW (fused on CUDA, foreach elsewhere); lr is set by the scheduler."""
+    return torch.optim.AdamW(
+        param_groups(model, optim.weight_decay),
+        lr=optim.lr,
+        betas=(optim.beta1, optim.beta2),
+        eps=optim.eps,
+        fused=device_type == "cuda",
+    )
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, optim: OptimSection, max_steps: int):
+    """LambdaLR whose factor makes ``lr == lr_at(step)``; DeepSpeed steps it once
+    per optimizer step and checkpoints its state."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at(step, optim, max_steps) / optim.lr)

@@ -1,0 +1,126 @@
+"""Run config: TOML loading, precedence, unknown keys, checks, resolved round-trip, every shipped config."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from plsh_dist.train.config import RunConfig, config_from_table, load_config, parse_overrides, to_toml, write_resolved
+from plsh_dist.train.deepspeed_config import deepspeed_config, resolve_precision
+from plsh_dist.train.optim import lr_at
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml"))
+
+
+def _write(tmp_path, text: str) -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return path
+
+
+def test_precedence_cli_over_file_over_defaults(tmp_path):
+    path = _write(tmp_path, "[optim]\nlr = 1e-3\nwarmup_steps = 5\n[data]\nseq_len = 128\n")
+    cfg = load_config(path, ["--optim.lr=2e-3", "--run.out_dir", "somewhere", "--attention.bias=none"])
+    assert cfg.optim.lr == 2e-3  # CLI
+    assert cfg.optim.warmup_steps == 5  # file
+    assert cfg.optim.beta2 == 0.95  # default
+    assert cfg.data.seq_len == 128
+    assert cfg.run.out_dir == "somewhere"  # bare word kept as a string
+    assert cfg.attention == {"bias": "none"}
+
+
+def test_unknown_keys_and_sections_are_named(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['lrr'\] in \[optim\]; valid keys are \['lr'"):
+        load_config(_write(tmp_path, "[optim]\nlrr = 1\n"))
+    with pytest.raises(ValueError, match=r"unknown section\(s\) \['optimizer'\]"):
+        load_config(None, ["--optimizer.lr=1"])
+    with pytest.raises(ValueError, match=r"\[attention\] unknown keys \['slope'\]"):
+        load_config(None, ["--attention.slope=1"])
+    with pytest.raises(ValueError, match=r"\[model\] unknown keys \['layers'\]"):
+        load_config(None, ["--model.layers=3"])
+    with pytest.raises(ValueError, match="--section.key=value"):
+        parse_overrides(["--lr=1"])
+
+
+@pytest.mark.parametrize("override,field", [
+    ("--optim.lr=-1", "[optim].lr"),
+    ("--optim.min_lr=1.0", "[optim].min_lr"),
+    ("--deepspeed.zero_stage=4", "[deepspeed].zero_stage"),
+    ("--run.max_steps=0", "[run].max_steps"),
+    ("--run.device=tpu", "[run].device"),
+    ("--parallel.sp_size=0", "[parallel].sp_size"),
+    ("--attention.bias=rotary", "attention.bias"),
+    ("--data.seq_len=0", "seq_len"),
+])
+def test_bad_values_fail_naming_the_field(override, field):
+    with pytest.raises(ValueError) as err:
+        load_config(None, [override])
+    assert field in str(err.value)
+
+
+def test_seq_len_must_split_over_sp():
+    with pytest.raises(ValueError, match=r"\[data\].seq_len=100 is not divisible by \[parallel\].sp_size=3"):
+        load_config(None, ["--data.seq_len=100", "--parallel.sp_size=3"])
+    cfg = load_config(None, ["--parallel.sp_size=4"])
+    with pytest.raises(ValueError, match="world_size=6"):
+        cfg.validate(world_size=6)
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["--optim.lr=5e-4", "--data.train_files=['a.txt', 'b.txt']", "--attention.sigma=256.0"])
+    path = write_resolved(cfg, tmp_path)
+    again = load_config(path)
+    assert again.to_dict() == cfg.to_dict()
+    assert (tmp_path / "config.resolved.json").is_file()
+    assert "[optim]" in to_toml(cfg)
+
+
+def test_deepspeed_config_is_generated():
+    cfg = load_config(None, ["--deepspeed.zero_stage=3", "--optim.grad_accum_steps=4", "--optim.grad_clip=0.5"])
+    ds = deepspeed_config(cfg.deepspeed, cfg.optim, micro_batch_size=2, device_type="cpu")
+    assert ds["zero_optimization"]["stage"] == 3
+    assert ds["gradient_accumulation_steps"] == 4 and ds["train_micro_batch_size_per_gpu"] == 2
+    assert ds["gradient_clipping"] == 0.5
+    assert ds["bf16"]["enabled"] is False  # fp32 on CPU
+    assert deepspeed_config(cfg.deepspeed, cfg.optim, micro_batch_size=2, device_type="cuda")["bf16"]["enabled"]
+    bf16 = load_config(None, ["--deepspeed.precision=bf16"]).deepspeed
+    with pytest.raises(ValueError, match="precision = \"bf16\" needs a GPU"):
+        resolve_precision(bf16, "cpu")
+
+
+def test_lr_warmup_then_cosine():
+    optim = load_config(None, ["--optim.lr=1.0", "--optim.min_lr=0.1", "--optim.warmup_steps=4"]).optim
+    assert [lr_at(s, optim, 104) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_at(4, optim, 104) == pytest.approx(1.0)
+    assert lr_at(54, optim, 104) == pytest.approx(0.55)  # half way down the cosine
+    assert lr_at(104, optim, 104) == pytest.approx(0.1)
+    assert lr_at(500, optim, 104) == pytest.approx(0.1)
+    values = [lr_at(s, optim, 104) for s in range(4, 105)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+def test_shipped_configs_exist():
+    names = {p.stem for p in CONFIGS}
+    assert {"quickstart"} <= names and len(names) >= 8
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_every_config_builds_its_model_on_meta(path):
+    from plsh_dist.models import build_model, count_parameters
+
+    cfg = load_config(path)
+    world = cfg.parallel.sp_size  # the smallest world the layout accepts
+    cfg.validate(world_size=world)
+    model_cfg, attn_cfg = cfg.model_configs(vocab_size=cfg.tokenizer.vocab_size)
+    model = build_model(model_cfg, attn_cfg, device="meta")
+    n = count_parameters(model)
+    assert n > 0 and all(p.device.type == "meta" for p in model.parameters())
+    if cfg.model.get("preset") == "qwen3-0.6b":
+        # 0.6B architecture: 440,467,456 non-embedding parameters whatever the vocabulary.
+        assert count_parameters(model, exclude_embeddings=True) == 440_467_456
+        assert cfg.data.seq_len >= 8192
+    assert math.isfinite(float(n))
+    assert isinstance(cfg, RunConfig) and config_from_table(cfg.to_dict()).to_dict() == cfg.to_dict()
