@@ -15,8 +15,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
-from plsh_dist.data.corpus import write_stdlib_corpus  # noqa: E402
-
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -25,6 +23,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-files", type=int, default=None, help="use only this many files (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="selects which files go to validation (default 0)")
     args = parser.parse_args(argv)
+    # Imported after parsing so that --help answers without loading torch.
+    from plsh_dist.data.corpus import write_stdlib_corpus
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     corpus = write_stdlib_corpus(args.out, args.val_fraction, args.max_files, args.seed)
     s = corpus.stats

@@ -18,8 +18,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
-from plsh_dist.data.tokenizer import train_tokenizer  # noqa: E402
-
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -32,6 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     parser.add_argument("--threads", type=int, default=2, help="trainer threads (default 2)")
     args = parser.parse_args(argv)
+    # Imported after parsing so that --help answers without loading torch.
+    from plsh_dist.data.tokenizer import train_tokenizer
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     start = time.perf_counter()
     tok = train_tokenizer(args.input, args.out, args.vocab_size, text_field=args.text_field,

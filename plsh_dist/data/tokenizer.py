@@ -38,6 +38,9 @@ from typing import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 
+from plsh_dist.data.report import BadDataReport
+from plsh_dist.data.sources import iter_documents
+
 __all__ = ["Tokenizer", "train_tokenizer", "load_or_train_tokenizer", "UNK_ID", "BOS_ID", "EOS_ID", "PAD_ID"]
 
 logger = logging.getLogger(__name__)
@@ -148,7 +151,32 @@ def _line_chunks(documents: Iterable[str], max_bytes: int = _MAX_SENTENCE_BYTES 
             yield "".join(buf)
 
 
-def _counted(documents: Iterable[str], report) -> Iterator[str]:
+def _train_spm(sentences: Iterator[str], model: io.BytesIO, vocab_size: int, input_sentence_size: int,
+               num_threads: int) -> None:
+    """One SentencePiece training call with the code-friendly settings (module docstring)."""
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=sentences,
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=vocab_size,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=False,
+        byte_fallback=True,
+        split_digits=True,
+        allow_whitespace_only_pieces=True,
+        user_defined_symbols=["\n", "\t"],
+        character_coverage=0.9995,  # rare characters go to byte fallback instead of taking vocab slots
+        input_sentence_size=input_sentence_size,
+        shuffle_input_sentence=True,
+        max_sentence_length=_MAX_SENTENCE_BYTES,
+        unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID,
+        num_threads=num_threads,
+        minloglevel=2,  # SentencePiece's own progress log is thousands of lines
+    )
+
+
+def _counted(documents: Iterable[str], report: BadDataReport) -> Iterator[str]:
     """Pass documents through, counting them as kept in ``report``."""
     for doc in documents:
         report.kept += 1
@@ -188,9 +216,6 @@ def train_tokenizer(
         raise ValueError(f"input_sentence_size must be >= 1, got {input_sentence_size}")
     report = None
     if isinstance(inputs, (str, os.PathLike, list, tuple)):
-        from plsh_dist.data.report import BadDataReport  # deferred with sources: pulls in datasets
-        from plsh_dist.data.sources import iter_documents
-
         report = BadDataReport()
         documents: Iterable[str] = _counted(
             iter_documents(list(inputs) if isinstance(inputs, tuple) else inputs, text_field=text_field, report=report),
@@ -204,26 +229,15 @@ def train_tokenizer(
     model = io.BytesIO()
     spm.set_random_generator_seed(seed)
     start = time.perf_counter()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=_line_chunks(documents),
-        model_writer=model,
-        model_type="bpe",
-        vocab_size=vocab_size,
-        normalization_rule_name="identity",
-        remove_extra_whitespaces=False,
-        add_dummy_prefix=False,
-        byte_fallback=True,
-        split_digits=True,
-        allow_whitespace_only_pieces=True,
-        user_defined_symbols=["\n", "\t"],
-        character_coverage=0.9995,  # rare characters go to byte fallback instead of taking vocab slots
-        input_sentence_size=input_sentence_size,
-        shuffle_input_sentence=True,
-        max_sentence_length=_MAX_SENTENCE_BYTES,
-        unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID,
-        num_threads=num_threads,
-        minloglevel=2,  # SentencePiece's own progress log is thousands of lines
-    )
+    try:
+        _train_spm(_line_chunks(documents), model, vocab_size, input_sentence_size, num_threads)
+    except RuntimeError as e:
+        if "Vocabulary size is smaller than required_chars" in str(e):
+            raise ValueError(
+                f"vocab_size={vocab_size} is too small for the characters of this data ({e}); "
+                "increase vocab_size"
+            ) from e
+        raise
     proto = model.getvalue()
     model_path = prefix.with_name(prefix.name + ".model")
     tmp = model_path.with_name(model_path.name + ".tmp")

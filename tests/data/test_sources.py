@@ -1,0 +1,96 @@
+"""Bad data is counted and skipped, never silently used; globs and formats resolve."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from plsh_dist.data.report import BadDataReport
+from plsh_dist.data.sources import builder_for, iter_documents, resolve_files
+from plsh_dist.data.token_cache import build_token_stream
+from plsh_dist.data.tokenizer import EOS_ID
+
+GOOD = "def add(a, b):\n    return a + b\n\n\nclass Point:\n    x: int = 0\n    y: int = 0\n"
+
+
+@pytest.fixture()
+def messy_dir(tmp_path):
+    """A jsonl with every kind of bad record, text files good/empty/undecodable."""
+    records = [
+        {"text": GOOD},
+        {"text": ""},  # empty
+        {"text": "   \n\t "},  # whitespace only -> empty
+        {"text": 5},  # non-string
+        {"text": None},  # non-string
+        {"text": ["a list"]},  # non-string
+        {"other": "no text field"},  # missing -> non-string
+        {"text": "x"},  # short (1-2 tokens)
+        {"text": GOOD * 2},
+    ]
+    (tmp_path / "records.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n", encoding="utf-8")
+    (tmp_path / "txt").mkdir()
+    (tmp_path / "txt" / "a.txt").write_text(GOOD, encoding="utf-8")
+    (tmp_path / "txt" / "b.txt").write_bytes(b"print('ok')\n# \xff\xfe broken bytes\n")
+    (tmp_path / "txt" / "c.txt").write_bytes(b"")
+    (tmp_path / "txt" / "d.txt").write_text("  \n\n", encoding="utf-8")
+    return tmp_path
+
+
+def test_jsonl_bad_records_counted(messy_dir, tiny_tokenizer, tmp_path):
+    report = BadDataReport()
+    docs = list(iter_documents(str(messy_dir / "records.jsonl"), report=report, with_location=True))
+    assert [d for d, _ in docs] == [GOOD, "x", GOOD * 2]
+    assert report.counts == {"empty": 2, "non_string": 4}
+    assert any("int" in e for e in report.examples["non_string"])  # says what type it got
+    stream = build_token_stream(docs, tiny_tokenizer, tmp_path / "cache", "k", min_doc_tokens=8, report=report)
+    assert report.counts == {"empty": 2, "non_string": 4, "short": 1}
+    assert report.kept == stream.num_docs == 2
+    expected = tiny_tokenizer.encode(GOOD) + [EOS_ID] + tiny_tokenizer.encode(GOOD * 2) + [EOS_ID]
+    assert np.array_equal(np.asarray(stream.tokens), expected)
+
+
+def test_text_files_empty_and_undecodable_skipped(messy_dir):
+    report = BadDataReport()
+    docs = list(iter_documents(str(messy_dir / "txt" / "*.txt"), report=report))
+    assert docs == [GOOD]  # a text file is one document
+    assert report.counts == {"undecodable_file": 1, "empty_file": 2}
+    assert report.examples["undecodable_file"][0].endswith("b.txt")
+    assert "undecodable_file=1" in report.summary("test")
+
+
+def test_all_files_bad_is_an_error(messy_dir):
+    with pytest.raises(ValueError, match="no usable data file"):
+        list(iter_documents([str(messy_dir / "txt" / "b.txt"), str(messy_dir / "txt" / "c.txt")]))
+
+
+def test_streaming_and_map_style_agree(messy_dir, tmp_path):
+    a = list(iter_documents(str(messy_dir / "records.jsonl"), streaming=True))
+    b = list(iter_documents(str(messy_dir / "records.jsonl"), streaming=False, hf_cache_dir=str(tmp_path / "hf")))
+    assert a == b == [GOOD, "x", GOOD * 2]
+
+
+def test_parquet_and_text_field(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"content": [GOOD, None, "second document"]}), tmp_path / "part-0.parquet")
+    report = BadDataReport()
+    docs = list(iter_documents(str(tmp_path / "*.parquet"), text_field="content", report=report))
+    assert docs == [GOOD, "second document"]
+    assert report.counts == {"non_string": 1}
+
+
+def test_globs_and_format_errors(tmp_path):
+    (tmp_path / "sub").mkdir()
+    for name in ("a.jsonl", "sub/b.jsonl", "c.parquet"):
+        (tmp_path / name).write_text("{}\n")
+    assert [p.name for p in resolve_files(str(tmp_path / "**" / "*.jsonl"))] == ["a.jsonl", "b.jsonl"]
+    with pytest.raises(ValueError, match="matches no file"):
+        resolve_files(str(tmp_path / "nothing*.txt"))
+    with pytest.raises(ValueError, match="mix formats"):
+        builder_for(resolve_files([str(tmp_path / "a.jsonl"), str(tmp_path / "c.parquet")]))
+    assert builder_for(resolve_files(str(tmp_path / "a.jsonl"))) == "json"
+    with pytest.raises(ValueError, match="exactly one"):
+        list(iter_documents(None))
