@@ -1,0 +1,1 @@
+"""Evaluation: approximation error of positional LSH, q/k/v capture, plots."""
