@@ -12,9 +12,7 @@ barrier, then on every rank: the second call only opens the caches):
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from plsh_dist.data.config import DataConfig, TokenizerConfig
 from plsh_dist.data.corpus import write_stdlib_corpus

@@ -64,8 +64,8 @@ class Tokenizer:
         self.path = path
         #: sha256 of the model file: keys token caches so a new model never reuses old tokens.
         self.fingerprint = hashlib.sha256(model_proto).hexdigest()
-        for name, want, got in (("unk", UNK_ID, self._sp.unk_id()), ("eos", EOS_ID, self._sp.eos_id()),
-                                ("pad", PAD_ID, self._sp.pad_id())):
+        for name, want, got in (("unk", UNK_ID, self._sp.unk_id()), ("bos", BOS_ID, self._sp.bos_id()),
+                                ("eos", EOS_ID, self._sp.eos_id()), ("pad", PAD_ID, self._sp.pad_id())):
             if got != want:
                 raise ValueError(f"tokenizer model {path} has {name}_id={got}, expected {want}; retrain it with train_tokenizer")
         self._space_bytes = [self._sp.piece_to_id(f"<0x{b:02X}>") for b in _SPACE_META.encode("utf-8")]

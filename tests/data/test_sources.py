@@ -94,3 +94,23 @@ def test_globs_and_format_errors(tmp_path):
     assert builder_for(resolve_files(str(tmp_path / "a.jsonl"))) == "json"
     with pytest.raises(ValueError, match="exactly one"):
         list(iter_documents(None))
+
+
+def test_dataset_name_path(tmp_path, tiny_tokenizer):
+    # Any name load_dataset accepts goes through the same checks; offline, a
+    # local dataset directory (split files by name) stands in for a hub name.
+    from plsh_dist.data import DataConfig, data_sources, load_token_stream
+
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "train.jsonl").write_text(
+        "\n".join(json.dumps({"body": t}) for t in [GOOD, "", GOOD * 3]) + "\n", encoding="utf-8")
+    (tmp_path / "ds" / "validation.jsonl").write_text(json.dumps({"body": GOOD}) + "\n", encoding="utf-8")
+    cfg = DataConfig(dataset_name=str(tmp_path / "ds"), val_split="validation", text_field="body",
+                     cache_dir=str(tmp_path / "cache"), min_doc_tokens=1)
+    sources = data_sources(cfg)
+    assert set(sources) == {"train", "val"}
+    report = BadDataReport()
+    train = load_token_stream(sources["train"], cfg, tiny_tokenizer, report)
+    assert train.num_docs == 2 and report.counts == {"empty": 1}
+    val = load_token_stream(sources["val"], cfg, tiny_tokenizer)
+    assert val.num_docs == 1 and val.path != train.path
