@@ -25,7 +25,7 @@ attention function hands it to the op.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["AttentionRuntime", "hash_seed"]
@@ -78,6 +78,9 @@ class AttentionRuntime:
     """torch.distributed process group of sequence parallelism, or None
     (single process / no SP). Each rank then feeds its contiguous chunk with
     its global ``position_ids``."""
+    positions_cache: Any = field(default=None, init=False, repr=False, compare=False)
+    """(position_ids tensor, its version, its CPU row) of the current forward; internal to
+    the attention function (one device-to-host copy per forward)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.run_seed, bool) or not isinstance(self.run_seed, int):

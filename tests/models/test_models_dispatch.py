@@ -53,3 +53,18 @@ def test_op_receives_chunk_positions_and_sp_group(monkeypatch, cfg, op):
             assert (kw["num_samples"], kw["sampler"], kw["backend"]) == (5, "stratified", "math")
         if cfg.bias == "fixed_blocks":
             assert kw["sigma"] == 3.0
+
+
+def test_positions_buffer_refilled_in_place_is_reread():
+    """The per-forward CPU copy of the positions must not go stale when a
+    caller reuses one position_ids buffer and refills it in place."""
+    model = build_model(presets["tiny"], AttentionConfig(bias="plsh", num_samples=2))
+    ids = torch.randint(0, 512, (1, 16))
+    buf = torch.arange(16)[None].clone()
+    with torch.no_grad():
+        first = model(ids, position_ids=buf).logits
+        buf.add_(1000)  # same tensor object, new positions: other hash blocks
+        moved = model(ids, position_ids=buf).logits
+        fresh = model(ids, position_ids=torch.arange(1000, 1016)[None]).logits
+    assert not torch.allclose(first, moved)
+    assert torch.equal(moved, fresh)
