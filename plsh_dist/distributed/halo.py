@@ -1,0 +1,315 @@
+"""Halo exchange: which earlier (and, non-causal, later) positions each rank
+needs, who sends them, and the point-to-point messages that move them.
+
+A *need* says, per key/value head ``h`` of receiving rank ``i``, the
+positions ``[lo[h], first_i)`` before its chunk (left halo) and
+``[end_i, hi[h])`` after it (right halo, non-causal only). Every rank
+computes every rank's need from shared information (the hash seed, the
+window, the chunk table), so a sender knows what to send without a
+handshake. Positions that exist on no rank (before the first chunk, in gaps
+between chunks, after the last) are simply not sent.
+
+The receiver keeps one halo buffer per side, ``(B, L, Hkv, D)``, whose L
+slots are every existing position in ``[min_h lo[h], first_i)`` (resp.
+``[end_i, max_h hi[h])``) in order. Slots a head does not need stay zero: no
+query of that head reaches them (the callers rely on this). A message
+carries, head by head, only the positions that head needs, so the bytes
+received are exactly the needed (head, position) pairs.
+
+Legend: B batch, T local tokens, Hkv key/value heads, D head dim, s samples,
+H hash heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from plsh_dist.distributed.comm_stats import record_bytes
+from plsh_dist.distributed.sp_layout import SPLayout
+
+__all__ = ["Need", "HaloPlan", "bucket_start", "plsh_needs", "window_needs", "post_kv", "post_grads"]
+
+_TAG = {"fwd": 71, "bwd": 72}
+
+
+# ---------------------------------------------------------------------------
+# What each rank needs
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Need:
+    """Halo need of one rank: per kv head, left start and right end (absolute
+    positions). ``lo[h] == first`` / ``hi[h] == end`` means nothing on that side."""
+
+    lo: tuple[int, ...]
+    hi: tuple[int, ...]
+
+
+def _bucket(lsh, p_SH: torch.Tensor) -> torch.Tensor:
+    """Bucket of a (sample, head)-specific position, LongTensor[s, H].
+
+    The same float64 arithmetic as ``PositionalLSH.buckets`` element by
+    element, so it agrees with it bit for bit.
+    """
+    return torch.floor((p_SH.to(torch.float64) - lsh.shift) / lsh.pitch).to(torch.long)
+
+
+def bucket_start(lsh, b_SH: torch.Tensor) -> torch.Tensor:
+    """Smallest integer position whose bucket is >= ``b``, LongTensor[s, H].
+
+    The float estimate ``ceil(shift + b * pitch)`` can be off by one ulp's
+    worth at a boundary, so it is corrected against :func:`_bucket` (the
+    hash's own rule), which is monotone in position.
+    """
+    c = torch.ceil(lsh.shift + b_SH.to(torch.float64) * lsh.pitch).to(torch.long)
+    for _ in range(16):
+        down = _bucket(lsh, c - 1) >= b_SH
+        up = _bucket(lsh, c) < b_SH
+        if not bool(down.any() or up.any()):
+            return c
+        c = c - down.long() + up.long()
+    raise RuntimeError("bucket_start did not converge; pitch or position out of float64 range")
+
+
+def _kv_reduce(x_SH: torch.Tensor, num_q_heads: int, num_kv_heads: int, reduce) -> list[int]:
+    """Reduce a per-(sample, hash head) value to one per kv head.
+
+    Hash head ``h`` serves query head ``h`` (or all query heads when H = 1);
+    query head ``hq`` reads kv head ``hq // (Hq // Hkv)``.
+    """
+    if x_SH.shape[1] == 1:
+        return [int(reduce(x_SH))] * num_kv_heads
+    g = num_q_heads // num_kv_heads
+    return [int(reduce(x_SH[:, h * g:(h + 1) * g])) for h in range(num_kv_heads)]
+
+
+def plsh_needs(lsh, layout: SPLayout, num_q_heads: int, num_kv_heads: int, causal: bool) -> list[Need]:
+    """Need of every rank under a positional LSH hash.
+
+    The only blocks that reach outside chunk ``i`` are the one holding its
+    first position (to the left) and, non-causal, the one holding its last
+    (to the right); over all samples and the query heads of a kv head, the
+    union of their outside parts is one range per side.
+    """
+    needs = []
+    for r in range(layout.size):
+        first, end = layout.start(r), layout.end(r)
+        b_first = _bucket(lsh, torch.full_like(lsh.shift, first, dtype=torch.long))
+        lo = _kv_reduce(bucket_start(lsh, b_first), num_q_heads, num_kv_heads, torch.min)
+        if causal:
+            hi = [end] * num_kv_heads
+        else:
+            b_last = _bucket(lsh, torch.full_like(lsh.shift, end - 1, dtype=torch.long))
+            hi = _kv_reduce(bucket_start(lsh, b_last + 1), num_q_heads, num_kv_heads, torch.max)
+        needs.append(Need(tuple(min(x, first) for x in lo), tuple(max(x, end) for x in hi)))
+    return needs
+
+
+def window_needs(window: int, layout: SPLayout, num_kv_heads: int, causal: bool) -> list[Need]:
+    """Need of every rank under sliding-window attention: keys within
+    ``window - 1`` positions of the chunk."""
+    needs = []
+    for r in range(layout.size):
+        lo = layout.start(r) - (window - 1)
+        hi = layout.end(r) + (0 if causal else window - 1)
+        needs.append(Need((lo,) * num_kv_heads, (hi,) * num_kv_heads))
+    return needs
+
+
+# ---------------------------------------------------------------------------
+# The plan: slots and messages
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Piece:
+    """``length`` tokens of kv head ``head``: owner's local index ``src``, receiver's halo slot ``dst``."""
+
+    head: int
+    src: int
+    dst: int
+    length: int
+
+
+@dataclass
+class Transfer:
+    """One message between this rank and ``peer`` (group rank); ``side`` of the receiver's halo."""
+
+    peer: int
+    side: str
+    pieces: list[Piece] = field(default_factory=list)
+
+    def tokens(self) -> int:
+        return sum(p.length for p in self.pieces)
+
+
+def _side_ranges(layout: SPLayout, i: int, lo: int, hi: int, owners) -> list[tuple[int, int, int]]:
+    """(owner, start, stop) of existing positions in [lo, hi) held by ``owners``, in order."""
+    out = []
+    for j in owners:
+        a, b = max(lo, layout.start(j)), min(hi, layout.end(j))
+        if b > a:
+            out.append((j, a, b))
+    return out
+
+
+def _transfers(layout: SPLayout, i: int, need: Need) -> list[tuple[int, Transfer]]:
+    """All messages towards receiver ``i``: (owner, Transfer with peer = i)."""
+    first, end = layout.start(i), layout.end(i)
+    sides = (
+        ("left", min(need.lo), first, range(0, i), need.lo, [first] * len(need.lo)),
+        ("right", end, max(need.hi), range(i + 1, layout.size), [end] * len(need.hi), need.hi),
+    )
+    result = []
+    for side, lo, hi, owners, head_lo, head_hi in sides:
+        slot = 0
+        for j, a, b in _side_ranges(layout, i, lo, hi, owners):
+            t = Transfer(peer=i, side=side)
+            for h in range(len(head_lo)):
+                ha, hb = max(a, head_lo[h]), min(b, head_hi[h])
+                if hb > ha:
+                    t.pieces.append(Piece(h, ha - layout.start(j), slot + ha - a, hb - ha))
+            if t.pieces:
+                result.append((j, t))
+            slot += b - a
+    return result
+
+
+@dataclass
+class HaloPlan:
+    """This rank's messages and halo slots, derived identically on every rank.
+
+    Attributes:
+        recv: messages to this rank (``peer`` = owner).
+        send: messages from this rank (``peer`` = receiver).
+        left_pos, right_pos: LongTensor[L] absolute positions of the halo slots.
+    """
+
+    recv: list[Transfer]
+    send: list[Transfer]
+    left_pos: torch.Tensor
+    right_pos: torch.Tensor
+
+    @classmethod
+    def build(cls, layout: SPLayout, needs: list[Need]) -> "HaloPlan":
+        me = layout.rank
+        recv, send = [], []
+        for i in range(layout.size):  # fixed order: receiver, then owner
+            for j, t in _transfers(layout, i, needs[i]):
+                if i == me:
+                    recv.append(Transfer(peer=j, side=t.side, pieces=t.pieces))
+                elif j == me:
+                    send.append(t)
+        need = needs[me]
+        first, end = layout.start(me), layout.end(me)
+        pos = lambda ranges: torch.cat(  # noqa: E731
+            [torch.arange(a, b) for _, a, b in ranges] or [torch.zeros(0, dtype=torch.long)]
+        )
+        left = pos(_side_ranges(layout, me, min(need.lo), first, range(0, me)))
+        right = pos(_side_ranges(layout, me, end, max(need.hi), range(me + 1, layout.size)))
+        return cls(recv, send, left, right)
+
+    def recv_tokens(self) -> int:
+        """(head, position) pairs this rank receives."""
+        return sum(t.tokens() for t in self.recv)
+
+
+# ---------------------------------------------------------------------------
+# Messages
+# ---------------------------------------------------------------------------
+
+
+def _pack(tensors: list[torch.Tensor], pieces: list[Piece], index: str) -> torch.Tensor:
+    """Flatten the pieces of each (B, n, Hkv, D) tensor, tensor by tensor, into one buffer."""
+    parts = [x[:, getattr(p, index):getattr(p, index) + p.length, p.head].reshape(-1) for x in tensors for p in pieces]
+    return torch.cat(parts)
+
+
+def _unpack_into(buf: torch.Tensor, tensors: list[torch.Tensor], pieces: list[Piece], index: str, add: bool) -> None:
+    """Inverse of :func:`_pack`: write (or add) the buffer's pieces into the tensors."""
+    off = 0
+    for x in tensors:
+        B, D = x.shape[0], x.shape[3]
+        for p in pieces:
+            a = getattr(p, index)
+            n = B * p.length * D
+            chunk = buf[off:off + n].view(B, p.length, D).to(x.dtype)
+            if add:
+                x[:, a:a + p.length, p.head] += chunk
+            else:
+                x[:, a:a + p.length, p.head] = chunk
+            off += n
+
+
+def _isend(layout: SPLayout, buf: torch.Tensor, peer: int, phase: str):
+    record_bytes(phase, sent=buf.numel() * buf.element_size())
+    return dist.isend(buf, dst=layout.global_ranks[peer], group=layout.group, tag=_TAG[phase])
+
+
+def _irecv(layout: SPLayout, buf: torch.Tensor, peer: int, phase: str):
+    record_bytes(phase, recv=buf.numel() * buf.element_size())
+    return dist.irecv(buf, src=layout.global_ranks[peer], group=layout.group, tag=_TAG[phase])
+
+
+class PendingHalo:
+    """Posted forward halo messages; :meth:`wait` returns the filled halo buffers."""
+
+    def __init__(self, layout: SPLayout, plan: HaloPlan, k: torch.Tensor, v: torch.Tensor):
+        self.plan = plan
+        B, _, Hkv, D = k.shape
+        self.shapes = {"left": (B, plan.left_pos.numel(), Hkv, D), "right": (B, plan.right_pos.numel(), Hkv, D)}
+        self.like = k
+        self.works, self.bufs = [], []
+        for t in plan.recv:  # receives first, so a sender never waits on an unposted receive
+            buf = k.new_empty(2 * B * t.tokens() * D)
+            self.bufs.append((t, buf))
+            self.works.append(_irecv(layout, buf, t.peer, "fwd"))
+        for t in plan.send:
+            self.works.append(_isend(layout, _pack([k, v], t.pieces, "src").contiguous(), t.peer, "fwd"))
+
+    def wait(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """side -> (halo_k, halo_v), each (B, L_side, Hkv, D), zero where no head needs a slot."""
+        for w in self.works:
+            w.wait()
+        halos = {s: (self.like.new_zeros(shape), self.like.new_zeros(shape)) for s, shape in self.shapes.items()}
+        for t, buf in self.bufs:
+            _unpack_into(buf, list(halos[t.side]), t.pieces, "dst", add=False)
+        return halos
+
+
+def post_kv(layout: SPLayout, plan: HaloPlan, k: torch.Tensor, v: torch.Tensor) -> PendingHalo:
+    """Post the forward halo messages of ``k``, ``v`` (B, T, Hkv, D); returns before they complete."""
+    return PendingHalo(layout, plan, k, v)
+
+
+class PendingGrads:
+    """Posted backward messages: halo gradients going back to their owners."""
+
+    def __init__(self, layout, plan: HaloPlan, halo_grads: dict[str, tuple[torch.Tensor, torch.Tensor]], like):
+        self.works, self.bufs = [], []
+        B, _, Hkv, D = like.shape
+        for t in plan.send:  # gradients for the tokens this rank sent in forward
+            buf = like.new_empty(2 * B * t.tokens() * D)
+            self.bufs.append((t, buf))
+            self.works.append(_irecv(layout, buf, t.peer, "bwd"))
+        for t in plan.recv:
+            buf = _pack(list(halo_grads[t.side]), t.pieces, "dst").to(like.dtype).contiguous()
+            self.works.append(_isend(layout, buf, t.peer, "bwd"))
+
+    def wait_add(self, dk: torch.Tensor, dv: torch.Tensor) -> None:
+        """Wait, then add the received gradients into this rank's ``dk``, ``dv`` (B, T, Hkv, D)."""
+        for w in self.works:
+            w.wait()
+        for t, buf in self.bufs:
+            _unpack_into(buf, [dk, dv], t.pieces, "src", add=True)
+
+
+def post_grads(layout: SPLayout, plan: HaloPlan, halo_grads, like: torch.Tensor) -> PendingGrads:
+    """Post the backward messages: ``halo_grads`` side -> (dk_halo, dv_halo) go to
+    their owners; the gradients of this rank's sent tokens are received.
+    ``like``: a (B, T, Hkv, D) tensor of the gradient dtype."""
+    return PendingGrads(layout, plan, halo_grads, like)

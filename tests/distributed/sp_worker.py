@@ -1,0 +1,170 @@
+"""Worker processes for the sequence-parallel tests (spawned, gloo).
+
+Every rank builds the full inputs from one seed, runs the single-process op
+on the whole sequence as the reference, then runs the SP op on its own
+chunk and asserts its output slice, its q/k/v gradient slices and (halo
+paths) the exact bytes it received. A failed assertion in any rank fails the
+spawning test with that rank's traceback.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from plsh_dist.distributed.comm_stats import comm_stats, reset_comm_stats
+from plsh_dist.distributed.sp_layout import sp_chunk, sp_positions
+from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
+from plsh_dist.ops import alibi_attention, causal_attention, fixed_blocks_attention, plsh_attention
+from tests.tolerances import for_dtype
+
+B, T, HQ, HKV, D = 2, 240, 4, 2, 8  # T divisible by 1, 2, 3, 4
+
+
+def init(rank: int, world: int, init_file: str) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)  # several processes share two cores
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+
+
+def _inputs(dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    make = lambda H: torch.randn(B, T, H, D, generator=g, dtype=torch.float64).to(dtype)  # noqa: E731
+    return make(HQ), make(HKV), make(HKV), torch.randn(B, T, HQ, D, generator=g, dtype=torch.float64).to(dtype)
+
+
+def _run_and_compare(op, dtype, data_seed, offset, group, **kw):
+    """Reference on the full sequence vs SP on this rank's chunk; returns comm stats of the SP call."""
+    P, r = dist.get_world_size(group), dist.get_rank(group)
+    q, k, v, g = _inputs(dtype, data_seed)
+    full = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = op(*full, positions=torch.arange(T) + offset, **kw)
+    ref_grads = torch.autograd.grad(ref, full, g)
+
+    local = [sp_chunk(x, r, P).clone().requires_grad_() for x in (q, k, v)]
+    reset_comm_stats()
+    out = op(*local, positions=sp_positions(T, r, P, offset), sp_group=group, **kw)
+    grads = torch.autograd.grad(out, local, sp_chunk(g, r, P))
+    stats = comm_stats()
+
+    tol = for_dtype(dtype)
+    where = f"rank {r}/{P} {getattr(op, '__name__', op)} {dtype} {kw}"
+    assert out.dtype == dtype and out.shape == local[0].shape, where
+    torch.testing.assert_close(out, sp_chunk(ref, r, P), **tol, msg=lambda m: f"{where} out: {m}")
+    for name, a, b in zip("qkv", grads, ref_grads):
+        torch.testing.assert_close(a, sp_chunk(b, r, P), **tol, msg=lambda m: f"{where} d{name}: {m}")
+    assert stats["calls"] == 1, stats
+    return stats
+
+
+def needed_pairs(buckets: torch.Tensor, rank: int, P: int, causal: bool) -> list[set[int]]:
+    """Brute force from the hashes: per kv head, the global indices outside
+    chunk ``rank`` that share a block with some position inside it."""
+    Tl = T // P
+    c0, c1 = rank * Tl, (rank + 1) * Tl
+    s, H, _ = buckets.shape
+    need = [set() for _ in range(HKV)]
+    for t in range(s):
+        for hq in range(HQ):
+            b = buckets[t, 0 if H == 1 else hq]
+            inside = b[c0:c1]
+            outside = torch.isin(b, inside)
+            outside[c0:c1] = False
+            if causal:
+                outside[c1:] = False
+            need[hq // (HQ // HKV)].update(torch.nonzero(outside).flatten().tolist())
+    return need
+
+
+def _check_halo_bytes(stats, lsh, offset, causal, dtype, group):
+    P, r = dist.get_world_size(group), dist.get_rank(group)
+    buckets = lsh.buckets(torch.arange(T) + offset)
+    needs = [needed_pairs(buckets, i, P, causal) for i in range(P)]
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    expected = sum(len(n) for n in needs[r]) * B * D * itemsize * 2  # k and v
+    assert stats["fwd_recv_bytes"] == expected, (r, stats, expected)
+    assert stats["bwd_sent_bytes"] == expected, (r, stats, expected)  # every halo gradient goes home
+    # what this rank sends = what the others need from its chunk
+    Tl = T // P
+    mine = range(r * Tl, (r + 1) * Tl)
+    sent = sum(len(n & set(mine)) for i in range(P) for n in needs[i]) * B * D * itemsize * 2
+    assert stats["fwd_sent_bytes"] == sent and stats["bwd_recv_bytes"] == sent, (r, stats, sent)
+    return needs
+
+
+def plsh_cases(rank: int, world: int, init_file: str) -> None:
+    init(rank, world, init_file)
+    group = dist.new_group(list(range(world)))
+    sigma = torch.tensor([0.7, 3.0, 25.0, 120.0], dtype=torch.float64)  # tiny blocks ... blocks ~ T
+    for dtype, causal, s, offset in [(torch.float64, True, 4, 1000), (torch.float64, False, 3, 0)]:
+        stats = _run_and_compare(plsh_attention, dtype, 1, offset, group, sigma=sigma, num_samples=s,
+                                 seed=11, causal=causal)
+        needs = _check_halo_bytes(stats, PositionalLSH(sigma, s, 11), offset, causal, dtype, group)
+        if world >= 3:  # the test must exercise blocks spanning 3+ chunks
+            Tl = T // world
+            assert any(min(n) < (i - 1) * Tl for i, nh in enumerate(needs) for n in nh if n), needs
+        if world > 1:
+            assert sum(len(n) for n in needs[-1]) < (world - 1) * (T // world) * HKV  # no full all-gather
+    # fp32, one hash shared by all heads, stratified sampler
+    stats = _run_and_compare(plsh_attention, torch.float32, 2, 7, group, sigma=30.0, num_samples=3, seed=5,
+                             sampler="stratified")
+    _check_halo_bytes(stats, PositionalLSH(30.0, 3, 5, "stratified"), 7, True, torch.float32, group)
+    # fixed blocks of 2 * 50 = 100 tokens, aligned at 0
+    stats = _run_and_compare(fixed_blocks_attention, torch.float64, 3, 0, group, sigma=50.0)
+    _check_halo_bytes(stats, FixedBlocks(50.0), 0, True, torch.float64, group)
+    dist.destroy_process_group()
+
+
+def alibi_cases(rank: int, world: int, init_file: str) -> None:
+    init(rank, world, init_file)
+    group = dist.new_group(list(range(world)))
+    slopes = alibi_slopes(HQ) / 4  # gentle slopes: far keys still matter
+    P, r, Tl = world, rank, T // world
+    for dtype, causal in [(torch.float64, True), (torch.float32, False)]:
+        stats = _run_and_compare(alibi_attention, dtype, 4, 300, group, slopes=slopes, causal=causal)
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        assert stats["fwd_recv_bytes"] == (P - 1) * Tl * B * HKV * D * 2 * itemsize, stats  # all-gather
+    for causal in (True, False):
+        window = 70  # longer than a chunk at 4 ranks: the halo spans two ranks
+        stats = _run_and_compare(alibi_attention, torch.float64, 5, 12, group, slopes=slopes, causal=causal,
+                                 window=window)
+        left = min(window - 1, r * Tl)
+        right = 0 if causal else min(window - 1, (P - 1 - r) * Tl)
+        expected = (left + right) * B * HKV * D * 2 * 8
+        assert stats["fwd_recv_bytes"] == expected and stats["bwd_sent_bytes"] == expected, (r, stats, expected)
+    _run_and_compare(causal_attention, torch.float64, 6, 0, group)
+    dist.destroy_process_group()
+
+
+def error_cases(rank: int, world: int, init_file: str) -> None:
+    """Wrong setups fail with a clear ValueError on every rank, before any K/V moves."""
+    init(rank, world, init_file)
+    group = dist.new_group(list(range(world)))
+    q = torch.randn(1, 12, 2, 8)
+    kw = dict(sigma=4.0, num_samples=2, seed=0, sp_group=group)
+
+    def expect(msg, fn):
+        reset_comm_stats()
+        try:
+            fn()
+        except ValueError as e:
+            assert msg in str(e), (msg, str(e))
+        else:
+            raise AssertionError(f"rank {rank}: expected ValueError with {msg!r}")
+        stats = comm_stats()
+        assert stats["sent_bytes"] == stats["recv_bytes"] == 0, stats
+
+    n = 12 if rank == 0 else 10
+    qn = q[:, :n]
+    expect("mismatched chunk lengths", lambda: plsh_attention(qn, qn, qn, positions=torch.arange(n) + 12 * rank, **kw))
+    gapped = torch.arange(12) * 2 + 24 * rank
+    expect("not contiguous", lambda: plsh_attention(q, q, q, positions=gapped, **kw))
+    swapped = torch.arange(12) + 12 * (world - 1 - rank)
+    expect("out of order", lambda: plsh_attention(q, q, q, positions=swapped, **kw))
+    pos = torch.arange(12) + 12 * rank
+    expect("'hash' differs", lambda: plsh_attention(q, q, q, positions=pos, **{**kw, "seed": rank}))
+    expect("'window' differs", lambda: alibi_attention(q, q, q, slopes=alibi_slopes(2), positions=pos,
+                                                       window=5 + rank, sp_group=group))
+    dist.destroy_process_group()
