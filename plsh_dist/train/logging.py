@@ -73,6 +73,16 @@ class MetricsLogger:
                              disable=os.environ.get("PLSH_PROGRESS", "1") == "0")
         self._t0 = time.time()
 
+    def truncate_after(self, step: int) -> None:
+        """Keep only the records of steps <= ``step`` in metrics.jsonl."""
+        if not self.enabled:
+            return
+        self._fh.close()
+        kept = [line for line in self.metrics_path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= step]
+        self.metrics_path.write_text("".join(line + "\n" for line in kept))
+        self._fh = self.metrics_path.open("a")
+
     def print(self, text: str) -> None:
         if self.enabled:
             (self._bar.write if self._bar is not None else print)(text)

@@ -156,14 +156,22 @@ def _grad_norm(engine) -> float:
 def _comm_bytes() -> float:
     try:
         from plsh_dist.ops import comm_stats
-    except ImportError:  # halo exchange not built yet / not exported
-        return 0.0
+    except ImportError:
+        try:
+            from plsh_dist.distributed.comm_stats import comm_stats
+        except ImportError:  # no sequence-parallel attention in this build
+            return 0.0
     stats = comm_stats()
     return float(stats.get("sent_bytes", 0)) + float(stats.get("recv_bytes", 0))
 
 
-def train(cfg: RunConfig) -> TrainResult:
-    """Run (or resume) the pretraining described by ``cfg``; collective over all ranks."""
+def train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainResult:
+    """Run (or resume) the pretraining described by ``cfg``; collective over all ranks.
+
+    ``stop_after``: leave after that optimizer step as a preempted job would,
+    with a checkpoint of that step and no final evaluation or export (for
+    time-limited allocations, and to test that resuming replays the run).
+    """
     import deepspeed
 
     from plsh_dist.models import AttentionRuntime, build_model, count_parameters
@@ -213,6 +221,9 @@ def train(cfg: RunConfig) -> TrainResult:
     tokens_per_step = cfg.data.micro_batch_size * gas * dims.dp_size * cfg.data.seq_len
     log = MetricsLogger(out_dir, enabled=rank == 0, tensorboard=cfg.logging.tensorboard,
                         progress=cfg.logging.progress, total_steps=cfg.run.max_steps, initial_step=start_step)
+    # A fresh run starts a fresh metrics.jsonl; a resumed one drops what the
+    # interrupted run logged after its checkpoint (those steps are replayed).
+    log.truncate_after(start_step)
     log.print(startup_summary({
         "run": f"{cfg.run.name} -> {out_dir}",
         "model": f"{model_cfg.family} L={model_cfg.num_layers} H={model_cfg.hidden_size} "
@@ -234,6 +245,7 @@ def train(cfg: RunConfig) -> TrainResult:
     last_t, comm_prev = time.time(), _comm_bytes()
     for step in range(start_step, cfg.run.max_steps):
         sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, tokens, comm bytes
+        lr = engine.get_lr()[0]  # the rate this step's update uses
         grad_norm = float("nan")
         for micro in range(gas):
             runtime.set_step(step, micro)
@@ -265,7 +277,7 @@ def train(cfg: RunConfig) -> TrainResult:
         if done % cfg.logging.every_steps == 0 or done == cfg.run.max_steps:
             metrics: dict[str, Any] = {
                 "loss": loss,
-                "lr": scheduler.get_last_lr()[0],
+                "lr": lr,
                 "grad_norm": grad_norm,
                 "tokens_per_s": tokens_per_s,
                 "halo_bytes": sums[2].item(),
@@ -281,9 +293,15 @@ def train(cfg: RunConfig) -> TrainResult:
             log.log(done, {"val_loss": validation_loss(engine, data.val_batches(cfg.logging.eval_batches), runtime, device)})
         log.advance(1, {"loss": f"{loss:.3f}", "tok/s": f"{tokens_per_s:.0f}"})
 
-        if cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0 and done != cfg.run.max_steps:
+        periodic = cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0
+        stopping = stop_after is not None and done >= stop_after and done != cfg.run.max_steps
+        if (periodic or stopping) and done != cfg.run.max_steps:
             save_checkpoint(engine, cfg, done, {"step": done, "consumed_micro_batches": done * gas, "loss": loss},
                             tokenizer_path)
+        if stopping:
+            log.print(f"stopped after step {done} (stop_after); resume with --resume auto")
+            log.close()
+            return result
 
     if start_step < cfg.run.max_steps or resume is None:
         done = cfg.run.max_steps

@@ -1,0 +1,45 @@
+"""Run ``plsh_dist.train.train`` in ``world`` spawned processes (gloo on CPU)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, runs: list[list[str]], stop_after: list, out) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
+    import torch
+
+    torch.set_num_threads(1)  # 2 cores shared by all ranks
+    from plsh_dist.train import load_config, train
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        results = []
+        for overrides, stop in zip(runs, stop_after):
+            res = train(load_config(None, overrides), stop_after=stop)
+            results.append({"losses": res.losses, "grad_norms": res.grad_norms, "first_step": res.first_step,
+                            "val_loss": res.val_loss})
+        if rank == 0:
+            out["results"] = results
+    finally:
+        dist.destroy_process_group()
+
+
+def run_training(world: int, *runs: list[str], stop_after: list | None = None) -> list[dict]:
+    """Train each override list in turn inside the same ``world`` processes; rank 0's results."""
+    stop_after = stop_after or [None] * len(runs)
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_worker, args=(world, _free_port(), list(runs), stop_after, out), nprocs=world)
+        return list(out["results"])
