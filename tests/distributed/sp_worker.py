@@ -94,9 +94,18 @@ def _check_halo_bytes(stats, lsh, offset, causal, dtype, group):
     return needs
 
 
-def plsh_cases(rank: int, world: int, init_file: str) -> None:
+def run(rank: int, world: int, init_file: str, cases: tuple[str, ...]) -> None:
+    """Spawn target: one process group, then the named case functions in order
+    (one spawn per world size keeps the tests' process start-up cost low)."""
     init(rank, world, init_file)
     group = dist.new_group(list(range(world)))
+    for name in cases:
+        CASES[name](rank, world, group)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def plsh_cases(rank: int, world: int, group) -> None:
     sigma = torch.tensor([0.7, 3.0, 25.0, 120.0], dtype=torch.float64)  # tiny blocks ... blocks ~ T
     for dtype, causal, s, offset in [(torch.float64, True, 4, 1000), (torch.float64, False, 3, 0)]:
         stats = _run_and_compare(plsh_attention, dtype, 1, offset, group, sigma=sigma, num_samples=s,
@@ -114,12 +123,9 @@ def plsh_cases(rank: int, world: int, init_file: str) -> None:
     # fixed blocks of 2 * 50 = 100 tokens, aligned at 0
     stats = _run_and_compare(fixed_blocks_attention, torch.float64, 3, 0, group, sigma=50.0)
     _check_halo_bytes(stats, FixedBlocks(50.0), 0, True, torch.float64, group)
-    dist.destroy_process_group()
 
 
-def alibi_cases(rank: int, world: int, init_file: str) -> None:
-    init(rank, world, init_file)
-    group = dist.new_group(list(range(world)))
+def alibi_cases(rank: int, world: int, group) -> None:
     slopes = alibi_slopes(HQ) / 4  # gentle slopes: far keys still matter
     P, r, Tl = world, rank, T // world
     for dtype, causal in [(torch.float64, True), (torch.float32, False)]:
@@ -135,13 +141,10 @@ def alibi_cases(rank: int, world: int, init_file: str) -> None:
         expected = (left + right) * B * HKV * D * 2 * 8
         assert stats["fwd_recv_bytes"] == expected and stats["bwd_sent_bytes"] == expected, (r, stats, expected)
     _run_and_compare(causal_attention, torch.float64, 6, 0, group)
-    dist.destroy_process_group()
 
 
-def error_cases(rank: int, world: int, init_file: str) -> None:
+def error_cases(rank: int, world: int, group) -> None:
     """Wrong setups fail with a clear ValueError on every rank, before any K/V moves."""
-    init(rank, world, init_file)
-    group = dist.new_group(list(range(world)))
     q = torch.randn(1, 12, 2, 8)
     kw = dict(sigma=4.0, num_samples=2, seed=0, sp_group=group)
 
@@ -167,4 +170,6 @@ def error_cases(rank: int, world: int, init_file: str) -> None:
     expect("'hash' differs", lambda: plsh_attention(q, q, q, positions=pos, **{**kw, "seed": rank}))
     expect("'window' differs", lambda: alibi_attention(q, q, q, slopes=alibi_slopes(2), positions=pos,
                                                        window=5 + rank, sp_group=group))
-    dist.destroy_process_group()
+
+
+CASES = {"plsh": plsh_cases, "alibi": alibi_cases, "errors": error_cases}
