@@ -124,3 +124,21 @@ def test_every_config_builds_its_model_on_meta(path):
         assert cfg.data.seq_len >= 8192
     assert math.isfinite(float(n))
     assert isinstance(cfg, RunConfig) and config_from_table(cfg.to_dict()).to_dict() == cfg.to_dict()
+
+
+def test_launcher_rejects_a_bad_config_before_any_work(tmp_path):
+    """Bad value on the command line: exit 2 with the field and the fix; nothing written."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "never"
+    proc = subprocess.run(
+        [sys.executable, str(root / "launchers" / "pretrain.py"), "--config", str(root / "configs" / "quickstart.toml"),
+         f"--run.out_dir={out}", "--local_rank=0", "--deepspeed.zero_stage=5"],
+        capture_output=True, text=True, timeout=120,
+        env={**__import__("os").environ, "DS_ACCELERATOR": "cpu"},
+    )
+    assert proc.returncode == 2
+    assert "[deepspeed].zero_stage = 5 is invalid; choose one of [0, 1, 2, 3]" in proc.stderr
+    assert not out.exists()

@@ -38,3 +38,21 @@ def test_resume_replays_the_uninterrupted_run(tiny_data, tmp_path):
         assert (ckpt / "config.resolved.toml").is_file() and (ckpt / "tokenizer.model").is_file()
         assert json.loads((ckpt / "trainer_state.json").read_text())["step"] == int(tag[5:])
     assert (cut_dir / "final" / "model.safetensors").is_file()
+
+
+def test_exported_weights_reproduce_the_validation_loss(tiny_data, tmp_path):
+    """Train with SP=2 under ZeRO-3, export, reload in one process: same validation loss.
+
+    Tolerance 1e-5 relative: the single process sums the loss over the whole
+    sequence, the SP run over two chunks (fp32 reduction order only).
+    """
+    import pytest
+
+    from plsh_dist.train.evaluate import evaluate_exported
+
+    out = tmp_path / "z3"
+    (res,) = run_training(2, base_overrides(tiny_data, out, "--attention.bias=plsh", "--attention.num_samples=2",
+                                            "--deepspeed.zero_stage=3", "--parallel.sp_size=2", "--run.max_steps=3",
+                                            "--checkpoint.export_safetensors=true"))
+    ev = evaluate_exported(out / "final")
+    assert ev["val_loss"] == pytest.approx(res["val_loss"], rel=1e-5)

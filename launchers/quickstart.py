@@ -1,0 +1,96 @@
+"""Quickstart: corpus + tokenizer, a tiny Qwen3 with PLSH attention trained by 2 processes
+(sequence parallel, SP = 2) through the deepspeed launcher on CPU, then validation perplexity
+of the exported checkpoint.
+
+    python launchers/quickstart.py [--fresh] [--section.key=value ...]
+
+Extra ``--section.key=value`` arguments override configs/quickstart.toml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _deepspeed_cmd() -> list[str]:
+    script = Path(sys.executable).parent / "deepspeed"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "deepspeed.launcher.runner"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(ROOT / "configs" / "quickstart.toml"))
+    parser.add_argument("--nproc", type=int, default=2, help="processes (SP = 2 needs 2)")
+    parser.add_argument("--fresh", action="store_true", help="delete the run's out_dir first (no resume)")
+    args, overrides = parser.parse_known_args()
+
+    env = dict(os.environ, DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               # One thread per rank: 2 ranks share 2 cores; more threads only contend.
+               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    os.environ.update({k: env[k] for k in ("DS_ACCELERATOR", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")})
+    from plsh_dist.train import load_config
+
+    cfg = load_config(args.config, overrides)  # fails here, before any work, on a bad config
+    out_dir = Path(cfg.run.out_dir)
+    if args.fresh and out_dir.exists():
+        shutil.rmtree(out_dir)
+    t0 = time.time()
+
+    print("[1/3] corpus, tokenizer and token caches", flush=True)
+    from plsh_dist.data import prepare_data
+
+    prepared = prepare_data(cfg.data, cfg.tokenizer)
+    print(f"      tokenizer {cfg.tokenizer.model_path} (vocab {prepared.tokenizer.vocab_size}); "
+          f"train {prepared.train.num_tokens:,} tokens, val {prepared.val.num_tokens if prepared.val else 0:,} tokens "
+          f"({time.time() - t0:.0f} s)", flush=True)
+
+    print(f"[2/3] training with {args.nproc} processes (deepspeed launcher, CPU)", flush=True)
+    t1 = time.time()
+    cmd = [*_deepspeed_cmd(), "--num_gpus", str(args.nproc), "--master_port", str(_free_port()),
+           str(ROOT / "launchers" / "pretrain.py"), "--config", args.config, *overrides]
+    print("      " + " ".join(cmd), flush=True)
+    rc = subprocess.call(cmd, env=env, cwd=os.getcwd())
+    if rc != 0:
+        print(f"training failed (exit {rc})", file=sys.stderr)
+        return rc
+    train_s = time.time() - t1
+
+    print("[3/3] validation perplexity of the exported checkpoint", flush=True)
+    from plsh_dist.train.evaluate import evaluate_exported
+
+    ev = evaluate_exported(out_dir / "final")
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    tps = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
+    print("\nquickstart summary")
+    if losses:
+        print(f"  loss          : {losses[0][1]:.3f} (step {losses[0][0]}) -> {losses[-1][1]:.3f} (step {losses[-1][0]})")
+    if tps:
+        print(f"  tokens/s      : {sum(tps) / len(tps):.0f} (mean of logged steps)")
+    print(f"  val loss/ppl  : {ev['val_loss']:.3f} / {ev['val_ppl']:.1f} ({ev['tokens']:,} held-out tokens)")
+    print(f"  wall time     : training {train_s:.0f} s, total {time.time() - t0:.0f} s")
+    print(f"  outputs       : {out_dir}/ metrics.jsonl, tensorboard/ (tensorboard --logdir {out_dir}/tensorboard),")
+    print(f"                  checkpoints/, final/ (model.safetensors, config, tokenizer)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
