@@ -44,7 +44,7 @@ from plsh_dist.ops.alibi import alibi_backward, alibi_forward, default_chunk_siz
 from plsh_dist.ops.merge import accum_dtype
 from plsh_dist.ops.plsh import plsh_backward, plsh_forward
 
-__all__ = ["sp_block_attention", "sp_alibi_attention"]
+__all__ = ["sp_block_attention", "sp_alibi_attention", "all_gather_kv", "reduce_scatter_kv"]
 
 _OPS = {"plsh": 1, "alibi_gather": 2, "alibi_window": 3}
 
@@ -203,6 +203,28 @@ def _slopes_crc(slopes: torch.Tensor) -> int:
     return zlib.crc32(slopes.to(torch.float32).numpy().tobytes())
 
 
+def all_gather_kv(layout: SPLayout, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Every rank's k, v (B, T, Hkv, D) -> (2, B, P*T, Hkv, D) in rank order; one collective."""
+    P = layout.size
+    kv = torch.stack([k, v]).contiguous()
+    parts = [torch.empty_like(kv) for _ in range(P)]
+    dist.all_gather(parts, kv, group=layout.group)
+    nbytes = kv.numel() * kv.element_size()
+    record_bytes("fwd", sent=(P - 1) * nbytes, recv=(P - 1) * nbytes)
+    return torch.cat(parts, dim=2)
+
+
+def reduce_scatter_kv(layout: SPLayout, dk_all: torch.Tensor, dv_all: torch.Tensor):
+    """Sum every rank's (B, P*T, Hkv, D) dk, dv and keep this rank's chunk; one collective."""
+    P = layout.size
+    parts = [g.contiguous() for g in torch.stack([dk_all, dv_all]).chunk(P, dim=2)]
+    mine = torch.empty_like(parts[0])
+    dist.reduce_scatter(mine, parts, group=layout.group)
+    nbytes = mine.numel() * mine.element_size()
+    record_bytes("bwd", sent=(P - 1) * nbytes, recv=(P - 1) * nbytes)
+    return mine[0], mine[1]
+
+
 class SPAlibiGather(torch.autograd.Function):
     """Exact ALiBi: all-gather K/V forward, reduce-scatter dK/dV backward (O(T) per rank)."""
 
@@ -213,12 +235,7 @@ class SPAlibiGather(torch.autograd.Function):
         layout = exchange_layout(group, pos, sig)
         record_call()
         P, T = layout.size, layout.length
-        kv = torch.stack([k, v]).contiguous()  # (2, B, T, Hkv, D): one collective for both
-        parts = [torch.empty_like(kv) for _ in range(P)]
-        dist.all_gather(parts, kv, group=group)
-        nbytes = kv.numel() * kv.element_size()
-        record_bytes("fwd", sent=(P - 1) * nbytes, recv=(P - 1) * nbytes)
-        kv_all = torch.cat(parts, dim=2)  # (2, B, P*T, Hkv, D)
+        kv_all = all_gather_kv(layout, k, v)
         k_pos = torch.cat([torch.arange(f, f + T) for f in layout.firsts])
         chunk = chunk or default_chunk_size(q.shape[2], P * T)
         kw = dict(causal=causal, window=None, scale=scale, chunk=chunk)
@@ -231,17 +248,11 @@ class SPAlibiGather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, kv_all, out, lse = ctx.saved_tensors
-        P = ctx.layout.size
         dq, dk_all, dv_all = alibi_backward(
             dout.contiguous(), q, kv_all[0], kv_all[1], out, lse, ctx.pos, ctx.k_pos, ctx.slopes, **ctx.kw
         )
-        grads = torch.stack([dk_all, dv_all])  # (2, B, P*T, Hkv, D)
-        parts = [g.contiguous() for g in grads.chunk(P, dim=2)]
-        mine = torch.empty_like(parts[0])
-        dist.reduce_scatter(mine, parts, group=ctx.layout.group)
-        nbytes = mine.numel() * mine.element_size()
-        record_bytes("bwd", sent=(P - 1) * nbytes, recv=(P - 1) * nbytes)
-        return dq, mine[0], mine[1], None, None, None, None, None, None
+        dk, dv = reduce_scatter_kv(ctx.layout, dk_all, dv_all)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 # ---------------------------------------------------------------------------
