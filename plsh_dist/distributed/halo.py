@@ -30,7 +30,7 @@ import torch.distributed as dist
 from plsh_dist.distributed.comm_stats import record_bytes
 from plsh_dist.distributed.sp_layout import SPLayout
 
-__all__ = ["Need", "HaloPlan", "bucket_start", "plsh_needs", "window_needs", "post_kv", "post_grads"]
+__all__ = ["Need", "HaloPlan", "bucket_of", "bucket_start", "plsh_needs", "window_needs", "post_kv", "post_grads"]
 
 _TAG = {"fwd": 71, "bwd": 72}
 
@@ -49,7 +49,7 @@ class Need:
     hi: tuple[int, ...]
 
 
-def _bucket(lsh, p_SH: torch.Tensor) -> torch.Tensor:
+def bucket_of(lsh, p_SH: torch.Tensor) -> torch.Tensor:
     """Bucket of a (sample, head)-specific position, LongTensor[s, H].
 
     The same float64 arithmetic as ``PositionalLSH.buckets`` element by
@@ -62,13 +62,13 @@ def bucket_start(lsh, b_SH: torch.Tensor) -> torch.Tensor:
     """Smallest integer position whose bucket is >= ``b``, LongTensor[s, H].
 
     The float estimate ``ceil(shift + b * pitch)`` can be off by one ulp's
-    worth at a boundary, so it is corrected against :func:`_bucket` (the
+    worth at a boundary, so it is corrected against :func:`bucket_of` (the
     hash's own rule), which is monotone in position.
     """
     c = torch.ceil(lsh.shift + b_SH.to(torch.float64) * lsh.pitch).to(torch.long)
     for _ in range(16):
-        down = _bucket(lsh, c - 1) >= b_SH
-        up = _bucket(lsh, c) < b_SH
+        down = bucket_of(lsh, c - 1) >= b_SH
+        up = bucket_of(lsh, c) < b_SH
         if not bool(down.any() or up.any()):
             return c
         c = c - down.long() + up.long()
@@ -98,12 +98,12 @@ def plsh_needs(lsh, layout: SPLayout, num_q_heads: int, num_kv_heads: int, causa
     needs = []
     for r in range(layout.size):
         first, end = layout.start(r), layout.end(r)
-        b_first = _bucket(lsh, torch.full_like(lsh.shift, first, dtype=torch.long))
+        b_first = bucket_of(lsh, torch.full_like(lsh.shift, first, dtype=torch.long))
         lo = _kv_reduce(bucket_start(lsh, b_first), num_q_heads, num_kv_heads, torch.min)
         if causal:
             hi = [end] * num_kv_heads
         else:
-            b_last = _bucket(lsh, torch.full_like(lsh.shift, end - 1, dtype=torch.long))
+            b_last = bucket_of(lsh, torch.full_like(lsh.shift, end - 1, dtype=torch.long))
             hi = _kv_reduce(bucket_start(lsh, b_last + 1), num_q_heads, num_kv_heads, torch.max)
         needs.append(Need(tuple(min(x, first) for x in lo), tuple(max(x, end) for x in hi)))
     return needs

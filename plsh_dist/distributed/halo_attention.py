@@ -38,7 +38,9 @@ import torch
 import torch.distributed as dist
 
 from plsh_dist.distributed.comm_stats import record_bytes, record_call
-from plsh_dist.distributed.halo import HaloPlan, _bucket, bucket_start, plsh_needs, post_grads, post_kv, window_needs
+from plsh_dist.distributed.halo import (
+    HaloPlan, bucket_of, bucket_start, plsh_needs, post_grads, post_kv, window_needs,
+)
 from plsh_dist.distributed.sp_layout import SPLayout, dtype_code, exchange_layout, hash_fingerprint
 from plsh_dist.ops.alibi import alibi_backward, alibi_forward, default_chunk_size
 from plsh_dist.ops.merge import accum_dtype
@@ -96,11 +98,11 @@ def _split(lsh, layout: SPLayout, causal: bool) -> _Split:
     T, first = layout.length, layout.first
     if not causal:
         return _Split(T, T, T)
-    b_first = _bucket(lsh, torch.full_like(lsh.shift, first, dtype=torch.long))
+    b_first = bucket_of(lsh, torch.full_like(lsh.shift, first, dtype=torch.long))
     s_abs = int(bucket_start(lsh, b_first + 1).max())
     if s_abs - first >= T:  # the first blocks cover the chunk: no halo-free query
         return _Split(T, T, T)
-    b_s = _bucket(lsh, torch.full_like(lsh.shift, s_abs, dtype=torch.long))
+    b_s = bucket_of(lsh, torch.full_like(lsh.shift, s_abs, dtype=torch.long))
     a_abs = int(bucket_start(lsh, b_s).min())  # > first: every block holding s_abs starts after first
     return _Split(s_abs - first, a_abs - first, s_abs - first)
 
