@@ -264,18 +264,31 @@ def max_block_size(
     positions = torch.arange(n)
     largest, mean_len = [], []
     for seed in seeds:
-        b = PositionalLSH(float(sigma), num_samples, seed, sampler).buckets(positions)  # (s, 1, n)
-        flat = b.reshape(-1, n).contiguous()
-        length = torch.searchsorted(flat, flat, right=True) - torch.searchsorted(flat, flat, right=False)
-        largest.append(int(length.max()))
-        # Mean block length seen by a position (length-biased), and per block.
-        blocks = torch.tensor([torch.unique_consecutive(row).numel() for row in flat], dtype=torch.float64)
-        mean_len.append(float((n / blocks).mean()))
+        hash_ = PositionalLSH(float(sigma), num_samples, seed, sampler)
+        big, blocks = 0, 0
+        # PositionalLSH.buckets formula, in chunks of samples: (s, n) bucket ids
+        # of s = 1024, n = 65536 would be 0.5 GB at once.
+        for lo in range(0, num_samples, _CHUNK):
+            b = torch.floor((positions[None, :].to(torch.float64) - hash_.shift[lo : lo + _CHUNK, :1])
+                            / hash_.pitch[lo : lo + _CHUNK, :1]).to(torch.long)  # (chunk, n)
+            # Block starts per row, with sentinels at 0 and n; lengths are the
+            # gaps between consecutive starts of the same row (row-major order).
+            edge = torch.ones(b.shape[0], 1, dtype=torch.bool)
+            starts = torch.nonzero(torch.cat([edge, b[:, 1:] != b[:, :-1], edge], dim=1))  # (K, 2)
+            same_row = starts[1:, 0] == starts[:-1, 0]
+            length = (starts[1:, 1] - starts[:-1, 1])[same_row]
+            big = max(big, int(length.max()))
+            blocks += int(same_row.sum())
+        largest.append(big)
+        mean_len.append(n * num_samples / blocks)
     scale = sigma * math.log(math.log(n))
     return {"sigma": float(sigma), "n": n, "num_samples": num_samples, "sampler": sampler,
             "seeds": len(seeds), "sigma_loglogn": scale, "mean_block": sum(mean_len) / len(mean_len),
             **_summary("largest", [float(x) for x in largest]),
             "largest_max": max(largest), "ratio_mean": sum(largest) / len(largest) / scale}
+
+
+_CHUNK = 64  # samples per chunk in max_block_size
 
 
 class _CachedAttention:

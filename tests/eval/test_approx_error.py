@@ -126,3 +126,13 @@ def test_curve_helpers():
     assert samples_to_match(recs, 0.01) is None
     with pytest.raises(ValueError, match="increasing"):
         mask_error(4.0, 32, [4, 2], 1)
+
+
+def test_max_block_size_agrees_with_buckets():
+    """The chunked bucket formula in max_block_size is PositionalLSH.buckets'."""
+    n, s = 500, 150  # s > one chunk of 64 samples
+    rec = max_block_size(5.0, n, [3], num_samples=s)
+    b = PositionalLSH(5.0, s, 3).buckets(torch.arange(n))[:, 0]
+    lengths = [torch.unique_consecutive(row, return_counts=True)[1] for row in b]
+    assert rec["largest_values"] == [float(max(int(x.max()) for x in lengths))]
+    assert rec["mean_block"] == pytest.approx(n * s / sum(x.numel() for x in lengths))

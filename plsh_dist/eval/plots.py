@@ -1,0 +1,71 @@
+"""Matplotlib helpers shared by the evaluation tools (Agg backend: files only, no display)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: headless machines and CI have no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+__all__ = ["Series", "line_plot"]
+
+
+@dataclass
+class Series:
+    """One curve of a plot."""
+
+    label: str
+    """Legend entry."""
+    x: Sequence[float]
+    """Abscissae."""
+    y: Sequence[float]
+    """Ordinates, same length as ``x``."""
+    yerr: Sequence[float] | None = None
+    """Optional error bars (e.g. std over seeds), same length as ``x``."""
+    style: str = "-o"
+    """Matplotlib format string: '-o' measured, '--' guides and bounds."""
+    kwargs: dict = field(default_factory=dict)
+    """Extra keyword arguments for ``plot`` / ``errorbar`` (color, alpha...)."""
+
+    def __post_init__(self):
+        if len(self.x) != len(self.y):
+            raise ValueError(f"Series {self.label!r}: x has {len(self.x)} points, y has {len(self.y)}")
+        if self.yerr is not None and len(self.yerr) != len(self.y):
+            raise ValueError(f"Series {self.label!r}: yerr has {len(self.yerr)} points, y has {len(self.y)}")
+
+
+def line_plot(
+    path: str | Path,
+    panels: Sequence[tuple[str, Sequence[Series]]],
+    xlabel: str,
+    ylabel: str,
+    logx: bool = True,
+    logy: bool = True,
+) -> Path:
+    """Save one PNG with a row of panels ``(title, series)`` sharing axis labels."""
+    if not panels:
+        raise ValueError("line_plot needs at least one panel")
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 4.0), squeeze=False)
+    for ax, (title, series) in zip(axes[0], panels):
+        for s in series:
+            if s.yerr is not None:
+                ax.errorbar(s.x, s.y, yerr=s.yerr, fmt=s.style, label=s.label, capsize=2, ms=3, **s.kwargs)
+            else:
+                ax.plot(s.x, s.y, s.style, label=s.label, ms=3, **s.kwargs)
+        ax.set_xscale("log" if logx else "linear")
+        ax.set_yscale("log" if logy else "linear")
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel(ylabel)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
