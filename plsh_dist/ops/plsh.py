@@ -14,7 +14,6 @@ s samples; ``g = Hq // Hkv`` query heads per key/value head.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 
@@ -59,41 +58,29 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> s
     return "padded"
 
 
-@dataclass(frozen=True)
-class _HeadGroup:
-    """Query heads that share one hash, and the key/value heads they read."""
-
-    hash_head: int
-    q_heads: slice
-    kv_heads: slice
-    expand_kv: int  # repeat each kv head this many times (padded path, shared hash)
-
-
-def _head_groups(num_hash_heads: int, Hq: int, Hkv: int) -> list[_HeadGroup]:
-    g = Hq // Hkv
-    if num_hash_heads == 1:  # one hash for every head: one call serves all heads
-        return [_HeadGroup(0, slice(0, Hq), slice(0, Hkv), g)]
-    return [_HeadGroup(h, slice(h, h + 1), slice(h // g, h // g + 1), 1) for h in range(Hq)]
-
-
-# ---------------------------------------------------------------------------
-# Layer 1: pure forward / backward
-# ---------------------------------------------------------------------------
-
-
-def _group_kv(x_BTHD: torch.Tensor, group: _HeadGroup, impl: str) -> torch.Tensor:
-    x = x_BTHD[:, :, group.kv_heads]
-    if impl.startswith("padded") and group.expand_kv > 1:
-        x = x.repeat_interleave(group.expand_kv, dim=2)  # padded kernels need Hq == Hkv
-    return x
-
-
 def _layouts(lsh: PositionalLSH, positions: torch.Tensor, device: torch.device):
     """Yield (sample, hash head, BlockLayout) for every (t, h); layouts are cheap, never stored."""
     buckets = lsh.buckets(positions)  # (s, H, n) on CPU
     for t in range(buckets.shape[0]):
         for h in range(buckets.shape[1]):
             yield t, h, BlockLayout.from_buckets(buckets[t, h], device)
+
+
+def _merge_(out: torch.Tensor | None, lse: torch.Tensor | None, part_out: torch.Tensor, part_lse: torch.Tensor):
+    """merge_into for any layout whose lse has out's leading dims: lse.shape == out.shape[:-1]."""
+    if out is None:
+        return merge_into(None, None, part_out, part_lse)
+    # merge_into wants (B, T, H, D) and (B, H, T): view ours as such with H = 1
+    out4, lse3 = out.reshape(1, -1, 1, out.shape[-1]), lse.reshape(1, 1, -1)
+    part4, plse3 = part_out.reshape(1, -1, 1, part_out.shape[-1]), part_lse.reshape(1, 1, -1)
+    out4, lse3 = merge_into(out4, lse3, part4, plse3)
+    return out4.view(out.shape), lse3.view(lse.shape)
+
+
+def _head_major(x_BTHD: torch.Tensor) -> torch.Tensor:
+    """(B, T, H, D) -> contiguous (H, B, T, D): each head's rows become one dense
+    array, so the per-(sample, head) gathers below read contiguous memory."""
+    return x_BTHD.permute(2, 0, 1, 3).contiguous()
 
 
 def plsh_forward(
@@ -115,22 +102,27 @@ def plsh_forward(
     Returns:
         out (B, T, Hq, D) in q's dtype, lse (B, Hq, T) in fp32 (fp64 for fp64).
     """
-    B, T, Hq, D = q.shape
-    groups = _head_groups(lsh.num_heads, Hq, k.shape[2])
-    kvs = [(_group_kv(k, g, impl), _group_kv(v, g, impl)) for g in groups]
-    acc = accum_dtype(q.dtype)
-    out, lse = None, None
-    sample_out = torch.empty(B, T, Hq, D, dtype=q.dtype, device=q.device)
-    sample_lse = torch.empty(B, Hq, T, dtype=acc, device=q.device)
-    for t, h, layout in _layouts(lsh, positions, q.device):
-        group = groups[h]
-        k_g, v_g = kvs[h]
-        o, l = _block_fwd(q[:, :, group.q_heads], k_g, v_g, layout, causal=causal, scale=scale, impl=impl)
-        sample_out[:, :, group.q_heads] = o
-        sample_lse[:, group.q_heads] = l
-        if h == len(groups) - 1:  # every head of sample t done: merge it
-            out, lse = merge_into(out, lse, sample_out, sample_lse)
-    return out.to(q.dtype), lse
+    Hq, Hkv = q.shape[2], k.shape[2]
+    g = Hq // Hkv
+    if lsh.num_heads == 1:  # one hash for every head: one call per sample serves all heads
+        k_all, v_all = _expand_kv(k, g, impl), _expand_kv(v, g, impl)
+        out, lse_BTH = None, None
+        for _, _, layout in _layouts(lsh, positions, q.device):
+            o, l_BHT = _block_fwd(q, k_all, v_all, layout, causal=causal, scale=scale, impl=impl)
+            out, lse_BTH = _merge_(out, lse_BTH, o, l_BHT.transpose(1, 2))
+        return out.to(q.dtype), lse_BTH.transpose(1, 2).contiguous()
+
+    q_h, k_h, v_h = _head_major(q), _head_major(k), _head_major(v)  # (H, B, T, D)
+    out = [None] * Hq
+    lse = [None] * Hq
+    for _, h, layout in _layouts(lsh, positions, q.device):
+        o, l = _block_fwd(
+            q_h[h, :, :, None], k_h[h // g, :, :, None], v_h[h // g, :, :, None], layout,
+            causal=causal, scale=scale, impl=impl,
+        )  # (B, T, 1, D), (B, 1, T)
+        out[h], lse[h] = _merge_(out[h], lse[h], o[:, :, 0], l[:, 0])
+    out_BTHD = torch.stack(out, dim=2).to(q.dtype)
+    return out_BTHD, torch.stack(lse, dim=1)
 
 
 def plsh_backward(
@@ -154,27 +146,44 @@ def plsh_backward(
     """
     B, T, Hq, D = q.shape
     Hkv = k.shape[2]
-    groups = _head_groups(lsh.num_heads, Hq, Hkv)
-    kvs = [(_group_kv(k, g, impl), _group_kv(v, g, impl)) for g in groups]
+    g = Hq // Hkv
     acc = accum_dtype(q.dtype)
-    dq = torch.zeros(B, T, Hq, D, dtype=acc, device=q.device)
-    dk = torch.zeros(B, T, Hkv, D, dtype=acc, device=q.device)
-    dv = torch.zeros(B, T, Hkv, D, dtype=acc, device=q.device)
+    if lsh.num_heads == 1:
+        k_all, v_all = _expand_kv(k, g, impl), _expand_kv(v, g, impl)
+        dq = torch.zeros(B, T, Hq, D, dtype=acc, device=q.device)
+        dk = torch.zeros(k_all.shape, dtype=acc, device=q.device)
+        dv = torch.zeros(k_all.shape, dtype=acc, device=q.device)
+        for _, _, layout in _layouts(lsh, positions, q.device):
+            grads = _block_bwd(dout, q, k_all, v_all, out, lse, layout, causal=causal, scale=scale, impl=impl)
+            for acc_grad, grad in zip((dq, dk, dv), grads):
+                acc_grad += grad
+        if dk.shape[2] != Hkv:  # kv heads were repeated for the padded kernels: sum each group back
+            dk, dv = (x.view(B, T, Hkv, g, D).sum(3) for x in (dk, dv))
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+    q_h, k_h, v_h, out_h, dout_h = (_head_major(x) for x in (q, k, v, out, dout))
+    lse_h = lse.transpose(0, 1).contiguous()  # (Hq, B, T)
+    dq = torch.zeros(Hq, B, T, D, dtype=acc, device=q.device)
+    dk = torch.zeros(Hkv, B, T, D, dtype=acc, device=q.device)
+    dv = torch.zeros(Hkv, B, T, D, dtype=acc, device=q.device)
     for _, h, layout in _layouts(lsh, positions, q.device):
-        group = groups[h]
-        k_g, v_g = kvs[h]
-        hs = group.q_heads
-        dq_g, dk_g, dv_g = _block_bwd(
-            dout[:, :, hs], q[:, :, hs], k_g, v_g, out[:, :, hs], lse[:, hs], layout,
-            causal=causal, scale=scale, impl=impl,
+        kv = h // g
+        dq_h, dk_h, dv_h = _block_bwd(
+            dout_h[h, :, :, None], q_h[h, :, :, None], k_h[kv, :, :, None], v_h[kv, :, :, None],
+            out_h[h, :, :, None], lse_h[h, :, None], layout, causal=causal, scale=scale, impl=impl,
         )
-        dq[:, :, hs] += dq_g
-        if dk_g.shape[2] != group.kv_heads.stop - group.kv_heads.start:  # expanded GQA heads: sum groups
-            dk_g = dk_g.view(B, T, -1, group.expand_kv, D).sum(dim=3)
-            dv_g = dv_g.view(B, T, -1, group.expand_kv, D).sum(dim=3)
-        dk[:, :, group.kv_heads] += dk_g
-        dv[:, :, group.kv_heads] += dv_g
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        dq[h] += dq_h[:, :, 0]
+        dk[kv] += dk_h[:, :, 0]
+        dv[kv] += dv_h[:, :, 0]
+    back = lambda x, like: x.permute(1, 2, 0, 3).to(like.dtype)  # (H, B, T, D) -> (B, T, H, D)
+    return back(dq, q), back(dk, k), back(dv, v)
+
+
+def _expand_kv(x_BTHD: torch.Tensor, groups: int, impl: str) -> torch.Tensor:
+    """Repeat kv heads for the padded kernels (which need Hq == Hkv); varlen ones do GQA."""
+    if impl.startswith("padded") and groups > 1:
+        return x_BTHD.repeat_interleave(groups, dim=2)
+    return x_BTHD
 
 
 def _block_fwd(q, k, v, layout: BlockLayout, *, causal, scale, impl):
