@@ -48,6 +48,8 @@ def _parse(argv=None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--samples", type=int, default=8, help="PLSH samples s")
     p.add_argument("--repeats", type=int, default=3, help="timed forward+backward runs (median reported)")
+    p.add_argument("--alibi-repeats", type=int, default=None,
+                   help="timed runs of exact ALiBi (default --repeats; it is O(T^2), so 1 fits slow machines)")
     p.add_argument("--alibi-time-max-len", type=int, default=16384,
                    help="time exact ALiBi only up to this T (traffic is measured for every T)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
@@ -107,7 +109,8 @@ def _worker(rank: int, world: int, init_file: str, cfg: dict, result_file: str) 
         for mode, (op, kw) in modes.items():
             timed = mode == "plsh" or T <= cfg["alibi_time_max_len"]
             if timed:
-                times, traffic = _time_op(op, q, k, v, dout, cfg["repeats"], positions=pos, sp_group=dist.group.WORLD, **kw)
+                repeats = cfg["repeats"] if mode == "plsh" else cfg["alibi_repeats"]
+                times, traffic = _time_op(op, q, k, v, dout, repeats, positions=pos, sp_group=dist.group.WORLD, **kw)
             else:
                 times, traffic = [], _alibi_traffic_only(k, v, pos, H)
             per_rank = [None] * world
@@ -150,7 +153,8 @@ def _table(rows: list[dict]) -> str:
 def main(argv=None) -> None:
     args = _parse(argv)
     cfg = {k: getattr(args, k) for k in ("seq_lens", "heads", "head_dim", "samples", "repeats",
-                                         "alibi_time_max_len", "threads")}
+                                         "alibi_repeats", "alibi_time_max_len", "threads")}
+    cfg["alibi_repeats"] = cfg["alibi_repeats"] or cfg["repeats"]
     print(f"[bench_sp] {cfg}, worlds {args.worlds}, fp32, batch 1, causal", flush=True)
     rows = []
     for world in args.worlds:

@@ -152,7 +152,9 @@ class SPBlockAttention(torch.autograd.Function):
         acc = accum_dtype(q.dtype)
 
         # 1. extended piece first: it yields the halo gradients to send back.
-        pad = lambda x, dim=1: _cat(_zeros_rows(x, L, dim), x.narrow(dim, 0, e), _zeros_rows(x, R, dim), dim=dim)  # noqa: E731
+        def pad(x, dim=1):  # zero halo rows around local rows [0, e)
+            return _cat(_zeros_rows(x, L, dim), x.narrow(dim, 0, e), _zeros_rows(x, R, dim), dim=dim)
+
         pos_e = _cat(ctx.plan.left_pos, pos[:e], ctx.plan.right_pos, dim=0)
         dq_e, dk_e, dv_e = plsh_backward(
             pad(dout), pad(q), _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), pad(out), pad(lse, 2),
