@@ -1,0 +1,82 @@
+"""Length extrapolation of a checkpoint under several attention modes.
+
+    python launchers/evaluate.py --checkpoint runs/quickstart --lengths 256,512,1024 \
+        --modes plsh:s=4,plsh:s=16,alibi,fixed,window:128,none --out runs/quickstart/extrapolation
+
+    # lengths that do not fit one process: sequence parallelism over all ranks
+    torchrun --nproc_per_node 4 launchers/evaluate.py --checkpoint ... --lengths 65536 ...
+
+Writes results.json, results.md, ppl_vs_length.png and tensorboard/ under --out.
+Modes: plsh[:s=N][:sigma=X][:sampler=...], alibi, fixed, window:W, none; any
+with :rope=true|false (see plsh_dist/eval/modes.py). --data: omit for the
+checkpoint's own validation split, else files/globs (comma-separated) or a
+datasets name (owner/name[:config], --split).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} needs integers >= 1, got {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="run dir, its final/ export, or checkpoints/step_XXXXXXXX")
+    p.add_argument("--data", default=None, help="files/globs or a datasets name; default: the checkpoint's val split")
+    p.add_argument("--split", default="val", help="split of a datasets name (or of the checkpoint's data)")
+    p.add_argument("--lengths", required=True, help="context lengths, e.g. 2048,4096,8192")
+    p.add_argument("--modes", default="plsh:s=8,plsh:s=32,alibi,fixed,window:512,none")
+    p.add_argument("--seeds", default="0,1,2", help="hash seeds of PLSH modes (mean and std over them)")
+    p.add_argument("--scoring", default="whole", help="whole, last or whole,last")
+    p.add_argument("--last-tokens", type=int, default=None, help="K of 'last' scoring (the paper: 8192)")
+    p.add_argument("--max-windows", type=int, default=16, help="windows per length (0 = all the data fills)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer .model (default: the checkpoint's own)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+
+    import torch.distributed as dist
+
+    from plsh_dist.eval.extrapolation import evaluate_checkpoint, format_table
+
+    try:
+        lengths = _ints(args.lengths, "--lengths")
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        scorings = [s.strip() for s in args.scoring.split(",") if s.strip()]
+        if "last" in scorings and args.last_tokens is None:
+            raise ValueError("--scoring last needs --last-tokens K (score the last K tokens of each window)")
+        sp_group = None
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            dist.init_process_group(backend="gloo")  # evaluation runs on CPU tensors; gloo serves any device
+            sp_group = dist.group.WORLD
+        results = evaluate_checkpoint(args.checkpoint, args.data, lengths, args.modes, args.out, seeds=seeds,
+                                      scorings=scorings, last_tokens=args.last_tokens,
+                                      max_windows=args.max_windows or None, tokenizer=args.tokenizer,
+                                      split=args.split, sp_group=sp_group, progress=not args.no_progress)
+    except ValueError as exc:
+        print(f"evaluate: error: {exc}", file=sys.stderr)
+        return 2
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(format_table(results))
+        print(f"wrote {args.out}/results.json, results.md, ppl_vs_length.png, tensorboard/ ({results['wall_s']} s)")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

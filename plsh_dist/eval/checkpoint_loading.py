@@ -1,0 +1,133 @@
+"""Load trained weights for evaluation, from any of the places training writes them.
+
+Accepted ``checkpoint`` paths:
+
+- an exported directory (``out_dir/final``): ``model.safetensors`` +
+  ``config.resolved.json`` (+ ``tokenizer.model``);
+- a run directory (``out_dir``): its ``final/`` if present, else its newest
+  complete DeepSpeed checkpoint;
+- a DeepSpeed tag directory (``out_dir/checkpoints/step_00000100``), ZeRO
+  stage 0-2 (``mp_rank_00_model_states.pt``). ZeRO-3 shards are not gathered
+  here: export safetensors (``[checkpoint].export_safetensors``) instead.
+
+The tokenizer is the checkpoint's own ``tokenizer.model`` unless one is
+given; a given one must be the same model (same fingerprint), and either way
+its vocabulary must fit the model's embedding.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from plsh_dist.data import Tokenizer
+from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig, build_model
+from plsh_dist.train.config import RunConfig, config_from_table
+
+__all__ = ["LoadedCheckpoint", "resolve_checkpoint", "load_for_eval"]
+
+_DS_MODEL_FILE = "mp_rank_00_model_states.pt"
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A model ready to evaluate, and what it was trained with."""
+
+    model: torch.nn.Module
+    """transformers causal LM in eval mode, float32, our attention registered."""
+    run_config: RunConfig
+    """The resolved run config saved with the weights."""
+    model_cfg: ModelConfig
+    trained_attention: AttentionConfig
+    """The attention config it was trained under (modes override fields of it)."""
+    tokenizer: Tokenizer
+    path: Path
+    """The directory the weights were read from."""
+
+
+def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:
+    """``path`` -> ``(directory, kind)`` with kind ``"export"`` or ``"deepspeed"``."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"checkpoint {str(p)!r} does not exist; pass a run directory (out_dir), its final/ "
+                         f"export or a checkpoints/step_XXXXXXXX directory")
+    if (p / "model.safetensors").is_file():
+        return p, "export"
+    if (p / _DS_MODEL_FILE).is_file():
+        return p, "deepspeed"
+    if (p / "final" / "model.safetensors").is_file():
+        return p / "final", "export"
+    root = p / "checkpoints"
+    if root.is_dir():
+        tags = sorted(t for t in root.iterdir() if t.is_dir() and (t / "trainer_state.json").is_file()
+                      and (t / _DS_MODEL_FILE).is_file())
+        if tags:
+            return tags[-1], "deepspeed"
+    raise ValueError(f"checkpoint {str(p)!r} holds no weights: expected model.safetensors (an export), "
+                     f"{_DS_MODEL_FILE} (a DeepSpeed ZeRO 0-2 tag) or a run directory containing final/ "
+                     f"or checkpoints/")
+
+
+def _load_tokenizer(directory: Path, tokenizer_path: str | Path | None, cfg: RunConfig) -> Tokenizer:
+    own = directory / "tokenizer.model"
+    if tokenizer_path is None:
+        if own.is_file():
+            return Tokenizer.load(own)
+        if Path(cfg.tokenizer.model_path).is_file():
+            return Tokenizer.load(cfg.tokenizer.model_path)
+        raise ValueError(f"checkpoint {directory} has no tokenizer.model and its config's tokenizer "
+                         f"{cfg.tokenizer.model_path!r} does not exist; pass --tokenizer PATH.model")
+    tok = Tokenizer.load(tokenizer_path)
+    if own.is_file() and Tokenizer.load(own).fingerprint != tok.fingerprint:
+        raise ValueError(f"tokenizer {str(tokenizer_path)!r} does not match the checkpoint's own "
+                         f"{own}: the model was trained with other token ids; drop --tokenizer to use its own")
+    return tok
+
+
+def _state_dict(directory: Path, kind: str) -> dict[str, torch.Tensor]:
+    if kind == "export":
+        from safetensors.torch import load_file
+
+        return load_file(str(directory / "model.safetensors"), device="cpu")
+    blob = torch.load(directory / _DS_MODEL_FILE, map_location="cpu", weights_only=False)
+    state = blob.get("module") if isinstance(blob, dict) else None
+    if not state:
+        raise ValueError(f"{directory / _DS_MODEL_FILE} holds no module weights (a ZeRO-3 checkpoint?); "
+                         "evaluate the safetensors export (out_dir/final) instead")
+    return state
+
+
+def load_for_eval(path: str | Path, tokenizer_path: str | Path | None = None) -> LoadedCheckpoint:
+    """Load a checkpoint (see module doc) on CPU in float32 for evaluation.
+
+    Raises ValueError for a missing path, a directory without weights, weights
+    that do not fit the saved config, or a tokenizer that does not match.
+    """
+    directory, kind = resolve_checkpoint(path)
+    cfg_file = directory / "config.resolved.json"
+    if not cfg_file.is_file():
+        raise ValueError(f"checkpoint {directory} has no config.resolved.json (written by launchers/pretrain.py); "
+                         "cannot rebuild the model without it")
+    cfg = config_from_table(json.loads(cfg_file.read_text()))
+    tokenizer = _load_tokenizer(directory, tokenizer_path, cfg)
+    model_cfg, trained = cfg.model_configs(tokenizer.vocab_size)
+    if tokenizer.vocab_size > model_cfg.vocab_size:
+        raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model's embedding has "
+                         f"{model_cfg.vocab_size} rows: tokenizer and checkpoint do not match")
+    model = build_model(model_cfg, trained, AttentionRuntime(run_seed=cfg.run.seed), device="cpu")
+    state = _state_dict(directory, kind)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # save_pretrained drops the LM head when it is tied to the embedding.
+    missing = [k for k in missing if not (model_cfg.tie_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"{directory}: weights do not match its config: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    emb = model.get_input_embeddings().weight
+    if emb.shape[0] < tokenizer.vocab_size:
+        raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the embedding has {emb.shape[0]} rows")
+    if model_cfg.tie_embeddings:
+        model.tie_weights()
+    return LoadedCheckpoint(model.float().eval(), cfg, model_cfg, trained, tokenizer, directory)

@@ -1,0 +1,262 @@
+"""Length extrapolation: the same weights under several attention modes and context lengths.
+
+    results = evaluate_checkpoint("runs/quickstart", data=None, lengths=[256, 512, 1024],
+                                  modes="plsh:s=4,alibi,none", out_dir="runs/quickstart/extrapolation")
+    print(format_table(results))
+
+For every (mode, length, scoring) the model scores windows of the evaluation
+tokens (``scoring.py``): loss, perplexity, bits per token, top-1 accuracy.
+PLSH modes are evaluated under several hash seeds (``AttentionRuntime(run_seed=seed)``,
+masks refreshed per window with ``set_step(window_index)``) and report mean
+and sample std (ddof=1) over seeds; deterministic modes run once.
+
+Memory: batch 1, ``torch.no_grad()``, exact ALiBi through the chunked op
+(O(T * chunk) per head, never T x T), and the LM head applied in chunks.
+
+Sequence parallelism: with ``sp_group`` set, each rank of the group feeds the
+contiguous chunk ``[r*L/P, (r+1)*L/P)`` of every window with its global
+positions (the attention op exchanges what it needs); token sums are
+all-reduced over the group, so every rank returns the single-process result.
+
+Outputs (``write_outputs``): ``results.json``, ``results.md`` (``format_table``),
+``ppl_vs_length.png`` (one line per mode, error bars = std over seeds) and
+tensorboard scalars ``extrapolation/<scoring>/<metric>/<mode>`` at step = length.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from plsh_dist.eval.checkpoint_loading import LoadedCheckpoint, load_for_eval
+from plsh_dist.eval.eval_data import load_eval_tokens
+from plsh_dist.eval.modes import EvalMode, attention_for, parse_modes
+from plsh_dist.eval.scoring import TokenSums, metrics_of, plan_windows, score_hidden, window_tokens
+from plsh_dist.models import AttentionRuntime, set_attention_mode
+
+__all__ = ["evaluate_model", "evaluate_checkpoint", "format_table", "write_outputs", "METRICS"]
+
+METRICS = ("loss", "perplexity", "bits_per_token", "accuracy")
+
+
+@torch.no_grad()
+def _score_window(model, toks: torch.Tensor, score_from: int, sp_group) -> TokenSums:
+    """Sums of one window (toks (L + 1,)), this rank's chunk only under SP."""
+    L = toks.numel() - 1
+    inputs, labels = toks[:-1], toks[1:]  # shift on the whole window, then cut (as in training)
+    lo, hi = 0, L
+    if sp_group is not None:
+        P, r = dist.get_world_size(sp_group), dist.get_rank(sp_group)
+        if L % P:
+            raise ValueError(f"context length {L} is not divisible by the SP size {P}; choose lengths that are")
+        lo, hi = r * L // P, (r + 1) * L // P
+    pos = torch.arange(lo, hi)
+    hidden = model.model(input_ids=inputs[None, lo:hi], position_ids=pos[None]).last_hidden_state[0]  # (T_loc, H)
+    keep = pos >= score_from
+    return score_hidden(hidden, model.lm_head, labels[lo:hi], keep)
+
+
+def _all_reduce(sums: TokenSums, sp_group) -> TokenSums:
+    if sp_group is None:
+        return sums
+    t = sums.as_tensor()
+    dist.all_reduce(t, group=sp_group)
+    return TokenSums.from_tensor(t)
+
+
+def _summary(per_seed: list[dict[str, float]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for m in METRICS:
+        vals = [r[m] for r in per_seed]
+        out[f"{m}_mean"] = statistics.fmean(vals)
+        out[f"{m}_std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
+    return out
+
+
+def evaluate_model(model, trained_attention, tokens: np.ndarray, lengths: Sequence[int],
+                   modes: Sequence[EvalMode] | str, *, seeds: Sequence[int] = (0, 1, 2),
+                   scorings: Sequence[str] = ("whole",), last_tokens: int | None = None,
+                   max_windows: int | None = None, sp_group=None, progress: bool = True) -> list[dict[str, Any]]:
+    """Rows of results, one per (mode, scoring, length); see the module doc.
+
+    Args:
+        model: transformers causal LM with our attention (``load_for_eval``).
+        trained_attention: its training ``AttentionConfig`` (modes override it).
+        tokens: (N,) evaluation token stream.
+        lengths: context lengths L.
+        modes: ``EvalMode`` list or a spec string (``"plsh:s=8,alibi"``).
+        seeds: hash seeds of stochastic (PLSH) modes.
+        scorings: ``"whole"`` and/or ``"last"`` (the last ``last_tokens`` of each window).
+        max_windows: windows per (length, scoring); None = all the data fills.
+    Raises ValueError before any work if a length cannot be filled.
+    """
+    if isinstance(modes, str):
+        modes = parse_modes(modes)
+    if not seeds:
+        raise ValueError("seeds must name at least one hash seed, e.g. seeds=(0, 1, 2)")
+    lengths = [int(x) for x in lengths]
+    plans = {}
+    for scoring in scorings:
+        for L in lengths:
+            if scoring == "last" and (last_tokens is None or last_tokens > L):
+                continue  # the last-K scoring exists only for windows of at least K tokens
+            plans[scoring, L] = plan_windows(len(tokens), L, scoring, last_tokens, max_windows)
+    if not plans:
+        raise ValueError(f"nothing to evaluate: scorings {list(scorings)} with lengths {lengths} "
+                         f"and last_tokens={last_tokens}")
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    total = sum(len(w) * (len(seeds) if m.stochastic else 1) for m in modes for w in plans.values())
+    bar = None
+    if progress and rank0:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc="extrapolation", unit="window", dynamic_ncols=True)
+    rows = []
+    was_training = model.training
+    model.eval()
+    try:
+        for mode in modes:
+            attn = attention_for(mode, trained_attention)
+            for (scoring, L), windows in plans.items():
+                per_seed = []
+                t0 = time.time()
+                for seed in (seeds if mode.stochastic else seeds[:1]):
+                    runtime = AttentionRuntime(run_seed=int(seed), sp_group=sp_group)
+                    set_attention_mode(model, attn, runtime)
+                    sums = TokenSums()
+                    for i, w in enumerate(windows):
+                        runtime.set_step(i)  # fresh, reproducible masks per window
+                        sums.add(_score_window(model, window_tokens(tokens, w), w.score_from, sp_group))
+                        if bar is not None:
+                            bar.set_postfix_str(f"{mode.name} L={L} {scoring}")
+                            bar.update(1)
+                    per_seed.append({"seed": int(seed), **metrics_of(_all_reduce(sums, sp_group))})
+                rows.append({
+                    "mode": mode.name, "bias": mode.bias, "length": L, "scoring": scoring,
+                    "scored_per_window": windows[0].scored, "windows": len(windows),
+                    "tokens": per_seed[0]["tokens"], "seeds": [r["seed"] for r in per_seed],
+                    **_summary(per_seed), "per_seed": per_seed, "seconds": round(time.time() - t0, 2),
+                    "attention": attn.to_dict(),
+                })
+    finally:
+        if bar is not None:
+            bar.close()
+        set_attention_mode(model, trained_attention)
+        model.train(was_training)
+    return rows
+
+
+def evaluate_checkpoint(checkpoint_dir: str | Path, data: str | None, lengths: Sequence[int],
+                        modes: Sequence[EvalMode] | str, out_dir: str | Path | None = None, *,
+                        seeds: Sequence[int] = (0, 1, 2), scorings: Sequence[str] = ("whole",),
+                        last_tokens: int | None = None, max_windows: int | None = 16,
+                        tokenizer: str | None = None, split: str = "val", sp_group=None,
+                        progress: bool = True) -> dict[str, Any]:
+    """Load ``checkpoint_dir``, evaluate it, write outputs to ``out_dir`` (rank 0) and return the results.
+
+    ``data``: None = the checkpoint's own validation split (its training data
+    config), else text/jsonl/parquet files or globs (comma-separated), or a
+    ``datasets`` name (``name[:config]``, split ``split``). The returned dict
+    is what ``results.json`` holds: ``{"checkpoint", "data", "trained", "rows", ...}``.
+    """
+    t0 = time.time()
+    modes = parse_modes(modes) if isinstance(modes, str) else list(modes)  # fail before loading anything
+    ck: LoadedCheckpoint = load_for_eval(checkpoint_dir, tokenizer)
+    tokens, data_desc = load_eval_tokens(ck, data, split=split)
+    rows = evaluate_model(ck.model, ck.trained_attention, tokens, lengths, modes, seeds=seeds, scorings=scorings,
+                          last_tokens=last_tokens, max_windows=max_windows, sp_group=sp_group, progress=progress)
+    results = {
+        "checkpoint": str(ck.path),
+        "data": data_desc,
+        "data_tokens": int(len(tokens)),
+        "trained": {"seq_len": ck.run_config.data.seq_len, "attention": ck.trained_attention.to_dict(),
+                    "model": ck.model_cfg.to_dict()},
+        "lengths": [int(x) for x in lengths],
+        "modes": [m.name for m in modes],
+        "seeds": [int(s) for s in seeds],
+        "scorings": list(scorings),
+        "last_tokens": last_tokens,
+        "max_windows": max_windows,
+        "sp_size": dist.get_world_size(sp_group) if sp_group is not None else 1,
+        "rows": rows,
+        "wall_s": round(time.time() - t0, 1),
+    }
+    if out_dir is not None and (not dist.is_initialized() or dist.get_rank() == 0):
+        write_outputs(results, out_dir)
+    return results
+
+
+def _fmt(row: dict, metric: str, digits: int) -> str:
+    mean, std = row[f"{metric}_mean"], row[f"{metric}_std"]
+    if len(row["seeds"]) > 1:
+        return f"{mean:.{digits}f} ± {std:.{digits}f}"
+    return f"{mean:.{digits}f}"
+
+
+def format_table(results: dict[str, Any] | list[dict[str, Any]], metric: str = "perplexity") -> str:
+    """Markdown: one table per scoring, rows = modes, columns = lengths, cells =
+    ``metric`` (mean ± std over seeds for PLSH); then a long table with every metric."""
+    rows = results["rows"] if isinstance(results, dict) else results
+    out = []
+    for scoring in dict.fromkeys(r["scoring"] for r in rows):
+        sub = [r for r in rows if r["scoring"] == scoring]
+        lengths = sorted({r["length"] for r in sub})
+        modes = list(dict.fromkeys(r["mode"] for r in sub))
+        cell = {(r["mode"], r["length"]): r for r in sub}
+        what = "all tokens of each window" if scoring == "whole" else \
+            f"last {sub[0]['scored_per_window']} tokens of overlapping windows"
+        out.append(f"**{metric}** ({what}; mean ± std over hash seeds for PLSH)\n")
+        out.append("| mode | " + " | ".join(f"L={L}" for L in lengths) + " |")
+        out.append("|---|" + "---|" * len(lengths))
+        for m in modes:
+            cells = [_fmt(cell[m, L], metric, 3) if (m, L) in cell else "–" for L in lengths]
+            out.append(f"| {m} | " + " | ".join(cells) + " |")
+        out.append("")
+    out.append("| mode | scoring | L | loss | ppl | bits/token | top-1 acc | tokens | seeds |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        out.append(f"| {r['mode']} | {r['scoring']} | {r['length']} | {_fmt(r, 'loss', 4)} | "
+                   f"{_fmt(r, 'perplexity', 3)} | {_fmt(r, 'bits_per_token', 4)} | {_fmt(r, 'accuracy', 4)} | "
+                   f"{r['tokens']} | {len(r['seeds'])} |")
+    return "\n".join(out) + "\n"
+
+
+def write_outputs(results: dict[str, Any], out_dir: str | Path, stem: str = "results",
+                  tensorboard: bool = True) -> dict[str, Path]:
+    """results.json, results.md, ppl_vs_length.png and tensorboard scalars under ``out_dir``."""
+    from plsh_dist.eval.plots import Series, line_plot
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"{stem}.json", "markdown": out / f"{stem}.md", "plot": out / "ppl_vs_length.png"}
+    paths["json"].write_text(json.dumps(results, indent=1) + "\n")
+    paths["markdown"].write_text(format_table(results))
+    rows = results["rows"]
+    panels = []
+    for scoring in dict.fromkeys(r["scoring"] for r in rows):
+        series = []
+        for mode in dict.fromkeys(r["mode"] for r in rows):
+            pts = sorted((r for r in rows if r["mode"] == mode and r["scoring"] == scoring), key=lambda r: r["length"])
+            if pts:
+                series.append(Series(mode, [p["length"] for p in pts], [p["perplexity_mean"] for p in pts],
+                                     yerr=[p["perplexity_std"] for p in pts]))
+        title = "all tokens" if scoring == "whole" else f"last {rows[0]['scored_per_window']} tokens"
+        panels.append((title, series))
+    line_plot(paths["plot"], panels, xlabel="context length (tokens)", ylabel="perplexity", logx=True, logy=True)
+    if tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+
+        with SummaryWriter(str(out / "tensorboard")) as tb:
+            for r in rows:
+                for m in METRICS:
+                    tb.add_scalar(f"extrapolation/{r['scoring']}/{m}/{r['mode']}", r[f"{m}_mean"], r["length"])
+        paths["tensorboard"] = out / "tensorboard"
+    return paths

@@ -1,0 +1,123 @@
+"""Attention modes of an evaluation, parsed from a command-line spec.
+
+    "plsh:s=8,plsh:s=32,alibi,fixed,window:512,none"
+
+One comma-separated item per mode; options follow the mode name after colons:
+
+    plsh[:s=N][:sigma=X][:sampler=iid|stratified]   positional LSH with s samples
+    alibi[:sigma=X]                                  exact ALiBi (chunked)
+    fixed[:sigma=X]                                  fixed blocks (also "fixed_blocks")
+    window:W  or  window:w=W                         exact ALiBi on a W-token window
+    none                                             no bias
+    any mode may add  :rope=true|false
+
+Options that are not given keep the checkpoint's trained attention config
+(sigma, rope, chunk size...), so "alibi" on a PLSH checkpoint is exactly the
+kernel that checkpoint's PLSH estimated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from plsh_dist.models import AttentionConfig
+
+__all__ = ["EvalMode", "parse_modes", "attention_for"]
+
+_BIAS_OF = {"plsh": "plsh", "alibi": "alibi", "fixed": "fixed_blocks", "fixed_blocks": "fixed_blocks",
+            "window": "window", "none": "none"}
+#: option name in a spec -> AttentionConfig field
+_OPTION_FIELD = {"s": "num_samples", "num_samples": "num_samples", "sigma": "sigma", "sampler": "sampler",
+                 "w": "window", "window": "window", "rope": "rope", "chunk": "chunk_size"}
+_INT_FIELDS = ("num_samples", "window", "chunk_size")
+_VALID_OPTIONS = {
+    "plsh": ("s", "num_samples", "sigma", "sampler", "rope"),
+    "alibi": ("sigma", "rope", "chunk"),
+    "fixed_blocks": ("sigma", "rope"),
+    "window": ("w", "window", "sigma", "rope", "chunk"),
+    "none": ("rope",),
+}
+
+
+@dataclass(frozen=True)
+class EvalMode:
+    """One attention mode to evaluate the same weights under."""
+
+    name: str
+    """The spec item as given (``"plsh:s=8"``), used as its label in tables and plots."""
+    bias: str
+    """``AttentionConfig.bias`` of the mode."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """AttentionConfig fields the spec sets (the rest come from the checkpoint)."""
+
+    @property
+    def stochastic(self) -> bool:
+        """True when the attention depends on the hash seed (several seeds are evaluated)."""
+        return self.bias == "plsh"
+
+
+def _parse_value(field_name: str, raw: str, item: str) -> Any:
+    try:
+        if field_name in _INT_FIELDS:
+            return int(raw)
+        if field_name == "sigma":
+            return float(raw)
+        if field_name == "rope":
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return raw.lower() in ("true", "1")
+    except ValueError:
+        raise ValueError(f"mode {item!r}: option value {raw!r} for {field_name} is not valid") from None
+    return raw
+
+
+def parse_modes(spec: str) -> list[EvalMode]:
+    """``"plsh:s=8,alibi,window:512"`` -> list of ``EvalMode`` (checked, no duplicates).
+
+    Raises ValueError naming the bad item and the accepted forms.
+    """
+    items = [item.strip() for item in spec.split(",") if item.strip()]
+    if not items:
+        raise ValueError(f"--modes is empty ({spec!r}); e.g. --modes plsh:s=8,alibi,fixed,window:512,none")
+    modes, seen = [], set()
+    for item in items:
+        head, *opts = item.split(":")
+        bias = _BIAS_OF.get(head.strip().lower())
+        if bias is None:
+            raise ValueError(f"mode {item!r}: unknown mode {head!r}; use one of {sorted(_BIAS_OF)}")
+        overrides: dict[str, Any] = {}
+        for opt in opts:
+            if "=" not in opt:
+                if bias == "window" and "window" not in overrides:  # "window:512"
+                    opt = f"w={opt}"
+                else:
+                    raise ValueError(f"mode {item!r}: option {opt!r} must look like key=value (e.g. s=8)")
+            key, raw = (x.strip() for x in opt.split("=", 1))
+            if key not in _VALID_OPTIONS[bias]:
+                raise ValueError(f"mode {item!r}: option {key!r} is not valid for {head}; "
+                                 f"valid options: {list(_VALID_OPTIONS[bias])}")
+            name = _OPTION_FIELD[key]
+            overrides[name] = _parse_value(name, raw, item)
+        if bias == "window" and "window" not in overrides:
+            raise ValueError(f"mode {item!r}: a window mode needs its width, e.g. window:512")
+        # Build once to run AttentionConfig's own checks on the values.
+        attention_for(EvalMode(item, bias, overrides), AttentionConfig())
+        if item in seen:
+            raise ValueError(f"mode {item!r} is listed twice in --modes")
+        seen.add(item)
+        modes.append(EvalMode(item, bias, overrides))
+    return modes
+
+
+def attention_for(mode: EvalMode, trained: AttentionConfig) -> AttentionConfig:
+    """The trained attention config with ``mode``'s bias and options applied.
+
+    ``fixed_masks`` is turned off: evaluation chooses its masks by seed and
+    window index (see ``extrapolation.py``).
+    """
+    try:
+        return dataclasses.replace(trained, bias=mode.bias, fixed_masks=False, **mode.overrides)
+    except ValueError as exc:
+        raise ValueError(f"mode {mode.name!r}: {exc}") from None
