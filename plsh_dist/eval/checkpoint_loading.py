@@ -119,7 +119,10 @@ def load_for_eval(path: str | Path, tokenizer_path: str | Path | None = None) ->
                          f"{model_cfg.vocab_size} rows: tokenizer and checkpoint do not match")
     model = build_model(model_cfg, trained, AttentionRuntime(run_seed=cfg.run.seed), device="cpu")
     state = _state_dict(directory, kind)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # shape mismatches: torch raises RuntimeError listing every tensor
+        raise ValueError(f"{directory}: weights do not fit its config.resolved.json: {exc}") from None
     # save_pretrained drops the LM head when it is tied to the embedding.
     missing = [k for k in missing if not (model_cfg.tie_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
