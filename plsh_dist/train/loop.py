@@ -274,7 +274,7 @@ def train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainResult:
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at step {done}; lower [optim].lr or check the data")
 
-        if done % cfg.logging.every_steps == 0 or done == cfg.run.max_steps:
+        if done % cfg.logging.every_steps == 0 or done in (start_step + 1, cfg.run.max_steps):
             metrics: dict[str, Any] = {
                 "loss": loss,
                 "lr": lr,

@@ -51,9 +51,13 @@ def test_sp2_matches_sp1_losses_and_grad_norms(tiny_data, tmp_path):
 
 
 def test_zero_stages_give_the_same_first_losses(tiny_data, tmp_path):
-    """ZeRO 0-3 over 2 data-parallel ranks (so ZeRO really partitions): same losses and grad norms."""
+    """ZeRO 0-3 over 2 data-parallel ranks (so ZeRO really partitions), and ZeRO 2 with
+    activation checkpointing (recomputation must replay the same hash masks): same
+    losses and grad norms."""
     runs = [base_overrides(tiny_data, tmp_path / f"z{stage}", f"--deepspeed.zero_stage={stage}",
                            *BIASES["plsh"], "--run.max_steps=3") for stage in (0, 1, 2, 3)]
+    runs.append(base_overrides(tiny_data, tmp_path / "z2_ckpt", "--deepspeed.zero_stage=2",
+                               "--deepspeed.activation_checkpointing=true", *BIASES["plsh"], "--run.max_steps=3"))
     results = run_training(2, *runs)
     for res in results[1:]:
         _close(res["losses"], results[0]["losses"])
