@@ -20,6 +20,8 @@ Two implementations with one signature:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 __all__ = ["dense_fwd", "dense_bwd", "kernel_for"]
@@ -124,7 +126,11 @@ def _masked_logits(q, k, *, causal: bool, scale: float, bias: torch.Tensor | Non
     if bias is not None:
         logits = logits + bias.to(acc)
     if causal:
-        Lq, Lk = logits.shape[-2:]
-        future = torch.ones(Lq, Lk, dtype=torch.bool, device=q.device).triu(1)
-        logits = logits.masked_fill(future, float("-inf"))
+        logits.masked_fill_(_future_mask(*logits.shape[-2:], q.device), float("-inf"))
     return logits
+
+
+@functools.lru_cache(maxsize=64)
+def _future_mask(Lq: int, Lk: int, device: torch.device) -> torch.Tensor:
+    """bool (Lq, Lk), True above the diagonal (keys after the query); cached per shape."""
+    return torch.ones(Lq, Lk, dtype=torch.bool, device=device).triu(1)
