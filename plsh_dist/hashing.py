@@ -109,7 +109,7 @@ def _as_sigma(sigma: float | Sequence[float] | torch.Tensor) -> torch.Tensor:
 
 
 class PositionalLSH:
-    """``s`` independent random binnings of positions, per head.
+    """``s`` random binnings of positions (independent for "iid"), per head.
 
     Args:
         sigma: kernel scale. A float gives one hash shared by all heads
@@ -118,11 +118,12 @@ class PositionalLSH:
         num_samples: ``s``, the number of masks averaged.
         seed: any int; the masks are a pure function of (seed, sample, head,
             position).
-        sampler: ``"iid"`` (the paper's estimator) or ``"stratified"``: pitch
-            quantiles and shifts stratified over the ``s`` samples with
-            seeded random permutations; each sample's marginal law is still
-            exactly Gamma(2, sigma) x Uniform[0, delta), so M~ stays unbiased
-            while its variance drops.
+        sampler: ``"iid"`` (the paper's estimator) or ``"stratified"``:
+            ``round(sqrt(s))`` groups of samples each share one stratified
+            pitch quantile and take equally spaced shifts; every sample's
+            marginal is still exactly Gamma(2, sigma) x Uniform[0, delta), so
+            M~ stays unbiased while its variance drops (the max-norm error of
+            iid at s = 64 is reached at s ~ 14-18).
     """
 
     def __init__(self, sigma, num_samples: int, seed: int = 0, sampler: str = "iid"):
