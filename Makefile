@@ -1,7 +1,8 @@
 # plsh_dist: the README's commands. Each target creates or reuses .venv.
 #   make quickstart   set up, then pretrain + evaluate a tiny Qwen3 on CPU
 #   make test         set up, then run the test suite
-#   make bench        set up, then run the attention benchmarks
+#   make bench        set up, then run the attention benchmark (also bench-sp,
+#                     bench-training, approx)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -12,7 +13,7 @@ export HF_DATASETS_OFFLINE := 1
 export DS_ACCELERATOR ?= cpu
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: venv quickstart test bench bench-sp clean-venv
+.PHONY: venv quickstart test bench bench-sp bench-training approx clean-venv
 
 venv: $(STAMP)
 
@@ -27,8 +28,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-build-isolation -e ".[train,dev]"
 	touch $(STAMP)
 
+# corpus + tokenizer, 2-process SP training through the deepspeed launcher,
+# then validation perplexity and the extrapolation table of the checkpoint.
 quickstart: $(STAMP)
-	$(PY) launchers/bench_attention.py --lengths 1024,4096 --repeats 3 --out runs/quickstart_bench
+	$(PY) launchers/quickstart.py --fresh
 
 # pytest exits 5 when it collected no test: that is a broken suite, not a pass.
 test: $(STAMP)
@@ -37,6 +40,15 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) launchers/bench_attention.py --out bench_results/attention
+
+bench-sp: $(STAMP)
+	$(PY) launchers/bench_sp.py --seq-lens 16384 65536 --worlds 2 4 --alibi-repeats 1 --out bench_results/bench_sp.json
+
+bench-training: $(STAMP)
+	$(PY) launchers/bench_training.py --lengths 8192,16384 --modes plsh,alibi --samples 8
+
+approx: $(STAMP)
+	$(PY) launchers/approx_error.py --out runs/approx
 
 clean-venv:
 	rm -rf $(VENV)
