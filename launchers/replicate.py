@@ -56,6 +56,16 @@ def train_overrides(args: argparse.Namespace, mode: str, out_dir: Path) -> list[
     ]
 
 
+def _settings(args: argparse.Namespace) -> dict:
+    """The sweep's arguments for the report, paths relative to the repository (the report is committed)."""
+    out = dict(vars(args))
+    for key in ("config", "out", "results"):
+        path = Path(out[key]).resolve()
+        out[key] = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else out[key]
+    out["command"] = "python launchers/replicate.py " + " ".join(sys.argv[1:])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "configs" / "quickstart.toml"), help="base run config")
@@ -69,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-windows", type=int, default=8, help="validation windows per length")
     p.add_argument("--eval-seeds", default="0,1", help="hash seeds of the PLSH evaluations")
+    p.add_argument("--last-tokens", type=int, default=None,
+                   help="also score the last K tokens of overlapping windows (default: train_len // 2; 0 = off)")
     p.add_argument("--retrain", action="store_true")
     p.add_argument("--train-only", action="store_true")
     args = p.parse_args(argv)
@@ -101,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     replicate_report(out, modes, {m: MODES[m][1] for m in modes}, results_dir, train_len=args.train_len,
                      windows=args.eval_windows, seeds=[int(s) for s in args.eval_seeds.split(",")],
-                     settings={k: v for k, v in vars(args).items()}, timings=timings)
+                     settings=_settings(args), timings=timings,
+                     last_tokens=args.train_len // 2 if args.last_tokens is None else (args.last_tokens or None))
     timings["eval_s"] = round(time.time() - t0, 1)
     print(f"[replicate] total {time.time() - t_all:.0f} s; results in {results_dir}", flush=True)
     return 0

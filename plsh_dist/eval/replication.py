@@ -41,8 +41,15 @@ def _training_summary(run_dir: Path) -> dict[str, Any]:
 
 def replicate_report(runs_dir: str | Path, modes: Sequence[str], eval_specs: dict[str, str], results_dir: str | Path,
                      *, train_len: int, windows: int, seeds: Sequence[int], settings: dict[str, Any],
-                     timings: dict[str, float]) -> dict[str, Any]:
-    """Evaluate ``runs_dir/<mode>/final`` of every mode; write the report to ``results_dir``."""
+                     timings: dict[str, float], last_tokens: int | None = None) -> dict[str, Any]:
+    """Evaluate ``runs_dir/<mode>/final`` of every mode; write the report to ``results_dir``.
+
+    ``last_tokens``: also score the last K tokens of overlapping windows. Whole-window
+    scores at different lengths cover different text (more windows of a longer
+    length reach further into the data); the last-K scores of the same number of
+    windows cover nearly the same tokens at every length (spans shifted by
+    L - K), so they compare context lengths on the same text.
+    """
     from plsh_dist.eval.plots import Series, line_plot
 
     lengths = replication_lengths(train_len)
@@ -52,8 +59,9 @@ def replicate_report(runs_dir: str | Path, modes: Sequence[str], eval_specs: dic
         ck = load_for_eval(Path(runs_dir) / mode / "final")
         tokens, data_desc = load_eval_tokens(ck, None)
         spec = parse_modes(eval_specs[mode])
-        got = evaluate_model(ck.model, ck.trained_attention, tokens, lengths, spec, seeds=seeds,
-                             max_windows=windows, progress=True)
+        scorings = ("whole", "last") if last_tokens else ("whole",)
+        got = evaluate_model(ck.model, ck.trained_attention, tokens, lengths, spec, seeds=seeds, scorings=scorings,
+                             last_tokens=last_tokens, max_windows=windows, progress=True)
         for r in got:
             r["trained_mode"] = mode
             r["mode"] = mode  # the table's row label: the trained model (evaluated in its own mode)
@@ -65,11 +73,15 @@ def replicate_report(runs_dir: str | Path, modes: Sequence[str], eval_specs: dic
     out.mkdir(parents=True, exist_ok=True)
     (out / "replication.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / "replication.md").write_text(format_table(results))
-    series = []
-    for mode in modes:
-        pts = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["length"])
-        series.append(Series(mode, [p["length"] for p in pts], [p["perplexity_mean"] for p in pts],
-                             yerr=[p["perplexity_std"] for p in pts]))
-    line_plot(out / "replication.png", [(f"trained at L={train_len}", series)], xlabel="context length (tokens)",
+    panels = []
+    for scoring in dict.fromkeys(r["scoring"] for r in rows):
+        series = []
+        for mode in modes:
+            pts = sorted((r for r in rows if r["mode"] == mode and r["scoring"] == scoring), key=lambda r: r["length"])
+            series.append(Series(mode, [p["length"] for p in pts], [p["perplexity_mean"] for p in pts],
+                                 yerr=[p["perplexity_std"] for p in pts]))
+        what = "all tokens" if scoring == "whole" else f"last {last_tokens} tokens"
+        panels.append((f"trained at L={train_len}; {what}", series))
+    line_plot(out / "replication.png", panels, xlabel="context length (tokens)",
               ylabel="validation perplexity", logx=True, logy=True)
     return results
