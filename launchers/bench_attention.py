@@ -71,10 +71,12 @@ def _attention_fn(method: str, num_heads: int, window: int):
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
 
 
-def measure_one(method: str, T: int, H: int, D: int, repeats: int, window: int) -> dict:
+def measure_one(method: str, T: int, H: int, D: int, repeats: int, window: int, threads: int) -> dict:
     """Run in this process: median fwd+bwd seconds and peak RSS growth in MiB."""
     import torch
 
+    if threads:
+        torch.set_num_threads(threads)
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, T, H, D, requires_grad=True) for _ in range(3))
     fn = _attention_fn(method, H, window)
@@ -102,7 +104,8 @@ def _current_rss_kib() -> int:
 
 def _run_subprocess(method, T, args) -> dict:
     cmd = [sys.executable, __file__, "--one", method, "--lengths", str(T), "--heads", str(args.heads),
-           "--head-dim", str(args.head_dim), "--repeats", str(args.repeats), "--window", str(args.window)]
+           "--head-dim", str(args.head_dim), "--repeats", str(args.repeats), "--window", str(args.window),
+           "--threads", str(args.threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0:
         return {"method": method, "T": T, "error": proc.stderr.strip().splitlines()[-1:]}
@@ -161,7 +164,8 @@ def plot(records: list[dict], path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("sequence length T")
     ax.set_ylabel("forward + backward time (s), median")
-    ax.set_title("Attention fwd+bwd on CPU (H=8, D=64, fp32)")
+    threads = records[0].get("threads", "?") if records else "?"
+    ax.set_title(f"Attention fwd+bwd on CPU (H=8, D=64, fp32, {threads} thread(s))")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -180,6 +184,10 @@ def main(argv=None) -> None:
                    help="skip exact O(T^2) methods above this length (they take minutes per pass on 2 cores)")
     p.add_argument("--max-dense-len", type=int, default=8192, help="largest T for the dense (H, T, T) bias")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per (method, T) subprocess")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads per measurement (0: torch's default). PLSH runs many small "
+                        "kernels: on a core shared with another busy process, OpenMP barriers make "
+                        "multi-threaded runs of it slow, so compare methods at the same thread count")
     p.add_argument("--out", default="bench_results/attention")
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -187,7 +195,8 @@ def main(argv=None) -> None:
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
     if args.one:
-        print(json.dumps(measure_one(args.one, lengths[0], args.heads, args.head_dim, args.repeats, args.window)))
+        record = measure_one(args.one, lengths[0], args.heads, args.head_dim, args.repeats, args.window, args.threads)
+        print(json.dumps(record))
         return
     methods = args.methods.split(",")
     for m in methods:

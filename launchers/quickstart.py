@@ -1,6 +1,7 @@
 """Quickstart: corpus + tokenizer, a tiny Qwen3 with PLSH attention trained by 2 processes
 (sequence parallel, SP = 2) through the deepspeed launcher on CPU, then validation perplexity
-of the exported checkpoint.
+of the exported checkpoint and its length-extrapolation table (PLSH vs exact ALiBi vs no
+bias at 1x, 2x and 4x the train length).
 
     python launchers/quickstart.py [--fresh] [--section.key=value ...]
 
@@ -54,7 +55,7 @@ def main() -> int:
         shutil.rmtree(out_dir)
     t0 = time.time()
 
-    print("[1/3] corpus, tokenizer and token caches", flush=True)
+    print("[1/4] corpus, tokenizer and token caches", flush=True)
     from plsh_dist.data import prepare_data
 
     prepared = prepare_data(cfg.data, cfg.tokenizer)
@@ -62,7 +63,7 @@ def main() -> int:
           f"train {prepared.train.num_tokens:,} tokens, val {prepared.val.num_tokens if prepared.val else 0:,} tokens "
           f"({time.time() - t0:.0f} s)", flush=True)
 
-    print(f"[2/3] training with {args.nproc} processes (deepspeed launcher, CPU)", flush=True)
+    print(f"[2/4] training with {args.nproc} processes (deepspeed launcher, CPU)", flush=True)
     t1 = time.time()
     cmd = [*_deepspeed_cmd(), "--num_gpus", str(args.nproc), "--master_port", str(_free_port()),
            str(ROOT / "launchers" / "pretrain.py"), "--config", args.config, *overrides]
@@ -73,10 +74,22 @@ def main() -> int:
         return rc
     train_s = time.time() - t1
 
-    print("[3/3] validation perplexity of the exported checkpoint", flush=True)
+    print("[3/4] validation perplexity of the exported checkpoint", flush=True)
     from plsh_dist.train.evaluate import evaluate_exported
 
     ev = evaluate_exported(out_dir / "final")
+
+    seq_len = cfg.data.seq_len
+    lengths = [seq_len, 2 * seq_len, 4 * seq_len]
+    print(f"[4/4] extrapolation: the same weights at {lengths} tokens, PLSH vs exact ALiBi vs no bias", flush=True)
+    from plsh_dist.eval.extrapolation import evaluate_checkpoint, format_table
+    from plsh_dist.models import AttentionConfig
+
+    modes = f"plsh:s={AttentionConfig.from_dict(dict(cfg.attention)).num_samples},alibi,none"
+    # "last": the last seq_len tokens of each window, so every length scores the
+    # same kind of tokens with more context before them.
+    extrapolation = evaluate_checkpoint(out_dir, None, lengths, modes, out_dir / "extrapolation", max_windows=8,
+                                        scorings=("whole", "last"), last_tokens=seq_len)
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [(r["step"], r["loss"]) for r in records if "loss" in r]
     tps = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
@@ -87,6 +100,9 @@ def main() -> int:
         print(f"  tokens/s      : {sum(tps) / len(tps):.0f} (mean of logged steps)")
     print(f"  val loss/ppl  : {ev['val_loss']:.3f} / {ev['val_ppl']:.1f} ({ev['tokens']:,} held-out tokens)")
     print(f"  wall time     : training {train_s:.0f} s, total {time.time() - t0:.0f} s")
+    print(f"  extrapolation : {out_dir}/extrapolation/ (results.json, results.md, ppl_vs_length.png)\n")
+    tables = format_table(extrapolation).split("\n\n")
+    print("\n\n".join(t for t in tables if t.startswith(("**perplexity**", "| mode | L="))))
     print(f"  outputs       : {out_dir}/ metrics.jsonl, tensorboard/ (tensorboard --logdir {out_dir}/tensorboard),")
     print(f"                  checkpoints/, final/ (model.safetensors, config, tokenizer)")
     return 0
