@@ -142,9 +142,13 @@ def summary(records: list[dict]) -> list[str]:
             for base in ("sdpa_causal", "alibi_chunked", "alibi_dense_sdpa"):
                 if (base, T) in t:
                     out.append(f"T={T}: plsh_s8 is {t[(base, T)] / t[('plsh_s8', T)]:.2f}x faster than {base}")
-    lo, hi = min((T for (mm, T) in t if mm == "plsh_s8"), default=None), max((T for (mm, T) in t if mm == "plsh_s8"), default=None)
-    if lo and hi and hi > lo:
-        out.append(f"plsh_s8 time grows {t[('plsh_s8', hi)] / t[('plsh_s8', lo)]:.2f}x from T={lo} to T={hi} ({hi // lo}x tokens)")
+    measured = sorted(T for (mm, T) in t if mm == "plsh_s8")
+    if len(measured) > 1:
+        hi = measured[-1]
+        for lo in dict.fromkeys([measured[0], 8192]):  # 8k -> longest is the scaling target
+            if lo in measured and lo < hi:
+                out.append(f"plsh_s8 time grows {t[('plsh_s8', hi)] / t[('plsh_s8', lo)]:.2f}x "
+                           f"from T={lo} to T={hi} ({hi // lo}x tokens)")
         out.append(f"plsh_s8 peak memory at T={hi}: {m[('plsh_s8', hi)]:.0f} MiB")
     return out
 

@@ -100,11 +100,11 @@ def main() -> int:
         print(f"  tokens/s      : {sum(tps) / len(tps):.0f} (mean of logged steps)")
     print(f"  val loss/ppl  : {ev['val_loss']:.3f} / {ev['val_ppl']:.1f} ({ev['tokens']:,} held-out tokens)")
     print(f"  wall time     : training {train_s:.0f} s, total {time.time() - t0:.0f} s")
-    print(f"  extrapolation : {out_dir}/extrapolation/ (results.json, results.md, ppl_vs_length.png)\n")
+    print(f"  extrapolation : {out_dir}/extrapolation/ (results.json, results.md, ppl_vs_length.png)")
+    print(f"  outputs       : {out_dir}/ metrics.jsonl, tensorboard/ (tensorboard --logdir {out_dir}/tensorboard),")
+    print(f"                  checkpoints/, final/ (model.safetensors, config, tokenizer)\n")
     tables = format_table(extrapolation).split("\n\n")
     print("\n\n".join(t for t in tables if t.startswith(("**perplexity**", "| mode | L="))))
-    print(f"  outputs       : {out_dir}/ metrics.jsonl, tensorboard/ (tensorboard --logdir {out_dir}/tensorboard),")
-    print(f"                  checkpoints/, final/ (model.safetensors, config, tokenizer)")
     return 0
 
 
