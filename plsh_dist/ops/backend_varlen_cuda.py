@@ -47,10 +47,15 @@ def batched_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, n: int) -> torch.Te
     return torch.cat([(rows + per_row[None, :]).flatten(), total])
 
 
+@functools.lru_cache(maxsize=8)
+def _param_names(fn) -> tuple[str, ...]:
+    """Parameter names of an installed flash-attn function (read once, not per call)."""
+    return tuple(inspect.signature(fn).parameters)
+
+
 def _call(fn, values: dict):
     """Call ``fn`` passing, by name, every parameter it has that ``values`` knows."""
-    params = inspect.signature(fn).parameters
-    return fn(**{name: values[name] for name in params if name in values})
+    return fn(**{name: values[name] for name in _param_names(fn) if name in values})
 
 
 def _unpad_lse(lse: torch.Tensor, cu: torch.Tensor, total: int) -> torch.Tensor:
@@ -112,7 +117,7 @@ def varlen_bwd(dout_BnGD, q_BnGD, k_BnGD, v_BnGD, out_BnGD, lse_BGn, cu_seqlens,
 
 def _repad_lse_if_needed(fn, lse_H_total: torch.Tensor, cu: torch.Tensor, max_len: int) -> torch.Tensor:
     """flash-attn < 2.6 wants the padded (nseq, H, max_seqlen) LSE in its varlen backward."""
-    if "softcap" in inspect.signature(fn).parameters:
+    if "softcap" in _param_names(fn):
         return lse_H_total
     nseq, H = cu.numel() - 1, lse_H_total.shape[0]
     padded = lse_H_total.new_zeros(nseq, H, max_len)

@@ -66,17 +66,6 @@ def _layouts(lsh: PositionalLSH, positions: torch.Tensor, device: torch.device):
             yield t, h, BlockLayout.from_buckets(buckets[t, h], device)
 
 
-def _merge_(out: torch.Tensor | None, lse: torch.Tensor | None, part_out: torch.Tensor, part_lse: torch.Tensor):
-    """merge_into for any layout whose lse has out's leading dims: lse.shape == out.shape[:-1]."""
-    if out is None:
-        return merge_into(None, None, part_out, part_lse)
-    # merge_into wants (B, T, H, D) and (B, H, T): view ours as such with H = 1
-    out4, lse3 = out.reshape(1, -1, 1, out.shape[-1]), lse.reshape(1, 1, -1)
-    part4, plse3 = part_out.reshape(1, -1, 1, part_out.shape[-1]), part_lse.reshape(1, 1, -1)
-    out4, lse3 = merge_into(out4, lse3, part4, plse3)
-    return out4.view(out.shape), lse3.view(lse.shape)
-
-
 def _head_major(x_BTHD: torch.Tensor) -> torch.Tensor:
     """(B, T, H, D) -> contiguous (H, B, T, D): each head's rows become one dense
     array, so the per-(sample, head) gathers below read contiguous memory."""
@@ -106,11 +95,10 @@ def plsh_forward(
     g = Hq // Hkv
     if lsh.num_heads == 1:  # one hash for every head: one call per sample serves all heads
         k_all, v_all = _expand_kv(k, g, impl), _expand_kv(v, g, impl)
-        out, lse_BTH = None, None
+        out, lse = None, None
         for _, _, layout in _layouts(lsh, positions, q.device):
-            o, l_BHT = _block_fwd(q, k_all, v_all, layout, causal=causal, scale=scale, impl=impl)
-            out, lse_BTH = _merge_(out, lse_BTH, o, l_BHT.transpose(1, 2))
-        return out.to(q.dtype), lse_BTH.transpose(1, 2).contiguous()
+            out, lse = merge_into(out, lse, *_block_fwd(q, k_all, v_all, layout, causal=causal, scale=scale, impl=impl))
+        return out.to(q.dtype), lse
 
     q_h, k_h, v_h = _head_major(q), _head_major(k), _head_major(v)  # (H, B, T, D)
     out = [None] * Hq
@@ -119,10 +107,9 @@ def plsh_forward(
         o, l = _block_fwd(
             q_h[h, :, :, None], k_h[h // g, :, :, None], v_h[h // g, :, :, None], layout,
             causal=causal, scale=scale, impl=impl,
-        )  # (B, T, 1, D), (B, 1, T)
-        out[h], lse[h] = _merge_(out[h], lse[h], o[:, :, 0], l[:, 0])
-    out_BTHD = torch.stack(out, dim=2).to(q.dtype)
-    return out_BTHD, torch.stack(lse, dim=1)
+        )  # (B, T, 1, D), (B, 1, T): merge_into's layout with one head
+        out[h], lse[h] = merge_into(out[h], lse[h], o, l)
+    return torch.cat(out, dim=2).to(q.dtype), torch.cat(lse, dim=1)
 
 
 def plsh_backward(

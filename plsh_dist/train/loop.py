@@ -39,6 +39,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from plsh_dist.distributed import ParallelDims, default_backend
+from plsh_dist.ops import comm_stats
 from plsh_dist.train.checkpoint import find_resume, load_checkpoint, save_checkpoint
 from plsh_dist.train.config import RunConfig, write_resolved
 from plsh_dist.train.data_setup import DataPipeline, prepare
@@ -154,15 +155,9 @@ def _grad_norm(engine) -> float:
 
 
 def _comm_bytes() -> float:
-    try:
-        from plsh_dist.ops import comm_stats
-    except ImportError:
-        try:
-            from plsh_dist.distributed.comm_stats import comm_stats
-        except ImportError:  # no sequence-parallel attention in this build
-            return 0.0
+    """Halo / all-gather bytes this process has sent and received so far."""
     stats = comm_stats()
-    return float(stats.get("sent_bytes", 0)) + float(stats.get("recv_bytes", 0))
+    return float(stats["sent_bytes"] + stats["recv_bytes"])
 
 
 def train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainResult:
