@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from plsh_dist.hashing import cu_seqlens_from_buckets
+
 __all__ = ["BlockLayout"]
 
 
@@ -48,13 +50,11 @@ class BlockLayout:
     def from_buckets(cls, buckets: torch.Tensor, device: torch.device | None = None) -> "BlockLayout":
         """Non-decreasing bucket ids LongTensor[n] (on CPU) -> layout on ``device``."""
         n = buckets.numel()
-        starts_new = torch.ones(n, dtype=torch.bool)
-        starts_new[1:] = buckets[1:] != buckets[:-1]
-        block_of_token = torch.cumsum(starts_new, 0) - 1
-        starts = torch.nonzero(starts_new).flatten()
-        cu = torch.cat([starts, torch.tensor([n])])
-        lengths = cu[1:] - starts
+        # the hash's own public boundaries, so the op runs exactly those blocks
+        cu = cu_seqlens_from_buckets(buckets).to(torch.int64)
+        starts, lengths = cu[:-1], cu[1:] - cu[:-1]
         num_blocks = starts.numel()
+        block_of_token = torch.repeat_interleave(torch.arange(num_blocks), lengths)
         max_len = int(lengths.max())
         slot = block_of_token * max_len + (torch.arange(n) - starts[block_of_token])
         key_valid = torch.arange(max_len)[None, :] < lengths[:, None]
