@@ -137,9 +137,12 @@ class ParallelSection:
 
     sp_size: int = 1
     """Ranks sharing one sequence (sequence parallelism); must divide the world size."""
+    timeout_s: int = 600
+    """Seconds a collective may wait for a peer before this rank gives up and
+    exits non-zero (a hung or dead rank must not hang the job forever)."""
 
     def __post_init__(self) -> None:
-        _positive("parallel", self, "sp_size")
+        _positive("parallel", self, "sp_size", "timeout_s")
 
 
 @dataclass

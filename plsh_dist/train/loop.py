@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from datetime import timedelta
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from plsh_dist.train.config import RunConfig, write_resolved
 from plsh_dist.train.data_setup import DataPipeline, prepare
 from plsh_dist.train.deepspeed_config import deepspeed_config, resolve_precision
 from plsh_dist.train.export import export_final
+from plsh_dist.train.faults import maybe_fail
 from plsh_dist.train.logging import MetricsLogger, memory_mb, mfu, startup_summary
 from plsh_dist.train.optim import build_optimizer, build_scheduler
 
@@ -77,9 +79,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(device: torch.device) -> None:
+def init_distributed(device: torch.device, timeout_s: int = 600) -> None:
     """Join the launcher's process group (env:// from deepspeed/torchrun), or a
-    1-process group when started as plain ``python``; no-op when already up."""
+    1-process group when started as plain ``python``; no-op when already up.
+
+    ``timeout_s``: how long a collective waits for a missing peer before it
+    raises ([parallel].timeout_s), so a dead or hung rank ends the job."""
     if dist.is_initialized():
         return
     if device.type == "cuda":
@@ -90,7 +95,7 @@ def init_distributed(device: torch.device) -> None:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend=default_backend(device))
+    deepspeed.init_distributed(dist_backend=default_backend(device), timeout=timedelta(seconds=timeout_s))
 
 
 def _free_port() -> int:
@@ -172,7 +177,7 @@ def train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainResult:
     from plsh_dist.models import AttentionRuntime, build_model, count_parameters
 
     device = resolve_device(cfg.run.device)
-    init_distributed(device)
+    init_distributed(device, cfg.parallel.timeout_s)
     world, rank = dist.get_world_size(), dist.get_rank()
     cfg.validate(world_size=world)
     dims = ParallelDims(world, cfg.parallel.sp_size)
@@ -293,6 +298,7 @@ def train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainResult:
         if (periodic or stopping) and done != cfg.run.max_steps:
             save_checkpoint(engine, cfg, done, {"step": done, "consumed_micro_batches": done * gas, "loss": loss},
                             tokenizer_path)
+        maybe_fail("after_step", done, rank)
         if stopping:
             log.print(f"stopped after step {done} (stop_after); resume with --resume auto")
             log.close()

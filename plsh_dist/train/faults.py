@@ -1,0 +1,54 @@
+"""Fault injection for the reliability tests: kill, raise or hang one rank on purpose.
+
+Off unless ``PLSH_FAULT`` is set (the launchers pass the environment on to
+every rank). Format: ``ACTION:RANK:STEP[:WHERE]``
+
+- ACTION: ``kill`` (SIGKILL itself, as the OOM killer or a lost node would),
+  ``raise`` (a ``RuntimeError`` carrying ``PLSH_FAULT``), ``hang`` (sleep
+  forever without joining collectives);
+- RANK: the global rank that fails; STEP: the optimizer step (1-based,
+  counted as ``done``) at which it fails;
+- WHERE: ``after_step`` (default: after that step's checkpoint, if any) or
+  ``in_checkpoint`` (after DeepSpeed wrote its shards, before the checkpoint
+  is published).
+
+Example: ``PLSH_FAULT=kill:1:3`` kills rank 1 right after step 3.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+__all__ = ["maybe_fail"]
+
+_ACTIONS = ("kill", "raise", "hang")
+_PLACES = ("after_step", "in_checkpoint")
+
+
+def _parse(spec: str) -> tuple[str, int, int, str]:
+    parts = spec.split(":")
+    if len(parts) not in (3, 4) or parts[0] not in _ACTIONS or (len(parts) == 4 and parts[3] not in _PLACES):
+        raise ValueError(
+            f"PLSH_FAULT={spec!r} must look like ACTION:RANK:STEP[:WHERE] with ACTION in {list(_ACTIONS)} "
+            f"and WHERE in {list(_PLACES)}, e.g. kill:1:3; unset it for a normal run"
+        )
+    where = parts[3] if len(parts) == 4 else "after_step"
+    return parts[0], int(parts[1]), int(parts[2]), where
+
+
+def maybe_fail(where: str, step: int, rank: int) -> None:
+    """Fail here if ``PLSH_FAULT`` asks for (where, step, rank); otherwise nothing."""
+    spec = os.environ.get("PLSH_FAULT")
+    if not spec:
+        return
+    action, fault_rank, fault_step, fault_where = _parse(spec)
+    if (where, step, rank) != (fault_where, fault_step, fault_rank):
+        return
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if action == "raise":
+        raise RuntimeError(f"injected fault on rank {rank} at step {step} ({where}): PLSH_FAULT={spec}")
+    while True:  # hang: the other ranks must time out, not wait forever
+        time.sleep(3600)
