@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from plsh_dist.config_check import check_field_types
+
 __all__ = ["TokenizerConfig", "DataConfig"]
 
 
@@ -27,6 +29,7 @@ class TokenizerConfig:
     """Seed of the chunk sampling; the same seed and data give the same model."""
 
     def __post_init__(self):
+        check_field_types(self, "tokenizer")
         if not self.model_path.endswith(".model"):
             raise ValueError(f"TokenizerConfig.model_path must end in .model, got {self.model_path!r}")
         if self.vocab_size < 300:
@@ -92,6 +95,7 @@ class DataConfig:
             self.train_files = [self.train_files]
         if isinstance(self.val_files, str):
             self.val_files = [self.val_files]
+        check_field_types(self, "data")
         if self.seq_len < 1:
             raise ValueError(f"DataConfig.seq_len must be >= 1, got {self.seq_len}")
         if self.micro_batch_size < 1:

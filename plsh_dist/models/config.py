@@ -17,6 +17,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from plsh_dist.config_check import check_field_types, did_you_mean
+
 __all__ = ["AttentionConfig", "ModelConfig", "BIASES", "FAMILIES"]
 
 #: Positional bias modes understood by the attention function.
@@ -32,7 +34,9 @@ def _from_dict(cls, d: dict[str, Any], section: str):
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - names)
     if unknown:
-        raise ValueError(f"[{section}] unknown keys {unknown}; valid keys are {sorted(names)}")
+        raise ValueError(
+            f"[{section}] unknown keys {unknown}; valid keys are {sorted(names)}{did_you_mean(unknown, sorted(names))}"
+        )
     return cls(**d)
 
 
@@ -87,17 +91,21 @@ class AttentionConfig:
     ``None`` lets the op choose."""
 
     def __post_init__(self) -> None:
+        check_field_types(self, "attention")
         if self.bias not in BIASES:
             raise ValueError(f"attention.bias must be one of {BIASES}, got {self.bias!r}")
         if not isinstance(self.rope, bool):
             raise ValueError(f"attention.rope must be true or false, got {self.rope!r}")
         if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or self.num_samples < 1:
-            raise ValueError(f"attention.num_samples must be an int >= 1, got {self.num_samples!r}")
+            raise ValueError(
+                f"attention.num_samples must be an int >= 1 (hash samples averaged; error ~ 1/sqrt(s)), "
+                f"got {self.num_samples!r}; e.g. num_samples = 8"
+            )
         if self.sigma is not None:
             if isinstance(self.sigma, bool) or not isinstance(self.sigma, (int, float)) or not self.sigma > 0:
                 raise ValueError(
-                    f"attention.sigma must be a float > 0 (e.g. 256.0) or None for per-head 1/alibi_slope, "
-                    f"got {self.sigma!r}"
+                    f"attention.sigma must be a float > 0 (a kernel scale in tokens), got {self.sigma!r}; "
+                    f"e.g. sigma = 256.0 (the paper's), or leave sigma out for per-head 1/alibi_slope"
                 )
             self.sigma = float(self.sigma)
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
@@ -158,6 +166,7 @@ class ModelConfig:
     """Bias terms on the q/k/v/o projections."""
 
     def __post_init__(self) -> None:
+        check_field_types(self, "model")
         if self.family not in FAMILIES:
             raise ValueError(f"model.family must be one of {FAMILIES}, got {self.family!r}")
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -168,7 +177,9 @@ class ModelConfig:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"model.num_heads ({self.num_heads}) must be a multiple of model.num_kv_heads "
-                f"({self.num_kv_heads}) for grouped-query attention"
+                f"({self.num_kv_heads}) for grouped-query attention (each KV head serves num_heads / "
+                f"num_kv_heads query heads); set num_kv_heads to a divisor of {self.num_heads}: "
+                f"{[d for d in range(1, self.num_heads + 1) if self.num_heads % d == 0]}"
             )
         if self.head_dim % 2:
             raise ValueError(f"model.head_dim must be even (rotary pairs dimensions), got {self.head_dim}")
@@ -199,7 +210,10 @@ class ModelConfig:
         base = presets[preset].to_dict()
         unknown = sorted(set(d) - set(base))
         if unknown:
-            raise ValueError(f"[model] unknown keys {unknown}; valid keys are {sorted(base)} and 'preset'")
+            raise ValueError(
+                f"[model] unknown keys {unknown}; valid keys are {sorted(base)} and 'preset'"
+                f"{did_you_mean(unknown, sorted(base))}"
+            )
         return cls(**{**base, **d})
 
     def to_hf_config(self, attn_implementation: str = "plsh_dist"):

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plsh_dist.config_check import check_field_types, did_you_mean
 from plsh_dist.data.config import DataConfig, TokenizerConfig
 
 __all__ = [
@@ -69,6 +70,7 @@ class RunSection:
     """auto (cuda if available, else cpu) | cpu | cuda."""
 
     def __post_init__(self) -> None:
+        check_field_types(self, "run")
         _positive("run", self, "max_steps")
         _positive("run", self, "seed", allow_zero=True)
         _choice("run", "device", self.device, ("auto", "cpu", "cuda"))
@@ -97,9 +99,7 @@ class OptimSection:
     """Micro-batches accumulated per optimizer step."""
 
     def __post_init__(self) -> None:
-        self.lr, self.min_lr = float(self.lr), float(self.min_lr)
-        self.weight_decay, self.eps, self.grad_clip = float(self.weight_decay), float(self.eps), float(self.grad_clip)
-        self.beta1, self.beta2 = float(self.beta1), float(self.beta2)
+        check_field_types(self, "optim")
         if self.lr <= 0:
             raise ValueError(f"[optim].lr must be > 0, got {self.lr}")
         if not 0 <= self.min_lr <= self.lr:
@@ -127,6 +127,7 @@ class DeepSpeedSection:
     """ZeRO >= 1: keep optimizer states in CPU memory (GPU runs)."""
 
     def __post_init__(self) -> None:
+        check_field_types(self, "deepspeed")
         _choice("deepspeed", "zero_stage", self.zero_stage, (0, 1, 2, 3))
         _choice("deepspeed", "precision", self.precision, ("auto", "bf16", "fp32"))
 
@@ -142,6 +143,7 @@ class ParallelSection:
     exits non-zero (a hung or dead rank must not hang the job forever)."""
 
     def __post_init__(self) -> None:
+        check_field_types(self, "parallel")
         _positive("parallel", self, "sp_size", "timeout_s")
 
 
@@ -159,6 +161,7 @@ class CheckpointSection:
     """Export final weights (HF layout, safetensors) to out_dir/final."""
 
     def __post_init__(self) -> None:
+        check_field_types(self, "checkpoint")
         _positive("checkpoint", self, "every_steps", "keep_last", allow_zero=True)
         if not self.resume:
             raise ValueError("[checkpoint].resume must be auto, never or a checkpoint path")
@@ -179,6 +182,7 @@ class LoggingSection:
     """Micro-batches per DP rank used for validation."""
 
     def __post_init__(self) -> None:
+        check_field_types(self, "logging")
         _positive("logging", self, "every_steps")
         _positive("logging", self, "eval_every", "eval_batches", allow_zero=True)
 
@@ -222,27 +226,93 @@ class RunConfig:
     def model_configs(self, vocab_size: int | None = None):
         """``(ModelConfig, AttentionConfig)`` from [model] / [attention].
 
-        ``vocab_size``: the tokenizer's, used unless [model] sets one.
+        ``vocab_size``: the tokenizer's, used unless [model] sets one. When
+        given, a [model].vocab_size smaller than it is an error (token ids
+        would index past the embedding table).
         """
         from plsh_dist.models import AttentionConfig, ModelConfig
 
         table = dict(self.model)
+        if vocab_size is not None:
+            check_vocab_covers_tokenizer(table.get("vocab_size"), vocab_size, self.tokenizer.model_path)
         table.setdefault("vocab_size", vocab_size or self.tokenizer.vocab_size)
         return ModelConfig.from_dict(table), AttentionConfig.from_dict(dict(self.attention))
 
     def validate(self, world_size: int | None = None) -> None:
-        """Cross-section checks; with ``world_size`` also the parallel layout."""
+        """Cross-section checks of the values alone (no file is read); with
+        ``world_size`` also the parallel layout. Reloading a checkpoint's
+        resolved config runs only these (its data may live elsewhere now)."""
         sp = self.parallel.sp_size
         if self.data.seq_len % sp != 0:
             raise ValueError(
                 f"[data].seq_len={self.data.seq_len} is not divisible by [parallel].sp_size={sp}; "
                 f"each SP rank trains on seq_len / sp_size tokens: pick seq_len a multiple of {sp}"
             )
+        if self.run.device == "cpu" and self.deepspeed.precision == "bf16":
+            raise ValueError(
+                '[deepspeed].precision = "bf16" needs a GPU but [run].device = "cpu"; '
+                'set precision = "fp32" (or "auto": bf16 on GPU, fp32 on CPU), or device = "cuda"'
+            )
         if world_size is not None:
-            from plsh_dist.distributed import ParallelDims
-
-            ParallelDims(world_size, sp)
+            check_world_size(world_size, sp)
         self.model_configs()  # builds and checks the model's own dataclasses
+
+    def check_inputs(self) -> None:
+        """Checks that read the disk, run by ``load_config`` before any work starts:
+        every data path matches a file, and an existing tokenizer file's
+        vocabulary fits [model].vocab_size (a tokenizer still to be trained
+        will have [tokenizer].vocab_size pieces, checked against it instead)."""
+        from plsh_dist.data.sources import resolve_files
+
+        for name in ("train_files", "val_files"):
+            patterns = getattr(self.data, name)
+            if patterns:
+                try:
+                    resolve_files(patterns)
+                except ValueError as exc:
+                    raise ValueError(f"[data].{name}: {exc}") from exc
+        path = Path(self.tokenizer.model_path)
+        if path.is_file():
+            from plsh_dist.data.tokenizer import Tokenizer
+
+            try:
+                vocab = Tokenizer.load(path).vocab_size
+            except RuntimeError as exc:  # SentencePiece's error for a file that is not a model
+                raise ValueError(
+                    f"[tokenizer].model_path = {str(path)!r} is not a SentencePiece model ({exc}); "
+                    "delete it to train a new one, or point model_path at a valid .model file"
+                ) from exc
+        else:
+            vocab = self.tokenizer.vocab_size
+        check_vocab_covers_tokenizer(self.model.get("vocab_size"), vocab, str(path))
+
+
+def check_vocab_covers_tokenizer(model_vocab: Any, tokenizer_vocab: int, tokenizer_path: str) -> None:
+    """ValueError when an explicit [model].vocab_size is smaller than the tokenizer's vocabulary.
+
+    ``model_vocab``: [model].vocab_size as written (None = not set: the model
+    then takes the tokenizer's size, which always fits).
+    """
+    if isinstance(model_vocab, int) and not isinstance(model_vocab, bool) and model_vocab < tokenizer_vocab:
+        raise ValueError(
+            f"[model].vocab_size = {model_vocab} is smaller than the tokenizer's vocabulary of {tokenizer_vocab} "
+            f"pieces ({tokenizer_path}): ids up to {tokenizer_vocab - 1} would index past the embedding; "
+            f"remove [model].vocab_size (it defaults to the tokenizer's) or set it >= {tokenizer_vocab}"
+        )
+
+
+def check_world_size(world_size: int, sp_size: int) -> None:
+    """ValueError, printing every factor, unless ``sp_size`` divides ``world_size``."""
+    if world_size % sp_size:
+        divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        raise ValueError(
+            f"[parallel].sp_size={sp_size} does not divide world_size={world_size} "
+            f"(world_size = dp_size x sp_size must hold exactly); set sp_size to one of {divisors}, "
+            f"or launch a multiple of {sp_size} processes"
+        )
+    from plsh_dist.distributed import ParallelDims
+
+    ParallelDims(world_size, sp_size)  # its own checks (positive sizes)
 
 
 def _build_section(name: str, cls: type, table: dict):
@@ -251,10 +321,12 @@ def _build_section(name: str, cls: type, table: dict):
     valid = [f.name for f in dataclasses.fields(cls) if f.init]
     unknown = sorted(set(table) - set(valid))
     if unknown:
-        raise ValueError(f"unknown key(s) {unknown} in [{name}]; valid keys are {valid}")
+        raise ValueError(f"unknown key(s) {unknown} in [{name}]; valid keys are {valid}{did_you_mean(unknown, valid)}")
     try:
         return cls(**table)
     except (TypeError, ValueError) as exc:
+        if str(exc).startswith(f"[{name}]"):
+            raise ValueError(str(exc)) from exc  # already names the section and field
         raise ValueError(f"[{name}]: {exc}") from exc
 
 
@@ -300,7 +372,7 @@ def config_from_table(table: dict) -> RunConfig:
     valid = list(_SECTIONS) + ["data", "tokenizer"] + list(_MODEL_SECTIONS)
     unknown = sorted(set(table) - set(valid))
     if unknown:
-        raise ValueError(f"unknown section(s) {unknown}; valid sections are {valid}")
+        raise ValueError(f"unknown section(s) {unknown}; valid sections are {valid}{did_you_mean(unknown, valid)}")
     sections = {**_SECTIONS, "data": DataConfig, "tokenizer": TokenizerConfig}
     kwargs: dict[str, Any] = {name: _build_section(name, cls, table.get(name, {})) for name, cls in sections.items()}
     for name in _MODEL_SECTIONS:
@@ -316,7 +388,8 @@ def config_from_table(table: dict) -> RunConfig:
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     """Read a TOML run config, apply ``--section.key=value`` overrides, check it all.
 
-    Raises ValueError (naming the field and the fix) before any work starts.
+    Raises ValueError (naming the field and the fix) before any work starts:
+    the values (``RunConfig.validate``) and the inputs on disk (``check_inputs``).
     """
     table: dict = {}
     if path is not None:
@@ -328,7 +401,9 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
                 table = tomllib.load(fh)
             except tomllib.TOMLDecodeError as exc:
                 raise ValueError(f"{path}: invalid TOML: {exc}") from exc
-    return config_from_table(apply_overrides(table, parse_overrides(overrides or [])))
+    cfg = config_from_table(apply_overrides(table, parse_overrides(overrides or [])))
+    cfg.check_inputs()
+    return cfg
 
 
 # --- writing the resolved config ------------------------------------------------

@@ -25,7 +25,7 @@ from plsh_dist.models import (
         (dict(sampler="sobol"), "attention.sampler"),
         (dict(backend="cuda"), "attention.backend"),
         (dict(chunk_size=0), "attention.chunk_size"),
-        (dict(rope="yes"), "attention.rope"),
+        (dict(rope="yes"), r"\[attention\]\.rope"),  # the generic type check's wording
     ],
 )
 def test_attention_config_rejects(kwargs, field):

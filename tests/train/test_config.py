@@ -70,7 +70,11 @@ def test_seq_len_must_split_over_sp():
 
 
 def test_resolved_config_round_trips(tmp_path):
-    cfg = load_config(None, ["--optim.lr=5e-4", "--data.train_files=['a.txt', 'b.txt']", "--attention.sigma=256.0"])
+    files = [tmp_path / "a.txt", tmp_path / "b.txt"]  # data paths must exist (checked by load_config)
+    for f in files:
+        f.write_text("x = 1\n")
+    cfg = load_config(None, ["--optim.lr=5e-4", f"--data.train_files=['{files[0]}', '{files[1]}']",
+                             "--attention.sigma=256.0"])
     path = write_resolved(cfg, tmp_path)
     again = load_config(path)
     assert again.to_dict() == cfg.to_dict()
