@@ -149,6 +149,7 @@ def _write_jsonl(root: Path, rels: list[str], path: Path, report: BadDataReport)
             chars += len(text)
     os.replace(tmp, path)
     report.kept += docs
+    report.files_read += len(rels)
     return docs, chars
 
 

@@ -130,7 +130,9 @@ def prepare_data(cfg: DataConfig, tok_cfg: TokenizerConfig) -> PreparedData:
         reports["corpus"] = corpus_report
     streams = {name: load_token_stream(src, cfg, tokenizer, reports[name]) for name, src in sources.items()}
     for name, stream in streams.items():
-        logger.info("%s: %d tokens in %d documents (%s)", name, stream.num_tokens, stream.num_docs, stream.path)
+        reports[name].tokens_kept = stream.num_tokens
+        # Files read, documents and tokens kept, skips per cause: a warning when anything was skipped.
+        reports[name].log(logger, f"{name} ({stream.path})")
     return PreparedData(tokenizer, streams["train"], streams.get("val"), reports)
 
 

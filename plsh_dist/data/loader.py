@@ -43,10 +43,17 @@ class PackedLoader:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         n = num_windows(len(tokens), seq_len)
-        if n < dp_size:
+        # Training needs one full global batch of distinct sequences (else a batch would repeat
+        # sequences); a one-epoch pass (evaluation) needs one sequence per DP rank.
+        need = micro_batch_size * dp_size if loop else dp_size
+        if n < need:
+            what = (f"one batch of micro_batch_size={micro_batch_size} x dp_size={dp_size} = {need} sequences"
+                    if loop else f"one sequence per DP rank (dp_size={dp_size})")
             raise ValueError(
-                f"the token stream ({len(tokens)} tokens) holds {n} sequences of seq_len={seq_len}, "
-                f"fewer than dp_size={dp_size}; use more data or a shorter seq_len"
+                f"the corpus is too small: its {len(tokens):,} tokens hold {n} sequences of seq_len={seq_len} "
+                f"(seq_len + 1 tokens each, stride seq_len), fewer than {what}, i.e. at least "
+                f"{need * seq_len + 1:,} tokens; add data, or lower [data].seq_len / [data].micro_batch_size "
+                f"(or [data].min_doc_tokens if documents were dropped as short), or run fewer DP ranks"
             )
         self.tokens, self.seq_len, self.micro_batch_size = tokens, seq_len, micro_batch_size
         self.sp_rank, self.sp_size = sp_rank, sp_size

@@ -1,9 +1,14 @@
 """Counting bad data instead of silently using (or silently dropping) it.
 
-Every stage that skips something (an empty file, undecodable bytes, a record
-whose text field is not a string, a document shorter than the minimum) calls
-``BadDataReport.skip(reason, where)``; the report keeps a count per reason and
-the first few locations so the log line says *what* was skipped and *where*.
+Every stage that skips something (an empty file, a binary file, undecodable
+bytes, a record whose text field is not a string, a document shorter than the
+minimum) calls ``BadDataReport.skip(reason, where)``; the report keeps a count
+per reason and the first few locations so the log line says *what* was
+skipped and *where*, next to what was read and kept:
+
+    train: read 12 files; kept 9 documents (41,230 tokens); skipped 4: empty_file=1 (e.g. a.txt); ...
+
+When nothing usable remains, the summary also says how to fix each cause.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ __all__ = ["BadDataReport", "SKIP_REASONS"]
 # tests and dashboards can rely on the keys.
 SKIP_REASONS = (
     "empty_file",  # a file with no bytes, or only whitespace
+    "binary_file",  # a file with NUL bytes in its first MiB: an image, archive, model... not text
     "undecodable_file",  # bytes that are not valid in the file's encoding
     "empty",  # a record whose text is "" or only whitespace
     "non_string",  # a record whose text field is missing, None, a number, a list...
@@ -24,6 +30,15 @@ SKIP_REASONS = (
 )
 
 _MAX_EXAMPLES = 5
+# What to do about each cause; shown when nothing usable is left.
+_FIXES = {
+    "empty_file": "fill or remove the empty files",
+    "binary_file": "leave binary files out of the data paths/globs",
+    "undecodable_file": "re-encode the files as UTF-8 (e.g. iconv -t UTF-8) or leave them out",
+    "empty": "check that [data].text_field names the field holding the text",
+    "non_string": "check that [data].text_field names a string field of every record",
+    "short": "lower [data].min_doc_tokens to keep short documents",
+}
 
 
 @dataclass
@@ -34,11 +49,16 @@ class BadDataReport:
         kept: documents that passed every check.
         counts: reason -> number of skipped items (files or records).
         examples: reason -> up to 5 locations ("path", "path:record 17", ...).
+        files_read: local files looked at (usable or not); 0 for hub datasets.
+        tokens_kept: tokens of the kept documents in the token stream (EOS included);
+            0 until the stream is built.
     """
 
     kept: int = 0
     counts: dict[str, int] = field(default_factory=dict)
     examples: dict[str, list[str]] = field(default_factory=dict)
+    files_read: int = 0
+    tokens_kept: int = 0
 
     def skip(self, reason: str, where: str) -> None:
         """Record one skipped item. ``reason`` must be one of SKIP_REASONS."""
@@ -57,21 +77,29 @@ class BadDataReport:
     def merge(self, other: "BadDataReport") -> None:
         """Add another report's counts (examples up to the cap) into this one."""
         self.kept += other.kept
+        self.files_read += other.files_read
+        self.tokens_kept += other.tokens_kept
         for reason, n in other.counts.items():
             self.counts[reason] = self.counts.get(reason, 0) + n
             shown = self.examples.setdefault(reason, [])
             shown.extend(other.examples.get(reason, [])[: _MAX_EXAMPLES - len(shown)])
 
     def summary(self, what: str) -> str:
-        """One human-readable line, e.g. ``train: kept 120 documents; skipped 3 (empty=2 ...)``."""
+        """One human-readable line: files read, documents and tokens kept, skips per cause.
+
+        e.g. ``train: read 5 files; kept 3 documents (812 tokens); skipped 2: empty_file=1 (e.g. c.txt); ...``;
+        when nothing was kept, each cause is followed by its fix.
+        """
+        head = f"{what}: " + (f"read {self.files_read} files; " if self.files_read else "")
+        head += f"kept {self.kept} documents" + (f" ({self.tokens_kept:,} tokens)" if self.tokens_kept else "")
         if not self.counts:
-            return f"{what}: kept {self.kept} documents; nothing skipped"
-        parts = [
-            f"{reason}={self.counts[reason]} (e.g. {', '.join(self.examples.get(reason, []))})"
-            for reason in SKIP_REASONS
-            if reason in self.counts
-        ]
-        return f"{what}: kept {self.kept} documents; skipped {self.skipped}: " + "; ".join(parts)
+            return f"{head}; nothing skipped"
+        parts = []
+        for reason in SKIP_REASONS:
+            if reason in self.counts:
+                part = f"{reason}={self.counts[reason]} (e.g. {', '.join(self.examples.get(reason, []))})"
+                parts.append(part + (f": {_FIXES[reason]}" if self.kept == 0 else ""))
+        return f"{head}; skipped {self.skipped}: " + "; ".join(parts)
 
     def log(self, logger: logging.Logger, what: str) -> None:
         """Log the summary: a warning when anything was skipped, info otherwise."""
@@ -80,8 +108,13 @@ class BadDataReport:
 
     def to_dict(self) -> dict:
         """JSON-serialisable form (stored next to caches and corpora)."""
-        return {"kept": self.kept, "counts": dict(self.counts), "examples": {k: list(v) for k, v in self.examples.items()}}
+        return {"kept": self.kept, "counts": dict(self.counts),
+                "examples": {k: list(v) for k, v in self.examples.items()},
+                "files_read": self.files_read, "tokens_kept": self.tokens_kept}
 
     @classmethod
     def from_dict(cls, d: dict) -> "BadDataReport":
-        return cls(kept=int(d["kept"]), counts=dict(d["counts"]), examples={k: list(v) for k, v in d["examples"].items()})
+        # files_read / tokens_kept are absent from reports written before they existed.
+        return cls(kept=int(d["kept"]), counts=dict(d["counts"]),
+                   examples={k: list(v) for k, v in d["examples"].items()},
+                   files_read=int(d.get("files_read", 0)), tokens_kept=int(d.get("tokens_kept", 0)))

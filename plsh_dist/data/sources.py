@@ -5,7 +5,8 @@ Local files are read with the ``datasets`` builder their extension asks for
 by default: source files and books are long documents, not lines).
 
 Before ``datasets`` sees a local text or JSON-lines file we check it: empty
-files and files with bytes that are not UTF-8 are reported and left out. (The
+files, binary files (a NUL byte in the first MiB, the test git uses) and files
+with bytes that are not UTF-8 are reported and left out. (The
 ``datasets`` text builder aborts the whole load on the first bad byte, so this
 check is what turns one broken file into a counted skip rather than a crash.)
 Record-level problems (a text field that is missing, None, a number, empty)
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import codecs
 import glob
+import itertools
 import logging
 import os
 from pathlib import Path
@@ -38,18 +40,37 @@ def resolve_files(patterns: str | Sequence[str]) -> list[Path]:
     """Expand paths and globs (``**`` recursive) to a sorted, de-duplicated file list.
 
     Raises ValueError naming the pattern when one matches no file: a typo in a
-    data path must not silently train on less data.
+    data path must not silently train on less data. A directory is not a
+    data file: the error says so (and whether it is empty) and gives a glob.
     """
     if isinstance(patterns, (str, os.PathLike)):
         patterns = [patterns]
     found: set[Path] = set()
     for pattern in patterns:
-        matches = [Path(m) for m in glob.glob(os.fspath(pattern), recursive=True)]
-        matches = [m for m in matches if m.is_file()]
-        if not matches:
-            raise ValueError(f"data file pattern {os.fspath(pattern)!r} matches no file; check the path or glob")
-        found.update(m.resolve() for m in matches)
+        pattern = os.fspath(pattern)
+        matches = [Path(m) for m in glob.glob(pattern, recursive=True)]
+        files = [m for m in matches if m.is_file()]
+        if not files:
+            raise ValueError(f"data file pattern {pattern!r} matches no file{_why_no_file(pattern, matches)}")
+        found.update(m.resolve() for m in files)
     return sorted(found)
+
+
+def _why_no_file(pattern: str, matches: list[Path]) -> str:
+    """Why ``pattern`` matched no file, and the fix (the tail of ``resolve_files``'s error)."""
+    dirs = [m for m in matches if m.is_dir()]
+    if dirs and any(p.is_file() for p in dirs[0].rglob("*")):
+        example = os.path.join(str(dirs[0]), "**", "*.txt")
+        return f": {str(dirs[0])!r} is a directory; name its files with a glob, e.g. {example!r}"
+    if dirs:
+        base = dirs[0]
+    elif glob.has_magic(pattern):  # the directory the glob starts from: its parts before the first wildcard
+        base = Path(*itertools.takewhile(lambda p: not glob.has_magic(p), Path(pattern).parts))
+    else:
+        base = Path(pattern).parent
+    if base.is_dir() and not any(p.is_file() for p in base.rglob("*")):
+        return f": {str(base)!r} is an empty directory; put the data files there or point at another path"
+    return "; check the path or glob (relative paths start at the working directory)"
 
 
 def _extension(path: Path) -> tuple[str, bool]:
@@ -73,14 +94,19 @@ def builder_for(paths: Sequence[Path]) -> str:
 
 
 def _file_problem(path: Path) -> str | None:
-    """'empty_file', 'undecodable_file' or None for a local UTF-8 text/JSON file."""
+    """'empty_file', 'binary_file', 'undecodable_file' or None for a local UTF-8 text/JSON file."""
     if path.stat().st_size == 0:
         return "empty_file"
     decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
     blank = True
     with open(path, "rb") as f:
+        first = True
         try:
             while chunk := f.read(_CHECK_CHUNK):
+                if first and b"\x00" in chunk:
+                    # NUL is valid UTF-8 but never in text: images, archives, weights.
+                    return "binary_file"
+                first = False
                 text = decoder.decode(chunk)
                 blank = blank and not text.strip()
             decoder.decode(b"", final=True)
@@ -90,12 +116,14 @@ def _file_problem(path: Path) -> str | None:
 
 
 def check_local_files(paths: Sequence[Path], builder: str, report: BadDataReport) -> list[Path]:
-    """Drop (and count) empty and non-UTF-8 files; returns the usable ones.
+    """Drop (and count) empty, binary and non-UTF-8 files; returns the usable ones.
 
-    Parquet is validated by Arrow itself and compressed files cannot be
-    checked without decompressing, so only their emptiness is checked.
+    Every file counts in ``report.files_read``. Parquet is validated by Arrow
+    itself and compressed files cannot be checked without decompressing, so
+    only their emptiness is checked.
     """
     usable = []
+    report.files_read += len(paths)
     for path in paths:
         if builder == "parquet" or _extension(path)[1]:
             problem = "empty_file" if path.stat().st_size == 0 else None
@@ -143,7 +171,7 @@ def iter_documents(
         builder = builder_for(paths)
         paths = check_local_files(paths, builder, report)
         if not paths:
-            raise ValueError(f"no usable data file among {files!r}: {report.summary('files')}")
+            raise ValueError(f"no usable data file among {files!r}; {report.summary('files')}")
         kwargs = {"sample_by": sample_by} if builder == "text" else {}
         ds = datasets.load_dataset(
             builder, data_files=[str(p) for p in paths], split="train",
