@@ -95,21 +95,25 @@ def _coerce(value: Any, tp) -> tuple[bool, Any]:
     raise TypeError(f"check_field_types does not know the annotation {tp!r}; add a rule for it")
 
 
-def _example(f: dataclasses.Field, tp) -> Any:
-    """The field's default when it is a valid value, else a placeholder of the right type."""
+def _example(f: dataclasses.Field, tp, examples: dict[str, Any]) -> Any:
+    """``examples[name]``, else the field's default when it is a value, else a placeholder of the right type."""
     base, _ = _split_optional(tp)
+    if f.name in examples:
+        return examples[f.name]
     if f.default is not dataclasses.MISSING and f.default is not None:
         return f.default
     return _PLACEHOLDERS[typing.get_origin(base) or base]
 
 
-def check_field_types(obj: Any, section: str) -> None:
+def check_field_types(obj: Any, section: str, examples: dict[str, Any] | None = None) -> None:
     """Check every init field of dataclass ``obj`` against its annotation; normalise in place.
 
     Ints given for floats become floats and tuples given for lists become
     lists. Raises ValueError ``"[section].name must be <type>, got <value>
     (<type>); e.g. name = <example>"`` on the first field of the wrong type.
+    ``examples``: name -> a telling value for fields whose default is None.
     """
+    examples = examples or {}
     hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
         if not f.init:
@@ -123,7 +127,7 @@ def check_field_types(obj: Any, section: str) -> None:
         if not ok:
             raise ValueError(
                 f"[{section}].{f.name} must be {describe_type(tp)}, got {value!r} ({type(value).__name__}); "
-                f"e.g. {f.name} = {toml_literal(_example(f, tp))}"
+                f"e.g. {f.name} = {toml_literal(_example(f, tp, examples))}"
             )
         if normalised is not value:
             setattr(obj, f.name, normalised)

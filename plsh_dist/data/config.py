@@ -14,6 +14,12 @@ from plsh_dist.config_check import check_field_types
 
 __all__ = ["TokenizerConfig", "DataConfig"]
 
+# Values shown in type errors for the fields that default to None.
+_DATA_EXAMPLES = {
+    "train_files": ["data/train/*.txt"], "val_files": ["data/val/*.txt"], "dataset_name": "HuggingFaceFW/fineweb-edu",
+    "dataset_config": "sample-10BT", "val_split": "validation", "hf_cache_dir": "hf_cache", "corpus_max_files": 100,
+}
+
 
 @dataclass
 class TokenizerConfig:
@@ -95,7 +101,7 @@ class DataConfig:
             self.train_files = [self.train_files]
         if isinstance(self.val_files, str):
             self.val_files = [self.val_files]
-        check_field_types(self, "data")
+        check_field_types(self, "data", _DATA_EXAMPLES)
         if self.seq_len < 1:
             raise ValueError(f"DataConfig.seq_len must be >= 1, got {self.seq_len}")
         if self.micro_batch_size < 1:

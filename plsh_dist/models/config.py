@@ -91,7 +91,7 @@ class AttentionConfig:
     ``None`` lets the op choose."""
 
     def __post_init__(self) -> None:
-        check_field_types(self, "attention")
+        check_field_types(self, "attention", {"sigma": 256.0, "chunk_size": 1024})  # examples for None defaults
         if self.bias not in BIASES:
             raise ValueError(f"attention.bias must be one of {BIASES}, got {self.bias!r}")
         if not isinstance(self.rope, bool):
