@@ -2,13 +2,26 @@
 
 Layout under ``out_dir/checkpoints``::
 
-    latest                      DeepSpeed's pointer to the newest tag
+    latest                      name of the newest published tag (moved last)
     step_00000100/              one tag = one optimizer step
         (DeepSpeed model/optimizer shards, one per rank / ZeRO partition)
         config.resolved.toml    the run config as resolved at launch
         config.resolved.json
         tokenizer.model         the tokenizer the run trains with
         trainer_state.json      step, consumed sequences, last metrics
+        manifest.json           size + SHA-256 of every file above
+    step_00000200.partial/      a save in progress, or one a crash interrupted: ignored
+
+Publishing is atomic: everything is written into ``<tag>.partial``, flushed
+to disk (fsync), then the directory is renamed to ``<tag>`` and only then
+``latest`` is replaced (tmp file + rename). A kill at any moment leaves the
+previous checkpoint complete and ``latest`` pointing at a complete tag; a
+half-written directory never carries a tag's name. Old tags are deleted by
+renaming them to ``<tag>.deleting`` first, for the same reason.
+
+Resuming checks the manifest, then reads every file with
+``torch.load(weights_only=True)`` (``checkpoint_io``): no arbitrary unpickling,
+and a damaged file is named in the error.
 
 The trainer state also travels in DeepSpeed's ``client_state`` (what resume
 reads); the JSON copy is for humans and tools.
@@ -17,6 +30,8 @@ reads); the JSON copy is for humans and tools.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -24,11 +39,21 @@ from typing import Any
 
 import torch.distributed as dist
 
+from plsh_dist.train.checkpoint_files import MANIFEST, fsync_dir, verify_manifest, write_manifest, write_text_atomic
+from plsh_dist.train.checkpoint_io import CheckpointLoadError, install_safe_loader
 from plsh_dist.train.config import RunConfig, write_resolved
+from plsh_dist.train.faults import maybe_fail
 
-__all__ = ["checkpoint_root", "tag_for_step", "find_resume", "save_checkpoint", "load_checkpoint"]
+__all__ = ["checkpoint_root", "tag_for_step", "complete_tags", "find_resume", "save_checkpoint", "load_checkpoint",
+           "CheckpointLoadError", "PARTIAL_SUFFIX"]
 
+logger = logging.getLogger(__name__)
+
+PARTIAL_SUFFIX = ".partial"
+"""Suffix of a tag directory still being written (or left by a crash)."""
+_DELETING_SUFFIX = ".deleting"
 _TAG = re.compile(r"^step_(\d{8})$")
+_UNFINISHED = re.compile(r"^step_\d{8}(\.partial|\.deleting)$")
 
 
 def checkpoint_root(out_dir: str | Path) -> Path:
@@ -39,26 +64,58 @@ def tag_for_step(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def _tags(root: Path) -> list[str]:
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def complete_tags(root: str | Path) -> list[str]:
+    """Published tags under ``root`` (oldest first); partial/deleting dirs are not tags."""
+    root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and _TAG.match(p.name))
+    return sorted(p.name for p in root.iterdir()
+                  if p.is_dir() and _TAG.match(p.name) and (p / "trainer_state.json").is_file())
+
+
+def _unfinished(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.is_dir() and _UNFINISHED.match(p.name)) if root.is_dir() else []
 
 
 def find_resume(resume: str, out_dir: str | Path) -> tuple[Path, str] | None:
     """Where to resume from: ``(load_dir, tag)`` or None for a fresh start.
 
-    ``resume``: "auto" = the newest complete checkpoint in ``out_dir`` if any;
+    ``resume``: "auto" = the checkpoint ``latest`` names (or, if it is missing
+    or names no complete tag, the newest complete one) in ``out_dir``, if any;
     "never" = fresh start; otherwise a tag directory (``.../step_00000100``).
+    Interrupted saves (``*.partial``) are ignored, with a log line.
     """
     if resume == "never":
         return None
     if resume == "auto":
         root = checkpoint_root(out_dir)
-        # A tag counts once its trainer_state.json exists: it is written last.
-        complete = [t for t in _tags(root) if (root / t / "trainer_state.json").is_file()]
-        return (root, complete[-1]) if complete else None
+        unfinished = _unfinished(root)
+        if unfinished:
+            logger.warning("ignoring %d incomplete checkpoint dir(s) left by an interrupted save or delete: %s",
+                           len(unfinished), ", ".join(str(p) for p in unfinished))
+        complete = complete_tags(root)
+        if not complete:
+            return None
+        latest = root / "latest"
+        named = latest.read_text().strip() if latest.is_file() else None
+        if named in complete:
+            return root, named
+        logger.warning("%s names %r, not a complete checkpoint; resuming from the newest complete one, %s",
+                       latest, named, complete[-1])
+        return root, complete[-1]
     path = Path(resume)
+    if path.name.endswith((PARTIAL_SUFFIX, _DELETING_SUFFIX)):
+        raise ValueError(f"[checkpoint].resume = {resume!r} is an unfinished checkpoint (its save or delete was "
+                         f"interrupted) and cannot be trusted; use one without the suffix, \"auto\" or \"never\"")
     if not (path / "trainer_state.json").is_file():
         raise ValueError(
             f"[checkpoint].resume = {resume!r} is not a complete checkpoint directory "
@@ -67,30 +124,86 @@ def find_resume(resume: str, out_dir: str | Path) -> tuple[Path, str] | None:
     return path.parent, path.name
 
 
+def _remove(path: Path) -> None:
+    """Delete a tag so that no half-deleted directory keeps a tag's name."""
+    doomed = path.with_name(path.name + _DELETING_SUFFIX)
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _publish(root: Path, partial: Path, tag: str) -> None:
+    """Rank 0: rename the finished ``partial`` dir to ``tag``, then point ``latest`` at it."""
+    final = root / tag
+    if final.exists():  # saved again after resuming from an earlier tag
+        _remove(final)
+    os.replace(partial, final)
+    fsync_dir(root)
+    write_text_atomic(root / "latest", tag)  # DeepSpeed's pointer format: the bare tag
+
+
 def save_checkpoint(engine, cfg: RunConfig, step: int, state: dict[str, Any], tokenizer_path: str | Path) -> Path:
-    """Collective: every rank must call it. Returns the tag directory."""
+    """Collective: every rank must call it. Returns the published tag directory.
+
+    Order (each step durable before the next): DeepSpeed writes its shards into
+    ``<tag>.partial``; rank 0 adds config, tokenizer and trainer state; all
+    ranks hash + fsync the files into ``manifest.json``; rank 0 renames the
+    directory to ``<tag>``, then replaces ``latest``, then prunes old tags.
+    """
     root = checkpoint_root(cfg.run.out_dir)
     tag = tag_for_step(step)
-    engine.save_checkpoint(str(root), tag=tag, client_state={"trainer_state": state})
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    partial = root / (tag + PARTIAL_SUFFIX)
+    rank = _rank()
     if rank == 0:
-        tag_dir = root / tag
-        write_resolved(cfg, tag_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in _unfinished(root):  # left by a crash; nobody else writes here now
+            shutil.rmtree(stale, ignore_errors=True)
+    _barrier()
+    engine.save_checkpoint(str(root), tag=partial.name, client_state={"trainer_state": state}, save_latest=False)
+    maybe_fail("in_checkpoint", step, rank)
+    if rank == 0:
+        write_resolved(cfg, partial)
         if Path(tokenizer_path).is_file():
-            shutil.copy2(tokenizer_path, tag_dir / "tokenizer.model")
-        (tag_dir / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
+            shutil.copy2(tokenizer_path, partial / "tokenizer.model")
+        (partial / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
+    _barrier()
+    write_manifest(partial)
+    _barrier()
+    if rank == 0:
+        _publish(root, partial, tag)
         keep = cfg.checkpoint.keep_last
         if keep > 0:
-            for old in _tags(root)[:-keep]:
-                shutil.rmtree(root / old, ignore_errors=True)
-    if dist.is_initialized():
-        dist.barrier()
+            for old in complete_tags(root)[:-keep]:
+                _remove(root / old)
+    _barrier()
     return root / tag
 
 
+def _advice(load_dir: Path, tag: str) -> str:
+    earlier = [t for t in complete_tags(load_dir) if t < tag]
+    if earlier:
+        return (f"Resume from the previous checkpoint with --resume={load_dir / earlier[-1]}, "
+                f"or start fresh with --resume never.")
+    return "No earlier checkpoint exists here: start fresh with --resume never (or move this one aside)."
+
+
 def load_checkpoint(engine, load_dir: Path, tag: str) -> dict[str, Any]:
-    """Restore model, optimizer, scheduler; return the trainer state saved with it."""
+    """Collective: restore model, optimizer, scheduler; return the trainer state saved with it.
+
+    Raises ``CheckpointLoadError`` (naming the file) for a missing, truncated,
+    corrupted or unsafe file.
+    """
+    load_dir = Path(load_dir)
+    tag_dir = load_dir / tag
+    advice = _advice(load_dir, tag)
+    if (tag_dir / MANIFEST).is_file():
+        problems = verify_manifest(tag_dir)
+        if problems:
+            raise CheckpointLoadError(f"checkpoint {tag_dir} is damaged: {'; '.join(problems)}. {advice}")
+    elif _rank() == 0:
+        logger.warning("%s has no %s (written before checksums existed): its files are not verified", tag_dir,
+                       MANIFEST)
+    install_safe_loader(engine, advice)
     path, client_state = engine.load_checkpoint(str(load_dir), tag=tag)
     if path is None or client_state is None or "trainer_state" not in client_state:
-        raise RuntimeError(f"could not load checkpoint {load_dir / tag}: DeepSpeed found no valid state")
+        raise CheckpointLoadError(f"could not load checkpoint {tag_dir}: DeepSpeed found no valid state. {advice}")
     return client_state["trainer_state"]

@@ -1,0 +1,131 @@
+"""Safe reading of checkpoint files: tensors and a few known classes, never arbitrary pickles.
+
+``torch.load(..., weights_only=False)`` (what DeepSpeed's own
+``TorchCheckpointEngine.load`` does) runs any callable a pickle names, so a
+planted or tampered ``*.pt`` file executes code on every rank that resumes
+from it. Here every read goes through ``torch.load(weights_only=True)``, which
+rebuilds only tensors, containers and primitive types, plus the classes in
+``SAFE_GLOBALS`` below, each one found by loading the checkpoints of ZeRO
+stages 0-3 and listed with the reason it appears.
+
+Any failure to read a file (missing, truncated zip, bad pickle, refused class)
+becomes a ``CheckpointLoadError`` that names the file and says how to go on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
+from deepspeed.runtime.fp16.loss_scaler import LossScaler
+from deepspeed.runtime.zero.config import ZeroStageEnum
+from deepspeed.utils.tensor_fragment import fragment_address
+
+__all__ = ["SAFE_GLOBALS", "CheckpointLoadError", "safe_torch_load", "SafeLoadCheckpointEngine", "install_safe_loader"]
+
+SAFE_GLOBALS: list[type] = [
+    # ZeRO 1-3 optimizer shards (*_optim_states.pt) pickle the optimizer's
+    # static loss scaler object itself (fp32 and bf16 runs use the static one).
+    LossScaler,
+    # ZeRO 1-3 optimizer shards store the stage as this Enum ("zero_stage").
+    ZeroStageEnum,
+    # ZeRO 1-2 optimizer shards map each parameter to its slice of the flat
+    # partition ("param_slice_mappings"): a namedtuple (start, numel).
+    fragment_address,
+]
+"""Non-tensor classes DeepSpeed 0.19 stores in its checkpoint files (model states need none)."""
+
+
+class CheckpointLoadError(RuntimeError):
+    """A checkpoint file could not be read safely; the message names the file and the way out."""
+
+
+def safe_torch_load(path: str | Path, map_location: Any = "cpu", *, advice: str = "") -> Any:
+    """``torch.load`` with ``weights_only=True`` and ``SAFE_GLOBALS``; clear errors.
+
+    ``advice``: what the user should do instead (appended to the message),
+    e.g. which earlier checkpoint to resume from.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointLoadError(f"checkpoint file {path} does not exist. {advice}".rstrip())
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - every way a file can be bad ends in the same clear error
+        # The first line of torch's message says what is wrong (truncated zip,
+        # "Unsupported global: GLOBAL posix.system", ...); the rest is advice for torch users.
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        refused = "Unsupported global" in str(exc) or "Weights only load failed" in str(exc)
+        what = ("refused to unpickle it (it names a class outside the safe list; a tampered or foreign file?)"
+                if refused else "it is damaged or truncated")
+        raise CheckpointLoadError(
+            f"cannot load checkpoint file {path}: {what} [{type(exc).__name__}: {first}]. {advice}".rstrip()
+        ) from exc
+
+
+class SafeLoadCheckpointEngine(CheckpointEngine):
+    """DeepSpeed checkpoint engine whose ``load`` is ``safe_torch_load``; everything else
+    (save, makedirs, commit...) goes to the engine it wraps, so writing is unchanged.
+
+    ``advice``: appended to every load error (set per load by the caller).
+    """
+
+    def __init__(self, inner: CheckpointEngine, advice: str = ""):
+        super().__init__()
+        self.inner = inner
+        self.name = f"SafeLoad({getattr(inner, 'name', type(inner).__name__)})"
+        self.advice = advice
+
+    def load(self, path: str, map_location=None):
+        return safe_torch_load(path, map_location=map_location, advice=self.advice)
+
+    def create(self, info):
+        return self.inner.create(info)
+
+    def save(self, state_dict, path: str):
+        return self.inner.save(state_dict, path)
+
+    def commit(self, info):
+        return self.inner.commit(info)
+
+    def makedirs(self, path, exist_ok=False):
+        return self.inner.makedirs(path, exist_ok=exist_ok)
+
+    # The base class answers these with defaults; the wrapped engine may not.
+    def is_data_parallel_writer(self, dp_rank):
+        return self.inner.is_data_parallel_writer(dp_rank)
+
+    def is_decoupled(self):
+        return self.inner.is_decoupled()
+
+    def set_commit_info(self, info):
+        return self.inner.set_commit_info(info)
+
+    def get_commit_info(self):
+        return self.inner.get_commit_info()
+
+    def cleanup(self):
+        return self.inner.cleanup()
+
+    def preserves_storage_sharing(self):
+        return self.inner.preserves_storage_sharing()
+
+    def __getattr__(self, name: str):
+        # Only reached for attributes this class lacks (is_decoupled, cleanup, ...).
+        return getattr(self.__dict__["inner"], name)
+
+
+def install_safe_loader(engine, advice: str = "") -> SafeLoadCheckpointEngine:
+    """Make every file DeepSpeed's ``engine.load_checkpoint`` reads go through ``safe_torch_load``.
+
+    Idempotent: a second call only updates ``advice``.
+    """
+    current = engine.checkpoint_engine
+    if not isinstance(current, SafeLoadCheckpointEngine):
+        current = SafeLoadCheckpointEngine(current)
+        engine.checkpoint_engine = current
+    current.advice = advice
+    return current
