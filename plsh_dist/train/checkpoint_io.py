@@ -5,7 +5,7 @@
 planted or tampered ``*.pt`` file executes code on every rank that resumes
 from it. Here every read goes through ``torch.load(weights_only=True)``, which
 rebuilds only tensors, containers and primitive types, plus the classes in
-``SAFE_GLOBALS`` below, each one found by loading the checkpoints of ZeRO
+``safe_globals()`` below, each one found by loading the checkpoints of ZeRO
 stages 0-3 and listed with the reason it appears.
 
 Any failure to read a file (missing, truncated zip, bad pickle, refused class)
@@ -18,24 +18,31 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
-from deepspeed.runtime.fp16.loss_scaler import LossScaler
-from deepspeed.runtime.zero.config import ZeroStageEnum
-from deepspeed.utils.tensor_fragment import fragment_address
 
-__all__ = ["SAFE_GLOBALS", "CheckpointLoadError", "safe_torch_load", "SafeLoadCheckpointEngine", "install_safe_loader"]
+__all__ = ["safe_globals", "CheckpointLoadError", "safe_torch_load", "SafeLoadCheckpointEngine",
+           "install_safe_loader"]
 
-SAFE_GLOBALS: list[type] = [
-    # ZeRO 1-3 optimizer shards (*_optim_states.pt) pickle the optimizer's
-    # static loss scaler object itself (fp32 and bf16 runs use the static one).
-    LossScaler,
-    # ZeRO 1-3 optimizer shards store the stage as this Enum ("zero_stage").
-    ZeroStageEnum,
-    # ZeRO 1-2 optimizer shards map each parameter to its slice of the flat
-    # partition ("param_slice_mappings"): a namedtuple (start, numel).
-    fragment_address,
-]
-"""Non-tensor classes DeepSpeed 0.19 stores in its checkpoint files (model states need none)."""
+
+def safe_globals() -> list[type]:
+    """Non-tensor classes DeepSpeed 0.19 stores in its checkpoint files (model states need none).
+
+    Imported here, not at module level: importing deepspeed takes seconds and
+    ``plsh_dist.train`` must stay cheap to import.
+    """
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [
+        # ZeRO 1-3 optimizer shards (*_optim_states.pt) pickle the optimizer's
+        # static loss scaler object itself (fp32 and bf16 runs use the static one).
+        LossScaler,
+        # ZeRO 1-3 optimizer shards store the stage as this Enum ("zero_stage").
+        ZeroStageEnum,
+        # ZeRO 1-2 optimizer shards map each parameter to its slice of the flat
+        # partition ("param_slice_mappings"): a namedtuple (start, numel).
+        fragment_address,
+    ]
 
 
 class CheckpointLoadError(RuntimeError):
@@ -43,7 +50,7 @@ class CheckpointLoadError(RuntimeError):
 
 
 def safe_torch_load(path: str | Path, map_location: Any = "cpu", *, advice: str = "") -> Any:
-    """``torch.load`` with ``weights_only=True`` and ``SAFE_GLOBALS``; clear errors.
+    """``torch.load`` with ``weights_only=True`` and ``safe_globals()``; clear errors.
 
     ``advice``: what the user should do instead (appended to the message),
     e.g. which earlier checkpoint to resume from.
@@ -52,29 +59,47 @@ def safe_torch_load(path: str | Path, map_location: Any = "cpu", *, advice: str 
     if not path.is_file():
         raise CheckpointLoadError(f"checkpoint file {path} does not exist. {advice}".rstrip())
     try:
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
+        with torch.serialization.safe_globals(safe_globals()):
             return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - every way a file can be bad ends in the same clear error
-        # The first line of torch's message says what is wrong (truncated zip,
-        # "Unsupported global: GLOBAL posix.system", ...); the rest is advice for torch users.
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        refused = "Unsupported global" in str(exc) or "Weights only load failed" in str(exc)
-        what = ("refused to unpickle it (it names a class outside the safe list; a tampered or foreign file?)"
-                if refused else "it is damaged or truncated")
+        reason = _reason(exc)
+        # The weights-only unpickler names a GLOBAL when a pickle asks for a callable or class.
+        what = ("refused to unpickle it: it names a class or function outside the safe list "
+                "(a tampered or foreign file?)" if "GLOBAL" in reason else "it is damaged or truncated")
         raise CheckpointLoadError(
-            f"cannot load checkpoint file {path}: {what} [{type(exc).__name__}: {first}]. {advice}".rstrip()
+            f"cannot load checkpoint file {path}: {what} [{type(exc).__name__}: {reason}]. {advice}".rstrip()
         ) from exc
 
 
-class SafeLoadCheckpointEngine(CheckpointEngine):
+def _reason(exc: Exception) -> str:
+    """The part of torch's message that says what is wrong, on one line.
+
+    A weights-only failure opens with generic text (including the unsafe hint
+    to retry with ``weights_only=False``) and closes with a docs link; the
+    reason sits between them ("Unsupported operand 149", "unsupported GLOBAL
+    posix.system ..."). Other errors (truncated zip, missing record) say it in
+    their first line.
+    """
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    if text.startswith("Weights only load failed"):
+        body = text.split("Check the documentation")[0]
+        body = body.split("WeightsUnpickler error:")[-1] if "WeightsUnpickler error:" in body else body.split("\n", 1)[-1]
+        return " ".join(body.split()) or "weights-only unpickling failed"
+    return text.splitlines()[0]
+
+
+class SafeLoadCheckpointEngine:
     """DeepSpeed checkpoint engine whose ``load`` is ``safe_torch_load``; everything else
     (save, makedirs, commit...) goes to the engine it wraps, so writing is unchanged.
+    It has the methods of deepspeed's ``CheckpointEngine`` without subclassing it
+    (DeepSpeed never checks the type), so this module imports no deepspeed.
 
     ``advice``: appended to every load error (set per load by the caller).
     """
 
-    def __init__(self, inner: CheckpointEngine, advice: str = ""):
-        super().__init__()
+    def __init__(self, inner, advice: str = ""):
         self.inner = inner
         self.name = f"SafeLoad({getattr(inner, 'name', type(inner).__name__)})"
         self.advice = advice
@@ -94,7 +119,6 @@ class SafeLoadCheckpointEngine(CheckpointEngine):
     def makedirs(self, path, exist_ok=False):
         return self.inner.makedirs(path, exist_ok=exist_ok)
 
-    # The base class answers these with defaults; the wrapped engine may not.
     def is_data_parallel_writer(self, dp_rank):
         return self.inner.is_data_parallel_writer(dp_rank)
 
@@ -114,7 +138,7 @@ class SafeLoadCheckpointEngine(CheckpointEngine):
         return self.inner.preserves_storage_sharing()
 
     def __getattr__(self, name: str):
-        # Only reached for attributes this class lacks (is_decoupled, cleanup, ...).
+        # Only reached for attributes this class lacks (anything a later DeepSpeed adds).
         return getattr(self.__dict__["inner"], name)
 
 

@@ -72,7 +72,7 @@ def test_malicious_pickle_is_refused_not_executed(tmp_path):
     for load in (safe_torch_load, SafeLoadCheckpointEngine(inner=None).load):
         with pytest.raises(CheckpointLoadError, match="refused to unpickle") as err:
             load(str(bad), map_location="cpu")
-        assert str(bad) in str(err.value)
+        assert str(bad) in str(err.value) and "posix.system" in str(err.value)
         assert not marker.exists(), "the payload ran: loading must never unpickle arbitrary callables"
 
 
@@ -89,6 +89,8 @@ def test_damaged_file_error_names_the_file(tmp_path, damage):
     with pytest.raises(CheckpointLoadError) as err:
         safe_torch_load(path, advice="Resume with --resume never.")
     assert str(path) in str(err.value) and "--resume never" in str(err.value)
+    assert ("does not exist" if damage == "missing" else "damaged or truncated") in str(err.value)
+    assert "weights_only` set to `False`" not in str(err.value)  # torch's unsafe retry hint is not passed on
 
 
 def test_safe_load_reads_tensors_and_deepspeed_classes(tmp_path):
