@@ -25,6 +25,8 @@ import torch
 
 from plsh_dist.data import Tokenizer
 from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig, build_model
+from plsh_dist.train.checkpoint import complete_tags
+from plsh_dist.train.checkpoint_io import safe_torch_load
 from plsh_dist.train.config import RunConfig, config_from_table
 
 __all__ = ["LoadedCheckpoint", "resolve_checkpoint", "load_for_eval"]
@@ -62,10 +64,10 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:
         return p / "final", "export"
     root = p / "checkpoints"
     if root.is_dir():
-        tags = sorted(t for t in root.iterdir() if t.is_dir() and (t / "trainer_state.json").is_file()
-                      and (t / _DS_MODEL_FILE).is_file())
+        # Published tags only: a ``.partial`` dir is a save a crash interrupted.
+        tags = [t for t in complete_tags(root) if (root / t / _DS_MODEL_FILE).is_file()]
         if tags:
-            return tags[-1], "deepspeed"
+            return root / tags[-1], "deepspeed"
     raise ValueError(f"checkpoint {str(p)!r} holds no weights: expected model.safetensors (an export), "
                      f"{_DS_MODEL_FILE} (a DeepSpeed ZeRO 0-2 tag) or a run directory containing final/ "
                      f"or checkpoints/")
@@ -92,7 +94,9 @@ def _state_dict(directory: Path, kind: str) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         return load_file(str(directory / "model.safetensors"), device="cpu")
-    blob = torch.load(directory / _DS_MODEL_FILE, map_location="cpu", weights_only=False)
+    # weights_only: never unpickle arbitrary objects; a damaged file raises an error naming it.
+    blob = safe_torch_load(directory / _DS_MODEL_FILE, map_location="cpu",
+                           advice="Evaluate another checkpoint or the safetensors export (out_dir/final).")
     state = blob.get("module") if isinstance(blob, dict) else None
     if not state:
         raise ValueError(f"{directory / _DS_MODEL_FILE} holds no module weights (a ZeRO-3 checkpoint?); "
