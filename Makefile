@@ -13,7 +13,7 @@ export HF_DATASETS_OFFLINE := 1
 export DS_ACCELERATOR ?= cpu
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: venv quickstart test test-slow bench bench-sp bench-training approx clean-venv
+.PHONY: venv quickstart test test-slow gpu-check bench bench-sp bench-training approx clean-venv
 
 venv: $(STAMP)
 
@@ -42,6 +42,14 @@ test: $(STAMP)
 # failing ranks, two nodes on one machine): minutes, so kept out of `make test`.
 test-slow: $(STAMP)
 	@$(PY) -m pytest -q -m slow tests; $(PYTEST)
+
+# GPU machine (no downloads): the installed PyTorch, this package without its
+# dependencies, the CUDA tests + GPU benchmark; results in $(GPU_OUT). No .venv.
+GPU_OUT ?= gpu_results
+gpu-check:
+	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e . \
+	    || echo "pip install -e . failed: running from the source tree (PYTHONPATH)"
+	$(PYTHON) launchers/gpu_check.py --out $(GPU_OUT)
 
 bench: $(STAMP)
 	$(PY) launchers/bench_attention.py --out bench_results/attention

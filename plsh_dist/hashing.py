@@ -208,11 +208,23 @@ class PositionalLSH:
         Element-wise in position, so a sub-range of positions gives exactly
         the slice of the full range's buckets.
         """
+        return self._bucketize(positions, self.pitch, self.shift)
+
+    def sample_buckets(self, positions: torch.Tensor, sample: int) -> torch.Tensor:
+        """Bucket ids of one sample, LongTensor[H, n]: exactly ``buckets(positions)[sample]``
+        (same arithmetic), without computing the other samples."""
+        return self._bucketize(positions, self.pitch[sample : sample + 1], self.shift[sample : sample + 1])[0]
+
+    @staticmethod
+    def _bucketize(positions: torch.Tensor, pitch_sH: torch.Tensor, shift_sH: torch.Tensor) -> torch.Tensor:
         if positions.dim() != 1:
             raise ValueError(f"positions must be 1-D LongTensor[n], got shape {tuple(positions.shape)}")
         p = positions.to(torch.float64)
-        pitch = self.pitch.to(p.device)[:, :, None]
-        shift = self.shift.to(p.device)[:, :, None]
+        # Tensor / tensor in float64 is correctly rounded on CPU and CUDA alike, so
+        # every device computes the same buckets (a CPU *scalar* divisor would not
+        # do: CUDA turns it into a multiplication by the reciprocal).
+        pitch = pitch_sH.to(p.device)[:, :, None]
+        shift = shift_sH.to(p.device)[:, :, None]
         return torch.floor((p[None, None, :] - shift) / pitch).to(torch.long)
 
     def cu_seqlens(self, positions: torch.Tensor) -> list[list[torch.Tensor]]:

@@ -1,7 +1,7 @@
 """Block attention with varlen flash-attention on CUDA (no padding).
 
-The block boundaries of one (sample, head-group) become ``cu_seqlens``: every
-block is one "sequence" of a varlen call. Two providers:
+The rows and ``cu_seqlens`` of a call come from :mod:`plsh_dist.ops.varlen_plan`:
+every block is one "sequence" of a varlen call. Two kernel providers:
 
 - the ``flash_attn`` package (``_flash_attn_varlen_forward/_backward``);
   argument lists differ between 2.5 and 2.6-2.8 (``window_size`` tuple vs
@@ -11,8 +11,12 @@ block is one "sequence" of a varlen call. Two providers:
 - PyTorch's own ``aten::_flash_attention_forward/_backward`` (fp16/bf16 on
   CUDA), used by ``backend="torch"`` on CUDA.
 
+A third, ``reference``, runs the same calls with padded explicit matmuls on
+any device, so the CPU tests check everything around the kernels.
+
 Nothing here touches CUDA at import time.
-Legend: B batch, n tokens, G query heads, Gk key/value heads (G % Gk == 0).
+Legend: R rows (tokens of all sequences), Hc query heads of the call, Hkc
+key/value heads (Hc % Hkc == 0), D head dim.
 """
 
 from __future__ import annotations
@@ -22,7 +26,14 @@ import inspect
 
 import torch
 
-__all__ = ["flash_attn_available", "varlen_fwd", "varlen_bwd", "batched_cu_seqlens"]
+from plsh_dist.ops import backend_torch
+from plsh_dist.ops.blocks import BlockLayout
+
+__all__ = ["flash_attn_available", "varlen_fwd", "varlen_bwd"]
+
+# Whether this PyTorch's aten varlen forward returned the padded LSE layout
+# (older builds); its backward then wants the same layout back.
+_ATEN_LSE_PADDED = [False]
 
 
 @functools.lru_cache(maxsize=1)
@@ -37,14 +48,6 @@ def _flash_attn_module():
 def flash_attn_available(device: torch.device, dtype: torch.dtype) -> bool:
     """True when flash-attn is installed and supports tensors of this device/dtype."""
     return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and _flash_attn_module() is not None
-
-
-def batched_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, n: int) -> torch.Tensor:
-    """Offsets of one sequence's blocks repeated for ``batch`` rows of ``n`` tokens."""
-    per_row = cu_seqlens[:-1].to(torch.int32)
-    rows = torch.arange(batch, device=cu_seqlens.device, dtype=torch.int32)[:, None] * n
-    total = torch.tensor([batch * n], dtype=torch.int32, device=cu_seqlens.device)
-    return torch.cat([(rows + per_row[None, :]).flatten(), total])
 
 
 @functools.lru_cache(maxsize=8)
@@ -68,11 +71,22 @@ def _unpad_lse(lse: torch.Tensor, cu: torch.Tensor, total: int) -> torch.Tensor:
     return lse.permute(1, 0, 2)[:, idx]
 
 
-def varlen_fwd(q_BnGD, k_BnGD, v_BnGD, cu_seqlens, max_len: int, *, causal: bool, scale: float, provider: str):
-    """Returns out (B, n, G, D) and lse (B, G, n) fp32."""
-    B, n, G, D = q_BnGD.shape
-    cu = batched_cu_seqlens(cu_seqlens, B, n)
-    q, k, v = (x.reshape(B * n, x.shape[2], D) for x in (q_BnGD, k_BnGD, v_BnGD))
+def varlen_fwd(q_RHD, k_RHD, v_RHD, cu_seqlens, max_len: int, *, causal: bool, scale: float, provider: str):
+    """Varlen attention over the sequences ``cu_seqlens`` cuts the rows into.
+
+    Args:
+        q_RHD: (R, Hc, D); k_RHD, v_RHD: (R, Hkc, D), Hc % Hkc == 0.
+        cu_seqlens: int32 (nseq + 1,) on q's device, ``[0, ..., R]``.
+        max_len: longest sequence (host int: no device sync).
+        provider: "flash_attn", "aten" (PyTorch's CUDA flash kernels) or
+            "reference" (padded explicit matmuls on any device; for the CPU tests
+            of the row layouts, chunking and merging around the kernels).
+    Returns out (R, Hc, D) in q's dtype and lse (Hc, R) fp32.
+    """
+    q, k, v = q_RHD, k_RHD, v_RHD
+    cu = cu_seqlens
+    if provider == "reference":
+        return _reference_fwd(q, k, v, cu, causal=causal, scale=scale)
     if provider == "flash_attn":
         values = dict(
             q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len, max_seqlen_k=max_len,
@@ -85,18 +99,21 @@ def varlen_fwd(q_BnGD, k_BnGD, v_BnGD, cu_seqlens, max_len: int, *, causal: bool
         out, lse, *_ = torch.ops.aten._flash_attention_forward(
             q, k, v, cu, cu, max_len, max_len, 0.0, causal, False, scale=scale
         )
-    lse = _unpad_lse(lse, cu, B * n)  # (G, B * n)
-    return out.view(B, n, G, D), lse.view(G, B, n).transpose(0, 1)
+        _ATEN_LSE_PADDED[0] = lse.dim() == 3  # the backward wants the layout the forward gave
+    return out, _unpad_lse(lse, cu, q.shape[0])
 
 
-def varlen_bwd(dout_BnGD, q_BnGD, k_BnGD, v_BnGD, out_BnGD, lse_BGn, cu_seqlens, max_len: int,
+def varlen_bwd(dout_RHD, q_RHD, k_RHD, v_RHD, out_RHD, lse_HR, cu_seqlens, max_len: int,
                *, causal: bool, scale: float, provider: str):
-    """Backward with the merged out/lse. Returns dq (B, n, G, D), dk, dv (B, n, Gk, D)."""
-    B, n, G, D = q_BnGD.shape
-    cu = batched_cu_seqlens(cu_seqlens, B, n)
-    dout, q, out = (x.reshape(B * n, G, D).contiguous() for x in (dout_BnGD, q_BnGD, out_BnGD))
-    k, v = (x.reshape(B * n, x.shape[2], D).contiguous() for x in (k_BnGD, v_BnGD))
-    lse = lse_BGn.transpose(0, 1).reshape(G, B * n).float().contiguous()
+    """Backward of :func:`varlen_fwd` given the merged ``out`` (R, Hc, D) and ``lse`` (Hc, R).
+
+    Returns dq (R, Hc, D), dk, dv (R, Hkc, D) in the inputs' dtype.
+    """
+    cu = cu_seqlens
+    dout, q, k, v, out = (x.contiguous() for x in (dout_RHD, q_RHD, k_RHD, v_RHD, out_RHD))
+    if provider == "reference":
+        return _reference_bwd(dout, q, k, v, out, lse_HR.contiguous(), cu, causal=causal, scale=scale)
+    lse = lse_HR.float().contiguous()
     if provider == "flash_attn":
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         lse = _repad_lse_if_needed(_flash_attn_module()._flash_attn_varlen_backward, lse, cu, max_len)
@@ -108,17 +125,43 @@ def varlen_bwd(dout_BnGD, q_BnGD, k_BnGD, v_BnGD, out_BnGD, lse_BGn, cu_seqlens,
         )
         _call(_flash_attn_module()._flash_attn_varlen_backward, values)
     else:
+        if _ATEN_LSE_PADDED[0]:
+            lse = _repad_lse(lse, cu, max_len)
         seed = torch.zeros((), dtype=torch.int64, device=q.device)
         dq, dk, dv = torch.ops.aten._flash_attention_backward(
             dout, q, k, v, out, lse, cu, cu, max_len, max_len, 0.0, causal, seed, seed, scale=scale
         )
-    return dq.view(B, n, G, D), dk.view(B, n, -1, D), dv.view(B, n, -1, D)
+    return dq, dk, dv
+
+
+def _reference_layout(cu: torch.Tensor) -> BlockLayout:
+    lengths = (cu[1:] - cu[:-1]).long().cpu()
+    return BlockLayout.from_buckets(torch.repeat_interleave(torch.arange(lengths.numel()), lengths), cu.device)
+
+
+def _reference_fwd(q, k, v, cu, *, causal, scale):
+    g = q.shape[1] // k.shape[1]
+    k, v = (x.repeat_interleave(g, dim=1)[None] for x in (k, v))
+    out, lse = backend_torch.block_fwd(q[None], k, v, _reference_layout(cu), causal=causal, scale=scale, kernel="math")
+    return out[0], lse[0]
+
+
+def _reference_bwd(dout, q, k, v, out, lse, cu, *, causal, scale):
+    Hkc, g = k.shape[1], q.shape[1] // k.shape[1]
+    k_all, v_all = (x.repeat_interleave(g, dim=1)[None] for x in (k, v))
+    dq, dk, dv = backend_torch.block_bwd(dout[None], q[None], k_all, v_all, out[None], lse[None],
+                                         _reference_layout(cu), causal=causal, scale=scale, kernel="math")
+    R, D = q.shape[0], q.shape[2]
+    return dq[0], dk[0].view(R, Hkc, g, D).sum(2), dv[0].view(R, Hkc, g, D).sum(2)
 
 
 def _repad_lse_if_needed(fn, lse_H_total: torch.Tensor, cu: torch.Tensor, max_len: int) -> torch.Tensor:
     """flash-attn < 2.6 wants the padded (nseq, H, max_seqlen) LSE in its varlen backward."""
-    if "softcap" in _param_names(fn):
-        return lse_H_total
+    return lse_H_total if "softcap" in _param_names(fn) else _repad_lse(lse_H_total, cu, max_len)
+
+
+def _repad_lse(lse_H_total: torch.Tensor, cu: torch.Tensor, max_len: int) -> torch.Tensor:
+    """(H, total) -> the padded (nseq, H, max_seqlen) varlen LSE layout."""
     nseq, H = cu.numel() - 1, lse_H_total.shape[0]
     padded = lse_H_total.new_zeros(nseq, H, max_len)
     lengths = (cu[1:] - cu[:-1]).long()

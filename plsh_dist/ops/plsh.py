@@ -21,6 +21,8 @@ from plsh_dist.hashing import FixedBlocks, PositionalLSH
 from plsh_dist.ops import backend_torch, backend_varlen_cuda
 from plsh_dist.ops.blocks import BlockLayout
 from plsh_dist.ops.merge import accum_dtype, merge_into
+from plsh_dist.ops.plsh_varlen import varlen_plsh_backward, varlen_plsh_forward
+from plsh_dist.ops.varlen_plan import plan_samples
 from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_for
 
 __all__ = ["plsh_attention", "fixed_blocks_attention", "plsh_forward", "plsh_backward", "resolve_backend"]
@@ -39,6 +41,7 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> s
     Returns one of ``"padded"`` (padded blocks, aten CPU kernel or math),
     ``"padded_math"`` (padded blocks, explicit matmuls: any device/dtype),
     ``"varlen_flash_attn"`` or ``"varlen_aten"`` (CUDA varlen, no padding).
+    (``"varlen_reference"``, the varlen path on explicit matmuls, is for tests.)
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -82,19 +85,24 @@ def plsh_forward(
     causal: bool,
     scale: float,
     impl: str,
+    plan=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merged block attention over all samples.
 
     Args:
         q: (B, T, Hq, D); k, v: (B, T, Hkv, D).
         lsh: hash with 1 or Hq heads; positions: CPU LongTensor[T], increasing.
+        plan: varlen implementations only, :func:`~plsh_dist.ops.varlen_plan.plan_samples`'s
+            (computed when None).
     Returns:
         out (B, T, Hq, D) in q's dtype, lse (B, Hq, T) in fp32 (fp64 for fp64).
     """
+    if impl.startswith("varlen"):  # CUDA: one varlen call per sample over all heads
+        return varlen_plsh_forward(q, k, v, lsh, positions, causal=causal, scale=scale, impl=impl, plan=plan)
     Hq, Hkv = q.shape[2], k.shape[2]
     g = Hq // Hkv
     if lsh.num_heads == 1:  # one hash for every head: one call per sample serves all heads
-        k_all, v_all = _expand_kv(k, g, impl), _expand_kv(v, g, impl)
+        k_all, v_all = _expand_kv(k, g), _expand_kv(v, g)
         out, lse = None, None
         for _, _, layout in _layouts(lsh, positions, q.device):
             out, lse = merge_into(out, lse, *_block_fwd(q, k_all, v_all, layout, causal=causal, scale=scale, impl=impl))
@@ -125,18 +133,22 @@ def plsh_backward(
     causal: bool,
     scale: float,
     impl: str,
+    plan=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of :func:`plsh_forward`: every sample's block backward with the
     merged ``out`` and ``lse``, summed (DESIGN.md section 2).
 
     Returns dq (B, T, Hq, D), dk, dv (B, T, Hkv, D) in the inputs' dtype.
     """
+    if impl.startswith("varlen"):
+        return varlen_plsh_backward(dout, q, k, v, out, lse, lsh, positions, causal=causal, scale=scale, impl=impl,
+                                    plan=plan)
     B, T, Hq, D = q.shape
     Hkv = k.shape[2]
     g = Hq // Hkv
     acc = accum_dtype(q.dtype)
     if lsh.num_heads == 1:
-        k_all, v_all = _expand_kv(k, g, impl), _expand_kv(v, g, impl)
+        k_all, v_all = _expand_kv(k, g), _expand_kv(v, g)
         dq = torch.zeros(B, T, Hq, D, dtype=acc, device=q.device)
         dk = torch.zeros(k_all.shape, dtype=acc, device=q.device)
         dv = torch.zeros(k_all.shape, dtype=acc, device=q.device)
@@ -166,30 +178,17 @@ def plsh_backward(
     return back(dq, q), back(dk, k), back(dv, v)
 
 
-def _expand_kv(x_BTHD: torch.Tensor, groups: int, impl: str) -> torch.Tensor:
-    """Repeat kv heads for the padded kernels (which need Hq == Hkv); varlen ones do GQA."""
-    if impl.startswith("padded") and groups > 1:
-        return x_BTHD.repeat_interleave(groups, dim=2)
-    return x_BTHD
+def _expand_kv(x_BTHD: torch.Tensor, groups: int) -> torch.Tensor:
+    """Repeat kv heads for the padded kernels, which need Hq == Hkv."""
+    return x_BTHD.repeat_interleave(groups, dim=2) if groups > 1 else x_BTHD
 
 
 def _block_fwd(q, k, v, layout: BlockLayout, *, causal, scale, impl):
-    if impl.startswith("varlen"):
-        provider = "flash_attn" if impl == "varlen_flash_attn" else "aten"
-        return backend_varlen_cuda.varlen_fwd(
-            q, k, v, layout.cu_seqlens, layout.max_len, causal=causal, scale=scale, provider=provider
-        )
     kernel = "math" if impl == "padded_math" else None
     return backend_torch.block_fwd(q, k, v, layout, causal=causal, scale=scale, kernel=kernel)
 
 
 def _block_bwd(dout, q, k, v, out, lse, layout: BlockLayout, *, causal, scale, impl):
-    if impl.startswith("varlen"):
-        provider = "flash_attn" if impl == "varlen_flash_attn" else "aten"
-        return backend_varlen_cuda.varlen_bwd(
-            dout, q, k, v, out, lse, layout.cu_seqlens, layout.max_len, causal=causal, scale=scale,
-            provider=provider,
-        )
     kernel = "math" if impl == "padded_math" else None
     return backend_torch.block_bwd(dout, q, k, v, out, lse, layout, causal=causal, scale=scale, kernel=kernel)
 
@@ -204,10 +203,13 @@ class PLSHAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, lsh, positions, causal, scale, impl):
-        out, lse = plsh_forward(q, k, v, lsh, positions, causal=causal, scale=scale, impl=impl)
+        # varlen: plan the calls once (the op's one host sync); the backward reuses it
+        plan = plan_samples(lsh, positions, q.shape[0], q.device) if impl.startswith("varlen") else None
+        out, lse = plsh_forward(q, k, v, lsh, positions, causal=causal, scale=scale, impl=impl, plan=plan)
         if any(ctx.needs_input_grad[:3]):
             ctx.save_for_backward(q, k, v, out, lse)
             ctx.lsh, ctx.positions, ctx.causal, ctx.scale, ctx.impl = lsh, positions, causal, scale, impl
+            ctx.plan = plan
         return out
 
     @staticmethod
@@ -215,7 +217,7 @@ class PLSHAttentionFunction(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = plsh_backward(
             dout.contiguous(), q, k, v, out, lse, ctx.lsh, ctx.positions,
-            causal=ctx.causal, scale=ctx.scale, impl=ctx.impl,
+            causal=ctx.causal, scale=ctx.scale, impl=ctx.impl, plan=ctx.plan,
         )
         return dq, dk, dv, None, None, None, None, None
 

@@ -1,0 +1,131 @@
+"""Plans for the varlen (CUDA) block attention: rows, cu_seqlens, chunks.
+
+The varlen kernels see a flat "rows" axis of tokens and a ``cu_seqlens``
+array of sequence boundaries; each hash block becomes one sequence. To keep
+the number of launches per sample at one (rarely a few), every batch row and,
+for per-head hashes, every head is laid out along that axis:
+
+- shared hash (``lsh.num_heads == 1``): rows = (b, i), ``R = B * n``; q keeps
+  its Hq heads and k/v their Hkv heads (the kernels do GQA);
+- per-head hash: rows = (h, b, i), ``R = Hq * B * n``, one head per row; the
+  key/value head of query head h (``h // g``) is repeated into h's rows,
+  because every head has its own boundaries and a varlen call pairs query and
+  key sequences one to one.
+
+Where the work happens: the buckets of all samples and heads (O(s H n)) are
+computed on the compute device with the hash's own formula, and only the
+block starts come back to the host, in **one device-to-host copy per plan**:
+the single host synchronisation of the op, unavoidable because the kernels
+take the number of blocks and ``max_seqlen`` as host integers. The backward
+reuses the forward's plan. Each call's ``cu_seqlens`` goes back to the device
+without blocking.
+
+Chunks: FlashAttention-2 launches a grid of (query tiles, sequences, heads)
+whose second dimension CUDA caps at 65535, so one call takes at most
+``MAX_SEQS_PER_CALL`` blocks; longer plans are cut (at block boundaries)
+into several calls over consecutive row ranges.
+
+Legend: s samples, B batch, n tokens, Hq query heads, H hash heads (1 or Hq), R rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from plsh_dist.hashing import PositionalLSH
+
+__all__ = ["MAX_SEQS_PER_CALL", "VarlenChunk", "plan_samples"]
+
+MAX_SEQS_PER_CALL = 65535
+
+
+@dataclass(frozen=True)
+class VarlenChunk:
+    """One varlen call: rows [row_start, row_end) cut into blocks.
+
+    Attributes:
+        row_start, row_end: the call's slice of the rows axis (host ints).
+        cu_seqlens: int32 (nseq + 1,) block offsets relative to ``row_start``,
+            on the compute device.
+        max_len: longest block of the call (host int).
+    """
+
+    row_start: int
+    row_end: int
+    cu_seqlens: torch.Tensor
+    max_len: int
+
+
+def _block_start_indices(lsh: PositionalLSH, positions: torch.Tensor, device: torch.device) -> np.ndarray:
+    """Flat indices ``(t * H + h) * (n - 1) + (i - 1)`` of every i >= 1 that starts a
+    block, sorted; computed on ``device``, returned on the host (the one sync)."""
+    pos = positions.pin_memory() if device.type == "cuda" else positions
+    pos = pos.to(device, non_blocking=True)
+    buckets = lsh.buckets(pos)  # (s, H, n) on device; same formula as on the CPU
+    change = (buckets[..., 1:] != buckets[..., :-1]).flatten()
+    return torch.nonzero(change).flatten().to(torch.int64).cpu().numpy()
+
+
+def _sample_rows(starts_by_head: list[np.ndarray], n: int, batch: int) -> np.ndarray:
+    """Row of every block start of one sample, ordered (h, b, i), int64.
+
+    starts_by_head[h]: sorted token indices where head h's blocks start (0 first).
+    """
+    counts = np.array([len(x) for x in starts_by_head], dtype=np.int64)
+    head = np.repeat(np.arange(len(counts)), counts)
+    starts = np.concatenate(starts_by_head)
+    j = np.arange(starts.size) - np.repeat(np.cumsum(counts) - counts, counts)  # index within its head
+    first = np.repeat(np.cumsum(counts) - counts, counts) * batch  # where head h's rows begin in the output
+    rows = np.empty(starts.size * batch, dtype=np.int64)
+    for b in range(batch):
+        rows[first + b * counts[head] + j] = (head * batch + b) * n + starts
+    return rows
+
+
+def _chunks(rows: np.ndarray, total: int, device: torch.device, max_seqs: int) -> list[VarlenChunk]:
+    cu = np.append(rows, total)
+    lengths = np.diff(cu)
+    chunks = []
+    for first in range(0, lengths.size, max_seqs):
+        last = min(first + max_seqs, lengths.size)
+        row_start, row_end = int(cu[first]), int(cu[last])
+        local = torch.from_numpy((cu[first : last + 1] - row_start).astype(np.int32))
+        if device.type == "cuda":
+            local = local.pin_memory().to(device, non_blocking=True)
+        else:
+            local = local.to(device)
+        chunks.append(VarlenChunk(row_start, row_end, local, int(lengths[first:last].max())))
+    return chunks
+
+
+def plan_samples(
+    lsh: PositionalLSH,
+    positions: torch.Tensor,
+    batch: int,
+    device: torch.device,
+    max_seqs: int | None = None,
+) -> list[list[VarlenChunk]]:
+    """The varlen calls of every sample: ``plan[t]`` is sample t's list of chunks.
+
+    Args:
+        lsh: the hash (1 head, or one per query head: rows then include heads).
+        positions: CPU LongTensor[n], increasing.
+        batch: B.
+        device: where the calls run (and the buckets are computed).
+        max_seqs: blocks per call (default ``MAX_SEQS_PER_CALL``; tests lower it).
+    """
+    max_seqs = max_seqs or MAX_SEQS_PER_CALL
+    s, H, n = lsh.num_samples, lsh.num_heads, positions.numel()
+    flat = _block_start_indices(lsh, positions, device) if n > 1 else np.zeros(0, dtype=np.int64)
+    seg = flat // max(n - 1, 1)  # t * H + h
+    index = flat % max(n - 1, 1) + 1  # token index of the start
+    bounds = np.searchsorted(seg, np.arange(s * H + 1))  # entries of (t, h) are [bounds[tH+h], bounds[tH+h+1])
+    zero = np.zeros(1, dtype=np.int64)
+    plan = []
+    for t in range(s):
+        per_head = [np.concatenate([zero, index[bounds[t * H + h] : bounds[t * H + h + 1]]]) for h in range(H)]
+        plan.append(_chunks(_sample_rows(per_head, n, batch), H * batch * n, device, max_seqs))
+    return plan
