@@ -187,6 +187,7 @@ def train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainResult:
 
     prepared = prepare(cfg.data, cfg.tokenizer)
     tokenizer, tokenizer_path = prepared.tokenizer, cfg.tokenizer.model_path
+    cfg.check_tokenizer_vocab(tokenizer.vocab_size)  # a tokenizer trained or replaced since load_config
     model_cfg, attn_cfg = cfg.model_configs(tokenizer.vocab_size)
     # Resolve [model]/[attention] into full tables so the written config says everything.
     cfg.model, cfg.attention = model_cfg.to_dict(), attn_cfg.to_dict()
