@@ -226,15 +226,11 @@ class RunConfig:
     def model_configs(self, vocab_size: int | None = None):
         """``(ModelConfig, AttentionConfig)`` from [model] / [attention].
 
-        ``vocab_size``: the tokenizer's, used unless [model] sets one. When
-        given, a [model].vocab_size smaller than it is an error (token ids
-        would index past the embedding table).
+        ``vocab_size``: the tokenizer's, used unless [model] sets one.
         """
         from plsh_dist.models import AttentionConfig, ModelConfig
 
         table = dict(self.model)
-        if vocab_size is not None:
-            check_vocab_covers_tokenizer(table.get("vocab_size"), vocab_size, self.tokenizer.model_path)
         table.setdefault("vocab_size", vocab_size or self.tokenizer.vocab_size)
         return ModelConfig.from_dict(table), AttentionConfig.from_dict(dict(self.attention))
 
@@ -256,6 +252,12 @@ class RunConfig:
         if world_size is not None:
             check_world_size(world_size, sp)
         self.model_configs()  # builds and checks the model's own dataclasses
+
+    def check_tokenizer_vocab(self, vocab_size: int) -> None:
+        """ValueError naming both numbers when [model].vocab_size is smaller than
+        the loaded tokenizer's ``vocab_size`` (train() calls it once the
+        tokenizer is ready, before the model is built)."""
+        check_vocab_covers_tokenizer(self.model.get("vocab_size"), vocab_size, self.tokenizer.model_path)
 
     def check_inputs(self) -> None:
         """Checks that read the disk, run by ``load_config`` before any work starts:

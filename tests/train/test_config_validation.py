@@ -200,12 +200,13 @@ def test_model_vocab_smaller_than_tokenizer_to_train_fails_in_load_config():
 
 
 def test_model_vocab_checked_again_once_the_tokenizer_is_ready():
-    # train() calls model_configs(tokenizer.vocab_size) right after preparing the data and before
-    # building the model: a tokenizer file that appeared (or changed) after load_config is caught there.
+    # train() calls check_tokenizer_vocab(tokenizer.vocab_size) right after preparing the data and
+    # before building the model: a tokenizer file that appeared (or changed) after load_config is caught.
     cfg = load_config(None, ["--tokenizer.vocab_size=512", "--model.vocab_size=512"])
     with pytest.raises(ValueError, match=r"\[model\].vocab_size = 512 is smaller than the tokenizer's vocabulary of 600"):
-        cfg.model_configs(600)
-    assert cfg.model_configs(512)[0].vocab_size == 512
+        cfg.check_tokenizer_vocab(600)
+    cfg.check_tokenizer_vocab(512)
+    assert load_config(None, []).check_tokenizer_vocab(10**6) is None  # unset: the model takes the tokenizer's
 
 
 def test_bf16_on_cpu_device_fails_in_load_config():
