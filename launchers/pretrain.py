@@ -5,6 +5,12 @@
 
 On CPU set DS_ACCELERATOR=cpu (gloo backend). Plain ``python launchers/pretrain.py``
 runs one process. The launcher's ``--local_rank`` is accepted (LOCAL_RANK env wins).
+Also runs under torchrun (``torchrun --nproc_per_node 2 launchers/pretrain.py ...``,
+multi-node with ``--nnodes/--node_rank/--master_addr``).
+
+Exit codes: 0 done; 1 this rank failed (``rank R failed: ...`` on stderr and in
+``<out_dir>/failures/rank_R.txt``); 2 config error; 3 stopped because a peer rank
+failed or a collective timed out ([parallel].timeout_s).
 """
 
 from __future__ import annotations
@@ -30,14 +36,21 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"--checkpoint.resume={args.resume}")
 
     from plsh_dist.train import load_config, train
+    from plsh_dist.train.failure import run_reporting_failures
 
     try:
         cfg = load_config(args.config, overrides)  # all checks happen here, before any work
     except ValueError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    train(cfg)
-    return 0
+
+    def run() -> int:
+        train(cfg)
+        return 0
+
+    # A failing rank prints "rank R failed: ..." and writes <out_dir>/failures/rank_R.txt;
+    # ranks that only lost a peer print one line; both exit non-zero (failure.py).
+    return run_reporting_failures(run, rank=int(os.environ.get("RANK", "0")), out_dir=cfg.run.out_dir)
 
 
 if __name__ == "__main__":
