@@ -15,6 +15,7 @@ different sequences.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -90,13 +91,19 @@ class ParallelDims:
             raise ValueError(f"rank {rank} is outside [0, {self.world_size}) for {self.describe()}")
 
     # -- process groups -----------------------------------------------------
-    def build_groups(self, rank: int | None = None) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+    def build_groups(self, rank: int | None = None, timeout: timedelta | None = None,
+                     ) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
         """Create the SP and DP groups and return this rank's ``(sp_group, dp_group)``.
 
         Requires an initialised default process group whose size equals
         ``world_size``. Every rank must call this (``new_group`` is collective
         and must be called for every group in the same order on all ranks).
         A dimension of size 1 gets ``None`` (nothing to communicate).
+
+        ``timeout``: how long the groups' collectives and halo send/recv wait for a
+        peer. Pass the default group's: ``new_group`` otherwise falls back to
+        torch's 30-minute default, and a hung SP peer would stall the halo exchange
+        that long whatever ``init_process_group`` was given.
         """
         if not dist.is_initialized():
             raise RuntimeError("ParallelDims.build_groups needs torch.distributed.init_process_group first")
@@ -109,11 +116,11 @@ class ParallelDims:
         rank = dist.get_rank() if rank is None else rank
         sp_group = dp_group = None
         for ranks in self.sp_group_ranks():
-            group = dist.new_group(ranks) if self.sp_enabled else None
+            group = dist.new_group(ranks, timeout=timeout) if self.sp_enabled else None
             if rank in ranks:
                 sp_group = group
         for ranks in self.dp_group_ranks():
-            group = dist.new_group(ranks) if self.dp_enabled else None
+            group = dist.new_group(ranks, timeout=timeout) if self.dp_enabled else None
             if rank in ranks:
                 dp_group = group
         return sp_group, dp_group

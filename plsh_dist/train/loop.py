@@ -181,7 +181,7 @@ def train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainResult:
     world, rank = dist.get_world_size(), dist.get_rank()
     cfg.validate(world_size=world)
     dims = ParallelDims(world, cfg.parallel.sp_size)
-    sp_group, _dp_group = dims.build_groups()
+    sp_group, _dp_group = dims.build_groups(timeout=timedelta(seconds=cfg.parallel.timeout_s))
     sp_rank, dp_rank = dims.sp_rank(rank), dims.dp_rank(rank)
     precision = resolve_precision(cfg.deepspeed, device.type)
 
