@@ -223,8 +223,9 @@ class PositionalLSH:
         # Tensor / tensor in float64 is correctly rounded on CPU and CUDA alike, so
         # every device computes the same buckets (a CPU *scalar* divisor would not
         # do: CUDA turns it into a multiplication by the reciprocal).
-        pitch = pitch_sH.to(p.device)[:, :, None]
-        shift = shift_sH.to(p.device)[:, :, None]
+        # non_blocking: a host-to-device copy that does not wait for queued GPU work
+        pitch = pitch_sH.to(p.device, non_blocking=True)[:, :, None]
+        shift = shift_sH.to(p.device, non_blocking=True)[:, :, None]
         return torch.floor((p[None, None, :] - shift) / pitch).to(torch.long)
 
     def cu_seqlens(self, positions: torch.Tensor) -> list[list[torch.Tensor]]:
