@@ -139,3 +139,20 @@ def test_peer_failure_prints_one_line_naming_the_report(tmp_path, capsys):
     assert err.count("\n") == 0 and err.startswith("rank 0: stopping, a peer rank failed or timed out")
     assert str(out / "failures" / "rank_1.txt") in err
     assert not (out / "failures" / "rank_0.txt").exists()
+
+
+@pytest.mark.slow
+def test_torchrun_names_the_failing_rank_as_root_cause(tiny_data, tmp_path):
+    """Under torchrun the failing rank records its exception (TORCHELASTIC_ERROR_FILE), so
+    torchrun's summary shows the injected error rather than a bare exit code."""
+    from tests.train.launcher_runs import torchrun_cmd
+
+    out = tmp_path / "run"
+    overrides = base_overrides(tiny_data, out, "--parallel.sp_size=2", "--run.max_steps=4")
+    res = run(torchrun_cmd(2, empty_config(tmp_path), overrides), launcher_env(PLSH_FAULT="raise:1:2"), tmp_path,
+              "torchrun_raise", timeout_s=BOUND_S)
+    assert res.returncode != 0
+    summary = res.stderr[res.stderr.index("Root Cause"):]
+    assert "rank      : 1" in summary and "injected fault on rank 1 at step 2" in summary
+    assert (out / "failures" / "rank_1.txt").is_file()
+    _no_rank_left(out)
