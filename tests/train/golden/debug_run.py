@@ -1,0 +1,81 @@
+"""The debug flavor (configs/debug.toml) as the golden-loss tests run it.
+
+Every run prepares its own corpus, tokenizer and token caches under a fresh
+``work_dir`` (never the shared ``data_cache/``), so a stale tokenizer there
+cannot change the result. The losses then depend only on the code and on
+``environment()``: the Python version (the stdlib is the corpus),
+sentencepiece (the tokenizer), torch and DeepSpeed (the arithmetic).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+CONFIG = ROOT / "configs" / "debug.toml"
+GOLDEN = Path(__file__).with_name("debug_losses.json")
+REGENERATE = "python tests/train/golden/regenerate.py"
+
+# Environment keys that change the data or the kernels: a golden file made under
+# other values cannot be compared (the test skips and says how to regenerate).
+MUST_MATCH = ("python", "torch", "sentencepiece")
+
+
+def environment() -> dict[str, str]:
+    return {
+        "python": platform.python_version(),
+        "torch": metadata.version("torch"),
+        "sentencepiece": metadata.version("sentencepiece"),
+        "deepspeed": metadata.version("deepspeed"),
+        "machine": platform.machine(),
+    }
+
+
+def _literal(value) -> str:
+    """A TOML literal for a --section.key=value override."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_literal(v) for v in value) + "]"
+    return repr(value)
+
+
+def debug_overrides(work_dir: Path, *extra: str) -> list[str]:
+    """configs/debug.toml as overrides (spawned runs take no file), with every path in ``work_dir``."""
+    table = tomllib.loads(CONFIG.read_text())
+    args = [f"--{section}.{key}={_literal(value)}" for section, values in table.items()
+            for key, value in values.items()]
+    work_dir = Path(work_dir)
+    return [*args,
+            f"--data.corpus_dir={work_dir / 'corpus'}", f"--data.cache_dir={work_dir / 'cache'}",
+            f"--tokenizer.model_path={work_dir / 'tokenizer.model'}", f"--run.out_dir={work_dir / 'out'}",
+            *extra]
+
+
+def prepare_debug_data(work_dir: Path) -> None:
+    """Corpus + tokenizer + token caches, built once before the spawned ranks open them."""
+    from plsh_dist.data import prepare_data
+    from plsh_dist.train import load_config
+
+    cfg = load_config(None, debug_overrides(work_dir))
+    prepare_data(cfg.data, cfg.tokenizer)
+
+
+def run_debug(world: int, work_dir: Path, *layouts: list[str]) -> list[dict]:
+    """Train the debug config once per entry of ``layouts`` (extra overrides; each gets
+    its own out_dir) in ``world`` spawned processes; rank 0's results."""
+    from tests.train.spawn import run_training
+
+    runs = [debug_overrides(work_dir, *extra, f"--run.out_dir={Path(work_dir) / f'out{i}'}")
+            for i, extra in enumerate(layouts)]
+    return run_training(world, *runs)
+
+
+def load_golden() -> dict:
+    return json.loads(GOLDEN.read_text())

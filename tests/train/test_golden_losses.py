@@ -1,0 +1,53 @@
+"""The debug flavor reproduces its golden losses (torchtitan's regression guard).
+
+configs/debug.toml (the quickstart model on a 60-file corpus, fp32, 5 steps) is
+trained in one CPU process from a fresh corpus and tokenizer; its per-step
+losses, pre-clip gradient norms and validation loss must match
+tests/train/golden/debug_losses.json. A change that is not meant to alter the
+computation passes; one that is (new init, hash, data order, optimizer) must
+regenerate the file: ``python tests/train/golden/regenerate.py``.
+
+Tolerance 1e-5 relative: same code, same torch CPU wheel, same fp32 sums in the
+same order give identical bits (measured: exact), so the slack only covers a
+different CPU's vector width in BLAS reductions (~1e-6). A change of the hash
+seeding moves the losses by >= 3e-4 from step 2 and a change of data order by
+>= 2e-3 at step 1 (measured, and checked below), 30x and 200x the tolerance.
+The file records the environment it was made in; under another Python (the
+stdlib is the corpus), sentencepiece (the tokenizer) or torch the test skips
+and says how to regenerate.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.train.golden.debug_run import (MUST_MATCH, REGENERATE, environment, load_golden, prepare_debug_data,
+                                          run_debug)
+
+REL = 1e-5
+
+
+def _rel_diff(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+def test_debug_config_reproduces_the_golden_losses(tmp_path):
+    golden = load_golden()
+    env = environment()
+    different = {k: (golden["environment"][k], env[k]) for k in MUST_MATCH if golden["environment"][k] != env[k]}
+    if different:
+        pytest.skip(f"golden losses were made under {different} (golden, here); regenerate with {REGENERATE}")
+
+    prepare_debug_data(tmp_path)
+    # The golden run, plus two deliberate changes the tolerance must catch.
+    run, other_data_order, other_hash_seeds = run_debug(
+        1, tmp_path, [], ["--data.seed=1"], ["--attention.fixed_masks=true"])
+
+    assert len(run["losses"]) == len(golden["losses"]) == 5
+    assert run["losses"] == pytest.approx(golden["losses"], rel=REL), f"regenerate if intended: {REGENERATE}"
+    assert run["grad_norms"] == pytest.approx(golden["grad_norms"], rel=REL)
+    assert run["val_loss"] == pytest.approx(golden["val_loss"], rel=REL)
+    assert golden["losses"][-1] < golden["losses"][0]  # the pinned run trains
+
+    assert _rel_diff(other_data_order["losses"], golden["losses"]) > 10 * REL
+    assert _rel_diff(other_hash_seeds["losses"], golden["losses"]) > 10 * REL
