@@ -55,8 +55,10 @@ def describe_type(tp) -> str:
     return words + (" (or left out)" if optional else "")
 
 
-def toml_literal(value: Any) -> str:
-    """``value`` as it would be written in a TOML file (for the 'e.g.' part of messages)."""
+def toml_literal(value: Any, strict: bool = False) -> str:
+    """``value`` as it would be written in a TOML file (resolved configs, and the
+    'e.g.' part of messages). ``strict``: raise for values TOML cannot hold,
+    instead of falling back to ``repr``."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -64,7 +66,9 @@ def toml_literal(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value)  # a JSON string is a valid TOML basic string
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(toml_literal(v) for v in value) + "]"
+        return "[" + ", ".join(toml_literal(v, strict) for v in value) + "]"
+    if strict:
+        raise ValueError(f"cannot write {value!r} ({type(value).__name__}) to TOML")
     return repr(value)
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plsh_dist.config_check import check_field_types, did_you_mean
+from plsh_dist.config_check import check_field_types, did_you_mean, toml_literal
 from plsh_dist.data.config import DataConfig, TokenizerConfig
 
 __all__ = [
@@ -411,25 +411,13 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 # --- writing the resolved config ------------------------------------------------
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise ValueError(f"cannot write {value!r} ({type(value).__name__}) to TOML")
-
-
 def to_toml(cfg: RunConfig | dict) -> str:
     """Serialise the resolved config as TOML (None values are left out: TOML has no null)."""
     table = cfg.to_dict() if isinstance(cfg, RunConfig) else cfg
     lines = []
     for section, values in table.items():
         lines.append(f"[{section}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items() if v is not None]
+        lines += [f"{k} = {toml_literal(v, strict=True)}" for k, v in values.items() if v is not None]
         lines.append("")
     return "\n".join(lines)
 
