@@ -10,7 +10,7 @@ multi-node with ``--nnodes/--node_rank/--master_addr``).
 
 Exit codes: 0 done; 1 this rank failed (``rank R failed: ...`` on stderr and in
 ``<out_dir>/failures/rank_R.txt``); 2 config error; 3 stopped because a peer rank
-failed or a collective timed out ([parallel].timeout_s).
+failed or a collective timed out ([parallel].timeout_s); 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations

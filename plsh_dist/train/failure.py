@@ -28,10 +28,14 @@ import traceback
 from pathlib import Path
 from typing import Callable, NoReturn
 
-__all__ = ["EXIT_OWN_ERROR", "EXIT_PEER_FAILED", "is_peer_failure", "report_failure", "run_reporting_failures"]
+__all__ = [
+    "EXIT_OWN_ERROR", "EXIT_PEER_FAILED", "EXIT_INTERRUPTED",
+    "is_peer_failure", "report_failure", "run_reporting_failures",
+]
 
 EXIT_OWN_ERROR = 1
 EXIT_PEER_FAILED = 3
+EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
 
 # Failure files older than this process belong to an earlier run in the same out_dir.
 _PROCESS_START = time.time()
@@ -132,9 +136,11 @@ def run_reporting_failures(fn: Callable[[], int], *, rank: int, out_dir: str | P
     process at once with a non-zero code (see module docstring for why ``os._exit``)."""
     try:
         return fn()
-    except BaseException as exc:  # noqa: BLE001 - every failure must be reported, KeyboardInterrupt included
-        if isinstance(exc, SystemExit):
-            raise
+    except KeyboardInterrupt:
+        # Ctrl-C reaches every rank: not a failure to write up, just stop.
+        print(f"rank {rank}: interrupted", file=sys.stderr)
+        _exit_now(EXIT_INTERRUPTED)
+    except Exception as exc:  # noqa: BLE001 - every failure must be reported
         code = report_failure(exc, rank, out_dir)
         _exit_now(code)
 

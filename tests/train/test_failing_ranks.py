@@ -156,3 +156,26 @@ def test_torchrun_names_the_failing_rank_as_root_cause(tiny_data, tmp_path):
     assert "rank      : 1" in summary and "injected fault on rank 1 at step 2" in summary
     assert (out / "failures" / "rank_1.txt").is_file()
     _no_rank_left(out)
+
+
+@pytest.mark.parametrize("body, code", [("raise ZeroDivisionError('on purpose')", EXIT_OWN_ERROR),
+                                        ("raise KeyboardInterrupt", 130),
+                                        ("return 0", 0)])
+def test_run_reporting_failures_exit_codes(tmp_path, body, code):
+    """The wrapper ends the process itself (os._exit), so run it in a child process."""
+    import subprocess
+    import sys
+
+    from tests.train.launcher_runs import ROOT, launcher_env
+
+    script = ("import sys\nfrom plsh_dist.train.failure import run_reporting_failures\n"
+              f"def fn():\n    {body}\n"
+              f"sys.exit(run_reporting_failures(fn, rank=2, out_dir={str(tmp_path)!r}))\n")
+    res = subprocess.run([sys.executable, "-c", script], env=launcher_env(), cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == code, res.stderr
+    written = tmp_path / "failures" / "rank_2.txt"
+    assert written.exists() == (code == EXIT_OWN_ERROR)  # only a rank's own error is written up
+    if code == EXIT_OWN_ERROR:
+        assert "rank 2 failed: ZeroDivisionError: on purpose" in res.stderr
+        assert "run_reporting_failures" not in written.read_text()  # the traceback starts at the user's code

@@ -68,11 +68,11 @@ def prepare_debug_data(work_dir: Path) -> None:
 
 
 def run_debug(world: int, work_dir: Path, *layouts: list[str]) -> list[dict]:
-    """Train the debug config once per entry of ``layouts`` (extra overrides; each gets
-    its own out_dir) in ``world`` spawned processes; rank 0's results."""
+    """Train the debug config once per entry of ``layouts`` (extra overrides) in ``world``
+    spawned processes; rank 0's results. Outputs go to ``work_dir/w{world}_run{i}``."""
     from tests.train.spawn import run_training
 
-    runs = [debug_overrides(work_dir, *extra, f"--run.out_dir={Path(work_dir) / f'out{i}'}")
+    runs = [debug_overrides(work_dir, *extra, f"--run.out_dir={Path(work_dir) / f'w{world}_run{i}'}")
             for i, extra in enumerate(layouts)]
     return run_training(world, *runs)
 
