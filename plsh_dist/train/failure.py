@@ -36,6 +36,9 @@ __all__ = [
 EXIT_OWN_ERROR = 1
 EXIT_PEER_FAILED = 3
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
+# Seconds a rank that only lost a peer waits before exiting (> 1 s: torchrun's failure
+# timestamps are whole seconds).
+PEER_EXIT_DELAY_S = 2.0
 
 # Failure files older than this process belong to an earlier run in the same out_dir.
 _PROCESS_START = time.time()
@@ -142,6 +145,10 @@ def run_reporting_failures(fn: Callable[[], int], *, rank: int, out_dir: str | P
         _exit_now(EXIT_INTERRUPTED)
     except Exception as exc:  # noqa: BLE001 - every failure must be reported
         code = report_failure(exc, rank, out_dir)
+        if code == EXIT_PEER_FAILED:
+            # Let the rank with the real error leave first: torchrun names the failure with the
+            # earliest exit time (whole seconds, ties to the lowest rank) as the root cause.
+            time.sleep(PEER_EXIT_DELAY_S)
         _exit_now(code)
 
 
