@@ -13,7 +13,7 @@ export HF_DATASETS_OFFLINE := 1
 export DS_ACCELERATOR ?= cpu
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: venv quickstart test test-slow gpu-check lint bench bench-sp bench-training approx clean-venv
+.PHONY: venv quickstart test test-slow gpu-check golden lint bench bench-sp bench-training approx clean-venv
 
 venv: $(STAMP)
 
@@ -50,6 +50,11 @@ gpu-check:
 	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e . \
 	    || echo "pip install -e . failed: running from the source tree (PYTHONPATH)"
 	$(PYTHON) launchers/gpu_check.py --out $(GPU_OUT)
+
+# Regenerate the debug config's golden losses (tests/train/golden/debug_losses.json)
+# after an intended numerical change; say why in the commit.
+golden: $(STAMP)
+	$(PY) tests/train/golden/regenerate.py
 
 # hadolint on docker/Dockerfile, shellcheck on docker/*.sh and launchers/*.sh
 # (tools from the dev extra; the test suite runs them too)
