@@ -30,8 +30,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from datetime import timedelta
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
