@@ -32,6 +32,7 @@ Writes ``results.json`` and ``results.md`` under ``--out``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -107,15 +108,11 @@ def plsh_flops(sigma, s: int, T: int, H: int, D: int) -> float:
 # -- methods ----------------------------------------------------------------------
 
 
-_FLEX = []
-
-
+@functools.cache
 def _compiled_flex(flex_attention):
     """One compiled FlexAttention for the whole run: torch.compile recompiles per new
     shape or mask (then marks shapes dynamic), a few compiles in all."""
-    if not _FLEX:
-        _FLEX.append(torch.compile(flex_attention))
-    return _FLEX[0]
+    return torch.compile(flex_attention)
 
 
 def _flex_alibi(slopes: torch.Tensor, T: int, window: int | None, device):

@@ -77,8 +77,9 @@ def _sample_rows(starts_by_head: list[np.ndarray], n: int, batch: int) -> np.nda
     counts = np.array([len(x) for x in starts_by_head], dtype=np.int64)
     head = np.repeat(np.arange(len(counts)), counts)
     starts = np.concatenate(starts_by_head)
-    j = np.arange(starts.size) - np.repeat(np.cumsum(counts) - counts, counts)  # index within its head
-    first = np.repeat(np.cumsum(counts) - counts, counts) * batch  # where head h's rows begin in the output
+    head_offset = np.repeat(np.cumsum(counts) - counts, counts)  # first entry of each start's head
+    j = np.arange(starts.size) - head_offset  # index within its head
+    first = head_offset * batch  # where head h's rows begin in the output
     rows = np.empty(starts.size * batch, dtype=np.int64)
     for b in range(batch):
         rows[first + b * counts[head] + j] = (head * batch + b) * n + starts

@@ -11,7 +11,7 @@ import torch
 
 from plsh_dist.hashing import PositionalLSH, alibi_slopes
 from plsh_dist.ops import plsh_varlen
-from plsh_dist.ops.plsh import PLSHAttentionFunction
+from plsh_dist.ops.plsh import PLSHAttentionFunction, plsh_forward
 from plsh_dist.ops.varlen_plan import plan_samples
 from tests.ops.test_plsh_attention import _check_against_reference, _qkv
 
@@ -38,8 +38,6 @@ def test_varlen_path_equals_padded_path_in_fp32():
     lsh = PositionalLSH(alibi_slopes(8).reciprocal(), 4, seed=3)
     pos = torch.arange(300)
     a, la = plsh_varlen.varlen_plsh_forward(q, k, v, lsh, pos, causal=True, scale=0.25, impl="varlen_reference")
-    from plsh_dist.ops.plsh import plsh_forward
-
     b, lb = plsh_forward(q, k, v, lsh, pos, causal=True, scale=0.25, impl="padded")
     torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)  # fp32 sums in another order
     torch.testing.assert_close(la, lb, atol=2e-5, rtol=2e-5)

@@ -15,46 +15,27 @@ restored optimizer and scheduler, same arithmetic).
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.train.conftest import base_overrides
+from tests.train.launcher_runs import Finished, deepspeed_cmd, empty_config, launcher_env, run
 
-ROOT = Path(__file__).resolve().parents[2]
 _LAUNCH_TIMEOUT_S = 240  # a launch takes ~30 s on 2 busy cores; a hang must fail the test, not block CI
 _STEPS = 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(tiny_data, out_dir: Path, *extra: str, fault: str | None = None) -> subprocess.CompletedProcess:
-    config = out_dir.parent / "empty.toml"  # every setting comes from the overrides
-    config.write_text("")
-    script = Path(sys.executable).parent / "deepspeed"
-    launcher = [str(script)] if script.is_file() else [sys.executable, "-m", "deepspeed.launcher.runner"]
+def _launch(tiny_data, out_dir: Path, *extra: str, fault: str | None = None) -> Finished:
     overrides = base_overrides(
         tiny_data, out_dir, "--attention.bias=plsh", "--attention.num_samples=2", "--parallel.sp_size=2",
         "--deepspeed.zero_stage=1", f"--run.max_steps={_STEPS}", "--checkpoint.every_steps=2",
         "--checkpoint.keep_last=0", "--logging.every_steps=1", "--logging.eval_batches=0",
         "--parallel.timeout_s=60", *extra)
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PLSH_PROGRESS="0",
-               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    env.pop("PLSH_FAULT", None)
-    if fault:
-        env["PLSH_FAULT"] = fault
-    cmd = [*launcher, "--num_gpus", "2", "--master_port", str(_free_port()), str(ROOT / "launchers" / "pretrain.py"),
-           "--config", str(config), *overrides]
-    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=_LAUNCH_TIMEOUT_S)
+    env = launcher_env(**({"PLSH_FAULT": fault} if fault else {}))
+    cmd = deepspeed_cmd(2, empty_config(out_dir.parent), overrides)
+    name = f"{out_dir.name}_{(fault or 'clean').replace(':', '_')}"
+    return run(cmd, env, out_dir.parent / "logs", name, _LAUNCH_TIMEOUT_S)
 
 
 def _step_metrics(out_dir: Path) -> dict[int, tuple]:
