@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from plsh_dist.distributed.comm_stats import comm_stats, reset_comm_stats  # noqa: E402
 from plsh_dist.distributed.halo_attention import all_gather_kv, reduce_scatter_kv  # noqa: E402
-from plsh_dist.distributed.sp_layout import exchange_layout, sp_positions  # noqa: E402
+from plsh_dist.distributed.sp_chunks import sp_positions  # noqa: E402
+from plsh_dist.distributed.sp_layout import exchange_layout  # noqa: E402
 from plsh_dist.hashing import alibi_slopes  # noqa: E402
 from plsh_dist.ops import alibi_attention, plsh_attention  # noqa: E402
 

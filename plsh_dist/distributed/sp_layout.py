@@ -10,8 +10,9 @@ that failed on one rank only would leave the others hanging in a collective).
 Rules (checked here):
 
 - every rank passes a chunk of the same length (split the sequence with
-  :func:`sp_chunk`, which needs ``T % sp_size == 0``; uneven chunks are not
-  supported: pad the packed sequence to a multiple of ``sp_size``);
+  :func:`plsh_dist.distributed.sp_chunks.sp_chunk`, which needs
+  ``T % sp_size == 0``; uneven chunks are not supported: pad the packed
+  sequence to a multiple of ``sp_size``);
 - each rank's positions are contiguous (``first + arange(T_local)``), and the
   chunks follow each other in rank order (gaps between chunks are allowed);
 - batch, heads, head dim, dtype, causal flag and hash are equal on all ranks.
@@ -27,7 +28,7 @@ import torch.distributed as dist
 
 from plsh_dist.distributed.comm_stats import record_meta
 
-__all__ = ["SPLayout", "exchange_layout", "sp_chunk", "sp_positions", "hash_fingerprint", "dtype_code"]
+__all__ = ["SPLayout", "exchange_layout", "hash_fingerprint", "dtype_code"]
 
 _DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
@@ -101,7 +102,7 @@ def exchange_layout(group, positions: torch.Tensor, signature: dict[str, int]) -
     if len(set(lengths)) != 1:
         raise ValueError(
             f"sequence parallelism: mismatched chunk lengths across ranks {lengths}; every rank must pass "
-            "an equal contiguous chunk (split with plsh_dist.distributed.sp_layout.sp_chunk, which needs "
+            "an equal contiguous chunk (split with plsh_dist.distributed.sp_chunks.sp_chunk, which needs "
             "T % sp_size == 0: pad the sequence to a multiple of sp_size)"
         )
     if lengths[0] < 1:
@@ -120,25 +121,3 @@ def exchange_layout(group, positions: torch.Tensor, signature: dict[str, int]) -
             )
     global_ranks = tuple(dist.get_global_rank(group, r) for r in range(size))
     return SPLayout(group, rank, size, global_ranks, tuple(firsts), lengths[0])
-
-
-def sp_chunk(x: torch.Tensor, sp_rank: int, sp_size: int, dim: int = 1) -> torch.Tensor:
-    """Rank ``sp_rank``'s contiguous chunk of ``x`` along ``dim`` (a view).
-
-    Raises ValueError unless ``x.shape[dim] % sp_size == 0``.
-    """
-    if not 0 <= sp_rank < sp_size:
-        raise ValueError(f"sp_rank must be in [0, sp_size={sp_size}), got {sp_rank}")
-    T = x.shape[dim]
-    if T % sp_size:
-        raise ValueError(
-            f"sequence length {T} is not divisible by sp_size={sp_size}; pad or pack sequences to a multiple "
-            f"of {sp_size} (e.g. {-(-T // sp_size) * sp_size})"
-        )
-    chunk = T // sp_size
-    return x.narrow(dim, sp_rank * chunk, chunk)
-
-
-def sp_positions(seqlen: int, sp_rank: int, sp_size: int, offset: int = 0) -> torch.Tensor:
-    """Global positions LongTensor[seqlen // sp_size] of rank ``sp_rank``'s chunk."""
-    return sp_chunk(torch.arange(seqlen, dtype=torch.int64) + offset, sp_rank, sp_size, dim=0)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from plsh_dist.distributed.comm_stats import comm_stats, reset_comm_stats
-from plsh_dist.distributed.sp_layout import sp_chunk, sp_positions
+from plsh_dist.distributed.sp_chunks import sp_chunk, sp_positions
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
 from plsh_dist.ops import alibi_attention, causal_attention, fixed_blocks_attention, plsh_attention
 from tests.tolerances import for_dtype

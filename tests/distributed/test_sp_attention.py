@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from plsh_dist.distributed.sp_layout import sp_chunk, sp_positions
+from plsh_dist.distributed.sp_chunks import sp_chunk, sp_positions
 from tests.distributed import sp_worker
 
 
@@ -23,7 +23,7 @@ def test_sequence_parallel_matches_single_process(world, tmp_path):
 
 def test_sp_chunk_needs_divisible_length():
     x = torch.arange(10)[None, :]
-    with pytest.raises(ValueError, match="not divisible by sp_size=3"):
+    with pytest.raises(ValueError, match=r"sequence length=10 is not divisible by \[parallel\].sp_size=3"):
         sp_chunk(x, 0, 3)
     assert torch.equal(sp_chunk(x, 1, 2), x[:, 5:])
     assert torch.equal(sp_positions(8, 3, 4, offset=100), torch.tensor([106, 107]))
