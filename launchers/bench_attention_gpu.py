@@ -47,7 +47,7 @@ import torch  # noqa: E402
 
 from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: E402
 from plsh_dist.ops import alibi_attention, plsh_attention  # noqa: E402
-from plsh_dist.ops.backend_varlen_cuda import flash_attn_available  # noqa: E402
+from plsh_dist.ops.backends import flash_attn_available  # noqa: E402
 
 FWD_BWD = 3.5  # backward ~2.5x forward matmul FLOPs
 

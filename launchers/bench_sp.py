@@ -32,11 +32,11 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from plsh_dist.distributed.comm_stats import comm_stats, reset_comm_stats  # noqa: E402
-from plsh_dist.distributed.halo_attention import all_gather_kv, reduce_scatter_kv  # noqa: E402
+from plsh_dist.distributed.sp import SequenceParallelAttention  # noqa: E402
+from plsh_dist.distributed.sp.alibi_allgather import all_gather_kv, reduce_scatter_kv  # noqa: E402
 from plsh_dist.distributed.sp_chunks import sp_positions  # noqa: E402
 from plsh_dist.distributed.sp_layout import exchange_layout  # noqa: E402
 from plsh_dist.hashing import alibi_slopes  # noqa: E402
-from plsh_dist.ops import alibi_attention, plsh_attention  # noqa: E402
 
 _KV = ("fwd_sent_bytes", "fwd_recv_bytes", "bwd_sent_bytes", "bwd_recv_bytes")
 
@@ -103,15 +103,16 @@ def _worker(rank: int, world: int, init_file: str, cfg: dict, result_file: str) 
         g = torch.Generator().manual_seed(1000 * world + rank)
         q, k, v, dout = (torch.randn(1, T // world, H, D, generator=g) for _ in range(4))
         pos = sp_positions(T, rank, world)
+        sp = SequenceParallelAttention(dist.group.WORLD)
         modes = {
-            "plsh": (plsh_attention, dict(sigma=slopes.reciprocal(), num_samples=cfg["samples"], seed=0)),
-            "alibi": (alibi_attention, dict(slopes=slopes)),
+            "plsh": (sp.plsh_attention, dict(sigma=slopes.reciprocal(), num_samples=cfg["samples"], seed=0)),
+            "alibi": (sp.alibi_attention, dict(slopes=slopes)),
         }
         for mode, (op, kw) in modes.items():
             timed = mode == "plsh" or T <= cfg["alibi_time_max_len"]
             if timed:
                 repeats = cfg["repeats"] if mode == "plsh" else cfg["alibi_repeats"]
-                times, traffic = _time_op(op, q, k, v, dout, repeats, positions=pos, sp_group=dist.group.WORLD, **kw)
+                times, traffic = _time_op(op, q, k, v, dout, repeats, positions=pos, **kw)
             else:
                 times, traffic = [], _alibi_traffic_only(k, v, pos, H)
             per_rank = [None] * world

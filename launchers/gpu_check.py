@@ -37,7 +37,7 @@ CPU_SAFE_TESTS = ["tests/ops/test_varlen_path.py"]
 def environment() -> dict:
     import torch
 
-    from plsh_dist.ops.backend_varlen_cuda import flash_attn_available
+    from plsh_dist.ops.backends import flash_attn_available
 
     cuda = torch.cuda.is_available()
     env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,

@@ -27,16 +27,20 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from plsh_dist.splitmix import MASK64, splitmix64
+
 __all__ = [
     "alibi_slopes",
     "PositionalLSH",
     "FixedBlocks",
+    "SAMPLERS",
     "cu_seqlens_from_buckets",
-    "make_hash",
+    "block_starts",
+    "block_ends",
 ]
 
-_MASK64 = (1 << 64) - 1
-
+#: Samplers of :class:`PositionalLSH` (``sampler=``).
+SAMPLERS = ("iid", "stratified")
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
     """ALiBi slopes of Press et al. (2022), Tensor[H] float32.
@@ -66,15 +70,6 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 finaliser on uint64 arrays (wrap-around arithmetic)."""
-    with np.errstate(over="ignore"):
-        x = (x + np.uint64(0x9E3779B97F4A7C15)) & np.uint64(_MASK64)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
-
-
 def counter_uniform(seed: int, samples: np.ndarray, heads: np.ndarray, stream: int) -> np.ndarray:
     """Float64 uniforms in the open interval (0, 1), one per (sample, head).
 
@@ -82,10 +77,10 @@ def counter_uniform(seed: int, samples: np.ndarray, heads: np.ndarray, stream: i
     same numbers on every machine, independent of how many samples or heads
     are asked for at once.
     """
-    key = _splitmix64(np.full(samples.shape, int(seed) & _MASK64, dtype=np.uint64))
-    key = _splitmix64(key ^ samples.astype(np.uint64))
-    key = _splitmix64(key ^ heads.astype(np.uint64))
-    key = _splitmix64(key ^ np.uint64(stream))
+    key = splitmix64(np.full(samples.shape, int(seed) & MASK64, dtype=np.uint64))
+    key = splitmix64(key ^ samples.astype(np.uint64))
+    key = splitmix64(key ^ heads.astype(np.uint64))
+    key = splitmix64(key ^ np.uint64(stream))
     # 53 random bits -> (0, 1), never exactly 0 or 1 (so log() below is finite).
     return ((key >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
 
@@ -130,8 +125,8 @@ class PositionalLSH:
         self.sigma = _as_sigma(sigma)
         if not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
-        if sampler not in ("iid", "stratified"):
-            raise ValueError(f"sampler must be 'iid' or 'stratified', got {sampler!r}")
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
         self.num_samples = num_samples
         self.seed = int(seed)
         self.sampler = sampler
@@ -202,31 +197,56 @@ class PositionalLSH:
 
     # -- buckets and blocks -------------------------------------------------
 
-    def buckets(self, positions: torch.Tensor) -> torch.Tensor:
+    def buckets(self, positions: torch.Tensor, samples: slice | None = None) -> torch.Tensor:
         """Bucket ids, LongTensor[s, H, n], for a LongTensor[n] of positions.
 
-        Element-wise in position, so a sub-range of positions gives exactly
-        the slice of the full range's buckets.
+        Computed on ``positions``' device. Element-wise in position, so a
+        sub-range of positions gives exactly the slice of the full range's
+        buckets. ``samples`` (a slice) computes only those samples' rows,
+        exactly ``buckets(positions)[samples]``.
         """
-        return self._bucketize(positions, self.pitch, self.shift)
+        if positions.dim() != 1:
+            raise ValueError(f"positions must be 1-D LongTensor[n], got shape {tuple(positions.shape)}")
+        pitch, shift = (self.pitch, self.shift) if samples is None else (self.pitch[samples], self.shift[samples])
+        # non_blocking: a host-to-device copy that does not wait for queued GPU work
+        pitch = pitch.to(positions.device, non_blocking=True)[:, :, None]
+        shift = shift.to(positions.device, non_blocking=True)[:, :, None]
+        return _bucket(positions[None, None, :], pitch, shift)
 
     def sample_buckets(self, positions: torch.Tensor, sample: int) -> torch.Tensor:
         """Bucket ids of one sample, LongTensor[H, n]: exactly ``buckets(positions)[sample]``
         (same arithmetic), without computing the other samples."""
-        return self._bucketize(positions, self.pitch[sample : sample + 1], self.shift[sample : sample + 1])[0]
+        return self.buckets(positions, slice(sample, sample + 1))[0]
 
-    @staticmethod
-    def _bucketize(positions: torch.Tensor, pitch_sH: torch.Tensor, shift_sH: torch.Tensor) -> torch.Tensor:
-        if positions.dim() != 1:
-            raise ValueError(f"positions must be 1-D LongTensor[n], got shape {tuple(positions.shape)}")
-        p = positions.to(torch.float64)
-        # Tensor / tensor in float64 is correctly rounded on CPU and CUDA alike, so
-        # every device computes the same buckets (a CPU *scalar* divisor would not
-        # do: CUDA turns it into a multiplication by the reciprocal).
-        # non_blocking: a host-to-device copy that does not wait for queued GPU work
-        pitch = pitch_sH.to(p.device, non_blocking=True)[:, :, None]
-        shift = shift_sH.to(p.device, non_blocking=True)[:, :, None]
-        return torch.floor((p[None, None, :] - shift) / pitch).to(torch.long)
+    def bucket_of(self, p_SH: torch.Tensor) -> torch.Tensor:
+        """Bucket of one position per (sample, head), LongTensor[s, H] for a
+        LongTensor[s, H] (CPU): the same arithmetic as :meth:`buckets`, element
+        by element, so the two agree bit for bit."""
+        return _bucket(p_SH, self.pitch, self.shift)
+
+    def bucket_start(self, b_SH: torch.Tensor) -> torch.Tensor:
+        """Smallest integer position whose bucket is >= ``b``, LongTensor[s, H].
+
+        The float estimate ``ceil(shift + b * pitch)`` can be off by one ulp's
+        worth at a boundary, so it is corrected against :meth:`bucket_of` (the
+        hash's own rule), which is monotone in position.
+        """
+        c = torch.ceil(self.shift + b_SH.to(torch.float64) * self.pitch).to(torch.long)
+        for _ in range(16):
+            down = self.bucket_of(c - 1) >= b_SH
+            up = self.bucket_of(c) < b_SH
+            if not bool(down.any() or up.any()):
+                return c
+            c = c - down.long() + up.long()
+        raise RuntimeError("bucket_start did not converge; pitch or position out of float64 range")
+
+    def block_start_of(self, position: int) -> torch.Tensor:
+        """First position of the block holding ``position``, LongTensor[s, H] (one per sample and head)."""
+        return self.bucket_start(self.bucket_of(torch.full(self.shift.shape, position, dtype=torch.long)))
+
+    def next_block_start(self, position: int) -> torch.Tensor:
+        """First position after the block holding ``position``, LongTensor[s, H]."""
+        return self.bucket_start(self.bucket_of(torch.full(self.shift.shape, position, dtype=torch.long)) + 1)
 
     def cu_seqlens(self, positions: torch.Tensor) -> list[list[torch.Tensor]]:
         """Block boundaries as int32 offsets ``[0, ..., n]``, indexed [sample][head].
@@ -254,33 +274,50 @@ class PositionalLSH:
 class FixedBlocks(PositionalLSH):
     """The paper's fixed-blocks baseline: pitch ``2 * sigma_h``, shift 0, one sample.
 
-    Same interface as :class:`PositionalLSH`; the seed is ignored.
+    Same interface as :class:`PositionalLSH`; nothing is random, so there is no seed.
     """
 
-    def __init__(self, sigma, seed: int = 0):
-        super().__init__(sigma, num_samples=1, seed=seed)
+    def __init__(self, sigma):
+        super().__init__(sigma, num_samples=1)
 
     def _draw(self) -> tuple[torch.Tensor, torch.Tensor]:
         pitch = (2.0 * self.sigma)[None, :].clone()
         return pitch, torch.zeros_like(pitch)
 
 
-def make_hash(kind: str, sigma, num_samples: int = 1, seed: int = 0, sampler: str = "iid") -> PositionalLSH:
-    """``kind`` in {"plsh", "fixed_blocks"} -> the hash object."""
-    if kind == "plsh":
-        return PositionalLSH(sigma, num_samples, seed, sampler)
-    if kind == "fixed_blocks":
-        return FixedBlocks(sigma, seed)
-    raise ValueError(f"unknown hash kind {kind!r}; expected 'plsh' or 'fixed_blocks'")
+def _bucket(p: torch.Tensor, pitch: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """The bucket formula, ``floor((p - shift) / pitch)``, in float64 (broadcasting).
+
+    Tensor / tensor in float64 is correctly rounded on CPU and CUDA alike, so
+    every device computes the same buckets (a CPU *scalar* divisor would not
+    do: CUDA turns it into a multiplication by the reciprocal).
+    """
+    return torch.floor((p.to(torch.float64) - shift) / pitch).to(torch.long)
+
+
+def block_starts(buckets: torch.Tensor) -> torch.Tensor:
+    """True where a token starts a block, BoolTensor like ``buckets`` (non-decreasing
+    LongTensor[..., n]): token 0 and every token whose bucket differs from the one before."""
+    first = torch.ones_like(buckets[..., :1], dtype=torch.bool)
+    return torch.cat([first, buckets[..., 1:] != buckets[..., :-1]], dim=-1)
 
 
 def cu_seqlens_from_buckets(buckets: torch.Tensor) -> torch.Tensor:
-    """Non-decreasing bucket ids LongTensor[n] -> int32 offsets ``[0, b1, ..., n]``."""
+    """Non-decreasing bucket ids LongTensor[n] -> int32 block offsets ``[0, b1, ..., n]``."""
     n = buckets.numel()
-    starts = torch.nonzero(buckets[1:] != buckets[:-1]).flatten() + 1
-    zero = torch.zeros(1, dtype=starts.dtype, device=buckets.device)
+    if not n:
+        return torch.zeros(1, dtype=torch.int32, device=buckets.device)
+    starts = torch.nonzero(block_starts(buckets)).flatten()
     end = torch.full((1,), n, dtype=starts.dtype, device=buckets.device)
-    return torch.cat([zero, starts, end]).to(torch.int32) if n else zero.to(torch.int32)
+    return torch.cat([starts, end]).to(torch.int32)
+
+
+def block_ends(buckets: torch.Tensor) -> torch.Tensor:
+    """Index of the last member of each token's block, LongTensor like ``buckets``
+    (non-decreasing LongTensor[..., n])."""
+    n = buckets.shape[-1]
+    flat = buckets.reshape(-1, n).contiguous()
+    return (torch.searchsorted(flat, flat, right=True) - 1).reshape(buckets.shape)
 
 
 def _gamma2_ppf(q: np.ndarray) -> np.ndarray:

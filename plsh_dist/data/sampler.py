@@ -19,26 +19,16 @@ from typing import Iterator
 
 import numpy as np
 
+from plsh_dist.splitmix import MASK64, splitmix64
+
 __all__ = ["epoch_permutation", "ShardedSampler"]
-
-_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 finaliser on uint64 arrays (wrap-around arithmetic)."""
-    with np.errstate(over="ignore"):
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
-
 
 def epoch_permutation(num_items: int, seed: int, epoch: int) -> np.ndarray:
     """Permutation of ``range(num_items)`` (int64), a pure function of (seed, epoch)."""
     with np.errstate(over="ignore"):
-        base = _splitmix64(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) ^ _splitmix64(
-            np.array([epoch & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)))
-        keys = _splitmix64(np.arange(num_items, dtype=np.uint64) + base[0])
+        base = splitmix64(np.array([seed & MASK64], dtype=np.uint64) ^ splitmix64(
+            np.array([epoch & MASK64], dtype=np.uint64)))
+        keys = splitmix64(np.arange(num_items, dtype=np.uint64) + base[0])
     # Stable sort: ties (astronomically unlikely) still break the same way everywhere.
     return np.argsort(keys, kind="stable").astype(np.int64)
 

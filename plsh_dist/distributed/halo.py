@@ -30,7 +30,7 @@ import torch.distributed as dist
 from plsh_dist.distributed.comm_stats import record_bytes
 from plsh_dist.distributed.sp_layout import SPLayout
 
-__all__ = ["Need", "HaloPlan", "bucket_of", "bucket_start", "plsh_needs", "window_needs", "post_kv", "post_grads"]
+__all__ = ["Need", "HaloPlan", "plsh_needs", "window_needs", "post_kv", "post_grads"]
 
 _TAG = {"fwd": 71, "bwd": 72}
 
@@ -47,32 +47,6 @@ class Need:
 
     lo: tuple[int, ...]
     hi: tuple[int, ...]
-
-
-def bucket_of(lsh, p_SH: torch.Tensor) -> torch.Tensor:
-    """Bucket of a (sample, head)-specific position, LongTensor[s, H].
-
-    The same float64 arithmetic as ``PositionalLSH.buckets`` element by
-    element, so it agrees with it bit for bit.
-    """
-    return torch.floor((p_SH.to(torch.float64) - lsh.shift) / lsh.pitch).to(torch.long)
-
-
-def bucket_start(lsh, b_SH: torch.Tensor) -> torch.Tensor:
-    """Smallest integer position whose bucket is >= ``b``, LongTensor[s, H].
-
-    The float estimate ``ceil(shift + b * pitch)`` can be off by one ulp's
-    worth at a boundary, so it is corrected against :func:`bucket_of` (the
-    hash's own rule), which is monotone in position.
-    """
-    c = torch.ceil(lsh.shift + b_SH.to(torch.float64) * lsh.pitch).to(torch.long)
-    for _ in range(16):
-        down = bucket_of(lsh, c - 1) >= b_SH
-        up = bucket_of(lsh, c) < b_SH
-        if not bool(down.any() or up.any()):
-            return c
-        c = c - down.long() + up.long()
-    raise RuntimeError("bucket_start did not converge; pitch or position out of float64 range")
 
 
 def _kv_reduce(x_SH: torch.Tensor, num_q_heads: int, num_kv_heads: int, reduce) -> list[int]:
@@ -98,13 +72,11 @@ def plsh_needs(lsh, layout: SPLayout, num_q_heads: int, num_kv_heads: int, causa
     needs = []
     for r in range(layout.size):
         first, end = layout.start(r), layout.end(r)
-        b_first = bucket_of(lsh, torch.full_like(lsh.shift, first, dtype=torch.long))
-        lo = _kv_reduce(bucket_start(lsh, b_first), num_q_heads, num_kv_heads, torch.min)
+        lo = _kv_reduce(lsh.block_start_of(first), num_q_heads, num_kv_heads, torch.min)
         if causal:
             hi = [end] * num_kv_heads
         else:
-            b_last = bucket_of(lsh, torch.full_like(lsh.shift, end - 1, dtype=torch.long))
-            hi = _kv_reduce(bucket_start(lsh, b_last + 1), num_q_heads, num_kv_heads, torch.max)
+            hi = _kv_reduce(lsh.next_block_start(end - 1), num_q_heads, num_kv_heads, torch.max)
         needs.append(Need(tuple(min(x, first) for x in lo), tuple(max(x, end) for x in hi)))
     return needs
 
@@ -147,7 +119,7 @@ class Transfer:
         return sum(p.length for p in self.pieces)
 
 
-def _side_ranges(layout: SPLayout, i: int, lo: int, hi: int, owners) -> list[tuple[int, int, int]]:
+def _side_ranges(layout: SPLayout, lo: int, hi: int, owners) -> list[tuple[int, int, int]]:
     """(owner, start, stop) of existing positions in [lo, hi) held by ``owners``, in order."""
     out = []
     for j in owners:
@@ -167,7 +139,7 @@ def _transfers(layout: SPLayout, i: int, need: Need) -> list[tuple[int, Transfer
     result = []
     for side, lo, hi, owners, head_lo, head_hi in sides:
         slot = 0
-        for j, a, b in _side_ranges(layout, i, lo, hi, owners):
+        for j, a, b in _side_ranges(layout, lo, hi, owners):
             t = Transfer(peer=i, side=side)
             for h in range(len(head_lo)):
                 ha, hb = max(a, head_lo[h]), min(b, head_hi[h])
@@ -209,8 +181,8 @@ class HaloPlan:
         pos = lambda ranges: torch.cat(  # noqa: E731
             [torch.arange(a, b) for _, a, b in ranges] or [torch.zeros(0, dtype=torch.long)]
         )
-        left = pos(_side_ranges(layout, me, min(need.lo), first, range(0, me)))
-        right = pos(_side_ranges(layout, me, end, max(need.hi), range(me + 1, layout.size)))
+        left = pos(_side_ranges(layout, min(need.lo), first, range(0, me)))
+        right = pos(_side_ranges(layout, end, max(need.hi), range(me + 1, layout.size)))
         return cls(recv, send, left, right)
 
     def recv_tokens(self) -> int:

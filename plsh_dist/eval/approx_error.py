@@ -31,14 +31,13 @@ from typing import Iterable, Sequence
 
 import torch
 
-from plsh_dist.hashing import PositionalLSH, _as_sigma
+from plsh_dist.hashing import PositionalLSH, _as_sigma, block_ends, block_starts
 from plsh_dist.ops.reference import alibi_weights, dense_attention
 
 __all__ = [
     "psi_sigma",
     "paper_bound",
     "RunningMask",
-    "block_ends",
     "symmetric_spectral_norm",
     "averaged_masks",
     "mask_error",
@@ -75,18 +74,6 @@ def paper_bound(sigma: float, n: int, s: int) -> float:
 # ---------------------------------------------------------------------------
 # M~ without stacking s dense masks.
 # ---------------------------------------------------------------------------
-
-
-def block_ends(buckets: torch.Tensor) -> torch.Tensor:
-    """Index of the last member of each position's block, LongTensor like ``buckets``.
-
-    Args:
-        buckets: LongTensor[..., n], non-decreasing along the last dim (what
-            :meth:`PositionalLSH.buckets` returns for increasing positions).
-    """
-    n = buckets.shape[-1]
-    flat = buckets.reshape(-1, n).contiguous()
-    return (torch.searchsorted(flat, flat, right=True) - 1).reshape(buckets.shape)
 
 
 class RunningMask:
@@ -266,15 +253,14 @@ def max_block_size(
     for seed in seeds:
         hash_ = PositionalLSH(float(sigma), num_samples, seed, sampler)
         big, blocks = 0, 0
-        # PositionalLSH.buckets formula, in chunks of samples: (s, n) bucket ids
-        # of s = 1024, n = 65536 would be 0.5 GB at once.
+        # In chunks of samples: (s, n) bucket ids of s = 1024, n = 65536 would
+        # be 0.5 GB at once.
         for lo in range(0, num_samples, _CHUNK):
-            b = torch.floor((positions[None, :].to(torch.float64) - hash_.shift[lo : lo + _CHUNK, :1])
-                            / hash_.pitch[lo : lo + _CHUNK, :1]).to(torch.long)  # (chunk, n)
-            # Block starts per row, with sentinels at 0 and n; lengths are the
-            # gaps between consecutive starts of the same row (row-major order).
+            b = hash_.buckets(positions, slice(lo, lo + _CHUNK))[:, 0]  # (chunk, n)
+            # Block starts per row, with a sentinel at n; lengths are the gaps
+            # between consecutive starts of the same row (row-major order).
             edge = torch.ones(b.shape[0], 1, dtype=torch.bool)
-            starts = torch.nonzero(torch.cat([edge, b[:, 1:] != b[:, :-1], edge], dim=1))  # (K, 2)
+            starts = torch.nonzero(torch.cat([block_starts(b), edge], dim=1))  # (K, 2)
             same_row = starts[1:, 0] == starts[:-1, 0]
             length = (starts[1:, 1] - starts[:-1, 1])[same_row]
             big = max(big, int(length.max()))

@@ -7,7 +7,8 @@ with transformers. Public API:
 - ``presets``: ``"tiny"`` (CPU tests) and ``"qwen3-0.6b"``;
 - ``build_model(model_cfg, attn_cfg, runtime=None, *, device=None, dtype=None)``;
 - ``set_attention_mode(model, attn_cfg, runtime=None)``: same weights, other attention;
-- ``AttentionRuntime`` (run seed, step, micro-step, SP group), ``get_runtime(model)``,
+- ``set_attention_ops(model, ops)``: which ops compute the attention (SP binds its own);
+- ``AttentionRuntime`` (run seed, step, micro-step), ``get_runtime(model)``,
   ``hash_seed(run_seed, step, micro_step, layer)``;
 - ``count_parameters(model, exclude_embeddings=False)``.
 """
@@ -19,9 +20,9 @@ from plsh_dist.models.build import (
     count_parameters,
     get_runtime,
     set_attention_mode,
+    set_attention_ops,
 )
-from plsh_dist.models.config import BIASES, FAMILIES, AttentionConfig, ModelConfig
-from plsh_dist.models.presets import presets
+from plsh_dist.models.config import BIASES, FAMILIES, AttentionConfig, ModelConfig, presets
 from plsh_dist.models.rope import rope_enabled, set_rope
 from plsh_dist.models.runtime import AttentionRuntime, hash_seed
 
@@ -34,6 +35,7 @@ __all__ = [
     "presets",
     "build_model",
     "set_attention_mode",
+    "set_attention_ops",
     "get_runtime",
     "attention_modules",
     "count_parameters",

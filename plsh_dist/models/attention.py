@@ -18,6 +18,14 @@ attention function. Under sequence parallelism they are the *global*
 positions of this rank's chunk; all rows must be equal (one packed layout
 per batch). Row 0 becomes the op's ``positions``.
 
+Which ops compute: each attention module may carry an attention-ops object
+(``plsh_attention_ops``): anything with the four functions of
+:mod:`plsh_dist.ops` (``plsh_attention``, ``fixed_blocks_attention``,
+``alibi_attention``, ``causal_attention``) and their keyword arguments. None
+(the default) means the single-process ops; sequence parallelism binds its
+own once (:func:`plsh_dist.distributed.sp.apply_sequence_parallel`). The
+model code never sees a process group.
+
 Legend: B batch, T tokens (this rank's), Hq query heads, Hkv key/value
 heads, D head dim.
 """
@@ -29,6 +37,7 @@ import functools
 import torch
 from torch import nn
 
+from plsh_dist import ops as local_ops
 from plsh_dist.hashing import alibi_slopes
 from plsh_dist.models.config import AttentionConfig
 from plsh_dist.models.runtime import AttentionRuntime
@@ -41,6 +50,7 @@ IMPLEMENTATION = "plsh_dist"
 #: Attributes set on each HF attention module by ``set_attention_mode``.
 CFG_ATTR = "plsh_attn_cfg"
 RUNTIME_ATTR = "plsh_runtime"
+OPS_ATTR = "plsh_attention_ops"
 
 
 @functools.lru_cache(maxsize=64)
@@ -92,6 +102,7 @@ def _positions(position_ids: torch.Tensor | None, T: int, runtime: AttentionRunt
 def _dispatch(
     cfg: AttentionConfig,
     runtime: AttentionRuntime,
+    ops,
     layer: int,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -99,10 +110,8 @@ def _dispatch(
     positions: torch.Tensor,
     scale: float | None,
 ) -> torch.Tensor:
-    """q (B, T, Hq, D), k/v (B, T, Hkv, D) -> (B, T, Hq, D) under ``cfg.bias``."""
-    from plsh_dist import ops  # late import: ops pulls in the kernels; configs should not
-
-    common = dict(positions=positions, causal=True, softmax_scale=scale, sp_group=runtime.sp_group)
+    """q (B, T, Hq, D), k/v (B, T, Hkv, D) -> (B, T, Hq, D) under ``cfg.bias``, computed by ``ops``."""
+    common = dict(positions=positions, causal=True, softmax_scale=scale)
     if cfg.bias == "none":
         return ops.causal_attention(q, k, v, **common)
     if cfg.bias in ("alibi", "window"):
@@ -137,7 +146,7 @@ def plsh_dist_attention(
 
     Args:
         module: the HF attention module; carries ``plsh_attn_cfg``,
-            ``plsh_runtime`` and ``layer_idx``.
+            ``plsh_runtime``, ``layer_idx`` and optionally ``plsh_attention_ops``.
         query: (B, Hq, T, D); key, value: (B, Hkv, T, D) (after rope, if on).
         attention_mask: must be None (our mask builder returns None).
         scaling: softmax scale (``head_dim ** -0.5`` in these models).
@@ -176,7 +185,8 @@ def plsh_dist_attention(
     q = query.transpose(1, 2)  # (B, T, Hq, D)
     k = key.transpose(1, 2)  # (B, T, Hkv, D)
     v = value.transpose(1, 2)  # (B, T, Hkv, D)
-    out = _dispatch(cfg, runtime, layer, q, k, v, positions, scaling)
+    ops = getattr(module, OPS_ATTR, None) or local_ops
+    out = _dispatch(cfg, runtime, ops, layer, q, k, v, positions, scaling)
     return out, None
 
 

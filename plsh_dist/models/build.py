@@ -6,8 +6,9 @@
 
 The model is transformers' own ``Qwen3ForCausalLM`` / ``LlamaForCausalLM`` /
 ``MistralForCausalLM``; nothing of it is subclassed. What we add lives in
-plain attributes (``plsh_attn_cfg`` and ``plsh_runtime`` on each attention
-module, a rope flag on the rotary module), so ``state_dict`` / ``save_pretrained``
+plain attributes (``plsh_attn_cfg``, ``plsh_runtime`` and, when bound,
+``plsh_attention_ops`` on each attention module, a rope flag on the rotary
+module), so ``state_dict`` / ``save_pretrained``
 / DeepSpeed see an ordinary HF model.
 """
 
@@ -18,12 +19,14 @@ import contextlib
 import torch
 from torch import nn
 
-from plsh_dist.models.attention import CFG_ATTR, IMPLEMENTATION, RUNTIME_ATTR, register
+from plsh_dist.models.attention import CFG_ATTR, IMPLEMENTATION, OPS_ATTR, RUNTIME_ATTR, register
 from plsh_dist.models.config import AttentionConfig, ModelConfig
 from plsh_dist.models.rope import set_rope
 from plsh_dist.models.runtime import AttentionRuntime
 
-__all__ = ["build_model", "set_attention_mode", "get_runtime", "attention_modules", "count_parameters"]
+__all__ = [
+    "build_model", "set_attention_mode", "set_attention_ops", "get_runtime", "attention_modules", "count_parameters",
+]
 
 
 def _causal_lm_class(family: str):
@@ -58,7 +61,7 @@ def build_model(
     Args:
         model_cfg: architecture.
         attn_cfg: attention mode (switchable later, see ``set_attention_mode``).
-        runtime: shared seed/step/SP state; a fresh ``AttentionRuntime()`` if None.
+        runtime: shared seed/step state; a fresh ``AttentionRuntime()`` if None.
         device: where parameters are created; ``"meta"`` allocates nothing
             (for counting, or for DeepSpeed ZeRO-3 / ``to_empty`` flows).
             Default: torch's current default device.
@@ -100,6 +103,21 @@ def set_attention_mode(
         setattr(module, CFG_ATTR, attn_cfg)
         setattr(module, RUNTIME_ATTR, runtime)
     set_rope(model, attn_cfg.rope)
+    return model
+
+
+def set_attention_ops(model: nn.Module, ops) -> nn.Module:
+    """Bind ``ops`` to every attention module of ``model``: the object whose
+    ``plsh_attention`` / ``fixed_blocks_attention`` / ``alibi_attention`` /
+    ``causal_attention`` compute the attention (same arguments as
+    :mod:`plsh_dist.ops`). ``None`` binds the single-process ops. Attention
+    modes switched later (``set_attention_mode``) keep it. Returns the model.
+
+    Sequence parallelism calls this once through
+    :func:`plsh_dist.distributed.sp.apply_sequence_parallel`.
+    """
+    for module in attention_modules(model):
+        setattr(module, OPS_ATTR, ops)
     return model
 
 

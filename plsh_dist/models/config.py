@@ -18,15 +18,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from plsh_dist.config_check import check_field_types, did_you_mean
+from plsh_dist.hashing import SAMPLERS
+from plsh_dist.models.presets import PRESET_TABLES
+from plsh_dist.ops.backends import BACKENDS
 
-__all__ = ["AttentionConfig", "ModelConfig", "BIASES", "FAMILIES"]
+__all__ = ["AttentionConfig", "ModelConfig", "BIASES", "FAMILIES", "presets"]
 
 #: Positional bias modes understood by the attention function.
 BIASES = ("none", "alibi", "plsh", "fixed_blocks", "window")
 #: transformers decoder families we build (all share the AttentionInterface path).
 FAMILIES = ("qwen3", "llama", "mistral")
-_SAMPLERS = ("iid", "stratified")
-_BACKENDS = ("auto", "torch", "math", "flash_attn")
 
 
 def _from_dict(cls, d: dict[str, Any], section: str):
@@ -112,10 +113,10 @@ class AttentionConfig:
             raise ValueError(f"attention.window must be an int >= 1 (tokens), got {self.window!r}")
         if not isinstance(self.fixed_masks, bool):
             raise ValueError(f"attention.fixed_masks must be true or false, got {self.fixed_masks!r}")
-        if self.sampler not in _SAMPLERS:
-            raise ValueError(f"attention.sampler must be one of {_SAMPLERS}, got {self.sampler!r}")
-        if self.backend not in _BACKENDS:
-            raise ValueError(f"attention.backend must be one of {_BACKENDS}, got {self.backend!r}")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"attention.sampler must be one of {SAMPLERS}, got {self.sampler!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"attention.backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.chunk_size is not None and (
             isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size < 1
         ):
@@ -203,8 +204,6 @@ class ModelConfig:
         preset = d.pop("preset", None)
         if preset is None:
             return _from_dict(cls, d, "model")
-        from plsh_dist.models.presets import presets  # late import: presets builds ModelConfigs
-
         if preset not in presets:
             raise ValueError(f"[model] preset must be one of {sorted(presets)}, got {preset!r}")
         base = presets[preset].to_dict()
@@ -250,3 +249,7 @@ class ModelConfig:
             cfg = transformers.MistralConfig(**common, sliding_window=None)
         cfg._attn_implementation = attn_implementation
         return cfg
+
+
+#: Named architectures (:mod:`plsh_dist.models.presets`): ``"tiny"`` and ``"qwen3-0.6b"``.
+presets: dict[str, ModelConfig] = {name: ModelConfig(**table) for name, table in PRESET_TABLES.items()}

@@ -7,17 +7,19 @@ embeddings, rope base 1e6, vocab 151936): 596,049,920 parameters, of which
 Replace ``vocab_size`` with your tokenizer's (``dataclasses.replace``).
 
 ``"tiny"`` is a CPU debug flavour of the same shape family for tests and
-golden loss curves.
+
+
+Plain tables of ``ModelConfig`` fields (this file imports nothing, so the
+config module can read it); :data:`plsh_dist.models.presets` holds them
+built as ``ModelConfig`` objects.
 """
 
 from __future__ import annotations
 
-from plsh_dist.models.config import ModelConfig
+__all__ = ["PRESET_TABLES"]
 
-__all__ = ["presets"]
-
-presets: dict[str, ModelConfig] = {
-    "tiny": ModelConfig(
+PRESET_TABLES: dict[str, dict] = {
+    "tiny": dict(
         family="qwen3",
         vocab_size=512,
         hidden_size=128,
@@ -30,7 +32,7 @@ presets: dict[str, ModelConfig] = {
         rope_theta=10_000.0,
         tie_embeddings=True,
     ),
-    "qwen3-0.6b": ModelConfig(
+    "qwen3-0.6b": dict(
         family="qwen3",
         vocab_size=151936,
         hidden_size=1024,

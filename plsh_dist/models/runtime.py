@@ -18,9 +18,9 @@ Seeding choice (documented here, relied on by training and evaluation):
 - evaluation builds ``AttentionRuntime(run_seed=<eval seed>)`` and either
   keeps step 0 or calls ``set_step(batch_index)`` for fresh masks per batch.
 
-Model code knows nothing of parallelism: the trainer puts its
-sequence-parallel process group on the runtime (``runtime.sp_group``) and the
-attention function hands it to the op.
+Model code knows nothing of parallelism: sequence parallelism is bound to
+the attention modules once (:func:`plsh_dist.distributed.sp.apply_sequence_parallel`),
+never carried here.
 """
 
 from __future__ import annotations
@@ -28,18 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from plsh_dist.splitmix import MASK64, splitmix64_int
+
 __all__ = ["AttentionRuntime", "hash_seed"]
-
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    """SplitMix64 finaliser on a Python int (mod 2^64)."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
 
 def hash_seed(run_seed: int, step: int, micro_step: int, layer: int) -> int:
     """Seed of one layer's hash in one forward, an int in [0, 2^63).
@@ -54,9 +45,9 @@ def hash_seed(run_seed: int, step: int, micro_step: int, layer: int) -> int:
             raise ValueError(f"{name} must be an int >= 0, got {value!r}")
     if isinstance(run_seed, bool) or not isinstance(run_seed, int):
         raise ValueError(f"run_seed must be an int, got {run_seed!r}")
-    key = _splitmix64(run_seed & _MASK64)
+    key = splitmix64_int(run_seed & MASK64)
     for value in (step, micro_step, layer):
-        key = _splitmix64(key ^ value)
+        key = splitmix64_int(key ^ value)
     return key >> 1
 
 
@@ -74,10 +65,6 @@ class AttentionRuntime:
     """Optimizer step of the coming forward."""
     micro_step: int = 0
     """Gradient-accumulation micro-step within ``step``."""
-    sp_group: Any = None
-    """torch.distributed process group of sequence parallelism, or None
-    (single process / no SP). Each rank then feeds its contiguous chunk with
-    its global ``position_ids``."""
     positions_cache: Any = field(default=None, init=False, repr=False, compare=False)
     """(position_ids tensor, its version, its CPU row) of the current forward; internal to
     the attention function (one device-to-host copy per forward)."""

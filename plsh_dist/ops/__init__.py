@@ -1,11 +1,13 @@
-"""Attention operators: positional LSH, exact ALiBi baselines, dense references.
+"""Attention operators of one process: positional LSH, exact ALiBi baselines, dense references.
 
 Every function takes q (B, T, Hq, D) and k, v (B, T, Hkv, D) and returns
-(B, T, Hq, D) in q's dtype.
+(B, T, Hq, D) in q's dtype (and, with ``return_lse=True``, the log-sum-exp
+(B, Hq, T)). Nothing here communicates: sequence-parallel versions of the same
+functions live in :mod:`plsh_dist.distributed.sp`.
 """
 
-from plsh_dist.distributed.comm_stats import comm_stats, reset_comm_stats
 from plsh_dist.ops.alibi import alibi_attention, causal_attention
+from plsh_dist.ops.backends import BACKENDS, Backend
 from plsh_dist.ops.plsh import fixed_blocks_attention, plsh_attention
 
 __all__ = [
@@ -13,6 +15,6 @@ __all__ = [
     "fixed_blocks_attention",
     "alibi_attention",
     "causal_attention",
-    "comm_stats",
-    "reset_comm_stats",
+    "Backend",
+    "BACKENDS",
 ]

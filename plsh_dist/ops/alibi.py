@@ -6,6 +6,9 @@ against the key range they can see, with the bias ``-m_h |p_i - p_j|`` built
 per chunk: memory O(T * chunk * H) instead of O(T^2 * H), also in backward
 (which recomputes each chunk from the saved out and lse).
 
+Single process only: sequence parallelism (:mod:`plsh_dist.distributed.sp`)
+calls ``alibi_forward`` / ``alibi_backward`` on its gathered keys or halo.
+
 Legend: B batch, Tq / Tk query / key tokens, Hq query heads, Hkv key/value
 heads, D head dim, C chunk of queries, K keys seen by a chunk.
 """
@@ -15,11 +18,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from plsh_dist.ops.kernels import dense_bwd, dense_fwd
+from plsh_dist.ops.dense import dense_bwd, dense_fwd
+from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.merge import accum_dtype
 from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_for
 
-__all__ = ["alibi_attention", "causal_attention", "alibi_forward", "alibi_backward", "default_chunk_size"]
+__all__ = [
+    "alibi_attention", "causal_attention", "alibi_forward", "alibi_backward", "default_chunk_size",
+    "check_alibi_attention", "AlibiAttentionFunction",
+]
 
 # Bias bytes per chunk: Hq * C * K * 4 stays below this.
 _CHUNK_BIAS_BYTES = 64 * 2**20
@@ -58,7 +65,7 @@ def _bias(q_pos, k_pos, slopes, causal: bool, window: int | None, dtype, device)
 
 def _expand(x: torch.Tensor, groups: int) -> torch.Tensor:
     """(B, T, Hkv, D) -> (B, Hq, T, D) with each kv head repeated for its query heads."""
-    return x.repeat_interleave(groups, dim=2).transpose(1, 2) if groups > 1 else x.transpose(1, 2)
+    return repeat_kv(x, groups).transpose(1, 2)
 
 
 def alibi_forward(q, k, v, q_pos, k_pos, slopes, *, causal, window, scale, chunk):
@@ -112,25 +119,29 @@ def alibi_backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, *, causal, win
         dk[:, :, k0:k1] += dk_c
         dv[:, :, k0:k1] += dv_c
     # Sum the repeated query heads back onto their key/value head.
-    dk = dk.view(B, Hkv, groups, Tk, D).sum(2).transpose(1, 2)
-    dv = dv.view(B, Hkv, groups, Tk, D).sum(2).transpose(1, 2)
+    dk = sum_kv_repeats(dk, groups, dim=1).transpose(1, 2)
+    dv = sum_kv_repeats(dv, groups, dim=1).transpose(1, 2)
     return dq.transpose(1, 2), dk.to(k.dtype), dv.to(v.dtype)
 
 
 class AlibiAttentionFunction(torch.autograd.Function):
-    """Saves q, k, v, out, lse only; backward recomputes chunk by chunk."""
+    """Saves q, k, v, out, lse only; backward recomputes chunk by chunk.
+
+    Returns ``(out, lse)``; ``lse`` is not differentiable.
+    """
 
     @staticmethod
     def forward(ctx, q, k, v, q_pos, k_pos, slopes, causal, window, scale, chunk):
         kw = dict(causal=causal, window=window, scale=scale, chunk=chunk)
         out, lse = alibi_forward(q, k, v, q_pos, k_pos, slopes, **kw)
+        ctx.mark_non_differentiable(lse)
         if any(ctx.needs_input_grad[:3]):
             ctx.save_for_backward(q, k, v, out, lse)
             ctx.pos, ctx.slopes, ctx.kw = (q_pos, k_pos), slopes, kw
-        return out
+        return out, lse
 
     @staticmethod
-    def backward(ctx, dout):
+    def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = alibi_backward(dout.contiguous(), q, k, v, out, lse, *ctx.pos, ctx.slopes, **ctx.kw)
         return dq, dk, dv, None, None, None, None, None, None, None
@@ -149,6 +160,22 @@ def check_slopes(slopes, num_heads: int) -> torch.Tensor:
     return slopes
 
 
+def check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale, chunk_size):
+    """Validate the arguments of :func:`alibi_attention`; ValueErrors name the argument.
+
+    Returns ``(slopes, positions, scale)``: float32 CPU Tensor[Hq], CPU LongTensor[T], float.
+    """
+    check_qkv(q, k, v)
+    slopes = check_slopes(slopes, q.shape[2])
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive int or None, got {window!r}")
+    pos = check_positions(positions, q.shape[1], q.device)
+    scale = softmax_scale_for(q, softmax_scale)
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    return slopes, pos, scale
+
+
 def alibi_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -160,9 +187,9 @@ def alibi_attention(
     window: int | None = None,
     softmax_scale: float | None = None,
     chunk_size: int | None = None,
-    sp_group=None,
-) -> torch.Tensor:
-    """Exact ALiBi attention: logits ``q_i . k_j * scale - m_h |p_i - p_j|``.
+    return_lse: bool = False,
+):
+    """Exact ALiBi attention (one process): logits ``q_i . k_j * scale - m_h |p_i - p_j|``.
 
     Args:
         q: (B, T, Hq, D); k, v: (B, T, Hkv, D), Hq % Hkv == 0.
@@ -171,27 +198,16 @@ def alibi_attention(
         causal: keys after the query are hidden.
         window: sliding window: keys with ``|p_i - p_j| >= window`` are hidden.
         chunk_size: queries per chunk (default: bias of a chunk under 64 MiB).
-        sp_group: sequence-parallel group (each rank passes its chunk).
+        return_lse: also return the log-sum-exp.
     Returns:
-        (B, T, Hq, D) in q's dtype.
+        out (B, T, Hq, D) in q's dtype; with ``return_lse`` also lse (B, Hq, T)
+        fp32 (fp64 for fp64), not differentiable.
     """
-    check_qkv(q, k, v)
-    slopes = check_slopes(slopes, q.shape[2])
-    if window is not None and (not isinstance(window, int) or window < 1):
-        raise ValueError(f"window must be a positive int or None, got {window!r}")
-    pos = check_positions(positions, q.shape[1], q.device)
-    scale = softmax_scale_for(q, softmax_scale)
-    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
-    if sp_group is not None:
-        from plsh_dist.distributed.halo_attention import sp_alibi_attention  # noqa: PLC0415 (avoid cycle)
-
-        return sp_alibi_attention(
-            q, k, v, pos, slopes, causal=causal, window=window, scale=scale, chunk=chunk_size, group=sp_group
-        )
+    slopes, pos, scale = check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale, chunk_size)
     seen = q.shape[1] if window is None else min(q.shape[1], 2 * window)
     chunk = chunk_size or default_chunk_size(q.shape[2], seen)
-    return AlibiAttentionFunction.apply(q, k, v, pos, pos, slopes, causal, window, scale, chunk)
+    out, lse = AlibiAttentionFunction.apply(q, k, v, pos, pos, slopes, causal, window, scale, chunk)
+    return (out, lse) if return_lse else out
 
 
 def causal_attention(
@@ -202,22 +218,22 @@ def causal_attention(
     positions: torch.Tensor | None = None,
     causal: bool = True,
     softmax_scale: float | None = None,
-    sp_group=None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+):
     """Attention without positional bias (the model's own positions, e.g. rope,
-    are applied to q, k before). Single process: PyTorch SDPA (the exact-
-    attention floor); under sequence parallelism: exact attention over the
-    all-gathered keys (zero ALiBi slopes).
+    are applied to q, k before), one process: PyTorch SDPA, the exact-attention
+    floor. SDPA returns no log-sum-exp, so ``return_lse=True`` runs exact
+    attention in query chunks with zero ALiBi slopes instead (equal to
+    rounding).
 
     Shapes as :func:`alibi_attention`.
     """
     check_qkv(q, k, v)
     scale = softmax_scale_for(q, softmax_scale)
-    if sp_group is not None:
+    if return_lse:
         zero = torch.zeros(q.shape[2])
-        return alibi_attention(
-            q, k, v, slopes=zero, positions=positions, causal=causal, softmax_scale=scale, sp_group=sp_group
-        )
+        return alibi_attention(q, k, v, slopes=zero, positions=positions, causal=causal, softmax_scale=scale,
+                               return_lse=True)
     check_positions(positions, q.shape[1], q.device)
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=scale,

@@ -1,7 +1,7 @@
 """PLSH forward/backward on the varlen (CUDA) kernels: one call per sample.
 
 Same contract as ``plsh_forward`` / ``plsh_backward`` in :mod:`plsh_dist.ops.plsh`
-(which dispatch here for the ``varlen_*`` implementations). Tensors are laid
+(which dispatch here for the varlen implementations). Tensors are laid
 out once along the rows axis of :mod:`plsh_dist.ops.varlen_plan` (all heads
 with per-head hashes, all batch rows), so each sample is a single varlen call
 over every head and row, usually one launch (more only past 65535 blocks).
@@ -25,15 +25,13 @@ from __future__ import annotations
 import torch
 
 from plsh_dist.hashing import PositionalLSH
-from plsh_dist.ops import backend_varlen_cuda
+from plsh_dist.ops.backends import Impl
+from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.merge import accum_dtype, merge_into
+from plsh_dist.ops.varlen_kernels import varlen_bwd, varlen_fwd
 from plsh_dist.ops.varlen_plan import VarlenChunk, plan_samples
 
 __all__ = ["varlen_plsh_forward", "varlen_plsh_backward"]
-
-
-def _provider(impl: str) -> str:
-    return {"varlen_flash_attn": "flash_attn", "varlen_aten": "aten", "varlen_reference": "reference"}[impl]
 
 
 def _to_rows(x_BTHD: torch.Tensor, per_head: bool, repeat: int = 1) -> torch.Tensor:
@@ -42,8 +40,7 @@ def _to_rows(x_BTHD: torch.Tensor, per_head: bool, repeat: int = 1) -> torch.Ten
     if not per_head:
         return x_BTHD.reshape(B * T, H, D)
     x_HBTD = x_BTHD.permute(2, 0, 1, 3)
-    if repeat > 1:  # kv head j serves query heads j*g .. j*g+g-1: repeat in place of h // g
-        x_HBTD = x_HBTD.repeat_interleave(repeat, dim=0)
+    x_HBTD = repeat_kv(x_HBTD, repeat, dim=0)  # kv head j serves query heads j*g .. j*g+g-1
     return x_HBTD.reshape(-1, 1, D)  # copies (permute is not contiguous)
 
 
@@ -67,7 +64,7 @@ def _lse_to_rows(lse_BHT: torch.Tensor, per_head: bool) -> torch.Tensor:
 
 
 def varlen_plsh_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, scale: float,
-                        impl: str, plan: list[list[VarlenChunk]] | None = None):
+                        impl: Impl, plan: list[list[VarlenChunk]] | None = None):
     """Merged block attention over all samples (see ``plsh_forward``).
 
     q: (B, T, Hq, D); k, v: (B, T, Hkv, D); positions CPU LongTensor[T].
@@ -80,15 +77,14 @@ def varlen_plsh_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *,
     plan = plan if plan is not None else plan_samples(lsh, positions, B, q.device)
     q_rows = _to_rows(q, per_head)
     k_rows, v_rows = (_to_rows(x, per_head, g) for x in (k, v))
-    provider = _provider(impl)
     acc = accum_dtype(q.dtype)
     out_rows = torch.empty(q_rows.shape, dtype=acc, device=q.device)  # merged over samples
     lse_rows = torch.empty(q_rows.shape[1], q_rows.shape[0], dtype=acc, device=q.device)  # (Hc, R)
     for t, chunks in enumerate(plan):
         for c in chunks:
             a, b = c.row_start, c.row_end
-            o, l = backend_varlen_cuda.varlen_fwd(q_rows[a:b], k_rows[a:b], v_rows[a:b], c.cu_seqlens, c.max_len,
-                                                  causal=causal, scale=scale, provider=provider)
+            o, l = varlen_fwd(q_rows[a:b], k_rows[a:b], v_rows[a:b], c.cu_seqlens, c.max_len,
+                              causal=causal, scale=scale, kernel=impl.kernel)
             if t == 0:  # every row lies in one block of every sample: sample 0 fills all rows
                 out_rows[a:b] = o
                 lse_rows[:, a:b] = l
@@ -100,7 +96,7 @@ def varlen_plsh_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *,
 
 
 def varlen_plsh_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool,
-                         scale: float, impl: str, plan: list[list[VarlenChunk]] | None = None):
+                         scale: float, impl: Impl, plan: list[list[VarlenChunk]] | None = None):
     """Gradients of :func:`varlen_plsh_forward` with the merged ``out`` / ``lse``.
 
     ``plan``: the forward's (recomputed when None).
@@ -118,13 +114,12 @@ def varlen_plsh_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions:
     dq_rows = torch.zeros(q_rows.shape, dtype=acc, device=q.device)
     dk_rows = torch.zeros(k_rows.shape, dtype=acc, device=q.device)
     dv_rows = torch.zeros(v_rows.shape, dtype=acc, device=q.device)
-    provider = _provider(impl)
     for chunks in plan:
         for c in chunks:
             a, b = c.row_start, c.row_end
-            dq_c, dk_c, dv_c = backend_varlen_cuda.varlen_bwd(
+            dq_c, dk_c, dv_c = varlen_bwd(
                 dout_rows[a:b], q_rows[a:b], k_rows[a:b], v_rows[a:b], out_rows[a:b], lse_rows[:, a:b],
-                c.cu_seqlens, c.max_len, causal=causal, scale=scale, provider=provider,
+                c.cu_seqlens, c.max_len, causal=causal, scale=scale, kernel=impl.kernel,
             )
             dq_rows[a:b] += dq_c
             dk_rows[a:b] += dk_c
@@ -132,7 +127,7 @@ def varlen_plsh_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions:
     dq = _from_rows(dq_rows, B, T, per_head)
     if per_head:
         # rows (Hq = Hkv * g, B, T): sum each kv head's g repeated copies
-        dk, dv = (x.view(Hkv, g, B, T, D).sum(1).permute(1, 2, 0, 3) for x in (dk_rows, dv_rows))
+        dk, dv = (sum_kv_repeats(x.view(Hq, B, T, D), g, dim=0).permute(1, 2, 0, 3) for x in (dk_rows, dv_rows))
     else:
         dk, dv = (x.view(B, T, Hkv, D) for x in (dk_rows, dv_rows))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

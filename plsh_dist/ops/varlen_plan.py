@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from plsh_dist.hashing import PositionalLSH
+from plsh_dist.hashing import PositionalLSH, block_starts
 
 __all__ = ["MAX_SEQS_PER_CALL", "VarlenChunk", "plan_samples"]
 
@@ -65,8 +65,8 @@ def _block_start_indices(lsh: PositionalLSH, positions: torch.Tensor, device: to
     pos = positions.pin_memory() if device.type == "cuda" else positions
     pos = pos.to(device, non_blocking=True)
     buckets = lsh.buckets(pos)  # (s, H, n) on device; same formula as on the CPU
-    change = (buckets[..., 1:] != buckets[..., :-1]).flatten()
-    return torch.nonzero(change).flatten().to(torch.int64).cpu().numpy()
+    starts = block_starts(buckets)[..., 1:].flatten()  # token 0 starts every (t, h): kept implicit
+    return torch.nonzero(starts).flatten().to(torch.int64).cpu().numpy()
 
 
 def _sample_rows(starts_by_head: list[np.ndarray], n: int, batch: int) -> np.ndarray:

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from plsh_dist.distributed.comm_stats import comm_stats, reset_comm_stats
+from plsh_dist.distributed.sp import SequenceParallelAttention
 from plsh_dist.distributed.sp_chunks import sp_chunk, sp_positions
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
 from plsh_dist.ops import alibi_attention, causal_attention, fixed_blocks_attention, plsh_attention
@@ -36,7 +37,8 @@ def _inputs(dtype, seed):
 
 
 def _run_and_compare(op, dtype, data_seed, offset, group, **kw):
-    """Reference on the full sequence vs SP on this rank's chunk; returns comm stats of the SP call."""
+    """Reference on the full sequence (the single-process ``op``) vs its SP
+    twin on this rank's chunk; returns comm stats of the SP call."""
     P, r = dist.get_world_size(group), dist.get_rank(group)
     q, k, v, g = _inputs(dtype, data_seed)
     full = [x.clone().requires_grad_() for x in (q, k, v)]
@@ -45,7 +47,8 @@ def _run_and_compare(op, dtype, data_seed, offset, group, **kw):
 
     local = [sp_chunk(x, r, P).clone().requires_grad_() for x in (q, k, v)]
     reset_comm_stats()
-    out = op(*local, positions=sp_positions(T, r, P, offset), sp_group=group, **kw)
+    sp_op = getattr(SequenceParallelAttention(group), op.__name__)
+    out = sp_op(*local, positions=sp_positions(T, r, P, offset), **kw)
     grads = torch.autograd.grad(out, local, sp_chunk(g, r, P))
     stats = comm_stats()
 
@@ -146,7 +149,8 @@ def alibi_cases(rank: int, world: int, group) -> None:
 def error_cases(rank: int, world: int, group) -> None:
     """Wrong setups fail with a clear ValueError on every rank, before any K/V moves."""
     q = torch.randn(1, 12, 2, 8)
-    kw = dict(sigma=4.0, num_samples=2, seed=0, sp_group=group)
+    kw = dict(sigma=4.0, num_samples=2, seed=0)
+    sp = SequenceParallelAttention(group)
 
     def expect(msg, fn):
         reset_comm_stats()
@@ -161,15 +165,16 @@ def error_cases(rank: int, world: int, group) -> None:
 
     n = 12 if rank == 0 else 10
     qn = q[:, :n]
-    expect("mismatched chunk lengths", lambda: plsh_attention(qn, qn, qn, positions=torch.arange(n) + 12 * rank, **kw))
+    expect("mismatched chunk lengths",
+           lambda: sp.plsh_attention(qn, qn, qn, positions=torch.arange(n) + 12 * rank, **kw))
     gapped = torch.arange(12) * 2 + 24 * rank
-    expect("not contiguous", lambda: plsh_attention(q, q, q, positions=gapped, **kw))
+    expect("not contiguous", lambda: sp.plsh_attention(q, q, q, positions=gapped, **kw))
     swapped = torch.arange(12) + 12 * (world - 1 - rank)
-    expect("out of order", lambda: plsh_attention(q, q, q, positions=swapped, **kw))
+    expect("out of order", lambda: sp.plsh_attention(q, q, q, positions=swapped, **kw))
     pos = torch.arange(12) + 12 * rank
-    expect("'hash' differs", lambda: plsh_attention(q, q, q, positions=pos, **{**kw, "seed": rank}))
-    expect("'window' differs", lambda: alibi_attention(q, q, q, slopes=alibi_slopes(2), positions=pos,
-                                                       window=5 + rank, sp_group=group))
+    expect("'hash' differs", lambda: sp.plsh_attention(q, q, q, positions=pos, **{**kw, "seed": rank}))
+    expect("'window' differs", lambda: sp.alibi_attention(q, q, q, slopes=alibi_slopes(2), positions=pos,
+                                                          window=5 + rank))
 
 
 CASES = {"plsh": plsh_cases, "alibi": alibi_cases, "errors": error_cases}

@@ -4,7 +4,7 @@ planned halo of every rank is exactly the brute-force need from the buckets."""
 import pytest
 import torch
 
-from plsh_dist.distributed.halo import HaloPlan, bucket_of, bucket_start, plsh_needs
+from plsh_dist.distributed.halo import HaloPlan, plsh_needs
 from plsh_dist.distributed.sp_layout import SPLayout
 from plsh_dist.hashing import PositionalLSH, alibi_slopes
 
@@ -16,8 +16,9 @@ def test_bucket_start_is_the_first_position_of_each_block():
     p = positions[None, None, :].expand_as(buckets)
     # bucket_of agrees with the hash's own buckets bit for bit
     for i in (0, 1, 777, 2999):
-        assert torch.equal(bucket_of(lsh, p[:, :, i]), buckets[:, :, i])
-    starts = bucket_start(lsh, buckets[:, :, 1500])
+        assert torch.equal(lsh.bucket_of(p[:, :, i]), buckets[:, :, i])
+    starts = lsh.bucket_start(buckets[:, :, 1500])
+    assert torch.equal(starts, lsh.block_start_of(int(positions[1500])))
     for t in range(5):
         for h in range(4):
             first = positions[buckets[t, h] == buckets[t, h, 1500]].min()

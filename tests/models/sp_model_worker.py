@@ -15,6 +15,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from plsh_dist.distributed.sp import apply_sequence_parallel
 from plsh_dist.distributed.sp_chunks import sp_chunk, sp_positions
 from plsh_dist.models import AttentionConfig, build_model, get_runtime, presets, set_attention_mode
 from tests.tolerances import FP64
@@ -55,13 +56,13 @@ def run(rank: int, world: int, init_file: str) -> None:
             runtime = get_runtime(model)
             runtime.set_step(4, 1)
 
-            runtime.sp_group = None
+            apply_sequence_parallel(model, None)
             model.zero_grad(set_to_none=True)
             ref = model(ids, position_ids=full_pos).logits
             _loss(ref, probe).backward()
             ref_grads = _grads(model)
 
-            runtime.sp_group = dist.group.WORLD
+            apply_sequence_parallel(model, dist.group.WORLD)
             model.zero_grad(set_to_none=True)
             out = model(sp_chunk(ids, rank, world), position_ids=chunk_pos).logits
             _loss(out, sp_chunk(probe, rank, world)).backward()

@@ -1,13 +1,35 @@
-"""What reaches the op: layout, global positions, scale, seed, SP group, sigma/slopes."""
+"""What reaches the op: layout, global positions, scale, seed, sigma/slopes; and
+which ops compute (the single-process ones unless parallelism binds its own)."""
 
 import pytest
 import torch
 
 import plsh_dist.ops as ops
+from plsh_dist.distributed.sp import SequenceParallelAttention, apply_sequence_parallel
 from plsh_dist.hashing import alibi_slopes
-from plsh_dist.models import AttentionConfig, AttentionRuntime, build_model, hash_seed, presets
+from plsh_dist.models import (
+    AttentionConfig, AttentionRuntime, attention_modules, build_model, hash_seed, presets, set_attention_mode,
+    set_attention_ops,
+)
 
-SP_GROUP = object()  # stands for a torch.distributed group: passed through untouched
+SP_GROUP = object()  # stands for a torch.distributed group: bound once, never called here
+
+
+class RecordingOps:
+    """An attention-ops object that records every call (the four functions of plsh_dist.ops)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        if name not in ("plsh_attention", "fixed_blocks_attention", "alibi_attention", "causal_attention"):
+            raise AttributeError(name)
+
+        def op(q, k, v, **kwargs):
+            self.calls.append((name, q.shape, k.shape, kwargs))
+            return torch.zeros_like(q)
+
+        return op
 
 
 @pytest.mark.parametrize(
@@ -21,26 +43,21 @@ SP_GROUP = object()  # stands for a torch.distributed group: passed through unto
     ],
     ids=lambda x: x if isinstance(x, str) else x.bias,
 )
-def test_op_receives_chunk_positions_and_sp_group(monkeypatch, cfg, op):
-    calls = []
-
-    def fake(q, k, v, **kwargs):
-        calls.append((q.shape, k.shape, kwargs))
-        return torch.zeros_like(q)
-
-    monkeypatch.setattr(ops, op, fake)
-    runtime = AttentionRuntime(run_seed=5, sp_group=SP_GROUP)
+def test_bound_ops_receive_chunk_positions(cfg, op):
+    bound = RecordingOps()
+    runtime = AttentionRuntime(run_seed=5)
     runtime.set_step(2, 1)
-    model = build_model(presets["tiny"], cfg, runtime)
+    model = set_attention_ops(build_model(presets["tiny"], cfg, runtime), bound)
     # This rank's chunk of a longer sequence: global positions 64..79.
     with torch.no_grad():
         model(torch.randint(0, 512, (3, 16)), position_ids=torch.arange(64, 80)[None].expand(3, -1))
 
-    assert len(calls) == 4  # one per layer
-    for layer, (q_shape, k_shape, kw) in enumerate(calls):
+    assert len(bound.calls) == 4  # one per layer
+    for layer, (name, q_shape, k_shape, kw) in enumerate(bound.calls):
+        assert name == op
         assert q_shape == (3, 16, 4, 32) and k_shape == (3, 16, 2, 32)  # (B, T, H, D), GQA kept
         assert torch.equal(kw["positions"], torch.arange(64, 80))
-        assert kw["sp_group"] is SP_GROUP and kw["causal"] is True
+        assert kw["causal"] is True and "sp_group" not in kw
         assert kw["softmax_scale"] == 32**-0.5
         if cfg.bias in ("alibi", "window"):
             expected = alibi_slopes(4) if cfg.sigma is None else torch.full((4,), 1 / cfg.sigma)
@@ -53,6 +70,28 @@ def test_op_receives_chunk_positions_and_sp_group(monkeypatch, cfg, op):
             assert (kw["num_samples"], kw["sampler"], kw["backend"]) == (5, "stratified", "math")
         if cfg.bias == "fixed_blocks":
             assert kw["sigma"] == 3.0
+
+
+def test_single_process_ops_by_default(monkeypatch):
+    calls = []
+    monkeypatch.setattr(ops, "alibi_attention", lambda q, k, v, **kw: calls.append(kw) or torch.zeros_like(q))
+    model = build_model(presets["tiny"], AttentionConfig(bias="alibi"))
+    with torch.no_grad():
+        model(torch.randint(0, 512, (1, 8)))
+    assert len(calls) == 4
+
+
+def test_apply_sequence_parallel_binds_every_module_once():
+    model = build_model(presets["tiny"], AttentionConfig(bias="plsh"))
+    apply_sequence_parallel(model, SP_GROUP)
+    bound = {id(m.plsh_attention_ops) for m in attention_modules(model)}
+    assert len(bound) == 1  # one object shared by all layers
+    sp = attention_modules(model)[0].plsh_attention_ops
+    assert isinstance(sp, SequenceParallelAttention) and sp.group is SP_GROUP
+    set_attention_mode(model, AttentionConfig(bias="alibi"))  # switching the mode keeps parallelism
+    assert attention_modules(model)[-1].plsh_attention_ops is sp
+    apply_sequence_parallel(model, None)  # back to one process
+    assert all(m.plsh_attention_ops is None for m in attention_modules(model))
 
 
 def test_positions_buffer_refilled_in_place_is_reread():

@@ -27,7 +27,7 @@ SLACK = 1e-3
 
 
 def _flash_attn_or_skip(backend: str) -> None:
-    from plsh_dist.ops.backend_varlen_cuda import flash_attn_available
+    from plsh_dist.ops.backends import flash_attn_available
 
     if backend == "flash_attn" and not flash_attn_available(torch.device("cuda"), torch.bfloat16):
         pytest.skip("flash-attn not installed")
@@ -111,11 +111,11 @@ def test_backward_never_waits_for_the_gpu():
 
 def test_one_varlen_call_per_sample(monkeypatch):
     """All heads (per-head sigma) and batch rows go to the GPU in one call per sample."""
-    from plsh_dist.ops import backend_varlen_cuda
+    from plsh_dist.ops import plsh_varlen
 
     calls = []
-    real = backend_varlen_cuda.varlen_fwd
-    monkeypatch.setattr(backend_varlen_cuda, "varlen_fwd", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = plsh_varlen.varlen_fwd
+    monkeypatch.setattr(plsh_varlen, "varlen_fwd", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     q, k, v = (x.to(torch.bfloat16) for x in _inputs(torch.bfloat16, seed=2))
     plsh_attention(q, k, v, sigma=alibi_slopes(HQ).reciprocal(), num_samples=S, seed=0, backend="torch")
     assert len(calls) == S

@@ -183,7 +183,7 @@ def test_bad_shapes_raise_clear_errors():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("backend", ["torch", "flash_attn"])
 def test_cuda_backends_match_math_path(backend):
-    from plsh_dist.ops.backend_varlen_cuda import flash_attn_available
+    from plsh_dist.ops.backends import flash_attn_available
 
     if backend == "flash_attn" and not flash_attn_available(torch.device("cuda"), torch.bfloat16):
         pytest.skip("flash-attn not installed")

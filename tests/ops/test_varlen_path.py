@@ -1,7 +1,6 @@
 """The CUDA varlen path (row layouts, per-sample calls, chunking, merging) on CPU.
 
-The kernels are swapped for the ``reference`` provider (padded explicit
-matmuls), so everything around the flash-attention calls is checked here
+The kernels are swapped for ``Kernel.REFERENCE`` (padded explicit matmuls), so everything around the flash-attention calls is checked here
 against the dense fp64 reference; the kernels themselves are checked on a GPU
 (tests/ops/test_cuda_backends.py).
 """
@@ -11,6 +10,7 @@ import torch
 
 from plsh_dist.hashing import PositionalLSH, alibi_slopes
 from plsh_dist.ops import plsh_varlen
+from plsh_dist.ops.backends import VARLEN_REFERENCE, resolve_backend
 from plsh_dist.ops.plsh import PLSHAttentionFunction, plsh_forward
 from plsh_dist.ops.varlen_plan import plan_samples
 from tests.ops.test_plsh_attention import _check_against_reference, _qkv
@@ -28,7 +28,7 @@ def test_varlen_path_matches_dense_reference(causal, per_head, max_seqs, monkeyp
     if max_seqs:  # cut every sample into many calls of <= 7 blocks
         monkeypatch.setattr("plsh_dist.ops.varlen_plan.MAX_SEQS_PER_CALL", max_seqs)
         assert len(plan_samples(lsh, positions, 2, torch.device("cpu"))[0]) > 3
-    out = PLSHAttentionFunction.apply(q, k, v, lsh, positions, causal, 8**-0.5, "varlen_reference")
+    out = PLSHAttentionFunction.apply(q, k, v, lsh, positions, causal, 8**-0.5, VARLEN_REFERENCE)[0]
     _check_against_reference(q, k, v, out, lsh.averaged_mask(positions), causal)
 
 
@@ -37,8 +37,8 @@ def test_varlen_path_equals_padded_path_in_fp32():
     q, k, v = _qkv(1, 300, 8, 2, 16, torch.float32, seed=2)
     lsh = PositionalLSH(alibi_slopes(8).reciprocal(), 4, seed=3)
     pos = torch.arange(300)
-    a, la = plsh_varlen.varlen_plsh_forward(q, k, v, lsh, pos, causal=True, scale=0.25, impl="varlen_reference")
-    b, lb = plsh_forward(q, k, v, lsh, pos, causal=True, scale=0.25, impl="padded")
+    a, la = plsh_varlen.varlen_plsh_forward(q, k, v, lsh, pos, causal=True, scale=0.25, impl=VARLEN_REFERENCE)
+    b, lb = plsh_forward(q, k, v, lsh, pos, causal=True, scale=0.25, impl=resolve_backend("torch", q.device, q.dtype))
     torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)  # fp32 sums in another order
     torch.testing.assert_close(la, lb, atol=2e-5, rtol=2e-5)
 

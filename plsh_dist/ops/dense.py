@@ -1,4 +1,4 @@
-"""Dense attention kernels that return / accept the log-sum-exp.
+"""Dense softmax attention math that returns / accepts the log-sum-exp.
 
 The building block of every path: softmax attention on a batch of short
 sequences (blocks, or query chunks against a key range), forward returning
@@ -9,13 +9,15 @@ backward without storing anything per part.
 Layout legend (this file only): N batch of sequences, H heads, Lq / Lk
 query / key length, D head dim; tensors are (N, H, L, D), lse is (N, H, Lq).
 
-Two implementations with one signature:
+Two kernels with one signature (:class:`~plsh_dist.ops.backends.Kernel`):
 
-- ``aten``: PyTorch's flash-attention-for-CPU kernels
+- ``ATEN``: PyTorch's flash-attention-for-CPU kernels
   (``_scaled_dot_product_flash_attention_for_cpu`` and its ``_backward``),
   a faithful stand-in for flash-attn's forward/backward on CPU;
-- ``math``: explicit matmuls, for any device and dtype (CUDA without
+- ``MATH``: explicit matmuls, for any device and dtype (CUDA without
   flash-attn). Memory O(N * H * Lq * Lk): only for short blocks or chunks.
+
+``AUTO`` (or None) picks one per call with :func:`kernel_for`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from __future__ import annotations
 import functools
 
 import torch
+
+from plsh_dist.ops.backends import Kernel
+from plsh_dist.ops.merge import accum_dtype
 
 __all__ = ["dense_fwd", "dense_bwd", "kernel_for"]
 
@@ -35,11 +40,15 @@ _ATEN_CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 MATH_MAX_LEN = 32
 
 
-def kernel_for(device: torch.device, dtype: torch.dtype, key_len: int | None = None) -> str:
-    """The kernel for tensors on ``device`` of ``dtype`` and key length: "aten" or "math"."""
+def kernel_for(device: torch.device, dtype: torch.dtype, key_len: int | None = None) -> Kernel:
+    """The kernel for tensors on ``device`` of ``dtype`` and key length: ``ATEN`` or ``MATH``."""
     if device.type != "cpu" or dtype not in _ATEN_CPU_DTYPES:
-        return "math"
-    return "math" if key_len is not None and key_len <= MATH_MAX_LEN else "aten"
+        return Kernel.MATH
+    return Kernel.MATH if key_len is not None and key_len <= MATH_MAX_LEN else Kernel.ATEN
+
+
+def _pick(kernel: Kernel | None, q: torch.Tensor, k: torch.Tensor) -> Kernel:
+    return kernel_for(q.device, q.dtype, k.shape[-2]) if kernel in (None, Kernel.AUTO) else kernel
 
 
 def dense_fwd(
@@ -50,7 +59,7 @@ def dense_fwd(
     causal: bool,
     scale: float,
     bias: torch.Tensor | None = None,
-    kernel: str | None = None,
+    kernel: Kernel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention forward.
 
@@ -62,8 +71,7 @@ def dense_fwd(
     Returns:
         out (N, H, Lq, D) in q's dtype, lse (N, H, Lq) in fp32 (fp64 for fp64 input).
     """
-    kernel = kernel or kernel_for(q.device, q.dtype, k.shape[-2])
-    if kernel == "aten":
+    if _pick(kernel, q, k) == Kernel.ATEN:
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, causal, attn_mask=bias, scale=scale
         )
@@ -86,7 +94,7 @@ def dense_bwd(
     causal: bool,
     scale: float,
     bias: torch.Tensor | None = None,
-    kernel: str | None = None,
+    kernel: Kernel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Softmax attention backward with a given ``(out, lse)``.
 
@@ -97,12 +105,11 @@ def dense_bwd(
 
     Shapes as in :func:`dense_fwd`; returns dq, dk, dv in the inputs' dtype.
     """
-    kernel = kernel or kernel_for(q.device, q.dtype, k.shape[-2])
-    if kernel == "aten":
+    if _pick(kernel, q, k) == Kernel.ATEN:
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout, q, k, v, out, lse.to(_lse_dtype(q.dtype)), 0.0, causal, attn_mask=bias, scale=scale
+            dout, q, k, v, out, lse.to(accum_dtype(q.dtype)), 0.0, causal, attn_mask=bias, scale=scale
         )
-    acc = _lse_dtype(q.dtype)
+    acc = accum_dtype(q.dtype)
     logits = _masked_logits(q, k, causal=causal, scale=scale, bias=bias)
     probs = torch.exp(logits - lse.to(acc)[..., None])  # (N, H, Lq, Lk)
     dout_a, v_a = dout.to(acc), v.to(acc)
@@ -115,13 +122,9 @@ def dense_bwd(
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _masked_logits(q, k, *, causal: bool, scale: float, bias: torch.Tensor | None) -> torch.Tensor:
     """(N, H, Lq, Lk) logits in the accumulation dtype, masked entries -inf."""
-    acc = _lse_dtype(q.dtype)
+    acc = accum_dtype(q.dtype)
     logits = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * scale
     if bias is not None:
         logits = logits + bias.to(acc)

@@ -1,18 +1,19 @@
-"""Block attention with varlen flash-attention on CUDA (no padding).
+"""Varlen flash-attention kernels on CUDA (no padding), behind one signature.
 
 The rows and ``cu_seqlens`` of a call come from :mod:`plsh_dist.ops.varlen_plan`:
-every block is one "sequence" of a varlen call. Two kernel providers:
+every block is one "sequence" of a varlen call. Kernels
+(:class:`~plsh_dist.ops.backends.Kernel`):
 
 - the ``flash_attn`` package (``_flash_attn_varlen_forward/_backward``);
   argument lists differ between 2.5 and 2.6-2.8 (``window_size`` tuple vs
   ``window_size_left/right``, ``softcap``, returned tuple length) and so does
   the varlen LSE layout ((H, total) vs padded (nseq, H, max_seqlen)); both are
   handled by reading the installed function's signature;
-- PyTorch's own ``aten::_flash_attention_forward/_backward`` (fp16/bf16 on
-  CUDA), used by ``backend="torch"`` on CUDA.
-
-A third, ``reference``, runs the same calls with padded explicit matmuls on
-any device, so the CPU tests check everything around the kernels.
+- ``ATEN``: PyTorch's own ``aten::_flash_attention_forward/_backward``
+  (fp16/bf16 on CUDA), used by ``backend="torch"`` on CUDA;
+- ``REFERENCE``: the same calls on padded explicit matmuls, any device
+  (:mod:`plsh_dist.ops.varlen_reference`), so the CPU tests check everything
+  around the kernels.
 
 Nothing here touches CUDA at import time.
 Legend: R rows (tokens of all sequences), Hc query heads of the call, Hkc
@@ -26,28 +27,14 @@ import inspect
 
 import torch
 
-from plsh_dist.ops import backend_torch
-from plsh_dist.ops.blocks import BlockLayout
+from plsh_dist.ops.backends import Kernel, flash_attn_module
+from plsh_dist.ops.varlen_reference import reference_bwd, reference_fwd
 
-__all__ = ["flash_attn_available", "varlen_fwd", "varlen_bwd"]
+__all__ = ["varlen_fwd", "varlen_bwd"]
 
 # Whether this PyTorch's aten varlen forward returned the padded LSE layout
 # (older builds); its backward then wants the same layout back.
 _ATEN_LSE_PADDED = [False]
-
-
-@functools.lru_cache(maxsize=1)
-def _flash_attn_module():
-    try:
-        from flash_attn import flash_attn_interface  # noqa: PLC0415 (optional GPU extra)
-    except Exception:  # ImportError, or a CUDA build mismatch raising at import
-        return None
-    return flash_attn_interface
-
-
-def flash_attn_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """True when flash-attn is installed and supports tensors of this device/dtype."""
-    return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and _flash_attn_module() is not None
 
 
 @functools.lru_cache(maxsize=8)
@@ -71,29 +58,29 @@ def _unpad_lse(lse: torch.Tensor, cu: torch.Tensor, total: int) -> torch.Tensor:
     return lse.permute(1, 0, 2)[:, idx]
 
 
-def varlen_fwd(q_RHD, k_RHD, v_RHD, cu_seqlens, max_len: int, *, causal: bool, scale: float, provider: str):
+def varlen_fwd(q_RHD, k_RHD, v_RHD, cu_seqlens, max_len: int, *, causal: bool, scale: float, kernel: Kernel):
     """Varlen attention over the sequences ``cu_seqlens`` cuts the rows into.
 
     Args:
         q_RHD: (R, Hc, D); k_RHD, v_RHD: (R, Hkc, D), Hc % Hkc == 0.
         cu_seqlens: int32 (nseq + 1,) on q's device, ``[0, ..., R]``.
         max_len: longest sequence (host int: no device sync).
-        provider: "flash_attn", "aten" (PyTorch's CUDA flash kernels) or
-            "reference" (padded explicit matmuls on any device; for the CPU tests
+        kernel: ``FLASH_ATTN``, ``ATEN`` (PyTorch's CUDA flash kernels) or
+            ``REFERENCE`` (padded explicit matmuls on any device; for the CPU tests
             of the row layouts, chunking and merging around the kernels).
     Returns out (R, Hc, D) in q's dtype and lse (Hc, R) fp32.
     """
     q, k, v = q_RHD, k_RHD, v_RHD
     cu = cu_seqlens
-    if provider == "reference":
-        return _reference_fwd(q, k, v, cu, causal=causal, scale=scale)
-    if provider == "flash_attn":
+    if kernel == Kernel.REFERENCE:
+        return reference_fwd(q, k, v, cu, causal=causal, scale=scale)
+    if kernel == Kernel.FLASH_ATTN:
         values = dict(
             q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len, max_seqlen_k=max_len,
             dropout_p=0.0, softmax_scale=scale, causal=causal, window_size=(-1, -1), window_size_left=-1,
             window_size_right=-1, softcap=0.0, alibi_slopes=None, return_softmax=False,
         )
-        res = _call(_flash_attn_module()._flash_attn_varlen_forward, values)
+        res = _call(flash_attn_module()._flash_attn_varlen_forward, values)
         out, lse = (res[0], res[5]) if len(res) == 8 else (res[0], res[1])
     else:
         out, lse, *_ = torch.ops.aten._flash_attention_forward(
@@ -104,26 +91,26 @@ def varlen_fwd(q_RHD, k_RHD, v_RHD, cu_seqlens, max_len: int, *, causal: bool, s
 
 
 def varlen_bwd(dout_RHD, q_RHD, k_RHD, v_RHD, out_RHD, lse_HR, cu_seqlens, max_len: int,
-               *, causal: bool, scale: float, provider: str):
+               *, causal: bool, scale: float, kernel: Kernel):
     """Backward of :func:`varlen_fwd` given the merged ``out`` (R, Hc, D) and ``lse`` (Hc, R).
 
     Returns dq (R, Hc, D), dk, dv (R, Hkc, D) in the inputs' dtype.
     """
     cu = cu_seqlens
     dout, q, k, v, out = (x.contiguous() for x in (dout_RHD, q_RHD, k_RHD, v_RHD, out_RHD))
-    if provider == "reference":
-        return _reference_bwd(dout, q, k, v, out, lse_HR.contiguous(), cu, causal=causal, scale=scale)
+    if kernel == Kernel.REFERENCE:
+        return reference_bwd(dout, q, k, v, out, lse_HR.contiguous(), cu, causal=causal, scale=scale)
     lse = lse_HR.float().contiguous()
-    if provider == "flash_attn":
+    if kernel == Kernel.FLASH_ATTN:
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        lse = _repad_lse_if_needed(_flash_attn_module()._flash_attn_varlen_backward, lse, cu, max_len)
+        lse = _repad_lse_if_needed(flash_attn_module()._flash_attn_varlen_backward, lse, cu, max_len)
         values = dict(
             dout=dout, q=q, k=k, v=v, out=out, softmax_lse=lse, dq=dq, dk=dk, dv=dv, cu_seqlens_q=cu,
             cu_seqlens_k=cu, max_seqlen_q=max_len, max_seqlen_k=max_len, dropout_p=0.0, softmax_scale=scale,
             causal=causal, window_size=(-1, -1), window_size_left=-1, window_size_right=-1, softcap=0.0,
             alibi_slopes=None, deterministic=False, rng_state=None,
         )
-        _call(_flash_attn_module()._flash_attn_varlen_backward, values)
+        _call(flash_attn_module()._flash_attn_varlen_backward, values)
     else:
         if _ATEN_LSE_PADDED[0]:
             lse = _repad_lse(lse, cu, max_len)
@@ -132,27 +119,6 @@ def varlen_bwd(dout_RHD, q_RHD, k_RHD, v_RHD, out_RHD, lse_HR, cu_seqlens, max_l
             dout, q, k, v, out, lse, cu, cu, max_len, max_len, 0.0, causal, seed, seed, scale=scale
         )
     return dq, dk, dv
-
-
-def _reference_layout(cu: torch.Tensor) -> BlockLayout:
-    lengths = (cu[1:] - cu[:-1]).long().cpu()
-    return BlockLayout.from_buckets(torch.repeat_interleave(torch.arange(lengths.numel()), lengths), cu.device)
-
-
-def _reference_fwd(q, k, v, cu, *, causal, scale):
-    g = q.shape[1] // k.shape[1]
-    k, v = (x.repeat_interleave(g, dim=1)[None] for x in (k, v))
-    out, lse = backend_torch.block_fwd(q[None], k, v, _reference_layout(cu), causal=causal, scale=scale, kernel="math")
-    return out[0], lse[0]
-
-
-def _reference_bwd(dout, q, k, v, out, lse, cu, *, causal, scale):
-    Hkc, g = k.shape[1], q.shape[1] // k.shape[1]
-    k_all, v_all = (x.repeat_interleave(g, dim=1)[None] for x in (k, v))
-    dq, dk, dv = backend_torch.block_bwd(dout[None], q[None], k_all, v_all, out[None], lse[None],
-                                         _reference_layout(cu), causal=causal, scale=scale, kernel="math")
-    R, D = q.shape[0], q.shape[2]
-    return dq[0], dk[0].view(R, Hkc, g, D).sum(2), dv[0].view(R, Hkc, g, D).sum(2)
 
 
 def _repad_lse_if_needed(fn, lse_H_total: torch.Tensor, cu: torch.Tensor, max_len: int) -> torch.Tensor:

@@ -1,8 +1,8 @@
-"""Block attention on a padded batch of blocks (CPU, or any device via math).
+"""Block attention on a padded batch of blocks: the CPU path (and any device via math).
 
 One call handles one (sample, head-group): every token attends (causally) to
 the tokens of its own block only. Blocks are padded to the longest one and run
-as a single batched dense call (see :mod:`plsh_dist.ops.blocks`); nothing
+as a single batched dense call (see :mod:`plsh_dist.ops.block_layout`); nothing
 n x n is ever built.
 
 Legend: B batch, n tokens, G heads sharing this hash, D head dim.
@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from plsh_dist.ops.blocks import BlockLayout
-from plsh_dist.ops.kernels import dense_bwd, dense_fwd
+from plsh_dist.ops.backends import Kernel
+from plsh_dist.ops.block_layout import BlockLayout
+from plsh_dist.ops.dense import dense_bwd, dense_fwd
 
 __all__ = ["block_fwd", "block_bwd"]
 
@@ -36,7 +37,7 @@ def block_fwd(
     *,
     causal: bool,
     scale: float,
-    kernel: str | None = None,
+    kernel: Kernel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Blockwise attention. Returns out (B, n, G, D) in q's dtype and lse (B, G, n)."""
     B = q_BnGD.shape[0]
@@ -56,7 +57,7 @@ def block_bwd(
     *,
     causal: bool,
     scale: float,
-    kernel: str | None = None,
+    kernel: Kernel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of :func:`block_fwd` given the merged ``out`` and ``lse``.
 

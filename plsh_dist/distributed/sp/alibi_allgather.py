@@ -1,0 +1,74 @@
+"""Exact ALiBi under sequence parallelism: the all-gather baseline (no halo).
+
+Exact ALiBi gives every key a nonzero weight, so each rank needs every key:
+the forward all-gathers K/V (``(P - 1) * chunk`` per rank, ring attention's
+volume) and the backward reduce-scatters dK/dV; each rank then runs the
+single-process :func:`~plsh_dist.ops.alibi.alibi_forward` /
+:func:`~plsh_dist.ops.alibi.alibi_backward` on its queries against all keys.
+
+Legend: B batch, T local tokens, P ranks, Hq / Hkv query / key-value heads, D head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from plsh_dist.distributed.comm_stats import record_bytes, record_call
+from plsh_dist.distributed.sp.signature import call_signature, slopes_crc
+from plsh_dist.distributed.sp_layout import SPLayout, exchange_layout
+from plsh_dist.ops.alibi import alibi_backward, alibi_forward, default_chunk_size
+
+__all__ = ["SPAlibiGather", "all_gather_kv", "reduce_scatter_kv"]
+
+
+def all_gather_kv(layout: SPLayout, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Every rank's k, v (B, T, Hkv, D) -> (2, B, P*T, Hkv, D) in rank order; one collective."""
+    P = layout.size
+    kv = torch.stack([k, v]).contiguous()
+    parts = [torch.empty_like(kv) for _ in range(P)]
+    dist.all_gather(parts, kv, group=layout.group)
+    nbytes = kv.numel() * kv.element_size()
+    record_bytes("fwd", sent=(P - 1) * nbytes, recv=(P - 1) * nbytes)
+    return torch.cat(parts, dim=2)
+
+
+def reduce_scatter_kv(layout: SPLayout, dk_all: torch.Tensor, dv_all: torch.Tensor):
+    """Sum every rank's (B, P*T, Hkv, D) dk, dv and keep this rank's chunk; one collective."""
+    P = layout.size
+    parts = [g.contiguous() for g in torch.stack([dk_all, dv_all]).chunk(P, dim=2)]
+    mine = torch.empty_like(parts[0])
+    dist.reduce_scatter(mine, parts, group=layout.group)
+    nbytes = mine.numel() * mine.element_size()
+    record_bytes("bwd", sent=(P - 1) * nbytes, recv=(P - 1) * nbytes)
+    return mine[0], mine[1]
+
+
+class SPAlibiGather(torch.autograd.Function):
+    """Exact ALiBi: all-gather K/V forward, reduce-scatter dK/dV backward (O(T) per rank)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, pos, slopes, causal, scale, chunk, group):
+        needs_grad = any(ctx.needs_input_grad[:3])
+        sig = call_signature("alibi_gather", q, k, causal, scale, needs_grad, slopes=slopes_crc(slopes))
+        layout = exchange_layout(group, pos, sig)
+        record_call()
+        P, T = layout.size, layout.length
+        kv_all = all_gather_kv(layout, k, v)
+        k_pos = torch.cat([torch.arange(f, f + T) for f in layout.firsts])
+        chunk = chunk or default_chunk_size(q.shape[2], P * T)
+        kw = dict(causal=causal, window=None, scale=scale, chunk=chunk)
+        out, lse = alibi_forward(q, kv_all[0], kv_all[1], pos, k_pos, slopes, **kw)
+        if needs_grad:
+            ctx.save_for_backward(q, kv_all, out, lse)
+            ctx.pos, ctx.k_pos, ctx.slopes, ctx.kw, ctx.layout = pos, k_pos, slopes, kw, layout
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, kv_all, out, lse = ctx.saved_tensors
+        dq, dk_all, dv_all = alibi_backward(
+            dout.contiguous(), q, kv_all[0], kv_all[1], out, lse, ctx.pos, ctx.k_pos, ctx.slopes, **ctx.kw
+        )
+        dk, dv = reduce_scatter_kv(ctx.layout, dk_all, dv_all)
+        return dq, dk, dv, None, None, None, None, None, None

@@ -1,0 +1,157 @@
+"""Positional LSH attention under sequence parallelism: a halo of keys/values.
+
+Each rank passes its contiguous chunk of q, k, v (B, T, H, D) and its global
+positions, and gets its chunk of the output; the call is one autograd
+Function that issues all of its communication itself, in one fixed order on
+every rank, forward and backward (separate autograd collectives per tensor
+can run their backward communication in different orders on different ranks).
+
+The hash is a pure function of position, so every rank computes every rank's
+halo (:mod:`plsh_dist.distributed.halo`). The work splits in two pieces that
+call the single-process pure functions of :mod:`plsh_dist.ops.plsh` unchanged:
+
+- *suffix* (causal only): local tokens from ``a`` on, whose queries from
+  ``s`` on have their whole block inside the chunk (``s`` = first position
+  after every (sample, head)'s first block; ``a`` = earliest start of the
+  blocks holding ``s``). Computed while the halo is in flight.
+- *extended*: halo keys/values + local tokens ``[0, s)`` (non-causal: the
+  whole chunk + both halos). Halo rows get q = 0: their outputs are dropped,
+  and in backward dout = out = lse = 0 there, so ``P = exp(0 - 0) = 1`` is
+  finite and ``dS = P (dP - D) = 0``: they add exactly nothing to dk, dv.
+  Rows ``[a, s)`` of the suffix are treated the same way.
+
+In backward the extended piece runs first, its halo gradients are posted back
+to their owners, and the suffix's backward overlaps that traffic.
+
+Legend: B batch, T local tokens, Hq / Hkv query / key-value heads, D head dim,
+L / R left / right halo slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from plsh_dist.distributed.comm_stats import record_call
+from plsh_dist.distributed.halo import HaloPlan, plsh_needs, post_grads, post_kv
+from plsh_dist.distributed.sp.signature import call_signature
+from plsh_dist.distributed.sp_layout import SPLayout, exchange_layout, hash_fingerprint
+from plsh_dist.ops.merge import accum_dtype
+from plsh_dist.ops.plsh import plsh_backward, plsh_forward
+
+__all__ = ["SPBlockAttention"]
+
+
+def _cat(*xs: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    return torch.cat(xs, dim=dim)
+
+
+def _zeros_rows(like: torch.Tensor, n: int, dim: int = 1) -> torch.Tensor:
+    shape = list(like.shape)
+    shape[dim] = n
+    return like.new_zeros(shape)
+
+
+def _zero_head_rows(x: torch.Tensor, n: int, dim: int = 1) -> torch.Tensor:
+    """Copy of ``x`` with its first ``n`` rows along ``dim`` set to zero."""
+    x = x.clone()
+    x.narrow(dim, 0, n).zero_()
+    return x
+
+
+@dataclass(frozen=True)
+class _Split:
+    """Local indices: extended piece holds tokens [0, e); suffix tokens [a, T), queries [s, T)."""
+
+    e: int
+    a: int
+    s: int
+
+
+def _split(lsh, layout: SPLayout, causal: bool) -> _Split:
+    T, first = layout.length, layout.first
+    if not causal:
+        return _Split(T, T, T)
+    s_abs = int(lsh.next_block_start(first).max())
+    if s_abs - first >= T:  # the first blocks cover the chunk: no halo-free query
+        return _Split(T, T, T)
+    a_abs = int(lsh.block_start_of(s_abs).min())  # > first: every block holding s_abs starts after first
+    return _Split(s_abs - first, a_abs - first, s_abs - first)
+
+
+class SPBlockAttention(torch.autograd.Function):
+    """Positional LSH attention over an SP group; saves q, k, v, out, lse and the halo."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, lsh, pos, causal, scale, impl, group):
+        B, T, Hq, D = q.shape
+        needs_grad = any(ctx.needs_input_grad[:3])
+        sig = call_signature("plsh", q, k, causal, scale, needs_grad, hash=hash_fingerprint(lsh),
+                             hash_heads=lsh.num_heads, samples=lsh.num_samples)
+        layout = exchange_layout(group, pos, sig)
+        record_call()
+        plan = HaloPlan.build(layout, plsh_needs(lsh, layout, Hq, k.shape[2], causal))
+        sp = _split(lsh, layout, causal)
+        kw = dict(causal=causal, scale=scale, impl=impl)
+
+        pending = post_kv(layout, plan, k, v)
+        if sp.a < T:  # blocks that need no halo, computed while it is in flight
+            q_s = _zero_head_rows(q[:, sp.a:], sp.s - sp.a)
+            out_s, lse_s = plsh_forward(q_s, k[:, sp.a:], v[:, sp.a:], lsh, pos[sp.a:], **kw)
+        halos = pending.wait()
+        (lk, lv), (rk, rv) = halos["left"], halos["right"]
+        L, R, e = lk.shape[1], rk.shape[1], sp.e
+        q_e = _cat(_zeros_rows(q, L), q[:, :e], _zeros_rows(q, R))
+        pos_e = _cat(plan.left_pos, pos[:e], plan.right_pos, dim=0)
+        out_e, lse_e = plsh_forward(q_e, _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), lsh, pos_e, **kw)
+        out, lse = out_e[:, L:L + e], lse_e[:, :, L:L + e]
+        if sp.a < T:
+            out = _cat(out, out_s[:, sp.s - sp.a:])
+            lse = _cat(lse, lse_s[:, :, sp.s - sp.a:], dim=2)
+        out, lse = out.contiguous(), lse.contiguous()
+        if needs_grad:
+            ctx.save_for_backward(q, k, v, out, lse, lk, lv, rk, rv)
+            ctx.lsh, ctx.pos, ctx.layout, ctx.plan, ctx.sp, ctx.kw = lsh, pos, layout, plan, sp, kw
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, lk, lv, rk, rv = ctx.saved_tensors
+        dout = dout.contiguous()
+        lsh, pos, sp, kw = ctx.lsh, ctx.pos, ctx.sp, ctx.kw
+        B, T, Hq, D = q.shape
+        L, R, e = lk.shape[1], rk.shape[1], sp.e
+        acc = accum_dtype(q.dtype)
+
+        # 1. extended piece first: it yields the halo gradients to send back.
+        def pad(x, dim=1):  # zero halo rows around local rows [0, e)
+            return _cat(_zeros_rows(x, L, dim), x.narrow(dim, 0, e), _zeros_rows(x, R, dim), dim=dim)
+
+        pos_e = _cat(ctx.plan.left_pos, pos[:e], ctx.plan.right_pos, dim=0)
+        dq_e, dk_e, dv_e = plsh_backward(
+            pad(dout), pad(q), _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), pad(out), pad(lse, 2),
+            lsh, pos_e, **kw,
+        )
+        halo_grads = {"left": (dk_e[:, :L], dv_e[:, :L]), "right": (dk_e[:, L + e:], dv_e[:, L + e:])}
+        pending = post_grads(ctx.layout, ctx.plan, halo_grads, like=k)
+
+        # 2. suffix while the halo gradients travel.
+        dq = torch.empty_like(q)
+        dk = torch.zeros(k.shape, dtype=acc, device=k.device)
+        dv = torch.zeros(v.shape, dtype=acc, device=v.device)
+        dq[:, :e] = dq_e[:, L:L + e]
+        dk[:, :e] += dk_e[:, L:L + e]
+        dv[:, :e] += dv_e[:, L:L + e]
+        if sp.a < T:
+            n = sp.s - sp.a
+            a = sp.a
+            dq_s, dk_s, dv_s = plsh_backward(
+                _zero_head_rows(dout[:, a:], n), _zero_head_rows(q[:, a:], n), k[:, a:], v[:, a:],
+                _zero_head_rows(out[:, a:], n), _zero_head_rows(lse[:, :, a:], n, dim=2), lsh, pos[a:], **kw,
+            )
+            dq[:, sp.s:] = dq_s[:, n:]
+            dk[:, a:] += dk_s
+            dv[:, a:] += dv_s
+        pending.wait_add(dk, dv)
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
