@@ -32,6 +32,7 @@ from typing import Iterable, Sequence
 import torch
 
 from plsh_dist.hashing import PositionalLSH, _as_sigma, block_ends, block_starts
+from plsh_dist.ops.gqa import repeat_kv
 from plsh_dist.ops.reference import alibi_weights, dense_attention
 
 __all__ = [
@@ -290,8 +291,8 @@ class _CachedAttention:
         groups = Hq // k.shape[2]
         scale = softmax_scale if softmax_scale is not None else D**-0.5
         q64, k64, v64 = (x.to(torch.float64) for x in (q, k, v))
-        self.v = v64.repeat_interleave(groups, dim=2)  # (B, T, Hq, D)
-        logits = torch.einsum("bihd,bjhd->bhij", q64, k64.repeat_interleave(groups, dim=2)) * scale
+        self.v = repeat_kv(v64, groups)  # (B, T, Hq, D)
+        logits = torch.einsum("bihd,bjhd->bhij", q64, repeat_kv(k64, groups)) * scale
         if causal:
             logits = logits.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
         self.e = torch.exp(logits - logits.amax(dim=-1, keepdim=True))  # (B, Hq, T, T)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from plsh_dist.ops.gqa import repeat_kv
+
 __all__ = ["dense_attention", "alibi_weights"]
 
 
@@ -39,8 +41,7 @@ def dense_attention(
     groups = Hq // k.shape[2]
     scale = softmax_scale if softmax_scale is not None else D**-0.5
     q64, k64, v64 = (x.to(torch.float64) for x in (q, k, v))
-    k64 = k64.repeat_interleave(groups, dim=2)
-    v64 = v64.repeat_interleave(groups, dim=2)
+    k64, v64 = repeat_kv(k64, groups), repeat_kv(v64, groups)
     logits = torch.einsum("bihd,bjhd->bhij", q64, k64) * scale  # (B, Hq, T, T)
     w = torch.ones(1, T, T, dtype=torch.float64, device=q.device) if weights is None else weights.to(torch.float64)
     if causal:
