@@ -12,7 +12,7 @@ from plsh_dist.data.config import DataConfig, TokenizerConfig
 from plsh_dist.data.corpus import CorpusFiles, CorpusStats, write_stdlib_corpus
 from plsh_dist.data.dataset import PreparedData, Source, build_loader, data_sources, load_token_stream, prepare_data
 from plsh_dist.data.loader import PackedLoader
-from plsh_dist.data.packing import check_sp, gather_windows, num_windows, split_for_sp
+from plsh_dist.data.packing import gather_windows, num_windows, split_for_sp
 from plsh_dist.data.report import SKIP_REASONS, BadDataReport
 from plsh_dist.data.sampler import ShardedSampler, epoch_permutation
 from plsh_dist.data.sources import iter_documents, resolve_files
@@ -24,7 +24,7 @@ __all__ = [
     "CorpusFiles", "CorpusStats", "write_stdlib_corpus",
     "PreparedData", "Source", "build_loader", "data_sources", "load_token_stream", "prepare_data",
     "PackedLoader",
-    "check_sp", "gather_windows", "num_windows", "split_for_sp",
+    "gather_windows", "num_windows", "split_for_sp",
     "SKIP_REASONS", "BadDataReport",
     "ShardedSampler", "epoch_permutation",
     "iter_documents", "resolve_files",

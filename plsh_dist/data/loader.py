@@ -10,8 +10,9 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from plsh_dist.data.packing import check_sp, gather_windows, num_windows, split_for_sp
+from plsh_dist.data.packing import gather_windows, num_windows, split_for_sp
 from plsh_dist.data.sampler import ShardedSampler
+from plsh_dist.distributed.sp_chunks import sp_bounds
 
 __all__ = ["PackedLoader"]
 
@@ -32,14 +33,14 @@ class PackedLoader:
         shuffle: False reads windows in stream order (evaluation).
         loop: True cycles epochs forever (training); False stops after one
             epoch, the last batch possibly smaller (same size on every rank).
-        consumed: sequences this rank has already read (resume point; see
-            ``state_dict``).
+        consumed: sequences this rank has already read (the resume point:
+            training's ``DataPipeline.skip_to``).
     """
 
     def __init__(self, tokens: np.ndarray, seq_len: int, micro_batch_size: int, *, dp_rank: int = 0,
                  dp_size: int = 1, sp_rank: int = 0, sp_size: int = 1, seed: int = 0, shuffle: bool = True,
                  loop: bool = True, consumed: int = 0):
-        check_sp(seq_len, sp_rank, sp_size)
+        sp_bounds(seq_len, sp_rank, sp_size)  # checks the rank and divisibility before any work
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         n = num_windows(len(tokens), seq_len)
@@ -89,10 +90,3 @@ class PackedLoader:
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         while (batch := self.next_batch()) is not None:
             yield batch
-
-    def state_dict(self) -> dict:
-        """What a checkpoint stores to resume this loader (JSON-serialisable)."""
-        return self.sampler.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.sampler.load_state_dict(state)

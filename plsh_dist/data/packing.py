@@ -13,7 +13,8 @@ Labels are shifted on the whole window first (``labels = window[1:]``) and
 only then cut into SP chunks. Cutting first and shifting each chunk would
 lose the label of every chunk's last token (it lives on the next rank).
 ``position_ids`` are the window's global positions, so each SP rank hashes the
-same absolute positions the unsplit sequence would.
+same absolute positions the unsplit sequence would. Which chunk a rank holds
+(and the divisibility rule) is ``plsh_dist.distributed.sp_chunks``'s.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["num_windows", "gather_windows", "check_sp", "split_for_sp"]
+from plsh_dist.distributed.sp_chunks import sp_bounds
+
+__all__ = ["num_windows", "gather_windows", "split_for_sp"]
 
 
 def num_windows(num_tokens: int, seq_len: int) -> int:
@@ -40,18 +43,6 @@ def gather_windows(tokens: np.ndarray, indices: np.ndarray, seq_len: int) -> np.
     return out
 
 
-def check_sp(seq_len: int, sp_rank: int, sp_size: int) -> None:
-    """ValueError unless ``0 <= sp_rank < sp_size`` and ``seq_len % sp_size == 0``."""
-    if sp_size < 1 or not 0 <= sp_rank < sp_size:
-        raise ValueError(f"need 0 <= sp_rank < sp_size, got sp_rank={sp_rank}, sp_size={sp_size}")
-    if seq_len % sp_size:
-        raise ValueError(
-            f"seq_len={seq_len} is not divisible by sp_size={sp_size}: every sequence-parallel rank "
-            f"needs an equal chunk; set seq_len to a multiple of {sp_size} "
-            f"(e.g. {seq_len - seq_len % sp_size} or {seq_len + sp_size - seq_len % sp_size})"
-        )
-
-
 def split_for_sp(windows: np.ndarray | torch.Tensor, sp_rank: int = 0, sp_size: int = 1) -> dict[str, torch.Tensor]:
     """Shift globally, then take SP rank ``sp_rank``'s contiguous chunk.
 
@@ -67,9 +58,7 @@ def split_for_sp(windows: np.ndarray | torch.Tensor, sp_rank: int = 0, sp_size: 
     if w.ndim != 2 or w.shape[1] < 2:
         raise ValueError(f"windows must be (B, T + 1) with T >= 1, got shape {tuple(w.shape)}")
     seq_len = w.shape[1] - 1
-    check_sp(seq_len, sp_rank, sp_size)
-    t_local = seq_len // sp_size
-    lo, hi = sp_rank * t_local, (sp_rank + 1) * t_local
+    lo, hi = sp_bounds(seq_len, sp_rank, sp_size)  # checks the rank and divisibility
     inputs, labels = w[:, :-1], w[:, 1:]  # (B, T) each: the shift happens before the SP cut
     positions = torch.arange(seq_len, dtype=torch.long).expand(w.shape[0], seq_len)
     return {

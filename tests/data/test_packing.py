@@ -62,7 +62,7 @@ def test_sp_chunks_rebuild_the_globally_shifted_sequence(stream, sp_size):
 
 def test_sp_divisibility_error_names_the_field(stream):
     tokens = stream[0].tokens
-    with pytest.raises(ValueError, match=r"seq_len=30 is not divisible by sp_size=4"):
+    with pytest.raises(ValueError, match=r"\[data\]\.seq_len=30 is not divisible by \[parallel\]\.sp_size=4"):
         PackedLoader(tokens, 30, 2, sp_rank=0, sp_size=4)
     with pytest.raises(ValueError, match="sp_rank"):
         PackedLoader(tokens, 32, 2, sp_rank=4, sp_size=4)

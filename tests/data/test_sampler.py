@@ -57,13 +57,11 @@ def test_resume_yields_the_same_next_batches(consumed_batches):
     reference = _batches(full, consumed_batches + 5)
     first = PackedLoader(tokens, 16, 3, **kwargs)
     _batches(first, consumed_batches)
-    state = first.state_dict()
-    resumed = PackedLoader(tokens, 16, 3, **kwargs)
-    resumed.load_state_dict(state)
-    also = PackedLoader(tokens, 16, 3, consumed=state["consumed"], **kwargs)
-    for ref, a, b in zip(reference[consumed_batches:], _batches(resumed, 5), _batches(also, 5)):
+    assert first.consumed == consumed_batches * 3
+    resumed = PackedLoader(tokens, 16, 3, consumed=first.consumed, **kwargs)  # as DataPipeline.skip_to does
+    for ref, got in zip(reference[consumed_batches:], _batches(resumed, 5)):
         for key in ref:
-            assert torch.equal(ref[key], a[key]) and torch.equal(ref[key], b[key])
+            assert torch.equal(ref[key], got[key])
 
 
 def test_resume_rejects_changed_layout():
