@@ -36,6 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from plsh_dist.distributed.sp_chunks import sp_bounds
 from plsh_dist.eval.checkpoint_loading import LoadedCheckpoint, load_for_eval
 from plsh_dist.eval.eval_data import load_eval_tokens
 from plsh_dist.eval.modes import EvalMode, attention_for, parse_modes
@@ -54,10 +55,7 @@ def _score_window(model, toks: torch.Tensor, score_from: int, sp_group) -> Token
     inputs, labels = toks[:-1], toks[1:]  # shift on the whole window, then cut (as in training)
     lo, hi = 0, L
     if sp_group is not None:
-        P, r = dist.get_world_size(sp_group), dist.get_rank(sp_group)
-        if L % P:
-            raise ValueError(f"context length {L} is not divisible by the SP size {P}; choose lengths that are")
-        lo, hi = r * L // P, (r + 1) * L // P
+        lo, hi = sp_bounds(L, dist.get_rank(sp_group), dist.get_world_size(sp_group), name="context length")
     pos = torch.arange(lo, hi)
     hidden = model.model(input_ids=inputs[None, lo:hi], position_ids=pos[None]).last_hidden_state[0]  # (T_loc, H)
     keep = pos >= score_from

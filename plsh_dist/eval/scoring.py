@@ -13,8 +13,8 @@ L context length, K scored tokens per window):
   windows' scored spans tile the stream without overlap.
 
 Metrics of a set of scored tokens: mean cross-entropy (nats) ``loss``,
-``perplexity = exp(loss)``, ``bits_per_token = loss / ln 2`` and next-token
-top-1 ``accuracy``.
+``perplexity = exp(loss)`` (``plsh_dist.perplexity``), ``bits_per_token =
+loss / ln 2`` and next-token top-1 ``accuracy``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from plsh_dist.perplexity import perplexity
 
 __all__ = ["Window", "plan_windows", "TokenSums", "metrics_of", "score_hidden", "window_tokens"]
 
@@ -99,7 +101,7 @@ def metrics_of(sums: TokenSums) -> dict[str, float]:
     loss = sums.loss_sum / sums.count
     return {
         "loss": loss,
-        "perplexity": math.exp(min(loss, 700.0)),  # exp overflows float64 past ~709 nats
+        "perplexity": perplexity(loss),
         "bits_per_token": loss / math.log(2.0),
         "accuracy": sums.correct / sums.count,
         "tokens": sums.count,
