@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -22,12 +21,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _deepspeed_cmd() -> list[str]:
@@ -47,6 +40,7 @@ def main() -> int:
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     os.environ.update({k: env[k] for k in ("DS_ACCELERATOR", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")})
+    from plsh_dist.distributed.ports import free_port
     from plsh_dist.train import load_config
 
     cfg = load_config(args.config, overrides)  # fails here, before any work, on a bad config
@@ -65,7 +59,7 @@ def main() -> int:
 
     print(f"[2/4] training with {args.nproc} processes (deepspeed launcher, CPU)", flush=True)
     t1 = time.time()
-    cmd = [*_deepspeed_cmd(), "--num_gpus", str(args.nproc), "--master_port", str(_free_port()),
+    cmd = [*_deepspeed_cmd(), "--num_gpus", str(args.nproc), "--master_port", str(free_port()),
            str(ROOT / "launchers" / "pretrain.py"), "--config", args.config, *overrides]
     print("      " + " ".join(cmd), flush=True)
     rc = subprocess.call(cmd, env=env, cwd=os.getcwd())
@@ -75,9 +69,9 @@ def main() -> int:
     train_s = time.time() - t1
 
     print("[3/4] validation perplexity of the exported checkpoint", flush=True)
-    from plsh_dist.train.evaluate import evaluate_exported
+    from plsh_dist.train.validation import exported_validation
 
-    ev = evaluate_exported(out_dir / "final")
+    ev = exported_validation(out_dir / "final")
 
     seq_len = cfg.data.seq_len
     lengths = [seq_len, 2 * seq_len, 4 * seq_len]

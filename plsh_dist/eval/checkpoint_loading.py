@@ -17,17 +17,17 @@ its vocabulary must fit the model's embedding.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from plsh_dist.data import Tokenizer
-from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig, build_model
+from plsh_dist.models import AttentionConfig, ModelConfig
 from plsh_dist.train.checkpoint import complete_tags
 from plsh_dist.train.checkpoint_io import safe_torch_load
-from plsh_dist.train.config import RunConfig, config_from_table
+from plsh_dist.train.config import RunConfig
+from plsh_dist.train.export import model_from_weights, read_resolved
 
 __all__ = ["LoadedCheckpoint", "resolve_checkpoint", "load_for_eval"]
 
@@ -105,36 +105,21 @@ def _state_dict(directory: Path, kind: str) -> dict[str, torch.Tensor]:
 
 
 def load_for_eval(path: str | Path, tokenizer_path: str | Path | None = None) -> LoadedCheckpoint:
-    """Load a checkpoint (see module doc) on CPU in float32 for evaluation.
+    """Load a checkpoint (see module doc) on CPU in float32 for evaluation
+    (``plsh_dist.train.export.model_from_weights`` rebuilds the model).
 
     Raises ValueError for a missing path, a directory without weights, weights
     that do not fit the saved config, or a tokenizer that does not match.
     """
     directory, kind = resolve_checkpoint(path)
-    cfg_file = directory / "config.resolved.json"
-    if not cfg_file.is_file():
-        raise ValueError(f"checkpoint {directory} has no config.resolved.json (written by launchers/pretrain.py); "
-                         "cannot rebuild the model without it")
-    cfg = config_from_table(json.loads(cfg_file.read_text()))
+    cfg = read_resolved(directory)
     tokenizer = _load_tokenizer(directory, tokenizer_path, cfg)
-    model_cfg, trained = cfg.model_configs(tokenizer.vocab_size)
+    model_cfg, trained = cfg.model_configs()
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model's embedding has "
                          f"{model_cfg.vocab_size} rows: tokenizer and checkpoint do not match")
-    model = build_model(model_cfg, trained, AttentionRuntime(run_seed=cfg.run.seed), device="cpu")
-    state = _state_dict(directory, kind)
-    try:
-        missing, unexpected = model.load_state_dict(state, strict=False)
-    except RuntimeError as exc:  # shape mismatches: torch raises RuntimeError listing every tensor
-        raise ValueError(f"{directory}: weights do not fit its config.resolved.json: {exc}") from None
-    # save_pretrained drops the LM head when it is tied to the embedding.
-    missing = [k for k in missing if not (model_cfg.tie_embeddings and k == "lm_head.weight")]
-    if missing or unexpected:
-        raise ValueError(f"{directory}: weights do not match its config: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
+    model = model_from_weights(cfg, _state_dict(directory, kind), source=directory)
     emb = model.get_input_embeddings().weight
     if emb.shape[0] < tokenizer.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the embedding has {emb.shape[0]} rows")
-    if model_cfg.tie_embeddings:
-        model.tie_weights()
-    return LoadedCheckpoint(model.float().eval(), cfg, model_cfg, trained, tokenizer, directory)
+    return LoadedCheckpoint(model, cfg, model_cfg, trained, tokenizer, directory)

@@ -11,6 +11,14 @@ Unknown sections or keys are errors that name the key and list the valid ones.
 it; ``vocab_size`` defaults to the tokenizer's); ``[data]`` and ``[tokenizer]``
 onto the data package's ``DataConfig`` and ``TokenizerConfig``. The DeepSpeed config is
 generated from these sections (``deepspeed_config.py``), never written by hand.
+
+The config is resolved once, by ``load_config`` (``config_from_table``), and
+not changed afterwards: ``[model]`` and ``[attention]`` become full tables
+(preset expanded, defaults filled), ``[model].vocab_size`` the tokenizer's
+unless set: the existing tokenizer file's vocabulary, else
+``[tokenizer].vocab_size`` (what a tokenizer still to be trained will have).
+The resolved config written next to the outputs and into every checkpoint
+is this object.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from typing import Any
 
 from plsh_dist.config_check import check_field_types, did_you_mean, toml_literal
 from plsh_dist.data.config import DataConfig, TokenizerConfig
+from plsh_dist.distributed.sp_chunks import check_sp_divisible
 
 __all__ = [
     "RunSection",
@@ -201,9 +210,9 @@ _MODEL_SECTIONS = ("model", "attention")
 
 @dataclass
 class RunConfig:
-    """The whole run. ``model`` and ``attention`` stay plain tables here (the
-    model's vocabulary comes from the tokenizer) and are validated by
-    ``plsh_dist.models`` (see ``model_configs``)."""
+    """The whole run. ``model`` and ``attention`` are plain tables, validated
+    by ``plsh_dist.models`` (see ``model_configs``); ``load_config`` and
+    ``config_from_table`` resolve them into full tables (module doc)."""
 
     run: RunSection = field(default_factory=RunSection)
     model: dict = field(default_factory=lambda: {"preset": "tiny"})
@@ -226,7 +235,8 @@ class RunConfig:
     def model_configs(self, vocab_size: int | None = None):
         """``(ModelConfig, AttentionConfig)`` from [model] / [attention].
 
-        ``vocab_size``: the tokenizer's, used unless [model] sets one.
+        ``vocab_size``: the tokenizer's, used unless [model] sets one (a
+        resolved config always does); default [tokenizer].vocab_size.
         """
         from plsh_dist.models import AttentionConfig, ModelConfig
 
@@ -239,11 +249,7 @@ class RunConfig:
         ``world_size`` also the parallel layout. Reloading a checkpoint's
         resolved config runs only these (its data may live elsewhere now)."""
         sp = self.parallel.sp_size
-        if self.data.seq_len % sp != 0:
-            raise ValueError(
-                f"[data].seq_len={self.data.seq_len} is not divisible by [parallel].sp_size={sp}; "
-                f"each SP rank trains on seq_len / sp_size tokens: pick seq_len a multiple of {sp}"
-            )
+        check_sp_divisible(self.data.seq_len, sp)
         if self.run.device == "cpu" and self.deepspeed.precision == "bf16":
             raise ValueError(
                 '[deepspeed].precision = "bf16" needs a GPU but [run].device = "cpu"; '
@@ -254,16 +260,27 @@ class RunConfig:
         self.model_configs()  # builds and checks the model's own dataclasses
 
     def check_tokenizer_vocab(self, vocab_size: int) -> None:
-        """ValueError naming both numbers when [model].vocab_size is smaller than
-        the loaded tokenizer's ``vocab_size`` (train() calls it once the
-        tokenizer is ready, before the model is built)."""
-        check_vocab_covers_tokenizer(self.model.get("vocab_size"), vocab_size, self.tokenizer.model_path)
+        """ValueError naming the fields when the tokenizer's ``vocab_size`` does not
+        fit the resolved [model].vocab_size (train() calls it once the tokenizer
+        is ready, before the model is built: a tokenizer file that appeared or
+        changed after ``load_config`` resolved the vocabulary is caught here)."""
+        model_vocab = self.model_configs()[0].vocab_size
+        if vocab_size > model_vocab:
+            raise ValueError(
+                f"[model].vocab_size = {model_vocab} is smaller than the tokenizer's vocabulary of {vocab_size} "
+                f"pieces ({self.tokenizer.model_path}): ids up to {vocab_size - 1} would index past the embedding. "
+                f"[model].vocab_size was resolved when the config was loaded (if unset: the vocabulary of the "
+                f"file at [tokenizer].model_path, else [tokenizer].vocab_size) and the tokenizer has changed "
+                f"since; set [model].vocab_size >= {vocab_size} (or [tokenizer].vocab_size = {vocab_size}) "
+                f"and start again"
+            )
 
-    def check_inputs(self) -> None:
+    def check_inputs(self) -> int:
         """Checks that read the disk, run by ``load_config`` before any work starts:
-        every data path matches a file, and an existing tokenizer file's
-        vocabulary fits [model].vocab_size (a tokenizer still to be trained
-        will have [tokenizer].vocab_size pieces, checked against it instead)."""
+        every data path matches a file, and an existing tokenizer file is a
+        SentencePiece model. Returns the tokenizer's vocabulary: the existing
+        file's, else [tokenizer].vocab_size (what a tokenizer still to be
+        trained will have)."""
         from plsh_dist.data.sources import resolve_files
 
         for name in ("train_files", "val_files"):
@@ -286,7 +303,7 @@ class RunConfig:
                 ) from exc
         else:
             vocab = self.tokenizer.vocab_size
-        check_vocab_covers_tokenizer(self.model.get("vocab_size"), vocab, str(path))
+        return vocab
 
 
 def check_vocab_covers_tokenizer(model_vocab: Any, tokenizer_vocab: int, tokenizer_path: str) -> None:
@@ -369,8 +386,13 @@ def apply_overrides(table: dict, overrides: dict[str, dict[str, Any]]) -> dict:
     return merged
 
 
-def config_from_table(table: dict) -> RunConfig:
-    """Build and check a ``RunConfig`` from a raw (already merged) table."""
+def config_from_table(table: dict, *, tokenizer_vocab: int | None = None) -> RunConfig:
+    """Build, check and resolve a ``RunConfig`` from a raw (already merged) table.
+
+    No file is read. [model] and [attention] come back as full tables;
+    [model].vocab_size, unless the table sets it, is ``tokenizer_vocab``
+    (default [tokenizer].vocab_size). Resolving a resolved table changes nothing.
+    """
     valid = list(_SECTIONS) + ["data", "tokenizer"] + list(_MODEL_SECTIONS)
     unknown = sorted(set(table) - set(valid))
     if unknown:
@@ -384,14 +406,17 @@ def config_from_table(table: dict) -> RunConfig:
             kwargs[name] = dict(table[name])
     cfg = RunConfig(**kwargs)
     cfg.validate()
-    return cfg
+    model_cfg, attn_cfg = cfg.model_configs(tokenizer_vocab)
+    return dataclasses.replace(cfg, model=model_cfg.to_dict(), attention=attn_cfg.to_dict())
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     """Read a TOML run config, apply ``--section.key=value`` overrides, check it all.
 
     Raises ValueError (naming the field and the fix) before any work starts:
-    the values (``RunConfig.validate``) and the inputs on disk (``check_inputs``).
+    the values (``RunConfig.validate``) and the inputs on disk (``check_inputs``),
+    including an explicit [model].vocab_size smaller than the tokenizer's. The
+    returned config is resolved (module doc) and is not changed afterwards.
     """
     table: dict = {}
     if path is not None:
@@ -403,8 +428,13 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
                 table = tomllib.load(fh)
             except tomllib.TOMLDecodeError as exc:
                 raise ValueError(f"{path}: invalid TOML: {exc}") from exc
-    cfg = config_from_table(apply_overrides(table, parse_overrides(overrides or [])))
-    cfg.check_inputs()
+    table = apply_overrides(table, parse_overrides(overrides or []))
+    cfg = config_from_table(table)  # the values alone, before any file is read
+    tokenizer_vocab = cfg.check_inputs()
+    explicit_vocab = table.get("model", {}).get("vocab_size")
+    check_vocab_covers_tokenizer(explicit_vocab, tokenizer_vocab, str(Path(cfg.tokenizer.model_path)))
+    if explicit_vocab is None and cfg.model["vocab_size"] != tokenizer_vocab:
+        cfg = config_from_table(table, tokenizer_vocab=tokenizer_vocab)  # an existing tokenizer file's vocabulary
     return cfg
 
 

@@ -23,6 +23,12 @@ norm equals the non-parallel run's (tested).
 
 The logged loss is ``sum S / sum N`` all-reduced over the world: the true mean
 token loss of the global batch, whatever the layout.
+
+Structure: ``train`` = ``setup`` (device, process groups, data, model,
+engine, resume -> ``TrainSession``), then per optimizer step ``train_step``
+(its micro-steps -> ``StepStats``), ``_log_step`` (metrics, periodic
+validation) and ``_save_checkpoint`` (periodic / stop), and at the end
+``_finish`` (final validation, checkpoint, ``_export``).
 """
 
 from __future__ import annotations
@@ -33,24 +39,31 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from plsh_dist.distributed import ParallelDims, default_backend
-from plsh_dist.ops import comm_stats
+from plsh_dist.distributed.comm_stats import comm_stats
+from plsh_dist.distributed.ports import free_port
+from plsh_dist.perplexity import perplexity
 from plsh_dist.train.checkpoint import find_resume, load_checkpoint, save_checkpoint
 from plsh_dist.train.config import RunConfig, write_resolved
 from plsh_dist.train.data_setup import DataPipeline, prepare
 from plsh_dist.train.deepspeed_config import deepspeed_config, resolve_precision
 from plsh_dist.train.export import export_final
 from plsh_dist.train.faults import maybe_fail
-from plsh_dist.train.logging import MetricsLogger, memory_mb, mfu, startup_summary
+from plsh_dist.train.losses import forward_sums
+from plsh_dist.train.metrics_log import MetricsLogger, memory_mb, mfu, startup_summary
 from plsh_dist.train.optim import build_optimizer, build_scheduler
+from plsh_dist.train.validation import validation_loss
 
-__all__ = ["TrainResult", "train", "resolve_device", "init_distributed", "token_loss_sums", "validation_loss"]
+if TYPE_CHECKING:
+    from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig
+
+__all__ = ["TrainResult", "TrainSession", "StepStats", "train", "setup", "train_step", "resolve_device",
+           "init_distributed"]
 
 # Peak dense bf16 FLOP/s for MFU when the GPU is not recognised (H100 SXM).
 _DEFAULT_PEAK_FLOPS = 989e12
@@ -91,33 +104,11 @@ def init_distributed(device: torch.device, timeout_s: int = 600) -> None:
         torch.cuda.set_device(device)
     if "RANK" not in os.environ:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     import deepspeed
 
     deepspeed.init_distributed(dist_backend=default_backend(device), timeout=timedelta(seconds=timeout_s))
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def token_loss_sums(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum of token cross-entropies (fp32) and the number of counted tokens.
-
-    logits (B, T_local, V); labels (B, T_local), -100 = ignored.
-    """
-    loss_sum = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
-    return loss_sum, (labels != -100).sum()
-
-
-def _forward_sums(model, batch: dict[str, torch.Tensor], device: torch.device):
-    out = model(input_ids=batch["input_ids"].to(device), position_ids=batch["position_ids"].to(device))
-    return token_loss_sums(out.logits, batch["labels"].to(device))
 
 
 def _sp_token_count(n_local: torch.Tensor, sp_group) -> torch.Tensor:
@@ -125,28 +116,6 @@ def _sp_token_count(n_local: torch.Tensor, sp_group) -> torch.Tensor:
     if sp_group is not None:
         dist.all_reduce(n, group=sp_group)
     return n
-
-
-@torch.no_grad()
-def validation_loss(model, batches, runtime, device: torch.device, eval_seed_step: int = 0) -> float:
-    """Mean token loss over ``batches`` (this rank's shard), all-reduced over the world.
-
-    The attention masks of evaluation use step ``eval_seed_step`` so that every
-    evaluation of a run (and of a resumed run) sees the same masks.
-    """
-    saved = (runtime.step, runtime.micro_step)
-    was_training = model.training
-    model.eval()
-    sums = torch.zeros(2, dtype=torch.float64, device=device)
-    for batch in batches:
-        runtime.set_step(eval_seed_step, 0)
-        loss_sum, n = _forward_sums(model, batch, device)
-        sums += torch.stack([loss_sum.double(), n.double()])
-    if dist.is_initialized():
-        dist.all_reduce(sums)
-    runtime.set_step(*saved)
-    model.train(was_training)
-    return (sums[0] / sums[1].clamp(min=1)).item()
 
 
 def _grad_norm(engine) -> float:
@@ -165,41 +134,97 @@ def _comm_bytes() -> float:
     return float(stats["sent_bytes"] + stats["recv_bytes"])
 
 
-def train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainResult:
-    """Run (or resume) the pretraining described by ``cfg``; collective over all ranks.
+# --- set-up -------------------------------------------------------------------------
 
-    ``stop_after``: leave after that optimizer step as a preempted job would,
-    with a checkpoint of that step and no final evaluation or export (for
-    time-limited allocations, and to test that resuming replays the run).
+
+@dataclass
+class TrainSession:
+    """What ``setup`` builds for one ``train`` call: this process's view of the run."""
+
+    cfg: RunConfig
+    """The resolved run config (never modified)."""
+    device: torch.device
+    rank: int
+    world: int
+    dims: ParallelDims
+    sp_group: Any
+    """This rank's sequence-parallel process group."""
+    precision: str
+    model_cfg: ModelConfig
+    attn_cfg: AttentionConfig
+    data: DataPipeline
+    runtime: AttentionRuntime
+    """Step / micro-step of the hash seeds; the model's attention reads it."""
+    engine: Any
+    """The DeepSpeed engine wrapping the model, optimizer and scheduler."""
+    n_params: int
+    start_step: int
+    """Optimizer steps already done (> 0 after a resume)."""
+    resume: tuple[Path, str] | None
+    """(checkpoint root, tag) resumed from, or None for a fresh run."""
+    log: MetricsLogger
+    comm_bytes: float = 0.0
+    """Halo bytes this process had sent + received when the last step ended."""
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.cfg.run.out_dir)
+
+    @property
+    def tokens_per_step(self) -> int:
+        cfg = self.cfg
+        return cfg.data.micro_batch_size * cfg.optim.grad_accum_steps * self.dims.dp_size * cfg.data.seq_len
+
+
+def setup(cfg: RunConfig) -> TrainSession:
+    """Device, process groups, data, model, DeepSpeed engine, resume and logger; collective.
+
+    Writes the resolved config to ``out_dir`` (rank 0) and prints the start-up summary.
     """
-    import deepspeed
-
-    from plsh_dist.models import AttentionRuntime, build_model, count_parameters
+    from plsh_dist.models import AttentionRuntime
 
     device = resolve_device(cfg.run.device)
     init_distributed(device, cfg.parallel.timeout_s)
     world, rank = dist.get_world_size(), dist.get_rank()
     cfg.validate(world_size=world)
     dims = ParallelDims(world, cfg.parallel.sp_size)
-    sp_group, _dp_group = dims.build_groups(timeout=timedelta(seconds=cfg.parallel.timeout_s))
-    sp_rank, dp_rank = dims.sp_rank(rank), dims.dp_rank(rank)
+    # DP groups go unused: DeepSpeed reduces gradients over the whole world (module doc).
+    sp_group = dims.build_groups(timeout=timedelta(seconds=cfg.parallel.timeout_s))[0]
     precision = resolve_precision(cfg.deepspeed, device.type)
 
     prepared = prepare(cfg.data, cfg.tokenizer)
-    tokenizer, tokenizer_path = prepared.tokenizer, cfg.tokenizer.model_path
-    cfg.check_tokenizer_vocab(tokenizer.vocab_size)  # a tokenizer trained or replaced since load_config
-    model_cfg, attn_cfg = cfg.model_configs(tokenizer.vocab_size)
-    # Resolve [model]/[attention] into full tables so the written config says everything.
-    cfg.model, cfg.attention = model_cfg.to_dict(), attn_cfg.to_dict()
-    out_dir = Path(cfg.run.out_dir)
+    cfg.check_tokenizer_vocab(prepared.tokenizer.vocab_size)  # a tokenizer trained or replaced since load_config
+    model_cfg, attn_cfg = cfg.model_configs()
     if rank == 0:
-        write_resolved(cfg, out_dir)
-
-    data = DataPipeline(prepared, cfg.data, dp_rank=dp_rank, dp_size=dims.dp_size,
-                        sp_rank=sp_rank, sp_size=dims.sp_size)
+        write_resolved(cfg, cfg.run.out_dir)
+    data = DataPipeline(prepared, cfg.data, dp_rank=dims.dp_rank(rank), dp_size=dims.dp_size,
+                        sp_rank=dims.sp_rank(rank), sp_size=dims.sp_size)
 
     torch.manual_seed(cfg.run.seed)  # identical init on every rank
     runtime = AttentionRuntime(run_seed=cfg.run.seed, sp_group=sp_group)
+    engine, n_params = _build_engine(cfg, model_cfg, attn_cfg, runtime, device)
+    start_step, resume = _resume(cfg, engine, data)
+
+    log = MetricsLogger(cfg.run.out_dir, enabled=rank == 0, tensorboard=cfg.logging.tensorboard,
+                        progress=cfg.logging.progress, total_steps=cfg.run.max_steps, initial_step=start_step)
+    # A fresh run starts a fresh metrics.jsonl; a resumed one drops what the
+    # interrupted run logged after its checkpoint (those steps are replayed).
+    log.truncate_after(start_step)
+    session = TrainSession(cfg=cfg, device=device, rank=rank, world=world, dims=dims, sp_group=sp_group,
+                           precision=precision, model_cfg=model_cfg, attn_cfg=attn_cfg, data=data, runtime=runtime,
+                           engine=engine, n_params=n_params, start_step=start_step, resume=resume, log=log)
+    log.print(startup_summary(_summary(session)))
+    return session
+
+
+def _build_engine(cfg: RunConfig, model_cfg: ModelConfig, attn_cfg: AttentionConfig, runtime: AttentionRuntime,
+                  device: torch.device) -> tuple[Any, int]:
+    """The model (initialised from torch's global RNG), optimizer, scheduler and
+    DeepSpeed engine -> ``(engine, parameter count)``."""
+    import deepspeed
+
+    from plsh_dist.models import build_model, count_parameters
+
     model = build_model(model_cfg, attn_cfg, runtime, device=device)
     n_params = count_parameters(model)
     if cfg.deepspeed.activation_checkpointing:
@@ -210,111 +235,185 @@ def train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainResult:
                                  device_type=device.type)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config, dist_init_required=False)
+    return engine, n_params
 
+
+def _resume(cfg: RunConfig, engine, data: DataPipeline) -> tuple[int, tuple[Path, str] | None]:
+    """Load the checkpoint ``[checkpoint].resume`` names, if any, and position the
+    data after its step -> ``(start_step, (root, tag) or None)``."""
     start_step = 0
-    resume = find_resume(cfg.checkpoint.resume, out_dir)
+    resume = find_resume(cfg.checkpoint.resume, Path(cfg.run.out_dir))
     if resume is not None:
         state = load_checkpoint(engine, *resume)
         start_step = int(state["step"])
+    # Replay exactly the batches a continuous run would see.
+    data.skip_to(start_step * cfg.optim.grad_accum_steps)
+    return start_step, resume
+
+
+def _summary(s: TrainSession) -> dict[str, str]:
+    cfg, m, a, dims = s.cfg, s.model_cfg, s.attn_cfg, s.dims
     gas = cfg.optim.grad_accum_steps
-    data.skip_to(start_step * gas)  # replay exactly the batches a continuous run would see
-
-    tokens_per_step = cfg.data.micro_batch_size * gas * dims.dp_size * cfg.data.seq_len
-    log = MetricsLogger(out_dir, enabled=rank == 0, tensorboard=cfg.logging.tensorboard,
-                        progress=cfg.logging.progress, total_steps=cfg.run.max_steps, initial_step=start_step)
-    # A fresh run starts a fresh metrics.jsonl; a resumed one drops what the
-    # interrupted run logged after its checkpoint (those steps are replayed).
-    log.truncate_after(start_step)
-    log.print(startup_summary({
-        "run": f"{cfg.run.name} -> {out_dir}",
-        "model": f"{model_cfg.family} L={model_cfg.num_layers} H={model_cfg.hidden_size} "
-                 f"heads={model_cfg.num_heads}/{model_cfg.num_kv_heads} vocab={model_cfg.vocab_size}",
-        "parameters": f"{n_params:,}",
-        "attention": f"bias={attn_cfg.bias} rope={attn_cfg.rope} samples={attn_cfg.num_samples} "
-                     f"sigma={attn_cfg.sigma if attn_cfg.sigma is not None else 'per-head 1/alibi_slope'}",
+    return {
+        "run": f"{cfg.run.name} -> {s.out_dir}",
+        "model": f"{m.family} L={m.num_layers} H={m.hidden_size} "
+                 f"heads={m.num_heads}/{m.num_kv_heads} vocab={m.vocab_size}",
+        "parameters": f"{s.n_params:,}",
+        "attention": f"bias={a.bias} rope={a.rope} samples={a.num_samples} "
+                     f"sigma={a.sigma if a.sigma is not None else 'per-head 1/alibi_slope'}",
         "layout": f"{dims.describe()} (SP groups {dims.sp_group_ranks()})",
-        "tokens/step": f"{tokens_per_step:,} = micro {cfg.data.micro_batch_size} x accum {gas} x dp "
+        "tokens/step": f"{s.tokens_per_step:,} = micro {cfg.data.micro_batch_size} x accum {gas} x dp "
                        f"{dims.dp_size} x seq {cfg.data.seq_len} (each rank {cfg.data.seq_len // dims.sp_size} tokens)",
-        "engine": f"DeepSpeed ZeRO-{cfg.deepspeed.zero_stage}, {precision}, device {device}, "
+        "engine": f"DeepSpeed ZeRO-{cfg.deepspeed.zero_stage}, {s.precision}, device {s.device}, "
                   f"act-ckpt {cfg.deepspeed.activation_checkpointing}",
-        "steps": f"{start_step} -> {cfg.run.max_steps}" + (f" (resumed from {resume[0] / resume[1]})" if resume else ""),
-    }))
+        "steps": f"{s.start_step} -> {cfg.run.max_steps}"
+                 + (f" (resumed from {s.resume[0] / s.resume[1]})" if s.resume else ""),
+    }
 
-    result = TrainResult(first_step=start_step, out_dir=str(out_dir))
-    sp_scale = float(dims.sp_size)
-    engine.train()
-    last_t, comm_prev = time.time(), _comm_bytes()
-    for step in range(start_step, cfg.run.max_steps):
-        sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, tokens, comm bytes
-        lr = engine.get_lr()[0]  # the rate this step's update uses
-        grad_norm = float("nan")
-        for micro in range(gas):
-            runtime.set_step(step, micro)
-            batch = data.next_train()
-            loss_sum, n_local = _forward_sums(engine, batch, device)
-            n_group = _sp_token_count(n_local, sp_group)
-            engine.backward(loss_sum * (sp_scale / n_group.to(loss_sum.dtype)))
-            if micro == gas - 1 and cfg.deepspeed.zero_stage == 0:
-                grad_norm = _grad_norm(engine)
-            engine.step()
-            sums[0] += loss_sum.detach().double()
-            sums[1] += n_local.double()
-        if cfg.deepspeed.zero_stage > 0:
+
+# --- one optimizer step ---------------------------------------------------------------
+
+
+@dataclass
+class StepStats:
+    """One optimizer step, reduced over the world."""
+
+    loss: float
+    """Mean token loss of the global batch (``sum S / sum N``)."""
+    grad_norm: float
+    """Global gradient norm before clipping."""
+    lr: float
+    """The learning rate this step's update used."""
+    halo_bytes: float
+    """Bytes the attention's SP exchange sent + received in this step, all ranks."""
+
+
+def train_step(s: TrainSession, step: int) -> StepStats:
+    """Optimizer step ``step`` (0-based): ``grad_accum_steps`` micro-steps of forward,
+    backward of ``sp_size * S_r / N`` (module doc) and ``engine.step()``; collective."""
+    cfg, engine = s.cfg, s.engine
+    gas = cfg.optim.grad_accum_steps
+    sp_scale = float(s.dims.sp_size)
+    sums = torch.zeros(3, dtype=torch.float64, device=s.device)  # loss sum, tokens, comm bytes
+    lr = engine.get_lr()[0]  # the rate this step's update uses
+    grad_norm = float("nan")
+    for micro in range(gas):
+        s.runtime.set_step(step, micro)
+        batch = s.data.next_train()
+        loss_sum, n_local = forward_sums(engine, batch, s.device)
+        n_group = _sp_token_count(n_local, s.sp_group)
+        engine.backward(loss_sum * (sp_scale / n_group.to(loss_sum.dtype)))
+        if micro == gas - 1 and cfg.deepspeed.zero_stage == 0:
             grad_norm = _grad_norm(engine)
-        comm_now = _comm_bytes()
-        sums[2] = comm_now - comm_prev
-        comm_prev = comm_now
-        dist.all_reduce(sums)
-        loss = (sums[0] / sums[1]).item()
+        engine.step()
+        sums[0] += loss_sum.detach().double()
+        sums[1] += n_local.double()
+    if cfg.deepspeed.zero_stage > 0:
+        grad_norm = _grad_norm(engine)
+    comm_now = _comm_bytes()
+    sums[2] = comm_now - s.comm_bytes
+    s.comm_bytes = comm_now
+    dist.all_reduce(sums)
+    return StepStats(loss=(sums[0] / sums[1]).item(), grad_norm=grad_norm, lr=lr, halo_bytes=sums[2].item())
+
+
+# --- validation, logging, checkpoints, export -------------------------------------------
+
+
+def _validate(s: TrainSession) -> float:
+    """Validation loss of the first [logging].eval_batches validation batches; collective."""
+    return validation_loss(s.engine, s.data.val_batches(s.cfg.logging.eval_batches), s.runtime, s.device)
+
+
+def _log_step(s: TrainSession, done: int, stats: StepStats, tokens_per_s: float) -> None:
+    """metrics.jsonl / tensorboard after step ``done`` (every [logging].every_steps,
+    the first and the last step) and the periodic validation ([logging].eval_every)."""
+    cfg = s.cfg
+    metrics: dict[str, Any] = {}
+    if done % cfg.logging.every_steps == 0 or done in (s.start_step + 1, cfg.run.max_steps):
+        metrics = {
+            "loss": stats.loss,
+            "lr": stats.lr,
+            "grad_norm": stats.grad_norm,
+            "tokens_per_s": tokens_per_s,
+            "halo_bytes": stats.halo_bytes,
+            "memory_mb": memory_mb(s.device),
+        }
+        if s.device.type == "cuda":
+            metrics["mfu"] = mfu(tokens_per_s, s.n_params, s.model_cfg.num_layers, s.model_cfg.hidden_size,
+                                 cfg.data.seq_len, s.world, _DEFAULT_PEAK_FLOPS)
+    if cfg.logging.eval_every and done % cfg.logging.eval_every == 0 and done != cfg.run.max_steps:
+        metrics["val_loss"] = _validate(s)
+    if metrics:
+        s.log.log(done, metrics)
+    s.log.advance(1, {"loss": f"{stats.loss:.3f}", "tok/s": f"{tokens_per_s:.0f}"})
+
+
+def _save_checkpoint(s: TrainSession, step: int, loss: float | None) -> None:
+    """Checkpoint after optimizer step ``step``; collective."""
+    trainer_state = {"step": step, "consumed_micro_batches": step * s.cfg.optim.grad_accum_steps, "loss": loss}
+    save_checkpoint(s.engine, s.cfg, step, trainer_state, s.cfg.tokenizer.model_path)
+
+
+def _export(s: TrainSession) -> Path:
+    """safetensors weights + resolved config + tokenizer in ``out_dir/final``; collective."""
+    return export_final(s.engine, s.cfg, s.cfg.tokenizer.model_path, s.out_dir / "final")
+
+
+def _finish(s: TrainSession, result: TrainResult) -> None:
+    """After the last step: final validation, final checkpoint and the export."""
+    cfg = s.cfg
+    done = cfg.run.max_steps
+    if cfg.logging.eval_batches:
+        result.val_loss = _validate(s)
+        ppl = perplexity(result.val_loss)
+        s.log.log(done, {"val_loss": result.val_loss, "val_ppl": ppl})
+        s.log.print(f"validation: loss {result.val_loss:.4f}  ppl {ppl:.2f}")
+    _save_checkpoint(s, done, result.losses[-1] if result.losses else None)
+    if cfg.checkpoint.export_safetensors:
+        result.final_dir = str(_export(s))
+
+
+# --- the loop --------------------------------------------------------------------------
+
+
+def train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainResult:
+    """Run (or resume) the pretraining described by ``cfg``; collective over all ranks.
+
+    ``cfg`` is not modified. ``stop_after``: leave after that optimizer step as
+    a preempted job would, with a checkpoint of that step and no final
+    evaluation or export (for time-limited allocations, and to test that
+    resuming replays the run).
+    """
+    s = setup(cfg)
+    max_steps = cfg.run.max_steps
+    result = TrainResult(first_step=s.start_step, out_dir=str(s.out_dir))
+    s.engine.train()
+    last_t, s.comm_bytes = time.time(), _comm_bytes()
+    for step in range(s.start_step, max_steps):
+        stats = train_step(s, step)
         now = time.time()
-        tokens_per_s = tokens_per_step / max(now - last_t, 1e-9)
+        tokens_per_s = s.tokens_per_step / max(now - last_t, 1e-9)
         last_t = now
-        result.losses.append(loss)
-        result.grad_norms.append(grad_norm)
+        result.losses.append(stats.loss)
+        result.grad_norms.append(stats.grad_norm)
         done = step + 1
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss} at step {done}; lower [optim].lr or check the data")
+        if not math.isfinite(stats.loss):
+            raise FloatingPointError(f"loss is {stats.loss} at step {done}; lower [optim].lr or check the data")
 
-        if done % cfg.logging.every_steps == 0 or done in (start_step + 1, cfg.run.max_steps):
-            metrics: dict[str, Any] = {
-                "loss": loss,
-                "lr": lr,
-                "grad_norm": grad_norm,
-                "tokens_per_s": tokens_per_s,
-                "halo_bytes": sums[2].item(),
-                "memory_mb": memory_mb(device),
-            }
-            if device.type == "cuda":
-                metrics["mfu"] = mfu(tokens_per_s, n_params, model_cfg.num_layers, model_cfg.hidden_size,
-                                     cfg.data.seq_len, world, _DEFAULT_PEAK_FLOPS)
-            if cfg.logging.eval_every and done % cfg.logging.eval_every == 0 and done != cfg.run.max_steps:
-                metrics["val_loss"] = validation_loss(engine, data.val_batches(cfg.logging.eval_batches), runtime, device)
-            log.log(done, metrics)
-        elif cfg.logging.eval_every and done % cfg.logging.eval_every == 0 and done != cfg.run.max_steps:
-            log.log(done, {"val_loss": validation_loss(engine, data.val_batches(cfg.logging.eval_batches), runtime, device)})
-        log.advance(1, {"loss": f"{loss:.3f}", "tok/s": f"{tokens_per_s:.0f}"})
-
+        _log_step(s, done, stats, tokens_per_s)
         periodic = cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0
-        stopping = stop_after is not None and done >= stop_after and done != cfg.run.max_steps
-        if (periodic or stopping) and done != cfg.run.max_steps:
-            save_checkpoint(engine, cfg, done, {"step": done, "consumed_micro_batches": done * gas, "loss": loss},
-                            tokenizer_path)
-        maybe_fail("after_step", done, rank)
+        stopping = stop_after is not None and done >= stop_after and done != max_steps
+        if (periodic or stopping) and done != max_steps:
+            _save_checkpoint(s, done, stats.loss)
+        maybe_fail("after_step", done, s.rank)
         if stopping:
-            log.print(f"stopped after step {done} (stop_after); resume with --resume auto")
-            log.close()
+            s.log.print(f"stopped after step {done} (stop_after); resume with --resume auto")
+            s.log.close()
             return result
 
-    if start_step < cfg.run.max_steps or resume is None:
-        done = cfg.run.max_steps
-        if cfg.logging.eval_batches:
-            result.val_loss = validation_loss(engine, data.val_batches(cfg.logging.eval_batches), runtime, device)
-            log.log(done, {"val_loss": result.val_loss, "val_ppl": math.exp(min(result.val_loss, 50.0))})
-            log.print(f"validation: loss {result.val_loss:.4f}  ppl {math.exp(min(result.val_loss, 50.0)):.2f}")
-        save_checkpoint(engine, cfg, done, {"step": done, "consumed_micro_batches": done * gas,
-                                            "loss": result.losses[-1] if result.losses else None}, tokenizer_path)
-        if cfg.checkpoint.export_safetensors:
-            result.final_dir = str(export_final(engine, cfg, tokenizer_path, out_dir / "final"))
-    log.print(f"outputs: {out_dir} (metrics.jsonl, tensorboard/, checkpoints/, final/)")
-    log.close()
+    if s.start_step < max_steps or s.resume is None:
+        _finish(s, result)
+    s.log.print(f"outputs: {s.out_dir} (metrics.jsonl, tensorboard/, checkpoints/, final/)")
+    s.log.close()
     return result

@@ -11,22 +11,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from plsh_dist.distributed.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 PRETRAIN = ROOT / "launchers" / "pretrain.py"
 _BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launcher_env(**extra: str) -> dict[str, str]:

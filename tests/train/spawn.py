@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import os
-import socket
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from plsh_dist.distributed.ports import free_port
 
 
 def _worker(rank: int, world: int, port: int, runs: list[list[str]], stop_after: list, out) -> None:
@@ -27,9 +23,11 @@ def _worker(rank: int, world: int, port: int, runs: list[list[str]], stop_after:
     try:
         results = []
         for overrides, stop in zip(runs, stop_after):
-            res = train(load_config(None, overrides), stop_after=stop)
+            cfg = load_config(None, overrides)
+            before = copy.deepcopy(cfg)
+            res = train(cfg, stop_after=stop)
             results.append({"losses": res.losses, "grad_norms": res.grad_norms, "first_step": res.first_step,
-                            "val_loss": res.val_loss})
+                            "val_loss": res.val_loss, "config_unchanged": cfg == before})
         if rank == 0:
             out["results"] = results
     finally:
@@ -37,9 +35,10 @@ def _worker(rank: int, world: int, port: int, runs: list[list[str]], stop_after:
 
 
 def run_training(world: int, *runs: list[str], stop_after: list | None = None) -> list[dict]:
-    """Train each override list in turn inside the same ``world`` processes; rank 0's results."""
+    """Train each override list in turn inside the same ``world`` processes; rank 0's results
+    (``config_unchanged``: ``train`` left the config it was given as it was)."""
     stop_after = stop_after or [None] * len(runs)
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_worker, args=(world, _free_port(), list(runs), stop_after, out), nprocs=world)
+        mp.spawn(_worker, args=(world, free_port(), list(runs), stop_after, out), nprocs=world)
         return list(out["results"])

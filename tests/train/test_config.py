@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ def test_precedence_cli_over_file_over_defaults(tmp_path):
     assert cfg.optim.beta2 == 0.95  # default
     assert cfg.data.seq_len == 128
     assert cfg.run.out_dir == "somewhere"  # bare word kept as a string
-    assert cfg.attention == {"bias": "none"}
+    assert cfg.attention["bias"] == "none"
 
 
 def test_unknown_keys_and_sections_are_named(tmp_path):
@@ -67,6 +68,21 @@ def test_seq_len_must_split_over_sp():
     cfg = load_config(None, ["--parallel.sp_size=4"])
     with pytest.raises(ValueError, match="world_size=6"):
         cfg.validate(world_size=6)
+
+
+def test_model_and_attention_are_resolved_by_load_config(tmp_path):
+    """[model] / [attention] come back as full tables: preset expanded, defaults
+    filled, vocab_size the tokenizer's ([tokenizer].vocab_size when no tokenizer file exists yet)."""
+    import dataclasses
+
+    from plsh_dist.models import AttentionConfig, presets
+
+    tok = [f"--tokenizer.model_path={tmp_path / 'not_trained_yet.model'}", "--tokenizer.vocab_size=640"]
+    cfg = load_config(None, [*tok, "--model.preset=tiny", "--model.num_layers=3", "--attention.bias=alibi"])
+    assert cfg.model == dataclasses.replace(presets["tiny"], num_layers=3, vocab_size=640).to_dict()
+    assert cfg.attention == AttentionConfig(bias="alibi").to_dict()
+    assert config_from_table(cfg.to_dict()) == cfg  # resolving a resolved config changes nothing
+    assert load_config(None, [*tok, "--model.vocab_size=700"]).model["vocab_size"] == 700  # an explicit one wins
 
 
 def test_resolved_config_round_trips(tmp_path):
@@ -122,7 +138,7 @@ def test_every_config_builds_its_model_on_meta(path):
     model = build_model(model_cfg, attn_cfg, device="meta")
     n = count_parameters(model)
     assert n > 0 and all(p.device.type == "meta" for p in model.parameters())
-    if cfg.model.get("preset") == "qwen3-0.6b":
+    if tomllib.loads(path.read_text()).get("model", {}).get("preset") == "qwen3-0.6b":
         # 0.6B architecture: 440,467,456 non-embedding parameters whatever the vocabulary.
         assert count_parameters(model, exclude_embeddings=True) == 440_467_456
         assert cfg.data.seq_len >= 8192

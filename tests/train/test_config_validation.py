@@ -194,6 +194,13 @@ def test_model_vocab_smaller_than_tokenizer_file_fails_in_load_config(small_toke
     load_config(None, [f"--tokenizer.model_path={path}", f"--model.vocab_size={vocab + 20}"])  # padding is fine
 
 
+def test_model_vocab_defaults_to_the_tokenizer_file(small_tokenizer):
+    path, vocab = small_tokenizer
+    # [tokenizer].vocab_size says 8192 but the file wins (it is what encodes the data).
+    assert load_config(None, [f"--tokenizer.model_path={path}"]).model["vocab_size"] == vocab
+    assert load_config(None, ["--tokenizer.vocab_size=512"]).model["vocab_size"] == 512  # no file yet
+
+
 def test_model_vocab_smaller_than_tokenizer_to_train_fails_in_load_config():
     msg = _error(["--tokenizer.vocab_size=512", "--model.vocab_size=400"])
     assert "[model].vocab_size = 400 is smaller than the tokenizer's vocabulary of 512" in msg
@@ -206,7 +213,13 @@ def test_model_vocab_checked_again_once_the_tokenizer_is_ready():
     with pytest.raises(ValueError, match=r"\[model\].vocab_size = 512 is smaller than the tokenizer's vocabulary of 600"):
         cfg.check_tokenizer_vocab(600)
     cfg.check_tokenizer_vocab(512)
-    assert load_config(None, []).check_tokenizer_vocab(10**6) is None  # unset: the model takes the tokenizer's
+    # Unset, [model].vocab_size was resolved to [tokenizer].vocab_size (no file yet): a bigger tokenizer fails.
+    unset = load_config(None, ["--tokenizer.vocab_size=512"])
+    assert unset.check_tokenizer_vocab(512) is None
+    with pytest.raises(ValueError) as err:
+        unset.check_tokenizer_vocab(600)
+    assert "[model].vocab_size = 512 is smaller than the tokenizer's vocabulary of 600" in str(err.value)
+    assert "[tokenizer].model_path" in str(err.value) and "[tokenizer].vocab_size = 600" in str(err.value)
 
 
 def test_bf16_on_cpu_device_fails_in_load_config():

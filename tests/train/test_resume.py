@@ -24,6 +24,7 @@ def test_resume_replays_the_uninterrupted_run(tiny_data, tmp_path):
         base_overrides(tiny_data, cut_dir, *common, "--checkpoint.resume=auto"),
         stop_after=[None, 2, None],
     )
+    assert all(r["config_unchanged"] for r in (full, stopped, resumed))  # train() never writes into its config
     assert stopped["losses"] == full["losses"][:2]
     assert resumed["first_step"] == 2
     assert resumed["losses"] == full["losses"][2:]
@@ -48,11 +49,11 @@ def test_exported_weights_reproduce_the_validation_loss(tiny_data, tmp_path):
     """
     import pytest
 
-    from plsh_dist.train.evaluate import evaluate_exported
+    from plsh_dist.train.validation import exported_validation
 
     out = tmp_path / "z3"
     (res,) = run_training(2, base_overrides(tiny_data, out, "--attention.bias=plsh", "--attention.num_samples=2",
                                             "--deepspeed.zero_stage=3", "--parallel.sp_size=2", "--run.max_steps=3",
                                             "--checkpoint.export_safetensors=true"))
-    ev = evaluate_exported(out / "final")
+    ev = exported_validation(out / "final")
     assert ev["val_loss"] == pytest.approx(res["val_loss"], rel=1e-5)

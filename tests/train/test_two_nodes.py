@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import pytest
 
+from plsh_dist.distributed.ports import free_port
 from tests.train.conftest import base_overrides
-from tests.train.launcher_runs import Launch, empty_config, free_port, launcher_env, logged_losses, run, torchrun_cmd
+from tests.train.launcher_runs import Launch, empty_config, launcher_env, logged_losses, run, torchrun_cmd
 
 REL = 1e-6
 # torchrun start-up + 4 tiny ranks on 2 busy cores: about a minute each.

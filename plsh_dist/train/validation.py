@@ -1,0 +1,64 @@
+"""Validation loss: of the model being trained, and of an exported checkpoint.
+
+``validation_loss`` is what the training loop logs (periodically and at the
+end); ``exported_validation`` recomputes it on the final export in one
+process, without DeepSpeed (the quickstart and tests run it). The evaluation
+package (``plsh_dist.eval``, ``launchers/evaluate.py``) supplies the full tool:
+perplexity vs context length, per attention mode.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from plsh_dist.perplexity import perplexity
+from plsh_dist.train.export import load_exported
+from plsh_dist.train.losses import forward_sums
+
+__all__ = ["validation_loss", "exported_validation"]
+
+
+@torch.no_grad()
+def validation_loss(model, batches, runtime, device: torch.device, eval_seed_step: int = 0) -> float:
+    """Mean token loss over ``batches`` (this rank's shard), all-reduced over the world.
+
+    The attention masks of evaluation use step ``eval_seed_step`` so that every
+    evaluation of a run (and of a resumed run) sees the same masks.
+    """
+    saved = (runtime.step, runtime.micro_step)
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(2, dtype=torch.float64, device=device)
+    for batch in batches:
+        runtime.set_step(eval_seed_step, 0)
+        loss_sum, n = forward_sums(model, batch, device)
+        sums += torch.stack([loss_sum.double(), n.double()])
+    if dist.is_initialized():
+        dist.all_reduce(sums)
+    runtime.set_step(*saved)
+    model.train(was_training)
+    return (sums[0] / sums[1].clamp(min=1)).item()
+
+
+def exported_validation(directory: str | Path, *, eval_batches: int | None = None, attn_cfg=None) -> dict:
+    """Validation loss and perplexity of ``directory`` (an ``export_final`` output).
+
+    Uses the run's own data config (cached token streams) and the first
+    ``eval_batches`` validation batches (default: the run's [logging].eval_batches),
+    the same batches and hash seeds the training loop's final validation used.
+    """
+    from plsh_dist.data import build_loader, prepare_data
+    from plsh_dist.models import get_runtime
+
+    model, cfg = load_exported(directory, attn_cfg=attn_cfg)
+    prepared = prepare_data(cfg.data, cfg.tokenizer)
+    stream = prepared.val if prepared.val is not None else prepared.train
+    loader = build_loader(stream, cfg.data, train=False)
+    n = cfg.logging.eval_batches if eval_batches is None else eval_batches
+    batches = (b for i, b in zip(range(n), loader))
+    loss = validation_loss(model, batches, get_runtime(model), torch.device("cpu"))
+    return {"val_loss": loss, "val_ppl": perplexity(loss), "batches": n,
+            "tokens": n * cfg.data.micro_batch_size * cfg.data.seq_len}
