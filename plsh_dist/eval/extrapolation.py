@@ -36,6 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from plsh_dist.distributed.sp import apply_sequence_parallel
 from plsh_dist.distributed.sp_chunks import sp_bounds
 from plsh_dist.eval.checkpoint_loading import LoadedCheckpoint, load_for_eval
 from plsh_dist.eval.eval_data import load_eval_tokens
@@ -120,6 +121,7 @@ def evaluate_model(model, trained_attention, tokens: np.ndarray, lengths: Sequen
     rows = []
     was_training = model.training
     model.eval()
+    apply_sequence_parallel(model, sp_group)  # once: every mode below attends over the SP group
     try:
         for mode in modes:
             attn = attention_for(mode, trained_attention)
@@ -127,7 +129,7 @@ def evaluate_model(model, trained_attention, tokens: np.ndarray, lengths: Sequen
                 per_seed = []
                 t0 = time.time()
                 for seed in (seeds if mode.stochastic else seeds[:1]):
-                    runtime = AttentionRuntime(run_seed=int(seed), sp_group=sp_group)
+                    runtime = AttentionRuntime(run_seed=int(seed))
                     set_attention_mode(model, attn, runtime)
                     sums = TokenSums()
                     for i, w in enumerate(windows):
