@@ -201,8 +201,8 @@ def setup(cfg: RunConfig) -> TrainSession:
                         sp_rank=dims.sp_rank(rank), sp_size=dims.sp_size)
 
     torch.manual_seed(cfg.run.seed)  # identical init on every rank
-    runtime = AttentionRuntime(run_seed=cfg.run.seed, sp_group=sp_group)
-    engine, n_params = _build_engine(cfg, model_cfg, attn_cfg, runtime, device)
+    runtime = AttentionRuntime(run_seed=cfg.run.seed)
+    engine, n_params = _build_engine(cfg, model_cfg, attn_cfg, runtime, sp_group, device)
     start_step, resume = _resume(cfg, engine, data)
 
     log = MetricsLogger(cfg.run.out_dir, enabled=rank == 0, tensorboard=cfg.logging.tensorboard,
@@ -218,14 +218,15 @@ def setup(cfg: RunConfig) -> TrainSession:
 
 
 def _build_engine(cfg: RunConfig, model_cfg: ModelConfig, attn_cfg: AttentionConfig, runtime: AttentionRuntime,
-                  device: torch.device) -> tuple[Any, int]:
-    """The model (initialised from torch's global RNG), optimizer, scheduler and
-    DeepSpeed engine -> ``(engine, parameter count)``."""
+                  sp_group, device: torch.device) -> tuple[Any, int]:
+    """The model (initialised from torch's global RNG) with sequence parallelism
+    applied once, optimizer, scheduler and DeepSpeed engine -> ``(engine, parameter count)``."""
     import deepspeed
 
+    from plsh_dist.distributed.sp import apply_sequence_parallel
     from plsh_dist.models import build_model, count_parameters
 
-    model = build_model(model_cfg, attn_cfg, runtime, device=device)
+    model = apply_sequence_parallel(build_model(model_cfg, attn_cfg, runtime, device=device), sp_group)
     n_params = count_parameters(model)
     if cfg.deepspeed.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
