@@ -19,6 +19,7 @@ block one sequence of a varlen call over all heads and batch rows
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 from dataclasses import dataclass
@@ -26,8 +27,8 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "Backend", "BACKENDS", "Kernel", "Impl", "VARLEN_REFERENCE", "resolve_backend", "flash_attn_available",
-    "flash_attn_module",
+    "Backend", "BACKENDS", "Method", "METHODS", "Kernel", "Impl", "VARLEN_REFERENCE", "resolve_backend",
+    "resolve_method", "flash_attn_available", "flash_attn_module",
 ]
 
 
@@ -46,6 +47,21 @@ class Backend(str, enum.Enum):
 
 #: The values ``backend=`` accepts, in documentation order.
 BACKENDS = tuple(b.value for b in Backend)
+
+
+class Method(str, enum.Enum):
+    """How PLSH computes its estimator (both give the same numbers up to rounding)."""
+
+    AUTO = "auto"
+    """The faster of the two for the device and sizes (:func:`resolve_method`)."""
+    ONEPASS = "onepass"
+    """One attention with integer weights ``c_ij`` (bias ``log c_ij``): cost grows like log s."""
+    PER_SAMPLE = "per_sample"
+    """s block attentions merged by log-sum-exp: cost grows like s."""
+
+
+#: The values ``method=`` accepts.
+METHODS = tuple(m.value for m in Method)
 
 
 class Kernel(str, enum.Enum):
@@ -68,10 +84,13 @@ class Kernel(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Impl:
-    """A resolved backend: block layout and kernel."""
+    """A resolved backend: block layout and kernel, and whether PLSH runs in one pass."""
 
     varlen: bool
     kernel: Kernel
+    onepass: bool = False
+    """One attention with the bias ``log c_ij`` (:mod:`plsh_dist.ops.plsh_onepass`)
+    instead of s block attentions merged by log-sum-exp; set by :func:`resolve_method`."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -113,3 +132,24 @@ def resolve_backend(backend: str | Backend, device: torch.device, dtype: torch.d
 
 #: Runs the varlen path on explicit matmuls (CPU tests of the CUDA code path).
 VARLEN_REFERENCE = Impl(varlen=True, kernel=Kernel.REFERENCE)
+
+
+def resolve_method(method: str | Method, impl: Impl, num_samples: int) -> Impl:
+    """``impl`` with ``onepass`` set for the user's PLSH ``method``.
+
+    ``auto``: one pass on the padded (CPU) path from s = 2 on, where the
+    attention benchmark measures it faster (README, "Attention operator");
+    per sample with s = 1 (the two are the same attention) and on the CUDA
+    varlen path, whose one-pass kernel is not written yet (an explicit
+    ``method="onepass"`` there runs the device-generic one-pass on explicit
+    matmuls).
+    """
+    try:
+        method = Method(method)
+    except ValueError:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}") from None
+    if method is Method.AUTO:
+        onepass = num_samples >= 2 and not impl.varlen
+    else:
+        onepass = method is Method.ONEPASS
+    return dataclasses.replace(impl, onepass=onepass)

@@ -21,11 +21,12 @@ from __future__ import annotations
 import torch
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH
-from plsh_dist.ops.backends import Impl, resolve_backend
+from plsh_dist.ops.backends import Impl, resolve_backend, resolve_method
 from plsh_dist.ops.block_layout import BlockLayout
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.merge import accum_dtype, merge_into
 from plsh_dist.ops.padded_blocks import block_bwd, block_fwd
+from plsh_dist.ops.plsh_onepass import onepass_backward, onepass_forward
 from plsh_dist.ops.plsh_varlen import varlen_plsh_backward, varlen_plsh_forward
 from plsh_dist.ops.varlen_plan import plan_samples
 from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_for
@@ -34,6 +35,12 @@ __all__ = [
     "plsh_attention", "fixed_blocks_attention", "plsh_forward", "plsh_backward", "check_block_attention",
     "PLSHAttentionFunction",
 ]
+
+
+def _dense_kernel(impl: Impl):
+    """The dense kernel of the one-pass path: the padded path's choice, else per call (varlen kernels
+    take no bias)."""
+    return None if impl.varlen else impl.kernel
 
 
 def _layouts(lsh: PositionalLSH, positions: torch.Tensor, device: torch.device):
@@ -73,6 +80,8 @@ def plsh_forward(
     Returns:
         out (B, T, Hq, D) in q's dtype, lse (B, Hq, T) in fp32 (fp64 for fp64).
     """
+    if impl.onepass:  # one attention with the bias log c_ij
+        return onepass_forward(q, k, v, lsh, positions, causal=causal, scale=scale, kernel=_dense_kernel(impl))
     if impl.varlen:  # CUDA: one varlen call per sample over all heads
         return varlen_plsh_forward(q, k, v, lsh, positions, causal=causal, scale=scale, impl=impl, plan=plan)
     Hq, Hkv = q.shape[2], k.shape[2]
@@ -117,6 +126,9 @@ def plsh_backward(
 
     Returns dq (B, T, Hq, D), dk, dv (B, T, Hkv, D) in the inputs' dtype.
     """
+    if impl.onepass:
+        return onepass_backward(dout, q, k, v, out, lse, lsh, positions, causal=causal, scale=scale,
+                                kernel=_dense_kernel(impl))
     if impl.varlen:
         return varlen_plsh_backward(dout, q, k, v, out, lse, lsh, positions, causal=causal, scale=scale, impl=impl,
                                     plan=plan)
@@ -168,7 +180,7 @@ class PLSHAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, lsh, positions, causal, scale, impl):
         # varlen: plan the calls once (the op's one host sync); the backward reuses it
-        plan = plan_samples(lsh, positions, q.shape[0], q.device) if impl.varlen else None
+        plan = plan_samples(lsh, positions, q.shape[0], q.device) if impl.varlen and not impl.onepass else None
         out, lse = plsh_forward(q, k, v, lsh, positions, causal=causal, scale=scale, impl=impl, plan=plan)
         ctx.mark_non_differentiable(lse)
         if any(ctx.needs_input_grad[:3]):
@@ -205,6 +217,7 @@ def plsh_attention(
     softmax_scale: float | None = None,
     backend: str = "auto",
     sampler: str = "iid",
+    method: str = "auto",
     return_lse: bool = False,
 ):
     """Positional LSH approximation of ALiBi attention (one process).
@@ -230,6 +243,11 @@ def plsh_attention(
             (flash-attn varlen when available, else torch), "torch", "math"
             (explicit matmuls, any device) or "flash_attn".
         sampler: "iid" or "stratified" (see :class:`PositionalLSH`).
+        method: "per_sample" (s block attentions merged by log-sum-exp),
+            "onepass" (one attention with the bias ``log c_ij``, ``c_ij`` the
+            number of samples in which i and j share a block: cost grows like
+            log s) or "auto" (:func:`plsh_dist.ops.backends.resolve_method`).
+            Same estimator, same blocks: equal up to rounding.
         return_lse: also return the log-sum-exp of the merged attention.
     Returns:
         out (B, T, Hq, D) in q's dtype; with ``return_lse`` also lse (B, Hq, T)
@@ -237,7 +255,7 @@ def plsh_attention(
         chunks: :class:`plsh_dist.distributed.sp.SequenceParallelAttention`.
     """
     lsh = PositionalLSH(sigma, num_samples, seed, sampler)
-    return _block_attention(q, k, v, lsh, positions, causal, softmax_scale, backend, return_lse)
+    return _block_attention(q, k, v, lsh, positions, causal, softmax_scale, backend, method, return_lse)
 
 
 def fixed_blocks_attention(
@@ -250,14 +268,16 @@ def fixed_blocks_attention(
     causal: bool = True,
     softmax_scale: float | None = None,
     backend: str = "auto",
+    method: str = "auto",
     return_lse: bool = False,
 ):
     """The paper's fixed-blocks baseline: blocks of pitch ``2 * sigma_h``
     aligned at position 0, one sample. Arguments as :func:`plsh_attention`."""
-    return _block_attention(q, k, v, FixedBlocks(sigma), positions, causal, softmax_scale, backend, return_lse)
+    return _block_attention(q, k, v, FixedBlocks(sigma), positions, causal, softmax_scale, backend, method,
+                            return_lse)
 
 
-def check_block_attention(q, k, v, lsh: PositionalLSH, positions, softmax_scale, backend):
+def check_block_attention(q, k, v, lsh: PositionalLSH, positions, softmax_scale, backend, method="auto"):
     """Validate the arguments of a block attention; ValueErrors name the argument.
 
     Returns ``(positions, scale, impl)``: CPU LongTensor[T], float, :class:`Impl`.
@@ -268,10 +288,11 @@ def check_block_attention(q, k, v, lsh: PositionalLSH, positions, softmax_scale,
             f"sigma must be a float or a Tensor[Hq] with Hq={q.shape[2]} entries, got {lsh.num_heads} entries"
         )
     pos = check_positions(positions, q.shape[1], q.device)
-    return pos, softmax_scale_for(q, softmax_scale), resolve_backend(backend, q.device, q.dtype)
+    impl = resolve_method(method, resolve_backend(backend, q.device, q.dtype), lsh.num_samples)
+    return pos, softmax_scale_for(q, softmax_scale), impl
 
 
-def _block_attention(q, k, v, lsh: PositionalLSH, positions, causal, softmax_scale, backend, return_lse):
-    pos, scale, impl = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend)
+def _block_attention(q, k, v, lsh: PositionalLSH, positions, causal, softmax_scale, backend, method, return_lse):
+    pos, scale, impl = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method)
     out, lse = PLSHAttentionFunction.apply(q, k, v, lsh, pos, causal, scale, impl)
     return (out, lse) if return_lse else out

@@ -109,10 +109,15 @@ def run(rank: int, world: int, init_file: str, cases: tuple[str, ...]) -> None:
 
 
 def plsh_cases(rank: int, world: int, group) -> None:
+    for method in ("per_sample", "onepass"):  # same estimator, same blocks, same halo
+        _plsh_cases(rank, world, group, method)
+
+
+def _plsh_cases(rank: int, world: int, group, method: str) -> None:
     sigma = torch.tensor([0.7, 3.0, 25.0, 120.0], dtype=torch.float64)  # tiny blocks ... blocks ~ T
     for dtype, causal, s, offset in [(torch.float64, True, 4, 1000), (torch.float64, False, 3, 0)]:
         stats = _run_and_compare(plsh_attention, dtype, 1, offset, group, sigma=sigma, num_samples=s,
-                                 seed=11, causal=causal)
+                                 seed=11, causal=causal, method=method)
         needs = _check_halo_bytes(stats, PositionalLSH(sigma, s, 11), offset, causal, dtype, group)
         if world >= 3:  # the test must exercise blocks spanning 3+ chunks
             Tl = T // world
@@ -121,10 +126,10 @@ def plsh_cases(rank: int, world: int, group) -> None:
             assert sum(len(n) for n in needs[-1]) < (world - 1) * (T // world) * HKV  # no full all-gather
     # fp32, one hash shared by all heads, stratified sampler
     stats = _run_and_compare(plsh_attention, torch.float32, 2, 7, group, sigma=30.0, num_samples=3, seed=5,
-                             sampler="stratified")
+                             sampler="stratified", method=method)
     _check_halo_bytes(stats, PositionalLSH(30.0, 3, 5, "stratified"), 7, True, torch.float32, group)
     # fixed blocks of 2 * 50 = 100 tokens, aligned at 0
-    stats = _run_and_compare(fixed_blocks_attention, torch.float64, 3, 0, group, sigma=50.0)
+    stats = _run_and_compare(fixed_blocks_attention, torch.float64, 3, 0, group, sigma=50.0, method=method)
     _check_halo_bytes(stats, FixedBlocks(50.0), 0, True, torch.float64, group)
 
 

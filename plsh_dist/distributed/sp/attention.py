@@ -48,15 +48,19 @@ class SequenceParallelAttention:
         return f"{type(self).__name__}(group={self.group!r})"
 
     def plsh_attention(self, q, k, v, *, sigma, num_samples: int, seed: int, positions=None, causal: bool = True,
-                       softmax_scale: float | None = None, backend: str = "auto", sampler: str = "iid"):
-        """:func:`plsh_dist.ops.plsh_attention` of this rank's chunk: (B, T_local, Hq, D)."""
+                       softmax_scale: float | None = None, backend: str = "auto", sampler: str = "iid",
+                       method: str = "auto"):
+        """:func:`plsh_dist.ops.plsh_attention` of this rank's chunk: (B, T_local, Hq, D).
+
+        Both methods move the same halo: the one-pass band is the union of the samples' blocks.
+        """
         return self._blocks(q, k, v, PositionalLSH(sigma, num_samples, seed, sampler), positions, causal,
-                            softmax_scale, backend)
+                            softmax_scale, backend, method)
 
     def fixed_blocks_attention(self, q, k, v, *, sigma, positions=None, causal: bool = True,
-                               softmax_scale: float | None = None, backend: str = "auto"):
+                               softmax_scale: float | None = None, backend: str = "auto", method: str = "auto"):
         """:func:`plsh_dist.ops.fixed_blocks_attention` of this rank's chunk."""
-        return self._blocks(q, k, v, FixedBlocks(sigma), positions, causal, softmax_scale, backend)
+        return self._blocks(q, k, v, FixedBlocks(sigma), positions, causal, softmax_scale, backend, method)
 
     def alibi_attention(self, q, k, v, *, slopes, positions=None, causal: bool = True, window: int | None = None,
                         softmax_scale: float | None = None, chunk_size: int | None = None):
@@ -74,6 +78,6 @@ class SequenceParallelAttention:
         return self.alibi_attention(q, k, v, slopes=torch.zeros(q.shape[2]), positions=positions, causal=causal,
                                     softmax_scale=scale)
 
-    def _blocks(self, q, k, v, lsh, positions, causal, softmax_scale, backend):
-        pos, scale, impl = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend)
+    def _blocks(self, q, k, v, lsh, positions, causal, softmax_scale, backend, method):
+        pos, scale, impl = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method)
         return SPBlockAttention.apply(q, k, v, lsh, pos, causal, scale, impl, self.group)

@@ -1,0 +1,302 @@
+"""PLSH in one pass: the s-sample merge as one attention with integer weights.
+
+The merged estimator of :mod:`plsh_dist.ops.plsh` is one attention whose
+weights count the samples in which two tokens share a block:
+
+    c_ij = #{t : bucket_t(i) == bucket_t(j)}        (and j <= i when causal)
+    T~_i = sum_j c_ij E_ij v_j / sum_j c_ij E_ij = softmax_j(q_i . k_j * scale + log c_ij) v
+
+(``log 0 = -inf``), equal to the per-sample merge up to rounding. The keys
+with ``c_ij > 0`` form one band per query, from the earliest first member
+of the s blocks holding ``i`` to ``i`` (causal) or to their latest last
+member; under the hash it reaches about ``sigma * (ln s + 0.58)`` keys back,
+against ``s * sigma`` keys for s separate block attentions. So the cost grows
+like log s, not s, and nothing per sample is stored: the gradient is
+ordinary attention's under the constant bias ``log c``.
+
+Layout, per hash head (one head per query head for per-head sigma, or one
+shared by all heads): queries in chunks of C; chunk ``[i0, i1)`` sees keys
+``[k0, k1)`` with ``k0 = min_t first_t(i0)`` (block starts are monotone in
+position, so the chunk's first query has the earliest start) and ``k1 = i1``
+(causal) or ``max_t end_t(i1 - 1)``. Consecutive chunks are padded to a
+common key count and run as one batched dense call
+(:func:`plsh_dist.ops.dense.dense_fwd`: aten's flash-attention-for-CPU with
+the float bias, or explicit matmuls for short key ranges, as for every
+dense call), within a memory budget per call.
+
+Counting (why not compare bucket ids): for causal attention
+``c_ij = #{t : first_t(i) <= j}``, a step function of j with at most s steps,
+so each query's s block starts are scattered into its key row and summed
+cumulatively: O(C K + C s) per chunk whatever s (non-causal subtracts the
+ends the same way). Comparing bucket ids instead costs O(s C K): a
+prototype spent 8x longer counting than attending at sigma = 256, s = 8.
+
+Backward recomputes each call's bias and runs the dense backward with the
+saved merged ``out`` / ``lse`` (as exact ALiBi does), so saved activations
+are q, k, v, out, lse only, whatever s. Padding query slots repeat the last
+real query (finite values; their outputs are dropped and their dout is
+zero, so they add nothing to dk, dv); padding key slots get bias ``-inf``.
+
+Legend: B batch, n tokens, Hq / Hkv query / key-value heads, D head dim,
+s samples, Hc heads of one hash head (Hq shared, 1 per-head), G chunks in
+one call, C queries per chunk, K keys per chunk of the call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from plsh_dist.hashing import PositionalLSH, block_ends, block_firsts
+from plsh_dist.ops.dense import dense_bwd, dense_fwd
+from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
+from plsh_dist.ops.merge import accum_dtype
+
+__all__ = ["onepass_forward", "onepass_backward", "chunk_size_for_band", "count_bias"]
+
+#: Elements of one call's (Hc * B, G, C, K) logits: bounds the memory of a call
+#: (exceeded only by one chunk of 16 queries whose band spans more keys than this allows).
+CALL_BUDGET = 1 << 22
+#: Queries per chunk: the band times this, rounded up to a multiple of 16 in [16, 512].
+_CHUNK_PER_BAND = 1.0
+
+
+def chunk_size_for_band(band: float) -> int:
+    """Queries per chunk for a head whose mean band is ``band`` keys: a multiple of
+    16 in [16, 512], so small-sigma heads do not pay for big chunks (each
+    query wastes about C / 2 keys of its chunk's rectangle)."""
+    c = int(math.ceil(_CHUNK_PER_BAND * band / 16.0)) * 16
+    return max(16, min(512, c))
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One batched dense call: G chunks of C queries against K keys each.
+
+    Attributes:
+        q_idx: LongTensor (G, C), token of every query slot (padding: the last real token).
+        q_real: number of real query slots (a prefix of the flattened (G, C) slots).
+        k_idx: LongTensor (G, K), token of every key slot (clamped into range).
+        k0: LongTensor (G,), first key of each chunk.
+    """
+
+    q_idx: torch.Tensor
+    q_real: int
+    k_idx: torch.Tensor
+    k0: torch.Tensor
+
+
+def _chunk_bounds(n: int, firsts: torch.Tensor, ends: torch.Tensor | None, chunk: int):
+    """Queries ``[starts, stops)`` of every chunk and the width of its key range, LongTensors (nc,)."""
+    starts = torch.arange(0, n, chunk)
+    stops = torch.clamp(starts + chunk, max=n)
+    k0 = firsts[:, starts].min(dim=0).values
+    k1 = stops if ends is None else ends[:, stops - 1].max(dim=0).values
+    return starts, stops, k0, k1 - k0
+
+
+def _calls(n: int, firsts: torch.Tensor, ends: torch.Tensor | None, chunk: int, heads_batch: int) -> list[_Call]:
+    """Chunks of one hash head, grouped into calls within :data:`CALL_BUDGET`.
+
+    firsts / ends: LongTensor (s, n), first member / one past the last member of
+    each token's block in each sample (ends None when causal). A chunk whose
+    own logits would exceed the budget (a band as long as the sequence) is
+    halved down to 16 queries first.
+    """
+    starts, stops, k0, widths = _chunk_bounds(n, firsts, ends, chunk)
+    while chunk > 16 and heads_batch * chunk * int(widths.max()) > CALL_BUDGET:
+        chunk = max(16, chunk // 2 // 16 * 16)
+        starts, stops, k0, widths = _chunk_bounds(n, firsts, ends, chunk)
+    widths = widths.tolist()
+    calls, first = [], 0
+    nc = starts.numel()
+    while first < nc:
+        last, width = first + 1, widths[first]
+        while last < nc and heads_batch * (last + 1 - first) * chunk * max(width, widths[last]) <= CALL_BUDGET:
+            width = max(width, widths[last])
+            last += 1
+        q = torch.arange(int(starts[first]), int(starts[first]) + (last - first) * chunk)
+        q_real = min(n, int(stops[last - 1])) - int(starts[first])
+        q_idx = q.clamp(max=n - 1).view(last - first, chunk)
+        k_idx = (k0[first:last, None] + torch.arange(width)[None, :]).clamp(max=n - 1)
+        calls.append(_Call(q_idx, q_real, k_idx, k0[first:last]))
+        first = last
+    return calls
+
+
+def count_bias(call: _Call, firsts: torch.Tensor, ends: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """Additive bias ``log c_ij`` of one call, (G, 1, C, K) in ``dtype`` (``-inf`` where c = 0).
+
+    ``c_ij = #{t : first_t(i) <= j < end_t(i)}``, and causally ``end_t(i) = i + 1``
+    for every sample. Each query's row gets +1 at its s block starts and -1
+    at its s block ends (causal: -s once, just after the query); the
+    cumulative sum along the keys is then exactly c (small integers are
+    exact in float), and its logarithm the bias. Per call that is O(C s)
+    scattered values and three passes over the (C, K) table, whatever s:
+    sorting the starts or comparing bucket ids costs more (measured).
+    """
+    G, C = call.q_idx.shape
+    K = call.k_idx.shape[1]
+    s = firsts.shape[0]
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    rel = (firsts[:, call.q_idx] - call.k0[None, :, None]).permute(1, 2, 0)  # (G, C, s) in [0, K)
+    hist = torch.zeros(G, C, K, dtype=acc)
+    hist.scatter_add_(2, rel, torch.ones(rel.shape, dtype=acc))
+    if ends is None:  # causal: every sample's block is cut just after the query
+        stop, weight = (call.q_idx - call.k0[:, None] + 1)[..., None], float(s)  # (G, C, 1)
+    else:
+        stop, weight = (ends[:, call.q_idx] - call.k0[None, :, None]).permute(1, 2, 0), 1.0
+    # a block that ends past the call's last key needs no decrement
+    hist.scatter_add_(2, stop.clamp(max=K - 1), torch.where(stop < K, -weight, 0.0).to(acc))
+    # log 0 = -inf for keys outside every block, but log of 0 takes a slow path
+    # (measured 10x the time of log 0.5), so the zeros become 0.5 first: below
+    # log 1 = 0, they are the negative entries afterwards.
+    bias = hist.cumsum_(dim=2).clamp_(min=0.5).log_()
+    return bias.masked_fill_(bias < 0, float("-inf")).to(dtype)[:, None]
+
+
+def _head_tables(lsh: PositionalLSH, positions: torch.Tensor, causal: bool):
+    """firsts (s, H, n) and ends (s, H, n) or None of every token's block in every sample and hash head."""
+    buckets = lsh.buckets(positions)
+    firsts = block_firsts(buckets)
+    ends = None if causal else block_ends(buckets) + 1
+    return firsts, ends
+
+
+def _chunk_size(firsts_h: torch.Tensor) -> int:
+    """Chunk size of one hash head from its measured mean band (keys back to the earliest start)."""
+    n = firsts_h.shape[1]
+    band = float((torch.arange(n) - firsts_h.min(dim=0).values).float().mean()) + 1.0
+    return chunk_size_for_band(band)
+
+
+def _plan(lsh, positions, causal, heads_batch):
+    """Per hash head: (firsts (s, n), ends (s, n) or None, calls)."""
+    firsts, ends = _head_tables(lsh, positions, causal)
+    n = positions.numel()
+    plan = []
+    for h in range(firsts.shape[1]):
+        f_h = firsts[:, h]
+        e_h = None if ends is None else ends[:, h]
+        plan.append((f_h, e_h, _calls(n, f_h, e_h, _chunk_size(f_h), heads_batch)))
+    return plan
+
+
+def _gather_queries(x_BnHD: torch.Tensor, call: _Call, zero_pads: bool = False) -> torch.Tensor:
+    """(B, n, Hc, D) -> (G, B * Hc, C, D): the call's query slots, batch and heads folded.
+
+    ``zero_pads``: padding slots hold zeros instead of the last real token
+    (needed for dout only: a padding query must not add to dk, dv).
+    """
+    B, _, Hc, D = x_BnHD.shape
+    G, C = call.q_idx.shape
+    x = x_BnHD.index_select(1, call.q_idx.flatten().to(x_BnHD.device)).view(B, G, C, Hc, D)
+    x = x.permute(1, 0, 3, 2, 4).reshape(G, B * Hc, C, D)
+    if zero_pads and call.q_real < G * C:
+        real = (torch.arange(G * C, device=x.device) < call.q_real).view(G, 1, C, 1)
+        x = x.masked_fill(~real, 0)
+    return x
+
+
+def _gather_keys(x_BnHD: torch.Tensor, call: _Call) -> torch.Tensor:
+    """(B, n, Hc, D) -> (G, B * Hc, K, D)."""
+    B, _, Hc, D = x_BnHD.shape
+    G, K = call.k_idx.shape
+    x = x_BnHD.index_select(1, call.k_idx.flatten().to(x_BnHD.device)).view(B, G, K, Hc, D)
+    return x.permute(1, 0, 3, 2, 4).reshape(G, B * Hc, K, D)
+
+
+def _scatter_queries(dst_BnHD: torch.Tensor, x_GNCD: torch.Tensor, call: _Call) -> None:
+    """Write the call's real query rows (G, B * Hc, C, D) into ``dst`` (B, n, Hc, D)."""
+    B, _, Hc, D = dst_BnHD.shape
+    G, C = call.q_idx.shape
+    x = x_GNCD.view(G, B, Hc, C, D).permute(1, 0, 3, 2, 4).reshape(B, G * C, Hc, D)[:, : call.q_real]
+    dst_BnHD[:, int(call.q_idx[0, 0]) : int(call.q_idx[0, 0]) + call.q_real] = x
+
+
+def _add_keys(dst_BnHD: torch.Tensor, x_GNKD: torch.Tensor, call: _Call) -> None:
+    """Add the call's key-slot gradients (G, B * Hc, K, D) into ``dst`` (B, n, Hc, D)."""
+    B, _, Hc, D = dst_BnHD.shape
+    G, K = call.k_idx.shape
+    x = x_GNKD.view(G, B, Hc, K, D).permute(1, 0, 3, 2, 4).reshape(B, G * K, Hc, D)
+    dst_BnHD.index_add_(1, call.k_idx.flatten().to(dst_BnHD.device), x.to(dst_BnHD.dtype))
+
+
+def _head_groups(lsh: PositionalLSH, Hq: int, Hkv: int):
+    """(hash head, query heads, kv head or None) per hash head: a shared hash serves every
+    query head at once (kv repeated), a per-head hash one query head and its kv head."""
+    if lsh.num_heads == 1:
+        return [(0, slice(0, Hq), None)]
+    g = Hq // Hkv
+    return [(h, slice(h, h + 1), h // g) for h in range(Hq)]
+
+
+def onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, scale: float, kernel=None):
+    """One-pass PLSH forward (same contract as ``plsh_forward``).
+
+    q: (B, n, Hq, D); k, v: (B, n, Hkv, D); positions CPU LongTensor[n], increasing.
+    Returns out (B, n, Hq, D) in q's dtype, lse (B, Hq, n) fp32 (fp64 for fp64).
+    """
+    B, n, Hq, D = q.shape
+    Hkv = k.shape[2]
+    out = torch.empty_like(q)
+    lse = torch.empty(B, n, Hq, 1, dtype=accum_dtype(q.dtype), device=q.device)  # heads-last, like out
+    heads = _head_groups(lsh, Hq, Hkv)
+    plan = _plan(lsh, positions, causal, B * (Hq if lsh.num_heads == 1 else 1))
+    for (h, hq, kv), (firsts, ends, calls) in zip(heads, plan):
+        q_h, k_h, v_h = _head_inputs(q, k, v, hq, kv)
+        out_h = out[:, :, hq]
+        lse_h = lse[:, :, hq]
+        for call in calls:
+            bias = count_bias(call, firsts, ends, q.dtype).to(q.device)
+            o, l = dense_fwd(_gather_queries(q_h, call), _gather_keys(k_h, call), _gather_keys(v_h, call),
+                             causal=False, scale=scale, bias=bias, kernel=kernel)
+            _scatter_queries(out_h, o, call)
+            _scatter_queries(lse_h, l[..., None], call)
+    return out, lse[..., 0].permute(0, 2, 1).contiguous()
+
+
+def onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool,
+                     scale: float, kernel=None):
+    """Gradients of :func:`onepass_forward` given the merged ``out`` and ``lse``.
+
+    Returns dq (B, n, Hq, D), dk, dv (B, n, Hkv, D) in the inputs' dtype.
+    """
+    B, n, Hq, D = q.shape
+    Hkv = k.shape[2]
+    acc = accum_dtype(q.dtype)
+    dq = torch.empty_like(q)
+    shared = lsh.num_heads == 1
+    dk = torch.zeros(B, n, Hq if shared else Hkv, D, dtype=acc, device=q.device)
+    dv = torch.zeros_like(dk)
+    lse_BnH1 = lse.permute(0, 2, 1)[..., None]
+    heads = _head_groups(lsh, Hq, Hkv)
+    plan = _plan(lsh, positions, causal, B * (Hq if shared else 1))
+    for (h, hq, kv), (firsts, ends, calls) in zip(heads, plan):
+        q_h, k_h, v_h = _head_inputs(q, k, v, hq, kv)
+        dout_h, out_h, lse_h = dout[:, :, hq], out[:, :, hq], lse_BnH1[:, :, hq]
+        kv_slot = hq if shared else slice(kv, kv + 1)
+        for call in calls:
+            bias = count_bias(call, firsts, ends, q.dtype).to(q.device)
+            dq_c, dk_c, dv_c = dense_bwd(
+                _gather_queries(dout_h, call, zero_pads=True), _gather_queries(q_h, call), _gather_keys(k_h, call),
+                _gather_keys(v_h, call), _gather_queries(out_h, call), _gather_queries(lse_h, call)[..., 0],
+                causal=False, scale=scale, bias=bias, kernel=kernel,
+            )
+            _scatter_queries(dq[:, :, hq], dq_c, call)
+            _add_keys(dk[:, :, kv_slot], dk_c, call)
+            _add_keys(dv[:, :, kv_slot], dv_c, call)
+    if shared:  # kv heads were repeated to the query heads: sum each group back
+        g = Hq // Hkv
+        dk, dv = sum_kv_repeats(dk, g), sum_kv_repeats(dv, g)
+    return dq, dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _head_inputs(q, k, v, hq: slice, kv: int | None):
+    """q, k, v of one hash head as (B, n, Hc, D): all heads (kv repeated) or one query head and its kv head."""
+    if kv is None:
+        g = q.shape[2] // k.shape[2]
+        return q, repeat_kv(k, g), repeat_kv(v, g)
+    return q[:, :, hq], k[:, :, kv : kv + 1], v[:, :, kv : kv + 1]
