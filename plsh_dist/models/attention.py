@@ -123,10 +123,10 @@ def _dispatch(
         seed = runtime.layer_seed(layer, cfg.fixed_masks)
         return ops.plsh_attention(
             q, k, v, sigma=sigma, num_samples=cfg.num_samples, seed=seed,
-            backend=cfg.backend, sampler=cfg.sampler, **common,
+            backend=cfg.backend, sampler=cfg.sampler, method=cfg.method, **common,
         )
     if cfg.bias == "fixed_blocks":
-        return ops.fixed_blocks_attention(q, k, v, sigma=sigma, backend=cfg.backend, **common)
+        return ops.fixed_blocks_attention(q, k, v, sigma=sigma, backend=cfg.backend, method=cfg.method, **common)
     raise ValueError(f"unknown attention bias {cfg.bias!r}")  # unreachable: AttentionConfig checks it
 
 

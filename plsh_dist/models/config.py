@@ -20,7 +20,7 @@ from typing import Any
 from plsh_dist.config_check import check_field_types, did_you_mean
 from plsh_dist.hashing import SAMPLERS
 from plsh_dist.models.presets import PRESET_TABLES
-from plsh_dist.ops.backends import BACKENDS
+from plsh_dist.ops.backends import BACKENDS, METHODS
 
 __all__ = ["AttentionConfig", "ModelConfig", "BIASES", "FAMILIES", "presets"]
 
@@ -87,6 +87,15 @@ class AttentionConfig:
     when available, else torch), ``"torch"``, ``"math"`` (explicit matmuls,
     any device) or ``"flash_attn"`` (CUDA + flash-attn only)."""
 
+    method: str = "auto"
+    """How ``"plsh"`` and ``"fixed_blocks"`` compute the estimator: ``"per_sample"``
+    (s block attentions merged by log-sum-exp; cost grows like s), ``"onepass"``
+    (one attention with the bias ``log c_ij``, c_ij the number of samples in
+    which i and j share a block; cost grows like log s) or ``"auto"`` (the
+    faster for the device, see :func:`plsh_dist.ops.backends.resolve_method`).
+    Same hash seeds and blocks either way, so a run's masks do not depend on it;
+    the outputs agree to rounding."""
+
     chunk_size: int | None = None
     """Query chunk of exact ALiBi (``"alibi"``/``"window"``): memory O(T * chunk).
     ``None`` lets the op choose."""
@@ -117,6 +126,8 @@ class AttentionConfig:
             raise ValueError(f"attention.sampler must be one of {SAMPLERS}, got {self.sampler!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"attention.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.method not in METHODS:
+            raise ValueError(f"attention.method must be one of {METHODS}, got {self.method!r}")
         if self.chunk_size is not None and (
             isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size < 1
         ):

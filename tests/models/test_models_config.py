@@ -23,6 +23,7 @@ from plsh_dist.models import (
         (dict(sigma=-1.0), "attention.sigma"),
         (dict(window=0), "attention.window"),
         (dict(sampler="sobol"), "attention.sampler"),
+        (dict(method="fast"), "attention.method"),
         (dict(backend="cuda"), "attention.backend"),
         (dict(chunk_size=0), "attention.chunk_size"),
         (dict(rope="yes"), r"\[attention\]\.rope"),  # the generic type check's wording

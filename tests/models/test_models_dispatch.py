@@ -38,7 +38,8 @@ class RecordingOps:
         (AttentionConfig(bias="none", rope=True), "causal_attention"),
         (AttentionConfig(bias="alibi", chunk_size=8), "alibi_attention"),
         (AttentionConfig(bias="window", window=7, sigma=32.0), "alibi_attention"),
-        (AttentionConfig(bias="plsh", num_samples=5, sampler="stratified", backend="math"), "plsh_attention"),
+        (AttentionConfig(bias="plsh", num_samples=5, sampler="stratified", backend="math", method="onepass"),
+         "plsh_attention"),
         (AttentionConfig(bias="fixed_blocks", sigma=3.0), "fixed_blocks_attention"),
     ],
     ids=lambda x: x if isinstance(x, str) else x.bias,
@@ -67,9 +68,10 @@ def test_bound_ops_receive_chunk_positions(cfg, op):
         if cfg.bias == "plsh":
             torch.testing.assert_close(kw["sigma"], alibi_slopes(4).reciprocal(), atol=0, rtol=0)
             assert kw["seed"] == hash_seed(5, 2, 1, layer)
-            assert (kw["num_samples"], kw["sampler"], kw["backend"]) == (5, "stratified", "math")
+            assert (kw["num_samples"], kw["sampler"], kw["backend"], kw["method"]) == (5, "stratified", "math",
+                                                                                      "onepass")
         if cfg.bias == "fixed_blocks":
-            assert kw["sigma"] == 3.0
+            assert kw["sigma"] == 3.0 and kw["method"] == "auto"
 
 
 def test_single_process_ops_by_default(monkeypatch):
