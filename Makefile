@@ -68,7 +68,7 @@ bench-sp: $(STAMP)
 	$(PY) launchers/bench_sp.py --seq-lens 16384 65536 --worlds 2 4 --alibi-repeats 1 --out bench_results/bench_sp.json
 
 bench-training: $(STAMP)
-	$(PY) launchers/bench_training.py --lengths 8192,16384 --modes plsh,alibi --samples 8
+	$(PY) launchers/bench_training.py --lengths 8192,16384
 
 approx: $(STAMP)
 	$(PY) launchers/approx_error.py --out runs/approx

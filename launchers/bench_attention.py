@@ -3,10 +3,12 @@
     python launchers/bench_attention.py --out bench_results/attention        # full grid
     python launchers/bench_attention.py --lengths 2048,4096 --repeats 3     # quick
 
-Methods: PLSH (s in 1, 4, 8, 16), fixed blocks, windowed exact ALiBi, exact
-ALiBi in query chunks, dense ALiBi with a float bias through SDPA (while the
-(H, T, T) bias fits), and causal SDPA without any bias (the exact-attention
-floor). H = 8, D = 64, per-head sigma = 1 / slope, fp32, batch 1.
+Methods: PLSH per sample (``plsh_s{4,8,20}``: s block attentions merged by
+log-sum-exp) and in one pass (``onepass_s{4,8,20,64,100}``: one attention with
+the bias log c_ij), fixed blocks, windowed exact ALiBi, exact ALiBi in query
+chunks, dense ALiBi with a float bias through SDPA (while the (H, T, T) bias
+fits), and causal SDPA without any bias (the exact-attention floor). H = 8,
+D = 64, per-head sigma = 1 / slope, fp32, batch 1, one thread by default.
 
 Each (method, T) runs in a fresh subprocess so that its peak RSS (``ru_maxrss``)
 is its own; memory is reported as peak RSS minus the RSS after the inputs
@@ -30,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-METHODS = ["plsh_s1", "plsh_s4", "plsh_s8", "plsh_s16", "fixed_blocks", "window_alibi", "alibi_chunked",
-           "alibi_dense_sdpa", "sdpa_causal"]
+METHODS = ["plsh_s4", "plsh_s8", "plsh_s20", "onepass_s4", "onepass_s8", "onepass_s20", "onepass_s64",
+           "onepass_s100", "fixed_blocks", "window_alibi", "alibi_chunked", "alibi_dense_sdpa", "sdpa_causal"]
 EXACT = {"alibi_chunked", "alibi_dense_sdpa", "sdpa_causal"}
 
 
@@ -44,9 +46,10 @@ def _attention_fn(method: str, num_heads: int, window: int):
 
     slopes = alibi_slopes(num_heads)
     sigma = slopes.reciprocal()
-    if method.startswith("plsh_s"):
-        s = int(method[len("plsh_s"):])
-        return lambda q, k, v: plsh_attention(q, k, v, sigma=sigma, num_samples=s, seed=0)
+    for prefix, how in (("plsh_s", "per_sample"), ("onepass_s", "onepass")):
+        if method.startswith(prefix):
+            s = int(method[len(prefix):])
+            return lambda q, k, v: plsh_attention(q, k, v, sigma=sigma, num_samples=s, seed=0, method=how)
     if method == "fixed_blocks":
         return lambda q, k, v: fixed_blocks_attention(q, k, v, sigma=sigma)
     if method == "window_alibi":
@@ -132,24 +135,40 @@ def markdown_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _floor_time(t: dict, T: int) -> tuple[float | None, str]:
+    """Causal SDPA's time at T: measured, or extrapolated by T^2 from the longest measured length."""
+    if ("sdpa_causal", T) in t:
+        return t[("sdpa_causal", T)], ""
+    measured = sorted(L for (m, L) in t if m == "sdpa_causal" and L < T)
+    if not measured:
+        return None, ""
+    L = measured[-1]
+    return t[("sdpa_causal", L)] * (T / L) ** 2, f" (floor extrapolated from T={L} by T^2)"
+
+
 def summary(records: list[dict]) -> list[str]:
-    """The issue's targets, computed from this run's side-by-side figures."""
+    """The one-pass issue's targets, computed from this run's side-by-side figures."""
     t = {(r["method"], r["T"]): r["median_s"] for r in records if "median_s" in r}
     m = {(r["method"], r["T"]): r["peak_mem_mib"] for r in records if "peak_mem_mib" in r}
     out = []
+
+    def ratio(a, b, T):
+        return t[(b, T)] / t[(a, T)] if (a, T) in t and (b, T) in t else None
+
     for T in sorted({r["T"] for r in records}):
-        if ("plsh_s8", T) in t:
-            for base in ("sdpa_causal", "alibi_chunked", "alibi_dense_sdpa"):
-                if (base, T) in t:
-                    out.append(f"T={T}: plsh_s8 is {t[(base, T)] / t[('plsh_s8', T)]:.2f}x faster than {base}")
-    measured = sorted(T for (mm, T) in t if mm == "plsh_s8")
-    if len(measured) > 1:
-        hi = measured[-1]
-        for lo in dict.fromkeys([measured[0], 8192]):  # 8k -> longest is the issue's scaling target
-            if lo in measured and lo < hi:
-                out.append(f"plsh_s8 time grows {t[('plsh_s8', hi)] / t[('plsh_s8', lo)]:.2f}x "
-                           f"from T={lo} to T={hi} ({hi // lo}x tokens)")
-        out.append(f"plsh_s8 peak memory at T={hi}: {m[('plsh_s8', hi)]:.0f} MiB")
+        floor, note = _floor_time(t, T)
+        for name in ("onepass_s8", "plsh_s8"):
+            if (name, T) in t and floor is not None:
+                out.append(f"T={T}: {name} is {floor / t[(name, T)]:.2f}x faster than causal SDPA{note}")
+        r = ratio("onepass_s8", "plsh_s8", T)
+        if r is not None:
+            out.append(f"T={T}: onepass_s8 is {r:.2f}x faster than plsh_s8 (per sample)")
+        r = ratio("onepass_s8", "onepass_s100", T)
+        if r is not None:
+            out.append(f"T={T}: onepass_s100 takes {r:.2f}x the time of onepass_s8")
+        if ("onepass_s8", T) in m and ("onepass_s100", T) in m:
+            out.append(f"T={T}: peak memory onepass_s8 {m[('onepass_s8', T)]:.0f} MiB, "
+                       f"onepass_s100 {m[('onepass_s100', T)]:.0f} MiB")
     return out
 
 
@@ -184,11 +203,12 @@ def main(argv=None) -> None:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--window", type=int, default=512, help="window of windowed ALiBi")
-    p.add_argument("--max-exact-len", type=int, default=16384,
-                   help="skip exact O(T^2) methods above this length (they take minutes per pass on 2 cores)")
+    p.add_argument("--max-exact-len", type=int, default=32768,
+                   help="skip exact O(T^2) methods above this length (they take minutes per pass on 2 cores); "
+                        "the summary extrapolates the floor beyond it by T^2 and says so")
     p.add_argument("--max-dense-len", type=int, default=8192, help="largest T for the dense (H, T, T) bias")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per (method, T) subprocess")
-    p.add_argument("--threads", type=int, default=0,
+    p.add_argument("--threads", type=int, default=1,
                    help="torch threads per measurement (0: torch's default). PLSH runs many small "
                         "kernels: on a core shared with another busy process, OpenMP barriers make "
                         "multi-threaded runs of it slow, so compare methods at the same thread count")
