@@ -49,7 +49,9 @@ def test_debug_config_reproduces_the_golden_losses(tmp_path):
 
     # The two methods compute one estimator from the same hash masks, in other
     # orders of fp32 sums: they agree with each other and with the golden file
-    # to fp32 accuracy (measured 1e-7 relative over the 5 steps).
+    # to fp32 accuracy (measured over the 5 steps: losses within 1e-7, grad norms
+    # within 7e-6 relative of the file, which this machine's per-sample run also
+    # misses by 4.5e-6 against the machine that made it).
     for name, r in (("default", run), ("per_sample", per_sample), ("onepass", onepass)):
         assert len(r["losses"]) == len(golden["losses"]) == 5
         assert r["losses"] == pytest.approx(golden["losses"], rel=REL), f"{name}; regenerate if intended: {REGENERATE}"
