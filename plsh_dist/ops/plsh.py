@@ -1,4 +1,6 @@
-"""Positional LSH attention: s short block attentions merged by log-sum-exp.
+"""Positional LSH attention: s short block attentions merged by log-sum-exp
+(``method="per_sample"``), or the same estimator as one attention with the
+bias ``log c_ij`` (``method="onepass"``, :mod:`plsh_dist.ops.plsh_onepass`).
 
 Three layers, as flash-attention's interface:
 
@@ -16,7 +18,6 @@ s samples; ``g = Hq // Hkv`` query heads per key/value head.
 """
 
 from __future__ import annotations
-
 
 import torch
 
@@ -74,7 +75,8 @@ def plsh_forward(
     Args:
         q: (B, T, Hq, D); k, v: (B, T, Hkv, D).
         lsh: hash with 1 or Hq heads; positions: CPU LongTensor[T], increasing.
-        impl: from :func:`~plsh_dist.ops.backends.resolve_backend`.
+        impl: from :func:`~plsh_dist.ops.backends.resolve_backend` and ``resolve_method``
+            (``impl.onepass`` selects the one-pass form).
         plan: varlen implementations only, :func:`~plsh_dist.ops.varlen_plan.plan_samples`'s
             (computed when None).
     Returns:
