@@ -134,11 +134,28 @@ class DeepSpeedSection:
     """Recompute decoder layers in backward (HF gradient checkpointing) to save memory."""
     offload_optimizer: bool = False
     """ZeRO >= 1: keep optimizer states in CPU memory (GPU runs)."""
+    loss_chunk_tokens: int = 2048
+    """LM head + cross-entropy over chunks of this many tokens, each chunk's
+    logits recomputed in backward (``plsh_dist.train.chunked_ce``): the loss
+    holds at most (loss_chunk_tokens, vocab) fp32 logits instead of the whole
+    (micro_batch_size x seq_len / sp_size, vocab) tensor and its softmax
+    (~10 GB per rank at 16k tokens and a 152k vocabulary). 0 = the plain path
+    (the model's full logits through F.cross_entropy). Default 2048: a chunk's
+    working set stays under 1 GB at a 32k vocabulary (under 4 GB at 152k)
+    while each chunk's matmuls (2048 rows) still run at full speed on a GPU;
+    the cost is one extra LM-head matmul per step (the recompute). The two
+    paths give the same loss to fp32 rounding (the golden losses pass under
+    either). A memory knob like activation_checkpointing, hence this section."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "deepspeed")
         _choice("deepspeed", "zero_stage", self.zero_stage, (0, 1, 2, 3))
         _choice("deepspeed", "precision", self.precision, ("auto", "bf16", "fp32"))
+        if self.loss_chunk_tokens < 0:
+            raise ValueError(
+                f"[deepspeed].loss_chunk_tokens must be an integer >= 0 (0 = plain loss over the full logits), "
+                f"got {self.loss_chunk_tokens}; e.g. loss_chunk_tokens = 4096"
+            )
 
 
 @dataclass

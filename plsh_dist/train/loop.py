@@ -54,6 +54,7 @@ from plsh_dist.train.data_setup import DataPipeline, prepare
 from plsh_dist.train.deepspeed_config import deepspeed_config, resolve_precision
 from plsh_dist.train.export import export_final
 from plsh_dist.train.faults import maybe_fail
+from plsh_dist.train.loss_head import install_chunked_loss
 from plsh_dist.train.losses import forward_sums
 from plsh_dist.train.metrics_log import MetricsLogger, memory_mb, mfu, startup_summary
 from plsh_dist.train.optim import build_optimizer, build_scheduler
@@ -228,6 +229,8 @@ def _build_engine(cfg: RunConfig, model_cfg: ModelConfig, attn_cfg: AttentionCon
 
     model = apply_sequence_parallel(build_model(model_cfg, attn_cfg, runtime, device=device), sp_group)
     n_params = count_parameters(model)
+    if cfg.deepspeed.loss_chunk_tokens:
+        install_chunked_loss(model, cfg.deepspeed.loss_chunk_tokens)  # before DeepSpeed wraps it (loss_head.py)
     if cfg.deepspeed.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer = build_optimizer(model, cfg.optim, device.type)
@@ -266,7 +269,9 @@ def _summary(s: TrainSession) -> dict[str, str]:
         "tokens/step": f"{s.tokens_per_step:,} = micro {cfg.data.micro_batch_size} x accum {gas} x dp "
                        f"{dims.dp_size} x seq {cfg.data.seq_len} (each rank {cfg.data.seq_len // dims.sp_size} tokens)",
         "engine": f"DeepSpeed ZeRO-{cfg.deepspeed.zero_stage}, {s.precision}, device {s.device}, "
-                  f"act-ckpt {cfg.deepspeed.activation_checkpointing}",
+                  f"act-ckpt {cfg.deepspeed.activation_checkpointing}, loss "
+                  + (f"chunked ({cfg.deepspeed.loss_chunk_tokens} tokens)" if cfg.deepspeed.loss_chunk_tokens
+                     else "plain (full logits)"),
         "steps": f"{s.start_step} -> {cfg.run.max_steps}"
                  + (f" (resumed from {s.resume[0] / s.resume[1]})" if s.resume else ""),
     }
