@@ -226,20 +226,20 @@ class PositionalLSH:
         return _bucket(p_SH, self.pitch, self.shift)
 
     def bucket_start(self, b_SH: torch.Tensor) -> torch.Tensor:
-        """Smallest integer position whose bucket is >= ``b``, LongTensor[s, H].
+        """Smallest integer position whose bucket is >= ``b``, LongTensor[s, H]."""
+        return _bucket_start(b_SH, self.pitch, self.shift)
 
-        The float estimate ``ceil(shift + b * pitch)`` can be off by one ulp's
-        worth at a boundary, so it is corrected against :meth:`bucket_of` (the
-        hash's own rule), which is monotone in position.
+    def block_bounds(self, positions: torch.Tensor, head: int, ends: bool = True):
+        """First position of the block holding each of ``positions`` (CPU LongTensor[m]) and
+        (``ends``) the first position after it, LongTensor[s, m] each (None when not
+        ``ends``), in every sample of hash head ``head``.
+
+        O(s m) without the buckets of any other position, so a query chunk can
+        find its blocks without the whole sequence's tables.
         """
-        c = torch.ceil(self.shift + b_SH.to(torch.float64) * self.pitch).to(torch.long)
-        for _ in range(16):
-            down = self.bucket_of(c - 1) >= b_SH
-            up = self.bucket_of(c) < b_SH
-            if not bool(down.any() or up.any()):
-                return c
-            c = c - down.long() + up.long()
-        raise RuntimeError("bucket_start did not converge; pitch or position out of float64 range")
+        pitch, shift = self.pitch[:, head : head + 1], self.shift[:, head : head + 1]
+        b = _bucket(positions[None, :], pitch, shift)
+        return _bucket_start(b, pitch, shift), _bucket_start(b + 1, pitch, shift) if ends else None
 
     def block_start_of(self, position: int) -> torch.Tensor:
         """First position of the block holding ``position``, LongTensor[s, H] (one per sample and head)."""
@@ -294,6 +294,23 @@ def _bucket(p: torch.Tensor, pitch: torch.Tensor, shift: torch.Tensor) -> torch.
     do: CUDA turns it into a multiplication by the reciprocal).
     """
     return torch.floor((p.to(torch.float64) - shift) / pitch).to(torch.long)
+
+
+def _bucket_start(b: torch.Tensor, pitch: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Smallest integer position whose bucket is >= ``b`` (broadcasting with pitch, shift).
+
+    The float estimate ``ceil(shift + b * pitch)`` can be off by one ulp's
+    worth at a boundary, so it is corrected against :func:`_bucket` (the hash's
+    own rule), which is monotone in position.
+    """
+    c = torch.ceil(shift + b.to(torch.float64) * pitch).to(torch.long)
+    for _ in range(16):
+        down = _bucket(c - 1, pitch, shift) >= b
+        up = _bucket(c, pitch, shift) < b
+        if not bool(down.any() or up.any()):
+            return c
+        c = c - down.long() + up.long()
+    raise RuntimeError("bucket_start did not converge; pitch or position out of float64 range")
 
 
 def block_starts(buckets: torch.Tensor) -> torch.Tensor:

@@ -31,9 +31,12 @@ cumulatively: O(C K + C s) per chunk whatever s (non-causal subtracts the
 ends the same way). Comparing bucket ids instead costs O(s C K): a
 prototype spent 8x longer counting than attending at sigma = 256, s = 8.
 
-Backward recomputes each call's bias and runs the dense backward with the
-saved merged ``out`` / ``lse`` (as exact ALiBi does), so saved activations
-are q, k, v, out, lse only, whatever s. Padding query slots repeat the last
+Each call finds its queries' blocks from the hash itself
+(:meth:`PositionalLSH.block_bounds`: O(s C) per call), so no (s, n) table of
+the whole sequence is ever built: working memory is one call's, within
+:data:`CALL_BUDGET`. Backward recomputes each call's bias and runs the dense
+backward with the saved merged ``out`` / ``lse`` (as exact ALiBi does), so
+saved activations are q, k, v, out, lse only, whatever s. Padding query slots repeat the last
 real query (finite values; their outputs are dropped and their dout is
 zero, so they add nothing to dk, dv); padding key slots get bias ``-inf``.
 
@@ -49,16 +52,19 @@ from dataclasses import dataclass
 
 import torch
 
-from plsh_dist.hashing import PositionalLSH, block_ends, block_firsts
+from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.dense import dense_bwd, dense_fwd
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.merge import accum_dtype
 
 __all__ = ["onepass_forward", "onepass_backward", "chunk_size_for_band", "count_bias"]
 
-#: Elements of one call's (Hc * B, G, C, K) logits: bounds the memory of a call
-#: (exceeded only by one chunk of 16 queries whose band spans more keys than this allows).
+#: Elements of one call's (Hc * B, G, C, K) logits plus its per-sample block
+#: bounds ((s, G * C) int64 tables, a few at a time: counted as 16 elements per
+#: query and sample): bounds the memory of a call whatever s (exceeded only by
+#: one chunk of 16 queries whose band spans more keys than this allows).
 CALL_BUDGET = 1 << 22
+_BOUNDS_ELEMENTS_PER_SAMPLE = 16
 #: Queries per chunk: the band times this, rounded up to a multiple of 16 in [16, 512].
 _CHUNK_PER_BAND = 1.0
 
@@ -88,33 +94,71 @@ class _Call:
     k0: torch.Tensor
 
 
-def _chunk_bounds(n: int, firsts: torch.Tensor, ends: torch.Tensor | None, chunk: int):
-    """Queries ``[starts, stops)`` of every chunk and the width of its key range, LongTensors (nc,)."""
+def _token_bounds(lsh: PositionalLSH, head: int, positions: torch.Tensor, tokens: torch.Tensor, causal: bool):
+    """First token (s, m) of the block of each of ``tokens`` (LongTensor[m] of token
+    indices) in every sample of hash head ``head``, and one past its last token
+    (s, m), or None when causal. From the hash's own block bounds at those
+    positions: O(s m), no table over the whole sequence."""
+    first_pos, end_pos = lsh.block_bounds(positions[tokens], head, ends=not causal)
+    return _token_of(positions, first_pos), None if causal else _token_of(positions, end_pos)
+
+
+def _token_of(positions: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Index of the first token at or after each position ``p`` (the number of tokens before it).
+
+    Contiguous positions (one process, or one rank's chunk) need no search.
+    """
+    n = positions.numel()
+    first = int(positions[0])
+    if int(positions[-1]) - first == n - 1:
+        return (p - first).clamp_(0, n)
+    return torch.searchsorted(positions, p)
+
+
+def _chunk_size(lsh: PositionalLSH, head: int, positions: torch.Tensor) -> int:
+    """Chunk size of one hash head from its mean band (keys back to the earliest
+    block start), measured at up to 1024 evenly spaced tokens."""
+    n = positions.numel()
+    probe = torch.linspace(0, n - 1, min(n, 1024)).round().long()
+    first, _ = _token_bounds(lsh, head, positions, probe, causal=True)
+    band = float((probe - first.min(dim=0).values).double().mean()) + 1.0
+    return chunk_size_for_band(band)
+
+
+def _chunk_bounds(lsh, head, positions, causal, chunk: int):
+    """Queries ``[starts, stops)`` of every chunk, its first key and key count, LongTensors (nc,)."""
+    n = positions.numel()
     starts = torch.arange(0, n, chunk)
     stops = torch.clamp(starts + chunk, max=n)
-    k0 = firsts[:, starts].min(dim=0).values
-    k1 = stops if ends is None else ends[:, stops - 1].max(dim=0).values
+    k0 = _token_bounds(lsh, head, positions, starts, causal=True)[0].min(dim=0).values
+    k1 = stops if causal else _token_bounds(lsh, head, positions, stops - 1, causal=False)[1].max(dim=0).values
     return starts, stops, k0, k1 - k0
 
 
-def _calls(n: int, firsts: torch.Tensor, ends: torch.Tensor | None, chunk: int, heads_batch: int) -> list[_Call]:
+def _calls(lsh: PositionalLSH, head: int, positions: torch.Tensor, causal: bool, heads_batch: int) -> list[_Call]:
     """Chunks of one hash head, grouped into calls within :data:`CALL_BUDGET`.
 
-    firsts / ends: LongTensor (s, n), first member / one past the last member of
-    each token's block in each sample (ends None when causal). A chunk whose
-    own logits would exceed the budget (a band as long as the sequence) is
-    halved down to 16 queries first.
+    ``heads_batch``: B times the query heads of the hash head (the call's
+    (B * Hc) axis). A chunk whose own logits would exceed the budget (a band as
+    long as the sequence) is halved down to 16 queries first.
     """
-    starts, stops, k0, widths = _chunk_bounds(n, firsts, ends, chunk)
-    while chunk > 16 and heads_batch * chunk * int(widths.max()) > CALL_BUDGET:
+    n = positions.numel()
+    per_query = _BOUNDS_ELEMENTS_PER_SAMPLE * lsh.num_samples  # block-bounds tables, per query
+
+    def cost(num_chunks: int, width: int) -> int:  # elements of one call's working memory
+        return num_chunks * chunk * (heads_batch * width + per_query)
+
+    chunk = _chunk_size(lsh, head, positions)
+    starts, stops, k0, widths = _chunk_bounds(lsh, head, positions, causal, chunk)
+    while chunk > 16 and cost(1, int(widths.max())) > CALL_BUDGET:
         chunk = max(16, chunk // 2 // 16 * 16)
-        starts, stops, k0, widths = _chunk_bounds(n, firsts, ends, chunk)
+        starts, stops, k0, widths = _chunk_bounds(lsh, head, positions, causal, chunk)
     widths = widths.tolist()
     calls, first = [], 0
     nc = starts.numel()
     while first < nc:
         last, width = first + 1, widths[first]
-        while last < nc and heads_batch * (last + 1 - first) * chunk * max(width, widths[last]) <= CALL_BUDGET:
+        while last < nc and cost(last + 1 - first, max(width, widths[last])) <= CALL_BUDGET:
             width = max(width, widths[last])
             last += 1
         q = torch.arange(int(starts[first]), int(starts[first]) + (last - first) * chunk)
@@ -126,7 +170,8 @@ def _calls(n: int, firsts: torch.Tensor, ends: torch.Tensor | None, chunk: int, 
     return calls
 
 
-def count_bias(call: _Call, firsts: torch.Tensor, ends: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+def count_bias(call: _Call, lsh: PositionalLSH, head: int, positions: torch.Tensor, causal: bool,
+               dtype: torch.dtype) -> torch.Tensor:
     """Additive bias ``log c_ij`` of one call, (G, 1, C, K) in ``dtype`` (``-inf`` where c = 0).
 
     ``c_ij = #{t : first_t(i) <= j < end_t(i)}``, and causally ``end_t(i) = i + 1``
@@ -134,20 +179,21 @@ def count_bias(call: _Call, firsts: torch.Tensor, ends: torch.Tensor | None, dty
     at its s block ends (causal: -s once, just after the query); the
     cumulative sum along the keys is then exactly c (small integers are
     exact in float), and its logarithm the bias. Per call that is O(C s)
-    scattered values and three passes over the (C, K) table, whatever s:
+    scattered values and a few passes over the (C, K) table, whatever s:
     sorting the starts or comparing bucket ids costs more (measured).
     """
     G, C = call.q_idx.shape
     K = call.k_idx.shape[1]
-    s = firsts.shape[0]
+    s = lsh.num_samples
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    rel = (firsts[:, call.q_idx] - call.k0[None, :, None]).permute(1, 2, 0)  # (G, C, s) in [0, K)
+    first, end = _token_bounds(lsh, head, positions, call.q_idx.flatten(), causal)  # (s, G * C)
+    rel = (first.view(s, G, C) - call.k0[None, :, None]).permute(1, 2, 0)  # (G, C, s) in [0, K)
     hist = torch.zeros(G, C, K, dtype=acc)
     hist.scatter_add_(2, rel, torch.ones(rel.shape, dtype=acc))
-    if ends is None:  # causal: every sample's block is cut just after the query
+    if causal:  # every sample's block is cut just after the query
         stop, weight = (call.q_idx - call.k0[:, None] + 1)[..., None], float(s)  # (G, C, 1)
     else:
-        stop, weight = (ends[:, call.q_idx] - call.k0[None, :, None]).permute(1, 2, 0), 1.0
+        stop, weight = (end.view(s, G, C) - call.k0[None, :, None]).permute(1, 2, 0), 1.0
     # a block that ends past the call's last key needs no decrement
     hist.scatter_add_(2, stop.clamp(max=K - 1), torch.where(stop < K, -weight, 0.0).to(acc))
     # log 0 = -inf for keys outside every block, but log of 0 takes a slow path
@@ -155,33 +201,6 @@ def count_bias(call: _Call, firsts: torch.Tensor, ends: torch.Tensor | None, dty
     # log 1 = 0, they are the negative entries afterwards.
     bias = hist.cumsum_(dim=2).clamp_(min=0.5).log_()
     return bias.masked_fill_(bias < 0, float("-inf")).to(dtype)[:, None]
-
-
-def _head_tables(lsh: PositionalLSH, positions: torch.Tensor, causal: bool):
-    """firsts (s, H, n) and ends (s, H, n) or None of every token's block in every sample and hash head."""
-    buckets = lsh.buckets(positions)
-    firsts = block_firsts(buckets)
-    ends = None if causal else block_ends(buckets) + 1
-    return firsts, ends
-
-
-def _chunk_size(firsts_h: torch.Tensor) -> int:
-    """Chunk size of one hash head from its measured mean band (keys back to the earliest start)."""
-    n = firsts_h.shape[1]
-    band = float((torch.arange(n) - firsts_h.min(dim=0).values).float().mean()) + 1.0
-    return chunk_size_for_band(band)
-
-
-def _plan(lsh, positions, causal, heads_batch):
-    """Per hash head: (firsts (s, n), ends (s, n) or None, calls)."""
-    firsts, ends = _head_tables(lsh, positions, causal)
-    n = positions.numel()
-    plan = []
-    for h in range(firsts.shape[1]):
-        f_h = firsts[:, h]
-        e_h = None if ends is None else ends[:, h]
-        plan.append((f_h, e_h, _calls(n, f_h, e_h, _chunk_size(f_h), heads_batch)))
-    return plan
 
 
 def _gather_queries(x_BnHD: torch.Tensor, call: _Call, zero_pads: bool = False) -> torch.Tensor:
@@ -243,14 +262,13 @@ def onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, cau
     Hkv = k.shape[2]
     out = torch.empty_like(q)
     lse = torch.empty(B, n, Hq, 1, dtype=accum_dtype(q.dtype), device=q.device)  # heads-last, like out
-    heads = _head_groups(lsh, Hq, Hkv)
-    plan = _plan(lsh, positions, causal, B * (Hq if lsh.num_heads == 1 else 1))
-    for (h, hq, kv), (firsts, ends, calls) in zip(heads, plan):
+    heads_batch = B * (Hq if lsh.num_heads == 1 else 1)
+    for h, hq, kv in _head_groups(lsh, Hq, Hkv):
         q_h, k_h, v_h = _head_inputs(q, k, v, hq, kv)
         out_h = out[:, :, hq]
         lse_h = lse[:, :, hq]
-        for call in calls:
-            bias = count_bias(call, firsts, ends, q.dtype).to(q.device)
+        for call in _calls(lsh, h, positions, causal, heads_batch):
+            bias = count_bias(call, lsh, h, positions, causal, q.dtype).to(q.device)
             o, l = dense_fwd(_gather_queries(q_h, call), _gather_keys(k_h, call), _gather_keys(v_h, call),
                              causal=False, scale=scale, bias=bias, kernel=kernel)
             _scatter_queries(out_h, o, call)
@@ -272,14 +290,12 @@ def onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: tor
     dk = torch.zeros(B, n, Hq if shared else Hkv, D, dtype=acc, device=q.device)
     dv = torch.zeros_like(dk)
     lse_BnH1 = lse.permute(0, 2, 1)[..., None]
-    heads = _head_groups(lsh, Hq, Hkv)
-    plan = _plan(lsh, positions, causal, B * (Hq if shared else 1))
-    for (h, hq, kv), (firsts, ends, calls) in zip(heads, plan):
+    for h, hq, kv in _head_groups(lsh, Hq, Hkv):
         q_h, k_h, v_h = _head_inputs(q, k, v, hq, kv)
         dout_h, out_h, lse_h = dout[:, :, hq], out[:, :, hq], lse_BnH1[:, :, hq]
         kv_slot = hq if shared else slice(kv, kv + 1)
-        for call in calls:
-            bias = count_bias(call, firsts, ends, q.dtype).to(q.device)
+        for call in _calls(lsh, h, positions, causal, B * (Hq if shared else 1)):
+            bias = count_bias(call, lsh, h, positions, causal, q.dtype).to(q.device)
             dq_c, dk_c, dv_c = dense_bwd(
                 _gather_queries(dout_h, call, zero_pads=True), _gather_queries(q_h, call), _gather_keys(k_h, call),
                 _gather_keys(v_h, call), _gather_queries(out_h, call), _gather_queries(lse_h, call)[..., 0],

@@ -126,6 +126,33 @@ def test_working_memory_per_call_is_bounded_whatever_s(monkeypatch):
         assert sizes and max(sizes) <= 1 << 17, (s, max(sizes))
 
 
+_PEAK_RSS = """
+import os, resource, sys, torch
+torch.set_num_threads(1)
+from plsh_dist.hashing import alibi_slopes
+from plsh_dist.ops import plsh_attention
+q, k, v = (torch.randn(1, 8192, 8, 64, requires_grad=True) for _ in range(3))
+base = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+plsh_attention(q, k, v, sigma=alibi_slopes(8).reciprocal(), num_samples=int(sys.argv[1]), seed=0,
+               method="onepass").sum().backward()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base)
+"""
+
+
+def test_peak_memory_does_not_grow_with_s():
+    """Peak RSS of a fwd+bwd at T = 8192 (fresh processes): s = 100 needs no more than s = 8
+    (each call's block bounds count against the same per-call budget as its logits)."""
+    import subprocess
+    import sys
+
+    def peak_kib(s):
+        out = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(s)], capture_output=True, text=True, check=True)
+        return int(out.stdout.split()[-1])
+
+    small, large = peak_kib(8), peak_kib(100)
+    assert large <= 1.15 * small, (small, large)
+
+
 def test_count_bias_equals_bucket_comparison():
     """log c_ij from the scattered block starts equals counting shared buckets directly."""
     T, s = 200, 9
@@ -133,10 +160,9 @@ def test_count_bias_equals_bucket_comparison():
     pos = torch.arange(T) + 50
     buckets = lsh.buckets(pos)
     for causal in (True, False):
-        plan = plsh_onepass._plan(lsh, pos, causal, heads_batch=1)
-        for h, (firsts, ends, calls) in enumerate(plan):
-            for call in calls:
-                bias = plsh_onepass.count_bias(call, firsts, ends, torch.float64)[:, 0]  # (G, C, K)
+        for h in range(2):
+            for call in plsh_onepass._calls(lsh, h, pos, causal, heads_batch=1):
+                bias = plsh_onepass.count_bias(call, lsh, h, pos, causal, torch.float64)[:, 0]  # (G, C, K)
                 b = buckets[:, h]
                 same = (b[:, call.q_idx][..., None] == b[:, call.k_idx][:, :, None, :]).sum(0)  # (G, C, K)
                 key = call.k0[:, None, None] + torch.arange(call.k_idx.shape[1])
