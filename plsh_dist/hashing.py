@@ -37,7 +37,6 @@ __all__ = [
     "cu_seqlens_from_buckets",
     "block_starts",
     "block_ends",
-    "block_firsts",
 ]
 
 #: Samplers of :class:`PositionalLSH` (``sampler=``).
@@ -336,14 +335,6 @@ def block_ends(buckets: torch.Tensor) -> torch.Tensor:
     n = buckets.shape[-1]
     flat = buckets.reshape(-1, n).contiguous()
     return (torch.searchsorted(flat, flat, right=True) - 1).reshape(buckets.shape)
-
-
-def block_firsts(buckets: torch.Tensor) -> torch.Tensor:
-    """Index of the first member of each token's block, LongTensor like ``buckets``
-    (non-decreasing LongTensor[..., n]): the running maximum of the block starts, O(n)."""
-    n = buckets.shape[-1]
-    index = torch.arange(n, device=buckets.device).expand(buckets.shape)
-    return torch.where(block_starts(buckets), index, 0).cummax(dim=-1).values
 
 
 def _gamma2_ppf(q: np.ndarray) -> np.ndarray:
