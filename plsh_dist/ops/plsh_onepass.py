@@ -292,7 +292,8 @@ def onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: tor
     lse_BnH1 = lse.permute(0, 2, 1)[..., None]
     for h, hq, kv in _head_groups(lsh, Hq, Hkv):
         q_h, k_h, v_h = _head_inputs(q, k, v, hq, kv)
-        dout_h, out_h, lse_h = dout[:, :, hq], out[:, :, hq], lse_BnH1[:, :, hq]
+        # contiguous once per head: index_select from a strided view costs O(n) per call
+        dout_h, out_h, lse_h = (x[:, :, hq].contiguous() for x in (dout, out, lse_BnH1))
         kv_slot = hq if shared else slice(kv, kv + 1)
         for call in _calls(lsh, h, positions, causal, B * (Hq if shared else 1)):
             bias = count_bias(call, lsh, h, positions, causal, q.dtype).to(q.device)
@@ -311,8 +312,9 @@ def onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: tor
 
 
 def _head_inputs(q, k, v, hq: slice, kv: int | None):
-    """q, k, v of one hash head as (B, n, Hc, D): all heads (kv repeated) or one query head and its kv head."""
+    """q, k, v of one hash head as contiguous (B, n, Hc, D): all heads (kv repeated) or one
+    query head and its kv head (copied once per head: gathers from strided views are slow)."""
     if kv is None:
         g = q.shape[2] // k.shape[2]
-        return q, repeat_kv(k, g), repeat_kv(v, g)
-    return q[:, :, hq], k[:, :, kv : kv + 1], v[:, :, kv : kv + 1]
+        return q.contiguous(), repeat_kv(k, g).contiguous(), repeat_kv(v, g).contiguous()
+    return q[:, :, hq].contiguous(), k[:, :, kv : kv + 1].contiguous(), v[:, :, kv : kv + 1].contiguous()
