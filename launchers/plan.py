@@ -1,0 +1,94 @@
+"""Plan a run before launching it: per-rank memory, FLOPs per step, SP halo traffic, and whether it fits.
+
+    python launchers/plan.py --config configs/qwen3_0.6b_32k_plsh_sp4.toml [--gpu-memory-gb 80] \
+        [--seq-len 32k] [--sp-size 4] [--world-size 8] [--device cuda|cpu] [--per-layer] [--section.key=value ...]
+    python launchers/plan.py --config configs/qwen3_0.6b_*.toml --seq-len 8k,32k,128k,1M --table
+    python launchers/plan.py --config configs/debug.toml --device cpu --world-size 1 --measure
+
+Several configs or lengths print one markdown table row each (``--table``
+forces the table for one). ``--measure`` (CPU, one process) also runs two
+real training steps of the config and prints the measured peak next to the
+estimate (the data is prepared first, outside the measurement).
+Estimating logic: ``plsh_dist.plan``. Exit code 2 for a config or layout the
+trainer would refuse, with the trainer's own message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
+
+
+def _tokens(text: str) -> int:
+    """``32768``, ``32k`` or ``1M`` (k = 1024, M = 1024^2)."""
+    text = text.strip()
+    scale = {"k": 2**10, "K": 2**10, "m": 2**20, "M": 2**20}.get(text[-1:], 1)
+    try:
+        return int(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seq-len: {text!r} is not a token count (e.g. 32768, 32k, 1M)") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Any --section.key=value overrides the config file.")
+    ap.add_argument("--config", nargs="+", required=True, help="TOML run config(s)")
+    ap.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory per device in GiB (default 80)")
+    ap.add_argument("--seq-len", default=None, help="comma list of lengths, e.g. 8k,32k (default: the config's)")
+    ap.add_argument("--sp-size", type=int, default=None, help="override [parallel].sp_size")
+    ap.add_argument("--world-size", type=int, default=8, help="ranks of the job (default 8: one 8-GPU node)")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="plan for GPUs (bf16) or CPU (fp32)")
+    ap.add_argument("--per-layer", action="store_true", help="print the halo traffic of every layer")
+    ap.add_argument("--table", action="store_true", help="one markdown row per config and length")
+    ap.add_argument("--measure", action="store_true", help="CPU: also measure two real steps' peak")
+    args, overrides = ap.parse_known_args(argv)
+
+    from plsh_dist.plan import plan_run
+    from plsh_dist.plan.advice import advise
+    from plsh_dist.plan.report import format_plan, table_header, table_row
+    from plsh_dist.train import load_config
+
+    lengths = [_tokens(x) for x in args.seq_len.split(",")] if args.seq_len else [None]
+    extra = list(overrides) + ([f"--parallel.sp_size={args.sp_size}"] if args.sp_size else [])
+    if args.device == "cpu":
+        extra.append("--run.device=cpu")
+    device_bytes = int(args.gpu_memory_gb * 2**30)
+    table = args.table or len(args.config) > 1 or len(lengths) > 1
+    if table:
+        print("\n".join(table_header()))
+    for path in args.config:
+        for length in lengths:
+            try:
+                cfg = load_config(path, extra + ([f"--data.seq_len={length}"] if length else []))
+                plan = plan_run(cfg, world_size=args.world_size, device=args.device)
+            except ValueError as exc:
+                print(f"config error ({path}{f', seq_len {length}' if length else ''}): {exc}", file=sys.stderr)
+                return 2
+            advice = advise(cfg, plan, device_bytes, world_size=args.world_size)
+            if table:
+                print(table_row(plan, device_bytes, advice, Path(path).stem))
+                continue
+            print(format_plan(plan, device_bytes, advice, per_layer=args.per_layer))
+            if args.measure:
+                print(_measured(cfg, plan))
+    return 0
+
+
+def _measured(cfg, plan) -> str:
+    if plan.device != "cpu" or plan.world != 1:
+        return "--measure runs one CPU process: add --device cpu --world-size 1"
+    from plsh_dist.data import prepare_data
+    from plsh_dist.plan.measure import measure_cpu_peak
+
+    prepare_data(cfg.data, cfg.tokenizer)
+    measured = measure_cpu_peak(cfg)
+    est = plan.memory.peak
+    return (f"measured peak (two real steps, live torch CPU bytes): {measured / 2**30:.3f} GiB; "
+            f"estimate {est / 2**30:.3f} GiB ({est / measured - 1:+.1%})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

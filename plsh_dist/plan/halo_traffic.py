@@ -1,0 +1,92 @@
+"""Sequence-parallel traffic per layer, from the real hash, without computing attention.
+
+PLSH and fixed blocks: for every layer the hash the run will draw (step 0,
+micro-step 0: ``AttentionRuntime(run_seed).layer_seed(layer)``), every
+rank's halo need (``plsh_needs``) over a chunk table of P equal chunks
+(an ``SPLayout`` built without a process group, as
+tests/distributed/test_halo_plan.py does) and its ``HaloPlan``: the keys and
+values a rank receives in forward, the same bytes of their gradients sent
+back in backward. Windowed ALiBi: the ``window - 1`` positions before each
+chunk. Exact ALiBi and no bias all-gather K/V (P - 1 chunks received per
+rank) and reduce-scatter dK/dV. Every forward draws fresh masks, so other
+steps move about as much, not the same bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LayerTraffic", "sp_traffic"]
+
+
+@dataclass(frozen=True)
+class LayerTraffic:
+    """Bytes one layer moves per micro-step, for the worst rank and on average."""
+
+    layer: int
+    recv_tokens_max: int
+    """(kv head, position) pairs the worst rank receives in forward (for one batch row)."""
+    forward_bytes_max: int
+    """K and V the worst rank receives in forward."""
+    forward_bytes_mean: float
+    backward_bytes_max: int
+    """dK and dV the worst rank sends back to their owners."""
+    halo_slots_max: int
+    """Positions of the worst rank's halo buffers (both sides)."""
+
+
+def _layouts(sp: int, tokens: int):
+    from plsh_dist.distributed.sp_layout import SPLayout
+
+    firsts = tuple(r * tokens for r in range(sp))
+    return [SPLayout(None, r, sp, tuple(range(sp)), firsts, tokens) for r in range(sp)]
+
+
+def _hash(setup, attn_cfg, run_seed: int, layer: int):
+    import torch
+
+    from plsh_dist.hashing import FixedBlocks, PositionalLSH
+    from plsh_dist.models.runtime import AttentionRuntime
+
+    sigma = torch.tensor(setup.sigma) if setup.per_head_hash else setup.sigma[0]
+    if setup.bias == "fixed_blocks":
+        return FixedBlocks(sigma)
+    seed = AttentionRuntime(run_seed=run_seed).layer_seed(layer, attn_cfg.fixed_masks)
+    return PositionalLSH(sigma, attn_cfg.num_samples, seed, attn_cfg.sampler)
+
+
+def sp_traffic(setup, attn_cfg, *, run_seed: int, layers: int, sp: int, tokens: int, batch: int, q_heads: int,
+               kv_heads: int, head_dim: int, b: int) -> list[LayerTraffic]:
+    """Per-layer traffic of one micro-step on ``sp`` ranks of ``tokens`` tokens each (module doc).
+
+    ``b``: bytes of the K/V dtype. Empty when ``sp == 1``.
+    """
+    from plsh_dist.distributed.halo import HaloPlan, plsh_needs, window_needs
+
+    if sp == 1:
+        return []
+    per_token = batch * head_dim * b * 2  # K and V of one (kv head, position), all batch rows
+    layouts = _layouts(sp, tokens)
+    out = []
+    for layer in range(layers):
+        if setup.bias in ("none", "alibi"):  # all-gather of every other chunk, every kv head
+            recv = [(sp - 1) * tokens * kv_heads] * sp
+            slots = [(sp - 1) * tokens] * sp
+        else:
+            if setup.bias == "window":
+                needs = window_needs(setup.window, layouts[0], kv_heads, causal=True)
+            else:
+                needs = plsh_needs(_hash(setup, attn_cfg, run_seed, layer), layouts[0], q_heads, kv_heads,
+                                   causal=True)
+            plans = [HaloPlan.build(layout, needs) for layout in layouts]
+            recv = [p.recv_tokens() for p in plans]
+            slots = [p.left_pos.numel() + p.right_pos.numel() for p in plans]
+        worst = max(recv)
+        out.append(LayerTraffic(layer=layer, recv_tokens_max=worst, forward_bytes_max=worst * per_token,
+                                forward_bytes_mean=sum(recv) / sp * per_token, backward_bytes_max=worst * per_token,
+                                halo_slots_max=max(slots)))
+        if setup.bias in ("none", "alibi", "window", "fixed_blocks"):  # the same every layer
+            out.extend(LayerTraffic(layer=i, **{k: v for k, v in vars(out[-1]).items() if k != "layer"})
+                       for i in range(1, layers))
+            break
+    return out

@@ -1,0 +1,37 @@
+"""Measured peak memory of a real training run on CPU, to hold the planner's estimate against.
+
+``measure_cpu_peak(cfg, steps=2)`` runs the trainer's own ``setup`` and
+``train_step`` (one process, gloo, the DeepSpeed engine, fp32) under
+``peak_cpu_bytes``: the peak of live torch CPU bytes from before the model
+is built to the end of the last step (weights, DeepSpeed's buffers,
+optimizer states, activations, the loss, the attention's temporaries), the
+CPU counterpart of ``torch.cuda.max_memory_allocated``. Two steps, so the
+optimizer states a first step creates are present in the second. Data must
+be prepared already (``plsh_dist.data.prepare_data``): tokenising is not
+part of a step.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["measure_cpu_peak"]
+
+
+def measure_cpu_peak(cfg, steps: int = 2) -> int:
+    """Peak live CPU tensor bytes of ``setup(cfg)`` + ``steps`` optimizer steps; initialises
+    a 1-process group when none is up. ``cfg.run.device`` must be "cpu"."""
+    if cfg.run.device != "cpu":
+        raise ValueError(f'measure_cpu_peak runs on CPU: set [run].device = "cpu" (got {cfg.run.device!r})')
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from plsh_dist.train.loop import setup, train_step
+    from plsh_dist.train.memory_measure import peak_cpu_bytes
+
+    def run() -> None:
+        session = setup(cfg)
+        session.engine.train()
+        for step in range(steps):
+            train_step(session, step)
+        session.log.close()
+
+    return peak_cpu_bytes(run)[1]

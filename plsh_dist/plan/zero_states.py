@@ -1,0 +1,141 @@
+"""Parameters, gradients and optimizer states per rank, per ZeRO stage, as DeepSpeed keeps them.
+
+The trainer hands ``torch.optim.AdamW`` to DeepSpeed (``plsh_dist/train/optim.py``)
+and DeepSpeed wraps it by precision and stage (``DeepSpeedEngine._do_optimizer_sanity_check``).
+What each wrapper allocates (DeepSpeed 0.19.x), N parameters, W ranks,
+``N/W`` one rank's partition, b the parameter bytes (2 bf16, 4 fp32):
+
+- ZeRO 0, fp32: no wrapper. Weights 4N, gradients 4N (``param.grad``, from
+  backward until the step's zero_grad),
+  AdamW's exp_avg/exp_avg_sq 8N; over several ranks DeepSpeed all-reduces
+  through flat buckets of up to ``elements_per_buffer`` gradients.
+  bf16 with ZeRO 0 is refused by DeepSpeed (bf16 weights with fp32 gradient
+  accumulation need a ZeRO optimizer).
+- ZeRO 1, bf16 (no offload): ``BF16_Optimizer``. Weights 2N, a full fp32 gradient
+  accumulator 4N, fp32 master weights 4N/W, AdamW states 8N/W.
+- ZeRO 1 fp32, ZeRO 2: ``DeepSpeedZeroOptimizer``. Flat weights bN, fp32
+  master partition 4N/W (a clone even for fp32 weights), AdamW states 8N/W,
+  the partition's reduced gradients bN/W (built in backward) and, in the
+  step only, their fp32 copy 4N/W; and the gradient reduction bucket:
+  ``reduce_bucket_size`` elements of b bytes (twice with ``overlap_comm``),
+  allocated whole whatever the model's size when backward starts and
+  released by the step.
+- ZeRO 3: ``DeepSpeedZeroOptimizer_Stage3``. Weight partition bN/W plus the
+  gathered working set (the largest module + ``prefetch_bucket_size``
+  elements, at most all of N), fp32 master 4N/W, fp32 gradient partition
+  4N/W and one reduction bucket of ``reduce_bucket_size`` x b (both allocated
+  with the optimizer and kept), AdamW states 8N/W.
+- Every ZeRO stage: AdamW's step adds one fp32 temporary the size of its
+  states' partition (``sqrt(exp_avg_sq)``).
+- ``offload_optimizer``: master weights, their gradients and AdamW states
+  live in CPU memory instead (reported apart).
+
+DeepSpeed's defaults (bucket sizes, overlap_comm) are read from the
+installed DeepSpeed, not restated here.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+__all__ = ["StateBytes", "state_bytes", "deepspeed_defaults"]
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Per-rank device bytes of weights, gradients and optimizer states, by when they exist."""
+
+    wrapper: str
+    """The DeepSpeed optimizer wrapping AdamW."""
+    weights: int
+    """Model parameters in their dtype (ZeRO 3: the partition + the gathered working set)."""
+    master: int
+    """fp32 master weights."""
+    optimizer: int
+    """AdamW's exp_avg and exp_avg_sq (created by the first step, kept)."""
+    grad_buffers: int
+    """Gradient buffers allocated with the optimizer and kept (ZeRO 3's partition and
+    bucket, BF16_Optimizer's fp32 accumulator)."""
+    buckets: int
+    """Reduction buffers set up when backward starts and released by the step."""
+    grads: int
+    """Gradients built up during backward, complete at the step (freed after it)."""
+    step_temp: int
+    """What the step adds: AdamW's temporary, and ZeRO 1/2's fp32 copy of the gradient partition."""
+    cpu: int = 0
+    """Bytes kept in CPU memory instead (offload_optimizer)."""
+    refused: str | None = None
+    """Why DeepSpeed would refuse this combination, if it would."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def at_forward(self) -> int:
+        return self.weights + self.master + self.optimizer + self.grad_buffers
+
+    @property
+    def at_backward(self) -> int:
+        """Without the gradients still to come (the moments that matter come early in backward)."""
+        return self.at_forward + self.buckets
+
+    @property
+    def at_step(self) -> int:
+        return self.at_backward + self.grads + self.step_temp
+
+    @property
+    def total(self) -> int:
+        """Every state at once (the step's view)."""
+        return self.at_step
+
+
+def deepspeed_defaults(stage: int) -> dict[str, int | bool]:
+    """The installed DeepSpeed's defaults that size its buffers."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    zero = DeepSpeedZeroConfig(stage=stage)
+    fallback = inspect.signature(DeepSpeedEngine.buffered_allreduce_fallback).parameters["elements_per_buffer"]
+    return {"reduce_bucket_size": int(zero.reduce_bucket_size), "overlap_comm": bool(zero.overlap_comm),
+            "prefetch_bucket_size": int(zero.prefetch_bucket_size), "allreduce_elements": int(fallback.default)}
+
+
+def state_bytes(*, params: int, largest_module: int, stage: int, precision: str, world: int,
+                offload_optimizer: bool = False) -> StateBytes:
+    """``StateBytes`` of one rank (module doc). ``precision``: "bf16" or "fp32"."""
+    if precision not in ("bf16", "fp32"):
+        raise ValueError(f"precision must be 'bf16' or 'fp32', got {precision!r}")
+    ds = deepspeed_defaults(stage)
+    n, w = params, world
+    part = -(-n // w)  # ceil(N / W)
+    b = 2 if precision == "bf16" else 4
+    step_temp = 4 * part
+    if stage == 0:
+        refused = None
+        if precision == "bf16":
+            refused = ("DeepSpeed refuses bf16 weights with fp32 gradient accumulation without ZeRO; "
+                       "set [deepspeed].zero_stage = 1 (or higher)")
+        buckets = min(n, ds["allreduce_elements"]) * b if w > 1 else 0
+        return StateBytes("none (torch AdamW on the parameters)", weights=b * n, master=0, optimizer=8 * n,
+                          grad_buffers=0, buckets=buckets, grads=b * n, step_temp=4 * n, refused=refused)
+    master, optimizer = 4 * part, 8 * part
+    if stage == 1 and precision == "bf16" and not offload_optimizer:
+        wrapper, weights, grad_buffers, buckets, grads, temp = "BF16_Optimizer", 2 * n, 4 * n, 0, 0, step_temp
+        offloaded = 0
+    elif stage in (1, 2):
+        wrapper, weights, grad_buffers = "DeepSpeedZeroOptimizer", b * n, 0
+        buckets = ds["reduce_bucket_size"] * b * (2 if ds["overlap_comm"] else 1)
+        grads, temp, offloaded = b * part, step_temp + 4 * part, 4 * part
+    else:
+        wrapper = "DeepSpeedZeroOptimizer_Stage3"
+        working = min(n, largest_module + ds["prefetch_bucket_size"])
+        weights = b * part + b * working
+        grad_buffers, buckets, grads, temp = 4 * part + ds["reduce_bucket_size"] * b, 0, 0, step_temp
+        offloaded = 4 * part
+    cpu = 0
+    if offload_optimizer:
+        cpu = master + optimizer + offloaded
+        if stage == 3:
+            grad_buffers -= offloaded
+        master = optimizer = temp = 0
+    return StateBytes(wrapper, weights=weights, master=master, optimizer=optimizer, grad_buffers=grad_buffers,
+                      buckets=buckets, grads=grads, step_temp=temp, cpu=cpu)

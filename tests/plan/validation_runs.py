@@ -1,0 +1,73 @@
+"""Planner estimate vs measured peak of real CPU training runs (one process, fp32).
+
+Run as a script by tests/plan/test_plan_validation.py (a fresh process, so
+nothing of the test session is in the measurement):
+
+    python tests/plan/validation_runs.py WORK_DIR > results.json
+
+configs/debug.toml and configs/quickstart.toml (both the tiny Qwen3, with
+4 and 8 sequences per micro-batch) at three sequence lengths each, on the
+debug corpus and tokenizer; plus two variants that take other branches of
+the estimate (ZeRO 0: no DeepSpeed bucket; activation checkpointing; the
+plain loss). Each run: ``plan_run(..., device="cpu")`` then
+``measure_cpu_peak`` (two real optimizer steps).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+RUNS = [
+    ("configs/debug.toml", 512, []),
+    ("configs/debug.toml", 1024, []),
+    ("configs/debug.toml", 2048, []),
+    ("configs/quickstart.toml", 256, []),
+    ("configs/quickstart.toml", 512, []),
+    ("configs/quickstart.toml", 1024, []),
+    ("configs/debug.toml", 2048, ["--deepspeed.zero_stage=0", "--deepspeed.activation_checkpointing=true"]),
+    ("configs/quickstart.toml", 1024, ["--deepspeed.zero_stage=0", "--deepspeed.loss_chunk_tokens=0"]),
+]
+
+
+def run_overrides(work: Path, config: str, seq_len: int, extra: list[str]) -> list[str]:
+    """``config``'s model, attention, optim and deepspeed sections and micro-batch on the
+    debug data in ``work``, one CPU fp32 process, at ``seq_len``."""
+    from tests.train.golden.debug_run import _literal, debug_overrides
+
+    table = tomllib.loads((ROOT / config).read_text())
+    own = [f"--{section}.{key}={_literal(value)}" for section in ("model", "attention", "optim", "deepspeed")
+           for key, value in table[section].items()]
+    return [*debug_overrides(work), *own, f"--data.micro_batch_size={table['data']['micro_batch_size']}",
+            f"--data.seq_len={seq_len}", '--deepspeed.precision="fp32"', "--parallel.sp_size=1",
+            f"--run.out_dir={work / 'out'}", *extra]
+
+
+def main(work: Path) -> list[dict]:
+    import torch
+
+    torch.set_num_threads(1)
+    from plsh_dist.plan import plan_run
+    from plsh_dist.plan.measure import measure_cpu_peak
+    from plsh_dist.train import load_config
+    from tests.train.golden.debug_run import prepare_debug_data
+
+    prepare_debug_data(work)
+    results = []
+    for config, seq_len, extra in RUNS:
+        cfg = load_config(None, run_overrides(work, config, seq_len, extra))
+        plan = plan_run(cfg, world_size=1, device="cpu")
+        results.append({"config": config, "seq_len": seq_len, "batch": cfg.data.micro_batch_size, "extra": extra,
+                        "estimate": plan.memory.peak, "at": plan.memory.peak_at,
+                        "buckets": plan.memory.states.buckets, "measured": measure_cpu_peak(cfg)})
+    return results
+
+
+if __name__ == "__main__":
+    out = main(Path(sys.argv[1]))
+    print("RESULTS " + json.dumps(out))
