@@ -51,6 +51,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.dense import dense_bwd, dense_fwd
@@ -198,9 +199,10 @@ def count_bias(call: _Call, lsh: PositionalLSH, head: int, positions: torch.Tens
     hist.scatter_add_(2, stop.clamp(max=K - 1), torch.where(stop < K, -weight, 0.0).to(acc))
     # log 0 = -inf for keys outside every block, but log of 0 takes a slow path
     # (measured 10x the time of log 0.5), so the zeros become 0.5 first: below
-    # log 1 = 0, they are the negative entries afterwards.
+    # log 1 = 0, they are the negative entries afterwards, set to -inf in one
+    # in-place pass (threshold_: no boolean mask).
     bias = hist.cumsum_(dim=2).clamp_(min=0.5).log_()
-    return bias.masked_fill_(bias < 0, float("-inf")).to(dtype)[:, None]
+    return F.threshold_(bias, -0.5, float("-inf")).to(dtype)[:, None]
 
 
 def _gather_queries(x_BnHD: torch.Tensor, call: _Call, zero_pads: bool = False) -> torch.Tensor:
