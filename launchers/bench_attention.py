@@ -179,10 +179,12 @@ def plot(records: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 5))
-    for mth in METHODS:
+    colors = plt.get_cmap("tab20").colors  # 13 methods: the default 10-colour cycle would repeat
+    for i, mth in enumerate(METHODS):
         pts = sorted((r["T"], r["median_s"]) for r in records if r["method"] == mth and "median_s" in r)
         if pts:
-            ax.plot(*zip(*pts), marker="o", label=mth, linestyle="--" if mth in EXACT else "-")
+            ax.plot(*zip(*pts), marker="o", label=mth, color=colors[i % len(colors)],
+                    linestyle="--" if mth in EXACT else "-")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length T")
