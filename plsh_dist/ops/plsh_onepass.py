@@ -245,13 +245,17 @@ def _add_keys(dst_BnHD: torch.Tensor, x_GNKD: torch.Tensor, call: _Call) -> None
     dst_BnHD.index_add_(1, call.k_idx.flatten().to(dst_BnHD.device), x.to(dst_BnHD.dtype))
 
 
-def _head_groups(lsh: PositionalLSH, Hq: int, Hkv: int):
-    """(hash head, query heads, kv head or None) per hash head: a shared hash serves every
-    query head at once (kv repeated), a per-head hash one query head and its kv head."""
+def _head_plans(lsh: PositionalLSH, positions: torch.Tensor, causal: bool, B: int, Hq: int, Hkv: int):
+    """Per hash head: (hash head, query heads, kv head or None, its calls). A shared hash
+    serves every query head at once (kv repeated), a per-head hash one query head and its
+    kv head. Forward and backward plan alike (the plan is cheap: O(s) per chunk)."""
     if lsh.num_heads == 1:
-        return [(0, slice(0, Hq), None)]
-    g = Hq // Hkv
-    return [(h, slice(h, h + 1), h // g) for h in range(Hq)]
+        heads, heads_batch = [(0, slice(0, Hq), None)], B * Hq
+    else:
+        g = Hq // Hkv
+        heads, heads_batch = [(h, slice(h, h + 1), h // g) for h in range(Hq)], B
+    for h, hq, kv in heads:
+        yield h, hq, kv, _calls(lsh, h, positions, causal, heads_batch)
 
 
 def onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, scale: float, kernel=None):
@@ -264,12 +268,11 @@ def onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, cau
     Hkv = k.shape[2]
     out = torch.empty_like(q)
     lse = torch.empty(B, n, Hq, 1, dtype=accum_dtype(q.dtype), device=q.device)  # heads-last, like out
-    heads_batch = B * (Hq if lsh.num_heads == 1 else 1)
-    for h, hq, kv in _head_groups(lsh, Hq, Hkv):
+    for h, hq, kv, calls in _head_plans(lsh, positions, causal, B, Hq, Hkv):
         q_h, k_h, v_h = _head_inputs(q, k, v, hq, kv)
         out_h = out[:, :, hq]
         lse_h = lse[:, :, hq]
-        for call in _calls(lsh, h, positions, causal, heads_batch):
+        for call in calls:
             bias = count_bias(call, lsh, h, positions, causal, q.dtype).to(q.device)
             o, l = dense_fwd(_gather_queries(q_h, call), _gather_keys(k_h, call), _gather_keys(v_h, call),
                              causal=False, scale=scale, bias=bias, kernel=kernel)
@@ -292,12 +295,12 @@ def onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: tor
     dk = torch.zeros(B, n, Hq if shared else Hkv, D, dtype=acc, device=q.device)
     dv = torch.zeros_like(dk)
     lse_BnH1 = lse.permute(0, 2, 1)[..., None]
-    for h, hq, kv in _head_groups(lsh, Hq, Hkv):
+    for h, hq, kv, calls in _head_plans(lsh, positions, causal, B, Hq, Hkv):
         q_h, k_h, v_h = _head_inputs(q, k, v, hq, kv)
         # contiguous once per head: index_select from a strided view costs O(n) per call
         dout_h, out_h, lse_h = (x[:, :, hq].contiguous() for x in (dout, out, lse_BnH1))
         kv_slot = hq if shared else slice(kv, kv + 1)
-        for call in _calls(lsh, h, positions, causal, B * (Hq if shared else 1)):
+        for call in calls:
             bias = count_bias(call, lsh, h, positions, causal, q.dtype).to(q.device)
             dq_c, dk_c, dv_c = dense_bwd(
                 _gather_queries(dout_h, call, zero_pads=True), _gather_queries(q_h, call), _gather_keys(k_h, call),
