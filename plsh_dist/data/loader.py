@@ -12,16 +12,20 @@ import torch
 
 from plsh_dist.data.packing import gather_windows, num_windows, split_for_sp
 from plsh_dist.data.sampler import ShardedSampler
+from plsh_dist.data.tokenizer import EOS_ID
 from plsh_dist.distributed.sp_chunks import sp_bounds
 
 __all__ = ["PackedLoader"]
 
 
 class PackedLoader:
-    """Yields ``{"input_ids", "labels", "position_ids"}``, int64 tensors (B, T_local).
+    """Yields ``{"input_ids", "labels", "position_ids"}``, int64 tensors (B, T_local),
+    and with ``document_masking`` ``"cu_seqlens"`` (int32, the whole batch's document offsets).
 
     Every SP rank of a group (same ``dp_rank``) reads the same windows and
-    takes its own contiguous chunk; labels are shifted before the cut.
+    takes its own contiguous chunk; labels are shifted before the cut. The
+    document layout is a pure function of the windows (``packing``), so it
+    is identical on the SP ranks of a group and after a resume.
 
     Args:
         tokens: (N,) token stream (documents each followed by EOS), e.g. a
@@ -35,11 +39,13 @@ class PackedLoader:
             epoch, the last batch possibly smaller (same size on every rank).
         consumed: sequences this rank has already read (the resume point:
             training's ``DataPipeline.skip_to``).
+        document_masking: add each batch's ``cu_seqlens`` (``[data].document_masking``).
+        eos_id: the stream's end-of-document id (``TokenStream.eos_id``).
     """
 
     def __init__(self, tokens: np.ndarray, seq_len: int, micro_batch_size: int, *, dp_rank: int = 0,
                  dp_size: int = 1, sp_rank: int = 0, sp_size: int = 1, seed: int = 0, shuffle: bool = True,
-                 loop: bool = True, consumed: int = 0):
+                 loop: bool = True, consumed: int = 0, document_masking: bool = False, eos_id: int = EOS_ID):
         sp_bounds(seq_len, sp_rank, sp_size)  # checks the rank and divisibility before any work
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
@@ -58,6 +64,7 @@ class PackedLoader:
             )
         self.tokens, self.seq_len, self.micro_batch_size = tokens, seq_len, micro_batch_size
         self.sp_rank, self.sp_size = sp_rank, sp_size
+        self.eos_id = int(eos_id) if document_masking else None
         self.sampler = ShardedSampler(n, dp_rank, dp_size, seed, shuffle=shuffle, loop=loop, consumed=consumed)
 
     @property
@@ -85,7 +92,7 @@ class PackedLoader:
         if len(idx) == 0:
             return None
         windows = gather_windows(self.tokens, idx, self.seq_len)  # (B, T + 1)
-        return split_for_sp(windows, self.sp_rank, self.sp_size)
+        return split_for_sp(windows, self.sp_rank, self.sp_size, eos_id=self.eos_id)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         while (batch := self.next_batch()) is not None:

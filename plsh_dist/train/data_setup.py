@@ -26,7 +26,9 @@ class DataPipeline:
     """Training batches (endless, resumable) and validation batches of one rank.
 
     Batches are dicts of int64 (B, seq_len / sp_size): ``input_ids``,
-    ``labels``, ``position_ids`` (global positions).
+    ``labels``, ``position_ids`` (global positions); with
+    ``[data].document_masking`` also ``cu_seqlens`` (int32 document offsets of
+    the whole (B, seq_len) batch, the same on every SP rank of a group).
     """
 
     def __init__(self, prepared: PreparedData, cfg: DataConfig, *, dp_rank: int, dp_size: int,

@@ -9,7 +9,10 @@ Two paths, the same numbers (fp64: equal; fp32: to rounding):
   the head returns the loss sum computed over chunks of tokens, and no
   ``(B, T_local, V)`` logits are ever held (``plsh_dist.train.chunked_ce``).
 
-``forward_sums`` picks the path from the model it is given.
+``forward_sums`` picks the path from the model it is given. A batch with
+``cu_seqlens`` (``[data].document_masking``) reaches the model as
+transformers' packed-sequence keywords (``packed_kwargs``), so attention stays
+inside each document; without it the model call is exactly the plain one.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from plsh_dist.data.packing import max_document_length
 from plsh_dist.train.chunked_ce import IGNORE_INDEX, loss_dtype
 from plsh_dist.train.loss_head import chunked_loss_head
 
-__all__ = ["token_loss_sums", "forward_sums"]
+__all__ = ["token_loss_sums", "packed_kwargs", "forward_sums"]
 
 
 def token_loss_sums(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,17 +37,30 @@ def token_loss_sums(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
     return loss_sum, (labels != IGNORE_INDEX).sum()
 
 
+def packed_kwargs(batch: dict[str, torch.Tensor], device: torch.device) -> dict:
+    """The model's document-layout keywords for ``batch``: ``{}`` without ``cu_seqlens``, else
+    ``cu_seq_lens_q/k`` (the int32 offsets on ``device``) and ``max_length_q/k`` (the longest document, int)."""
+    cu = batch.get("cu_seqlens")
+    if cu is None:
+        return {}
+    longest = max_document_length(cu)  # read before the copy: no device sync
+    cu = cu.to(device=device, dtype=torch.int32)
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+
+
 def forward_sums(model, batch: dict[str, torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward ``batch`` (a loader's dict of (B, T_local) tensors) -> ``(loss_sum, n_counted)``.
 
     ``model``: a causal LM or a DeepSpeed engine around one; with a
-    ``ChunkedLossHead`` the loss is the chunked one (module doc).
+    ``ChunkedLossHead`` the loss is the chunked one (module doc). With
+    ``batch["cu_seqlens"]`` the model also gets ``packed_kwargs``.
     """
     ids, positions = batch["input_ids"].to(device), batch["position_ids"].to(device)
     labels = batch["labels"].to(device)
+    packed = packed_kwargs(batch, device)
     head = chunked_loss_head(model)
     if head is None:
-        return token_loss_sums(model(input_ids=ids, position_ids=positions).logits, labels)
+        return token_loss_sums(model(input_ids=ids, position_ids=positions, **packed).logits, labels)
     with head.loss_of(labels):
-        loss_sum = model(input_ids=ids, position_ids=positions).logits  # the head's output: the loss sum
+        loss_sum = model(input_ids=ids, position_ids=positions, **packed).logits  # the head's output: the loss sum
     return loss_sum, (labels != IGNORE_INDEX).sum()
