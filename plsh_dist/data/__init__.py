@@ -6,13 +6,15 @@
       -> PackedLoader: windows of seq_len + 1, shuffled per epoch, dealt to
          DP ranks, shifted globally, cut into SP chunks
       -> {"input_ids", "labels", "position_ids"}: int64 (B, seq_len / sp_size)
+         (+ "cu_seqlens": int32 document offsets of the whole batch, with
+         [data].document_masking)
 """
 
 from plsh_dist.data.config import DataConfig, TokenizerConfig
 from plsh_dist.data.corpus import CorpusFiles, CorpusStats, write_stdlib_corpus
 from plsh_dist.data.dataset import PreparedData, Source, build_loader, data_sources, load_token_stream, prepare_data
 from plsh_dist.data.loader import PackedLoader
-from plsh_dist.data.packing import gather_windows, num_windows, split_for_sp
+from plsh_dist.data.packing import document_cu_seqlens, gather_windows, max_document_length, num_windows, split_for_sp
 from plsh_dist.data.report import SKIP_REASONS, BadDataReport
 from plsh_dist.data.sampler import ShardedSampler, epoch_permutation
 from plsh_dist.data.sources import iter_documents, resolve_files
@@ -24,7 +26,7 @@ __all__ = [
     "CorpusFiles", "CorpusStats", "write_stdlib_corpus",
     "PreparedData", "Source", "build_loader", "data_sources", "load_token_stream", "prepare_data",
     "PackedLoader",
-    "gather_windows", "num_windows", "split_for_sp",
+    "document_cu_seqlens", "gather_windows", "max_document_length", "num_windows", "split_for_sp",
     "SKIP_REASONS", "BadDataReport",
     "ShardedSampler", "epoch_permutation",
     "iter_documents", "resolve_files",
