@@ -10,7 +10,11 @@ multi-node with ``--nnodes/--node_rank/--master_addr``).
 
 Exit codes: 0 done; 1 this rank failed (``rank R failed: ...`` on stderr and in
 ``<out_dir>/failures/rank_R.txt``); 2 config error; 3 stopped because a peer rank
-failed or a collective timed out ([parallel].timeout_s); 130 interrupted (Ctrl-C).
+failed or a collective timed out ([parallel].timeout_s); 75 preempted: SIGTERM or
+SIGUSR1 reached a rank, every rank finished the current step and the checkpoint
+of that step was written (``preempted at step N ...``; run the same command again,
+``--resume auto`` is the default; [checkpoint].save_on_signal, plsh_dist/train/preemption.py);
+130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from plsh_dist.train import load_config, train
     from plsh_dist.train.failure import run_reporting_failures
+    from plsh_dist.train.preemption import EXIT_PREEMPTED
 
     try:
         cfg = load_config(args.config, overrides)  # all checks happen here, before any work
@@ -45,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     def run() -> int:
-        train(cfg)
-        return 0
+        result = train(cfg)
+        return EXIT_PREEMPTED if result.preempted_at is not None else 0
 
     # A failing rank prints "rank R failed: ..." and writes <out_dir>/failures/rank_R.txt;
     # ranks that only lost a peer print one line; both exit non-zero (failure.py).

@@ -185,6 +185,14 @@ class CheckpointSection:
     """Keep this many step checkpoints (0 = keep all)."""
     export_safetensors: bool = True
     """Export final weights (HF layout, safetensors) to out_dir/final."""
+    save_on_signal: bool = True
+    """SIGTERM / SIGUSR1 (a scheduler's preemption or time-limit warning) make
+    every rank finish its current optimizer step, write a checkpoint through
+    the usual atomic path and exit with code 75; relaunching with --resume auto
+    continues exactly (plsh_dist/train/preemption.py). The ranks agree on the
+    step through the step's existing all-reduce (no extra collective). false =
+    the signals keep their default action: the process dies at once and the
+    run resumes from the last periodic checkpoint."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "checkpoint")

@@ -5,14 +5,18 @@ every rank). Format: ``ACTION:RANK:STEP[:WHERE]``
 
 - ACTION: ``kill`` (SIGKILL itself, as the OOM killer or a lost node would),
   ``raise`` (a ``RuntimeError`` carrying ``PLSH_FAULT``), ``hang`` (sleep
-  forever without joining collectives);
+  forever without joining collectives), ``sigterm`` / ``sigusr1`` (send
+  itself that signal, as a scheduler preempting the job would, and carry on:
+  the preemption tests, see preemption.py);
 - RANK: the global rank that fails; STEP: the optimizer step (1-based,
   counted as ``done``) at which it fails;
-- WHERE: ``after_step`` (default: after that step's checkpoint, if any) or
+- WHERE: ``after_step`` (default: after that step's checkpoint, if any),
   ``in_checkpoint`` (after DeepSpeed wrote its shards, before the checkpoint
-  is published).
+  is published) or ``in_step`` (inside the optimizer step, after its
+  backward passes, before its results are all-reduced).
 
-Example: ``PLSH_FAULT=kill:1:3`` kills rank 1 right after step 3.
+Example: ``PLSH_FAULT=kill:1:3`` kills rank 1 right after step 3;
+``PLSH_FAULT=sigterm:1:3:in_step`` sends rank 1 SIGTERM during step 3.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ import time
 
 __all__ = ["maybe_fail"]
 
-_ACTIONS = ("kill", "raise", "hang")
-_PLACES = ("after_step", "in_checkpoint")
+_ACTIONS = ("kill", "raise", "hang", "sigterm", "sigusr1")
+_PLACES = ("after_step", "in_checkpoint", "in_step")
 
 
 def _parse(spec: str) -> tuple[str, int, int, str]:
@@ -48,6 +52,9 @@ def maybe_fail(where: str, step: int, rank: int) -> None:
         return
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if action in ("sigterm", "sigusr1"):
+        os.kill(os.getpid(), signal.SIGTERM if action == "sigterm" else signal.SIGUSR1)
+        return
     if action == "raise":
         raise RuntimeError(f"injected fault on rank {rank} at step {step} ({where}): PLSH_FAULT={spec}")
     while True:  # hang: the other ranks must time out, not wait forever

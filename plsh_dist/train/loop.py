@@ -29,6 +29,12 @@ engine, resume -> ``TrainSession``), then per optimizer step ``train_step``
 (its micro-steps -> ``StepStats``), ``_log_step`` (metrics, periodic
 validation) and ``_save_checkpoint`` (periodic / stop), and at the end
 ``_finish`` (final validation, checkpoint, ``_export``).
+
+Preemption (``[checkpoint].save_on_signal``, ``preemption.py``): ``train``
+installs a SIGTERM / SIGUSR1 handler that only sets a flag; each rank adds
+its flag to the step's all-reduce, so all ranks see the same count and stop
+after the same step, save through ``_save_checkpoint`` and return with
+``TrainResult.preempted_at`` set (the launcher exits 75).
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from plsh_dist.train.loss_head import install_chunked_loss
 from plsh_dist.train.losses import forward_sums
 from plsh_dist.train.metrics_log import MetricsLogger, memory_mb, mfu, startup_summary
 from plsh_dist.train.optim import build_optimizer, build_scheduler
+from plsh_dist.train.preemption import StopRequest, handle_stop_signals, preempted_line
 from plsh_dist.train.validation import validation_loss
 
 if TYPE_CHECKING:
@@ -83,6 +90,11 @@ class TrainResult:
     val_loss: float | None = None
     out_dir: str = ""
     final_dir: str | None = None
+    preempted_at: int | None = None
+    """Step after which a SIGTERM / SIGUSR1 stopped the run (its checkpoint is
+    written), or None; the launcher then exits with ``EXIT_PREEMPTED``."""
+    checkpoint_dir: str | None = None
+    """The checkpoint written when the run was preempted."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -166,6 +178,8 @@ class TrainSession:
     log: MetricsLogger
     comm_bytes: float = 0.0
     """Halo bytes this process had sent + received when the last step ended."""
+    stop: StopRequest = field(default_factory=StopRequest)
+    """Set by the SIGTERM / SIGUSR1 handler ``train`` installs; read at the end of each step."""
 
     @property
     def out_dir(self) -> Path:
@@ -292,15 +306,21 @@ class StepStats:
     """The learning rate this step's update used."""
     halo_bytes: float
     """Bytes the attention's SP exchange sent + received in this step, all ranks."""
+    stop_ranks: int = 0
+    """Ranks that had received a stop signal (SIGTERM / SIGUSR1) when the step ended;
+    the same number on every rank, so all of them stop after the same step."""
 
 
 def train_step(s: TrainSession, step: int) -> StepStats:
     """Optimizer step ``step`` (0-based): ``grad_accum_steps`` micro-steps of forward,
-    backward of ``sp_size * S_r / N`` (module doc) and ``engine.step()``; collective."""
+    backward of ``sp_size * S_r / N`` (module doc) and ``engine.step()``; collective.
+
+    The step's one all-reduce also counts the ranks that hold a stop signal
+    (``StepStats.stop_ranks``): agreement on preemption at no extra collective."""
     cfg, engine = s.cfg, s.engine
     gas = cfg.optim.grad_accum_steps
     sp_scale = float(s.dims.sp_size)
-    sums = torch.zeros(3, dtype=torch.float64, device=s.device)  # loss sum, tokens, comm bytes
+    sums = torch.zeros(4, dtype=torch.float64, device=s.device)  # loss sum, tokens, comm bytes, stop flags
     lr = engine.get_lr()[0]  # the rate this step's update uses
     grad_norm = float("nan")
     for micro in range(gas):
@@ -316,11 +336,15 @@ def train_step(s: TrainSession, step: int) -> StepStats:
         sums[1] += n_local.double()
     if cfg.deepspeed.zero_stage > 0:
         grad_norm = _grad_norm(engine)
+    maybe_fail("in_step", step + 1, s.rank)
     comm_now = _comm_bytes()
     sums[2] = comm_now - s.comm_bytes
     s.comm_bytes = comm_now
+    sums[3] = 1.0 if s.stop.requested else 0.0  # read once: a later signal counts at the next step
     dist.all_reduce(sums)
-    return StepStats(loss=(sums[0] / sums[1]).item(), grad_norm=grad_norm, lr=lr, halo_bytes=sums[2].item())
+    total = sums.tolist()  # one device-to-host copy
+    return StepStats(loss=total[0] / total[1], grad_norm=grad_norm, lr=lr, halo_bytes=total[2],
+                     stop_ranks=int(total[3]))
 
 
 # --- validation, logging, checkpoints, export -------------------------------------------
@@ -355,10 +379,18 @@ def _log_step(s: TrainSession, done: int, stats: StepStats, tokens_per_s: float)
     s.log.advance(1, {"loss": f"{stats.loss:.3f}", "tok/s": f"{tokens_per_s:.0f}"})
 
 
-def _save_checkpoint(s: TrainSession, step: int, loss: float | None) -> None:
-    """Checkpoint after optimizer step ``step``; collective."""
+def _save_checkpoint(s: TrainSession, step: int, loss: float | None) -> Path:
+    """Checkpoint after optimizer step ``step``; collective. Returns the published tag directory."""
     trainer_state = {"step": step, "consumed_micro_batches": step * s.cfg.optim.grad_accum_steps, "loss": loss}
-    save_checkpoint(s.engine, s.cfg, step, trainer_state, s.cfg.tokenizer.model_path)
+    return save_checkpoint(s.engine, s.cfg, step, trainer_state, s.cfg.tokenizer.model_path)
+
+
+def _stop_ranks(s: TrainSession) -> int:
+    """Ranks holding a stop signal now (the same count on every rank); collective.
+    Asked after a periodic checkpoint, so a signal during the save stops the run there."""
+    flag = torch.tensor([1.0 if s.stop.requested else 0.0], dtype=torch.float64, device=s.device)
+    dist.all_reduce(flag)
+    return int(flag.item())
 
 
 def _export(s: TrainSession) -> Path:
@@ -389,9 +421,18 @@ def train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainResult:
     ``cfg`` is not modified. ``stop_after``: leave after that optimizer step as
     a preempted job would, with a checkpoint of that step and no final
     evaluation or export (for time-limited allocations, and to test that
-    resuming replays the run).
+    resuming replays the run). SIGTERM / SIGUSR1 do the same after the step
+    they arrive in, when ``[checkpoint].save_on_signal`` (module doc), and set
+    ``TrainResult.preempted_at``.
     """
-    s = setup(cfg)
+    with handle_stop_signals(cfg.checkpoint.save_on_signal) as stop:
+        s = setup(cfg)
+        s.stop = stop
+        return _train_loop(s, stop_after)
+
+
+def _train_loop(s: TrainSession, stop_after: int | None) -> TrainResult:
+    cfg = s.cfg
     max_steps = cfg.run.max_steps
     result = TrainResult(first_step=s.start_step, out_dir=str(s.out_dir))
     s.engine.train()
@@ -408,11 +449,21 @@ def train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainResult:
             raise FloatingPointError(f"loss is {stats.loss} at step {done}; lower [optim].lr or check the data")
 
         _log_step(s, done, stats, tokens_per_s)
+        last = done == max_steps  # a signal in the last step: the run finishes normally
+        signalled = stats.stop_ranks if not last else 0
         periodic = cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0
-        stopping = stop_after is not None and done >= stop_after and done != max_steps
-        if (periodic or stopping) and done != max_steps:
-            _save_checkpoint(s, done, stats.loss)
+        stopping = stop_after is not None and done >= stop_after and not last
+        tag_dir = None
+        if (periodic or stopping or signalled) and not last:
+            tag_dir = _save_checkpoint(s, done, stats.loss)
+            if not signalled:  # a signal that arrived during this save stops the run here
+                signalled = _stop_ranks(s)
         maybe_fail("after_step", done, s.rank)
+        if signalled:
+            s.log.print(preempted_line(done, tag_dir, s.stop, signalled, s.world))
+            s.log.close()
+            result.preempted_at, result.checkpoint_dir = done, str(tag_dir)
+            return result
         if stopping:
             s.log.print(f"stopped after step {done} (stop_after); resume with --resume auto")
             s.log.close()

@@ -1,0 +1,114 @@
+"""Preemption: SIGTERM / SIGUSR1 make every rank finish its step, checkpoint and exit ``EXIT_PREEMPTED``.
+
+A scheduler that wants the job's GPUs back (Slurm before the time limit with
+``--signal``, on preemption or ``scancel``; Kubernetes on eviction) sends
+SIGTERM or SIGUSR1 and kills for real some time later. With
+``[checkpoint].save_on_signal = true`` (the default) the trainer uses that time:
+
+1. **The handler only sets a flag** (``StopRequest.signum``): no I/O, no
+   collective, no exception, so a signal can land anywhere (in a collective,
+   in the middle of a checkpoint write) and change nothing there. It is
+   installed with ``SA_RESTART`` (``signal.siginterrupt(sig, False)``), so a
+   read/write that C++ code (DeepSpeed's ``torch.save``, gloo) is blocked in
+   resumes instead of failing with ``EINTR``.
+2. **The ranks agree at the end of each optimizer step.** Each rank adds
+   "I have a stop signal" (0 or 1) to the step's existing all-reduce of the
+   loss and token sums (``train_step``): one more float64 in a collective
+   that runs anyway, so checking every step costs no extra collective and no
+   extra synchronisation. Every rank reads the same sum, so all stop after the
+   same step even when only one rank was signalled, or ranks were signalled
+   at different moments. After a periodic checkpoint one more tiny
+   all-reduce asks again, so a signal that arrives during that save stops the
+   run right after it (the checkpoint just written is the one to resume from)
+   instead of one step later.
+3. **Then the existing atomic path**: ``save_checkpoint`` (``<tag>.partial``,
+   manifest, rename, ``latest`` last), rank 0 prints one line
+   ``preempted at step N (...): checkpoint <dir> written; resume with ...``,
+   ``train`` returns with ``TrainResult.preempted_at = N`` and
+   ``launchers/pretrain.py`` exits with ``EXIT_PREEMPTED`` (75) on every rank.
+
+A signal during a checkpoint write therefore lets the write finish and
+publish; if the process is killed before that (the scheduler's SIGKILL
+after its grace period), the atomic path keeps the last published
+checkpoint and ``latest`` as they were. A signal during the last step lets
+the run finish normally (final validation, checkpoint, export; exit 0).
+A signal before the first step is acted on after the first step.
+``save_on_signal = false`` leaves the signals' default action (the process
+dies at once; resume from the last periodic checkpoint). Ctrl-C (SIGINT) is
+unchanged: interrupted, exit 130, no checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+__all__ = ["EXIT_PREEMPTED", "STOP_SIGNALS", "StopRequest", "handle_stop_signals", "preempted_line"]
+
+logger = logging.getLogger(__name__)
+
+EXIT_PREEMPTED = 75
+"""Exit code of a rank that stopped on SIGTERM / SIGUSR1 after writing a checkpoint.
+75 is sysexits' EX_TEMPFAIL ("temporary failure, try again"): distinct from the
+shell's 128 + N of a process killed by a signal (143 for SIGTERM), which says
+nothing about whether a checkpoint was written."""
+
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopRequest:
+    """Which stop signal this process received (0 = none). Written by the handler only."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+
+    @property
+    def requested(self) -> bool:
+        return self.signum != 0
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else "none"
+
+
+@contextmanager
+def handle_stop_signals(enabled: bool = True) -> Iterator[StopRequest]:
+    """Install the flag-setting handler for ``STOP_SIGNALS`` for the duration of the block.
+
+    Yields the ``StopRequest`` the handler writes. ``enabled=False``, or a call
+    outside the main thread (Python can only install handlers there), yields
+    a request that is never set and leaves the handlers as they were. The
+    previous handlers are restored on exit.
+    """
+    stop = StopRequest()
+    if not enabled:
+        yield stop
+        return
+    if threading.current_thread() is not threading.main_thread():
+        logger.warning("not in the main thread: SIGTERM/SIGUSR1 keep their default action (no checkpoint on "
+                       "preemption)")
+        yield stop
+        return
+
+    def on_stop_signal(signum, frame):  # noqa: ARG001 - no work here: the loop acts at the end of the step
+        stop.signum = signum
+
+    previous = {}
+    try:
+        for sig in STOP_SIGNALS:
+            previous[sig] = signal.signal(sig, on_stop_signal)
+            signal.siginterrupt(sig, False)  # SA_RESTART: interrupted system calls resume
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def preempted_line(step: int, tag_dir, local: StopRequest, signalled_ranks: int, world: int) -> str:
+    """The one line rank 0 prints when the run stops on a signal."""
+    who = (f"{local.name}" if local.requested else "a stop signal") + f" on {signalled_ranks} of {world} rank(s)"
+    return (f"preempted at step {step} ({who}): checkpoint {tag_dir} written; resume with the same command "
+            f"(--resume auto, the default, continues from it); exit code {EXIT_PREEMPTED}")
