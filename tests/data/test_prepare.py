@@ -36,7 +36,9 @@ def test_quickstart_path_is_cached(tmp_path, monkeypatch):
 
     loader = build_loader(again.train, cfg, dp_rank=1, dp_size=2, sp_rank=0, sp_size=2)
     batch = next(iter(loader))
-    assert set(batch) == {"input_ids", "labels", "position_ids"}
+    assert set(batch) == {"input_ids", "labels", "position_ids", "cu_seqlens"}  # document_masking: on by default
+    cu = batch.pop("cu_seqlens")
+    assert cu.dtype == torch.int32 and cu[0] == 0 and cu[-1] == 2 * 64  # the whole (B, T) batch, not the SP chunk
     assert all(v.shape == (2, 32) and v.dtype == torch.long for v in batch.values())
     assert int(batch["input_ids"].max()) < again.tokenizer.vocab_size
     val = build_loader(again.val, cfg, train=False, seq_len=32)
