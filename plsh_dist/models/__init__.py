@@ -1,11 +1,16 @@
 """Hooking positional-LSH attention into transformers decoders (Qwen3, Llama, Mistral).
 
 Importing this package registers the ``"plsh_dist"`` attention implementation
-with transformers. Public API:
+with transformers, and plsh_dist's model types (:mod:`plsh_dist.models.hf_config`). Public API:
 
 - ``ModelConfig``, ``AttentionConfig``: documented, checked dataclasses;
 - ``presets``: ``"tiny"`` (CPU tests) and ``"qwen3-0.6b"``;
 - ``build_model(model_cfg, attn_cfg, runtime=None, *, device=None, dtype=None)``;
+- ``model_with_weights(model_cfg, attn_cfg, runtime, state, *, source)``: the one
+  saved-weights -> model step;
+- ``hf_config``: plsh_dist's transformers model types (``qwen3_plsh`` ...), registered
+  on import with ``AutoConfig`` / ``AutoModelForCausalLM`` / ``AutoTokenizer``, so
+  ``AutoModelForCausalLM.from_pretrained(export_dir)`` rebuilds the trained attention;
 - ``set_attention_mode(model, attn_cfg, runtime=None)``: same weights, other attention;
 - ``set_attention_ops(model, ops)``: which ops compute the attention (SP binds its own);
 - ``AttentionRuntime`` (run seed, step, micro-step), ``get_runtime(model)``,
@@ -19,12 +24,14 @@ from plsh_dist.models.build import (
     build_model,
     count_parameters,
     get_runtime,
+    model_with_weights,
     set_attention_mode,
     set_attention_ops,
 )
 from plsh_dist.models.config import BIASES, FAMILIES, AttentionConfig, ModelConfig, presets
 from plsh_dist.models.rope import rope_enabled, set_rope
 from plsh_dist.models.runtime import AttentionRuntime, hash_seed
+from plsh_dist.models import hf_config  # noqa: E402  registers qwen3_plsh / llama_plsh / mistral_plsh
 
 __all__ = [
     "IMPLEMENTATION",
@@ -34,6 +41,8 @@ __all__ = [
     "FAMILIES",
     "presets",
     "build_model",
+    "model_with_weights",
+    "hf_config",
     "set_attention_mode",
     "set_attention_ops",
     "get_runtime",

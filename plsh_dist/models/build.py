@@ -5,11 +5,19 @@
     set_attention_mode(model, AttentionConfig(bias="alibi"))   # evaluation: same weights
 
 The model is transformers' own ``Qwen3ForCausalLM`` / ``LlamaForCausalLM`` /
-``MistralForCausalLM``; nothing of it is subclassed. What we add lives in
-plain attributes (``plsh_attn_cfg``, ``plsh_runtime`` and, when bound,
-``plsh_attention_ops`` on each attention module, a rope flag on the rotary
-module), so ``state_dict`` / ``save_pretrained``
-/ DeepSpeed see an ordinary HF model.
+``MistralForCausalLM`` under a registered subclass that changes nothing but
+its ``model_type`` (``Qwen3PlshForCausalLM``, ``"qwen3_plsh"``; see
+:mod:`plsh_dist.models.hf_config`), so a saved ``config.json`` names the
+attention it needs and plain transformers refuses it instead of loading a
+different model. What we add lives in plain attributes (``plsh_attn_cfg``,
+``plsh_runtime`` and, when bound, ``plsh_attention_ops`` on each attention
+module, a rope flag on the rotary module) and in the config's ``plsh_dist``
+section (the attention mode and the seed rule, kept current by
+``set_attention_mode``), so ``state_dict`` / ``save_pretrained`` / DeepSpeed
+see an ordinary HF model.
+
+``model_with_weights`` is the one saved-weights -> model step (exports,
+DeepSpeed tags, ``AutoModelForCausalLM.from_pretrained``).
 """
 
 from __future__ import annotations
@@ -25,18 +33,14 @@ from plsh_dist.models.rope import set_rope
 from plsh_dist.models.runtime import AttentionRuntime
 
 __all__ = [
-    "build_model", "set_attention_mode", "set_attention_ops", "get_runtime", "attention_modules", "count_parameters",
+    "build_model", "model_with_weights", "set_attention_mode", "set_attention_ops", "get_runtime", "attention_modules", "count_parameters",
 ]
 
 
 def _causal_lm_class(family: str):
-    import transformers
+    from plsh_dist.models.hf_config import MODEL_CLASSES
 
-    return {
-        "qwen3": transformers.Qwen3ForCausalLM,
-        "llama": transformers.LlamaForCausalLM,
-        "mistral": transformers.MistralForCausalLM,
-    }[family]
+    return MODEL_CLASSES[family]
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:
@@ -70,15 +74,52 @@ def build_model(
     Weights are drawn from torch's global RNG (seed it first for reproducible inits).
     """
     register()
-    hf_cfg = model_cfg.to_hf_config(attn_implementation=IMPLEMENTATION)
+    hf_cfg = model_cfg.to_hf_config(attn_implementation=IMPLEMENTATION, registered=True)
     cls = _causal_lm_class(model_cfg.family)
     ctx = torch.device(device) if device is not None else contextlib.nullcontext()
     with ctx:
         model = cls(hf_cfg)
     if dtype is not None:
         model = model.to(dtype=dtype)
+    # Training and perplexity never decode; HF generate() re-runs the whole
+    # sequence per token until plsh_dist attention has a KV cache.
+    model.generation_config.use_cache = False
     set_attention_mode(model, attn_cfg, runtime if runtime is not None else AttentionRuntime())
     return model
+
+
+def model_with_weights(
+    model_cfg: ModelConfig,
+    attn_cfg: AttentionConfig,
+    runtime: AttentionRuntime,
+    state: dict[str, torch.Tensor],
+    *,
+    source,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> nn.Module:
+    """``build_model(model_cfg, attn_cfg, runtime)`` holding the weights ``state``, in eval mode.
+
+    The one saved-weights -> model step: ``plsh_dist.train.export.model_from_weights``
+    (exports, DeepSpeed tags, evaluation) and ``from_pretrained`` of the
+    registered classes (:func:`plsh_dist.models.hf_config.load_pretrained`)
+    both call it. ``state`` may lack ``lm_head.weight`` when the LM head is
+    tied to the embedding (``save_pretrained`` drops it). ``source`` names the
+    weights in errors. Raises ValueError when the weights do not fit ``model_cfg``.
+    """
+    model = build_model(model_cfg, attn_cfg, runtime, device=device, dtype=dtype)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # shape mismatches: torch raises RuntimeError listing every tensor
+        raise ValueError(f"{source}: weights do not fit its config: {exc}") from None
+    # save_pretrained drops the LM head when it is tied to the embedding.
+    missing = [k for k in missing if not (model_cfg.tie_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"{source}: weights do not match its config: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    if model_cfg.tie_embeddings:
+        model.tie_weights()
+    return model.to(dtype=dtype).eval()
 
 
 def set_attention_mode(
@@ -103,6 +144,10 @@ def set_attention_mode(
         setattr(module, CFG_ATTR, attn_cfg)
         setattr(module, RUNTIME_ATTR, runtime)
     set_rope(model, attn_cfg.rope)
+    from plsh_dist.models.hf_config import PLSH_CONFIG_TYPES, describe
+
+    if isinstance(model.config, PLSH_CONFIG_TYPES):
+        describe(model.config, attn_cfg, runtime.run_seed)  # config.json describes the model as it now runs
     return model
 
 

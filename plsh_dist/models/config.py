@@ -226,10 +226,23 @@ class ModelConfig:
             )
         return cls(**{**base, **d})
 
-    def to_hf_config(self, attn_implementation: str = "plsh_dist"):
+    def to_hf_config(self, attn_implementation: str = "plsh_dist", *, registered: bool = False):
         """The transformers config of this model (``Qwen3Config``, ``LlamaConfig``
-        or ``MistralConfig``), no sliding window, no KV cache, no dropout."""
+        or ``MistralConfig``), no sliding window, no KV cache, no dropout.
+
+        ``registered``: the same fields in plsh_dist's own config class of the
+        family (``Qwen3PlshConfig``, model_type ``"qwen3_plsh"``, ...; see
+        :mod:`plsh_dist.models.hf_config`), which ``build_model`` uses so that a
+        saved ``config.json`` names the attention it needs."""
         import transformers
+
+        if registered:
+            from plsh_dist.models.hf_config import CONFIG_CLASSES
+
+            classes = CONFIG_CLASSES
+        else:
+            classes = {"qwen3": transformers.Qwen3Config, "llama": transformers.LlamaConfig,
+                       "mistral": transformers.MistralConfig}
 
         common = dict(
             vocab_size=self.vocab_size,
@@ -251,15 +264,69 @@ class ModelConfig:
             attention_bias=self.attention_bias,
             attention_dropout=0.0,
         )
+        cls = classes[self.family]
         if self.family == "qwen3":
-            cfg = transformers.Qwen3Config(**common, use_sliding_window=False)
+            cfg = cls(**common, use_sliding_window=False)
         elif self.family == "llama":
-            cfg = transformers.LlamaConfig(**common, mlp_bias=False)
+            cfg = cls(**common, mlp_bias=False)
         else:
             # Our "window" bias replaces Mistral's own sliding window.
-            cfg = transformers.MistralConfig(**common, sliding_window=None)
+            cfg = cls(**common, sliding_window=None)
         cfg._attn_implementation = attn_implementation
         return cfg
+
+    @classmethod
+    def from_hf_config(cls, hf: Any, *, source: str = "config.json") -> "ModelConfig":
+        """The ``ModelConfig`` of a transformers config (object or ``config.json`` dict):
+        the inverse of ``to_hf_config`` (``from_hf_config(c.to_hf_config()) == c``).
+
+        Accepts ``model_type`` qwen3 / llama / mistral and plsh_dist's own
+        ``<family>_plsh``; v4 (``rope_theta``) and v5 (``rope_parameters``)
+        layouts. Raises ValueError naming ``source`` and the field for what
+        these decoders cannot be built with (another family, activation, MLP
+        bias). Rope scaling and sliding windows are not architecture (no
+        weight depends on them) and are not checked here.
+        """
+        d = hf if isinstance(hf, dict) else hf.to_dict()
+        model_type = str(d.get("model_type", ""))
+        family = model_type.removesuffix("_plsh")
+        if family not in FAMILIES:
+            raise ValueError(
+                f"{source}: model_type {model_type!r} is not a decoder plsh_dist builds; supported: "
+                f"{list(FAMILIES)} (transformers' Qwen3 / Llama / Mistral) and plsh_dist's own "
+                f"{[f'{f}_plsh' for f in FAMILIES]}"
+            )
+        if d.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"{source}: hidden_act = {d['hidden_act']!r}; plsh_dist builds SwiGLU (silu) MLPs only")
+        if d.get("mlp_bias", False):
+            raise ValueError(f"{source}: mlp_bias = true; plsh_dist builds MLPs without bias")
+        missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                               "intermediate_size") if d.get(k) is None]
+        if missing:
+            raise ValueError(f"{source}: missing {missing}; not a complete transformers decoder config")
+        rope = d.get("rope_parameters") or {}
+        theta = rope.get("rope_theta", d.get("rope_theta", 10000.0))
+        heads = d["num_attention_heads"]
+        table = dict(
+            family=family,
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            num_layers=d["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=d.get("num_key_value_heads") or heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            intermediate_size=d["intermediate_size"],
+            max_position_embeddings=d.get("max_position_embeddings", 40960),
+            rope_theta=float(theta),
+            tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            init_std=float(d.get("initializer_range", 0.02)),
+            attention_bias=bool(d.get("attention_bias", False)),
+        )
+        try:
+            return cls(**table)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
 
 
 #: Named architectures (:mod:`plsh_dist.models.presets`): ``"tiny"`` and ``"qwen3-0.6b"``.

@@ -1,12 +1,24 @@
 """Export final weights as safetensors (Hugging Face layout) and load them back.
 
 ``out_dir/final/`` holds ``model.safetensors`` + ``config.json`` (written by
-transformers' ``save_pretrained``, loadable by ``from_pretrained``), the
-resolved run config and the tokenizer: everything evaluation needs.
+transformers' ``save_pretrained``), the resolved run config and the tokenizer
+(``tokenizer.model`` + ``tokenizer_config.json``): everything evaluation needs,
+and self-describing: ``config.json`` has plsh_dist's model type
+(``qwen3_plsh`` ...) and a ``plsh_dist`` section with the trained attention
+and the hash-seed rule (:mod:`plsh_dist.models.hf_config`), so after
+``import plsh_dist.models``::
 
-``model_from_weights`` is the one way saved weights become a model again:
-``load_exported`` (an export) and evaluation's ``load_for_eval`` (an export
-or a DeepSpeed tag, ``plsh_dist.eval.checkpoint_loading``) both call it.
+    AutoModelForCausalLM.from_pretrained(out_dir / "final")   # == model_from_weights + training's eval
+    AutoTokenizer.from_pretrained(out_dir / "final")          # the run's SentencePiece ids
+
+and plain transformers refuses the directory instead of loading another
+model. ``save_export`` writes that layout (``export_final`` after training,
+``launchers/convert_checkpoint.py`` from any DeepSpeed tag or older export).
+
+``model_from_weights`` is the one way saved weights become a model again
+(over :func:`plsh_dist.models.build.model_with_weights`): ``load_exported``
+(an export) and evaluation's ``load_for_eval`` (an export or a DeepSpeed tag,
+``plsh_dist.eval.checkpoint_loading``) both call it.
 """
 
 from __future__ import annotations
@@ -20,7 +32,7 @@ import torch.distributed as dist
 
 from plsh_dist.train.config import RunConfig, config_from_table, write_resolved
 
-__all__ = ["export_final", "read_resolved", "model_from_weights", "load_exported"]
+__all__ = ["export_final", "save_export", "read_resolved", "model_from_weights", "load_exported"]
 
 
 def _full_state_dict(engine) -> dict[str, torch.Tensor] | None:
@@ -38,14 +50,46 @@ def export_final(engine, cfg: RunConfig, tokenizer_path: str | Path, directory: 
     state = _full_state_dict(engine)
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0:
-        directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
-        engine.module.save_pretrained(str(directory), state_dict=state, safe_serialization=True)
-        write_resolved(cfg, directory)
-        if Path(tokenizer_path).is_file():
-            shutil.copy2(tokenizer_path, directory / "tokenizer.model")
+        save_export(engine.module, cfg, tokenizer_path, directory, state_dict=state)
     if dist.is_initialized():
         dist.barrier()
+    return directory
+
+
+def save_export(model, cfg: RunConfig, tokenizer_path: str | Path | None, directory: str | Path, *,
+                state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write the self-describing export of ``model`` (module doc) into ``directory`` (one process).
+
+    ``model``: built by ``build_model`` (a registered plsh_dist class); its
+    config's ``plsh_dist`` section is set to ``cfg``'s trained attention and
+    run seed, whatever mode it was last switched to. ``state_dict``: the
+    weights to write (default the model's own; ZeRO-3 passes the gathered ones).
+    ``tokenizer_path``: the run's ``.model`` file (copied with its
+    ``tokenizer_config.json``); None or missing: no tokenizer is written.
+    """
+    from plsh_dist.data import EOS_ID, PAD_ID
+    from plsh_dist.data.tokenizer import BOS_ID
+    from plsh_dist.models.hf_config import PLSH_CONFIG_TYPES, describe
+    from plsh_dist.models.hf_tokenizer import save_tokenizer
+
+    if not isinstance(model.config, PLSH_CONFIG_TYPES):
+        raise ValueError(f"{type(model).__name__} was not built by plsh_dist.models.build_model: its config.json "
+                         "would not name the attention; rebuild it with model_from_weights")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    _, trained = cfg.model_configs()
+    describe(model.config, trained, cfg.run.seed)
+    gen = model.generation_config
+    gen.use_cache = False  # no KV cache yet: HF generate() re-runs the whole sequence per token
+    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = BOS_ID, EOS_ID, PAD_ID
+    state = state_dict if state_dict is not None else model.state_dict()
+    state = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    model.save_pretrained(str(directory), state_dict=state, safe_serialization=True)
+    write_resolved(cfg, directory)
+    if tokenizer_path is not None and Path(tokenizer_path).is_file():
+        if Path(tokenizer_path).resolve() != (directory / "tokenizer.model").resolve():
+            shutil.copy2(tokenizer_path, directory / "tokenizer.model")
+        save_tokenizer(directory / "tokenizer.model", directory)
     return directory
 
 
@@ -69,23 +113,11 @@ def model_from_weights(cfg: RunConfig, state: dict[str, torch.Tensor], *, source
     attention mode (default: the trained one). ``source`` names the weights in
     errors. Raises ValueError when the weights do not fit ``cfg``.
     """
-    from plsh_dist.models import AttentionRuntime, build_model
+    from plsh_dist.models import AttentionRuntime, model_with_weights
 
     model_cfg, trained_attn = cfg.model_configs()
-    model = build_model(model_cfg, attn_cfg or trained_attn, AttentionRuntime(run_seed=cfg.run.seed),
-                        device=device, dtype=dtype)
-    try:
-        missing, unexpected = model.load_state_dict(state, strict=False)
-    except RuntimeError as exc:  # shape mismatches: torch raises RuntimeError listing every tensor
-        raise ValueError(f"{source}: weights do not fit its config.resolved.json: {exc}") from None
-    # save_pretrained drops the LM head when it is tied to the embedding.
-    missing = [k for k in missing if not (model_cfg.tie_embeddings and k == "lm_head.weight")]
-    if missing or unexpected:
-        raise ValueError(f"{source}: weights do not match its config: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
-    if model_cfg.tie_embeddings:
-        model.tie_weights()
-    return model.to(dtype=dtype).eval()
+    return model_with_weights(model_cfg, attn_cfg or trained_attn, AttentionRuntime(run_seed=cfg.run.seed), state,
+                              source=source, device=device, dtype=dtype)
 
 
 def load_exported(directory: str | Path, *, attn_cfg=None, device: str | torch.device = "cpu",
@@ -94,9 +126,9 @@ def load_exported(directory: str | Path, *, attn_cfg=None, device: str | torch.d
 
     ``attn_cfg``: evaluate under another attention mode (default: the trained one).
     """
-    from safetensors.torch import load_file
+    from plsh_dist.models.hf_config import read_safetensors_dir
 
     directory = Path(directory)
     cfg = read_resolved(directory)
-    state = load_file(str(directory / "model.safetensors"), device=str(device))
+    state = read_safetensors_dir(directory, what="export")
     return model_from_weights(cfg, state, source=directory, attn_cfg=attn_cfg, device=device, dtype=dtype), cfg

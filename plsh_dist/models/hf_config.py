@@ -1,0 +1,370 @@
+"""plsh_dist's own transformers model types: a ``config.json`` that names the attention it needs.
+
+A model trained here is transformers' Qwen3 / Llama / Mistral decoder with
+*our* attention (ALiBi, PLSH, ... with rope on or off). Saved as plain
+``qwen3``, ``AutoModelForCausalLM.from_pretrained`` would rebuild it with RoPE
+and SDPA and no bias, silently a different model. So ``build_model`` builds
+these subclasses, which add nothing but a distinct ``model_type``:
+
+    qwen3_plsh -> Qwen3PlshConfig / Qwen3PlshForCausalLM    (Qwen3Config / Qwen3ForCausalLM)
+    llama_plsh -> LlamaPlshConfig / LlamaPlshForCausalLM    (Llama...)
+    mistral_plsh -> MistralPlshConfig / MistralPlshForCausalLM
+
+and ``config.json`` gets a ``"plsh_dist"`` section (``SECTION``)::
+
+    "plsh_dist": {"format": 1, "version": "0.1.0",
+                  "attention": {<every AttentionConfig field>},
+                  "hash_seed": {"run_seed": 0, "step": 0, "micro_step": 0, "rule": "..."}}
+
+Importing ``plsh_dist.models`` registers the three types with ``AutoConfig``,
+``AutoModelForCausalLM`` and ``AutoTokenizer`` (:class:`~plsh_dist.models.hf_tokenizer.PlshTokenizer`).
+Without it, transformers refuses the directory ("model type qwen3_plsh ...
+not recognized") instead of loading a different model.
+
+``from_pretrained`` of the registered classes is :func:`load_pretrained`:
+it reads the section, rebuilds the architecture from the standard fields
+(``ModelConfig.from_hf_config``) and hands the safetensors weights to
+:func:`plsh_dist.models.build.model_with_weights`, the one saved-weights ->
+model step (``plsh_dist.train.export.model_from_weights`` and evaluation's
+loader call it too), so the logits equal those of training-time evaluation.
+
+Seed rule: the hash seed of layer ``l`` is ``hash_seed(run_seed, step,
+micro_step, l)`` (:mod:`plsh_dist.models.runtime`); a loaded model starts at
+the stored ``(step, micro_step)`` = ``(0, 0)``, the masks training's own
+validation uses, and every forward reuses them until
+``get_runtime(model).set_step(...)`` is called.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from plsh_dist.models.config import AttentionConfig, ModelConfig
+
+__all__ = [
+    "SECTION", "FORMAT", "CONFIG_CLASSES", "MODEL_CLASSES", "MODEL_TYPES", "PLSH_CONFIG_TYPES",
+    "describe", "read_section", "check_against_run", "read_safetensors_dir", "load_pretrained", "register",
+]
+
+#: Key of plsh_dist's section in ``config.json``.
+SECTION = "plsh_dist"
+#: Layout version of that section (bumped when its meaning changes).
+FORMAT = 1
+SEED_RULE = ("seed(layer) = hash_seed(run_seed, step, micro_step, layer), a chained SplitMix64 "
+             "(plsh_dist.models.runtime); a loaded model starts at (step, micro_step) and keeps those masks "
+             "until get_runtime(model).set_step() is called; attention.fixed_masks pins (0, 0)")
+_CONVERT = "re-export it: python launchers/convert_checkpoint.py --checkpoint <run dir or checkpoint tag> --out DIR"
+
+
+class Qwen3PlshConfig(transformers.Qwen3Config):
+    model_type = "qwen3_plsh"
+
+
+class LlamaPlshConfig(transformers.LlamaConfig):
+    model_type = "llama_plsh"
+
+
+class MistralPlshConfig(transformers.MistralConfig):
+    model_type = "mistral_plsh"
+
+
+#: family -> registered config class.
+CONFIG_CLASSES = {"qwen3": Qwen3PlshConfig, "llama": LlamaPlshConfig, "mistral": MistralPlshConfig}
+PLSH_CONFIG_TYPES = tuple(CONFIG_CLASSES.values())
+#: registered model_type -> family.
+MODEL_TYPES = {cls.model_type: family for family, cls in CONFIG_CLASSES.items()}
+
+
+class _PlshCausalLM:
+    """Mixin of the registered model classes: loading goes through :func:`load_pretrained`;
+    a model built from a config that carries the section (``from_config``) gets its attention mode."""
+
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        if isinstance(getattr(config, SECTION, None), dict):
+            from plsh_dist.models.build import set_attention_mode
+            from plsh_dist.models.runtime import AttentionRuntime
+
+            attn, seed = read_section(config)
+            set_attention_mode(self, attn, AttentionRuntime(**seed))
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """Load a plsh_dist export (see :func:`load_pretrained` for the accepted arguments)."""
+        if model_args:
+            raise ValueError(f"{cls.__name__}.from_pretrained takes no positional model arguments, got {model_args}")
+        return load_pretrained(pretrained_model_name_or_path, **kwargs)
+
+
+class Qwen3PlshForCausalLM(_PlshCausalLM, transformers.Qwen3ForCausalLM):
+    config_class = Qwen3PlshConfig
+
+
+class LlamaPlshForCausalLM(_PlshCausalLM, transformers.LlamaForCausalLM):
+    config_class = LlamaPlshConfig
+
+
+class MistralPlshForCausalLM(_PlshCausalLM, transformers.MistralForCausalLM):
+    config_class = MistralPlshConfig
+
+
+#: family -> registered model class.
+MODEL_CLASSES = {"qwen3": Qwen3PlshForCausalLM, "llama": LlamaPlshForCausalLM, "mistral": MistralPlshForCausalLM}
+
+
+# --- the section ----------------------------------------------------------------------
+
+
+def describe(hf_config, attn_cfg: AttentionConfig, run_seed: int) -> None:
+    """Write the ``plsh_dist`` section (attention + seed rule) into a registered config."""
+    from plsh_dist import __version__
+
+    if not isinstance(hf_config, PLSH_CONFIG_TYPES):
+        raise ValueError(f"{type(hf_config).__name__} is not a plsh_dist config (build the model with "
+                         "plsh_dist.models.build_model); its config.json would not describe the attention")
+    setattr(hf_config, SECTION, {
+        "format": FORMAT,
+        "version": __version__,
+        "attention": attn_cfg.to_dict(),
+        "hash_seed": {"run_seed": int(run_seed), "step": 0, "micro_step": 0, "rule": SEED_RULE},
+        "load": "import plsh_dist.models, then transformers.AutoModelForCausalLM.from_pretrained(this directory)",
+    })
+
+
+def _int_field(seed: dict, key: str, source: str, minimum: int | None = 0) -> int:
+    value = seed.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+        raise ValueError(f"{source}: {SECTION}.hash_seed.{key} must be an int"
+                         + (f" >= {minimum}" if minimum is not None else "") + f", got {value!r}; {_CONVERT}")
+    return value
+
+
+def read_section(hf: Any, source: str = "config.json") -> tuple[AttentionConfig, dict[str, int]]:
+    """``(AttentionConfig, {"run_seed", "step", "micro_step"})`` stored in a config (object or dict).
+
+    Raises ValueError naming ``source`` and the field when the section is
+    missing, of another format, lacks an attention field or holds an invalid one.
+    """
+    section = hf.get(SECTION) if isinstance(hf, dict) else getattr(hf, SECTION, None)
+    if not isinstance(section, dict):
+        raise ValueError(f"{source} has no {SECTION!r} section (the attention mode, sigma, s, sampler, method, "
+                         f"rope and the hash seed the weights were trained with), so the model cannot be rebuilt "
+                         f"exactly; {_CONVERT}")
+    if section.get("format") != FORMAT:
+        raise ValueError(f"{source}: {SECTION}.format = {section.get('format')!r}, this plsh_dist reads format "
+                         f"{FORMAT}; {_CONVERT}")
+    attn = section.get("attention")
+    if not isinstance(attn, dict):
+        raise ValueError(f"{source}: {SECTION}.attention is missing; {_CONVERT}")
+    fields = set(AttentionConfig().to_dict())
+    missing = sorted(fields - set(attn))
+    if missing:
+        raise ValueError(f"{source}: {SECTION}.attention lacks {missing} (a default could differ from what the "
+                         f"weights were trained with); {_CONVERT}")
+    try:
+        attn_cfg = AttentionConfig.from_dict(attn)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {SECTION}.{exc}; fix that field or {_CONVERT}") from None
+    seed = section.get("hash_seed")
+    if not isinstance(seed, dict):
+        raise ValueError(f"{source}: {SECTION}.hash_seed is missing (the seed rule of the PLSH masks); {_CONVERT}")
+    seeds = {"run_seed": _int_field(seed, "run_seed", source, None), "step": _int_field(seed, "step", source),
+             "micro_step": _int_field(seed, "micro_step", source)}
+    return attn_cfg, seeds
+
+
+# --- weights ----------------------------------------------------------------------------
+
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def read_safetensors_dir(directory: str | Path, *, what: str = "weights") -> dict[str, torch.Tensor]:
+    """All tensors of ``directory``'s ``model.safetensors`` (or its sharded
+    ``model.safetensors.index.json``), on the CPU. Pickle files are never
+    opened (unpickling runs arbitrary code): a directory with only those is
+    refused with the conversion to use. ``what`` names the directory in errors."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
+    if single.is_file():
+        return load_file(str(single), device="cpu")
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{index}: not a safetensors index (no weight_map): {exc}") from None
+        state: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(weight_map.values())):
+            if not (directory / shard).is_file():
+                raise ValueError(f"{index} names shard {shard!r}, which is missing from {directory}")
+            state.update(load_file(str(directory / shard), device="cpu"))
+        return state
+    pickles = sorted(p.name for p in directory.iterdir() if p.suffix in _PICKLE_SUFFIXES) if directory.is_dir() else []
+    if pickles:
+        raise ValueError(
+            f"{what} {directory} holds only pickle weight files {pickles[:4]}; plsh_dist reads safetensors only "
+            f"(unpickling runs arbitrary code). If you trust the file, convert it once: "
+            f"python -c \"from transformers import AutoModelForCausalLM as M; "
+            f"M.from_pretrained('{directory}').save_pretrained('{directory}-safetensors')\" "
+            f"and point at {directory}-safetensors"
+        )
+    raise ValueError(f"{what} {directory} has no model.safetensors (or model.safetensors.index.json)")
+
+
+# --- from_pretrained ------------------------------------------------------------------
+
+# Keyword arguments transformers' Auto classes forward (hub and remote-code
+# settings): meaningless for a local directory, accepted and ignored.
+_IGNORED = {"cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies",
+            "trust_remote_code", "code_revision", "adapter_kwargs", "_from_auto", "_from_pipeline", "_commit_hash",
+            "resume_download", "low_cpu_mem_usage", "use_auth_token", "user_agent"}
+
+
+def _resolve_dtype(dtype, config) -> torch.dtype:
+    if dtype is None:
+        return torch.float32
+    if dtype == "auto":
+        dtype = getattr(config, "dtype", None) or torch.float32
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating torch dtype (torch.float32, torch.bfloat16, ...) or 'auto', "
+                         f"got {dtype!r}")
+    return dtype
+
+
+def _resolve_device(device_map) -> torch.device:
+    if device_map is None:
+        return torch.device("cpu")
+    if device_map == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device_map, (str, torch.device, int)):
+        return torch.device(device_map)
+    raise ValueError(f"device_map must be a single device ('cpu', 'cuda', 'cuda:0' or 'auto'), got {device_map!r}; "
+                     "plsh_dist models are not split across devices at load time")
+
+
+def _compare_with_run(run_table: dict, resolved: str, directory: Path, model_cfg: ModelConfig,
+                      attn: AttentionConfig, seed: dict) -> None:
+    try:
+        run_model = {k: v for k, v in run_table["model"].items() if k != "init_from"}
+        run_attn, run_seed = run_table["attention"], run_table["run"]["seed"]
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{resolved}: not a resolved run config (no {exc}); delete it or {_CONVERT}") from None
+    diffs = [f"model.{k}: {run_model.get(k)!r} vs {v!r}" for k, v in model_cfg.to_dict().items()
+             if run_model.get(k) != v]
+    diffs += [f"attention.{k}: {run_attn.get(k)!r} vs {v!r}" for k, v in attn.to_dict().items()
+              if run_attn.get(k) != v]
+    if run_seed != seed["run_seed"]:
+        diffs.append(f"run.seed vs hash_seed.run_seed: {run_seed!r} vs {seed['run_seed']!r}")
+    if diffs:
+        raise ValueError(f"{resolved} and {directory / 'config.json'} describe different models "
+                         f"({'; '.join(diffs[:6])}); one of them was edited by hand: {_CONVERT}")
+
+
+def check_against_run(config: Any, run_table: dict, directory: str | Path):
+    """``config.json`` (dict or config object) of ``directory`` against the run config
+    ``run_table`` saved with it -> ``(ModelConfig, AttentionConfig, seeds)``; ValueError
+    naming both files when they describe different models (or the section is bad)."""
+    directory = Path(directory)
+    source = str(directory / "config.json")
+    attn, seed = read_section(config, source)
+    model_cfg = ModelConfig.from_hf_config(config, source=source)
+    _compare_with_run(run_table, str(directory / "config.resolved.json"), directory, model_cfg, attn, seed)
+    return model_cfg, attn, seed
+
+
+def _check_resolved(directory: Path, model_cfg: ModelConfig, attn: AttentionConfig, seed: dict) -> None:
+    """ValueError when ``config.resolved.json`` (the run config written with an export) disagrees with config.json."""
+    resolved = directory / "config.resolved.json"
+    if not resolved.is_file():
+        return
+    try:
+        table = json.loads(resolved.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{resolved}: not valid JSON ({exc}); delete it or {_CONVERT}") from None
+    _compare_with_run(table, str(resolved), directory, model_cfg, attn, seed)
+
+
+def _check_tokenizer(directory: Path, vocab_size: int) -> None:
+    tok = directory / "tokenizer.model"
+    if not tok.is_file():
+        return
+    import sentencepiece as spm
+
+    try:
+        pieces = spm.SentencePieceProcessor(model_file=str(tok)).get_piece_size()
+    except (RuntimeError, OSError) as exc:
+        raise ValueError(f"{tok} is not a SentencePiece model ({exc}); copy the run's tokenizer there") from None
+    if pieces > vocab_size:
+        raise ValueError(f"{tok} has {pieces} pieces but the model's embedding has {vocab_size} rows "
+                         f"(config.json vocab_size): tokenizer and weights do not match; copy the tokenizer the "
+                         f"run trained with ([tokenizer].model_path) into {directory}")
+
+
+def load_pretrained(path: str | Path, *, config=None, dtype=None, torch_dtype=None, device_map=None, device=None,
+                    attn_implementation: str | None = None, use_safetensors: bool | None = None, **kwargs):
+    """A plsh_dist export directory -> the model training-time evaluation builds (eval mode).
+
+    What ``AutoModelForCausalLM.from_pretrained(dir)`` runs after ``import plsh_dist.models``.
+    ``dtype``/``torch_dtype``: default float32 (``"auto"``: the saved dtype);
+    ``device_map``/``device``: one device (default CPU); ``attn_implementation``
+    may only be ``"plsh_dist"`` (another would drop the trained positional bias:
+    switch modes with ``set_attention_mode`` instead). Hub arguments are ignored
+    (local directories only). Raises ValueError naming the file and field.
+    """
+    from plsh_dist.models.build import model_with_weights
+    from plsh_dist.models.runtime import AttentionRuntime
+
+    unknown = sorted(set(kwargs) - _IGNORED)
+    if unknown:
+        raise ValueError(f"from_pretrained of a plsh_dist model does not support {unknown}; supported: dtype, "
+                         f"device_map (one device), attn_implementation='plsh_dist'")
+    if use_safetensors is False:
+        raise ValueError("plsh_dist exports are safetensors only; drop use_safetensors=False")
+    directory = Path(path)
+    if not directory.is_dir():
+        raise ValueError(f"{str(path)!r} is not a local directory; plsh_dist models load from an export "
+                         f"directory (config.json + model.safetensors, e.g. runs/<name>/final)")
+    source = directory / "config.json"
+    if config is None:
+        config = transformers.AutoConfig.from_pretrained(str(directory))
+    if not isinstance(config, PLSH_CONFIG_TYPES):
+        raise ValueError(f"{source}: model_type {getattr(config, 'model_type', None)!r} is not a plsh_dist type "
+                         f"({sorted(MODEL_TYPES)}); {_CONVERT}")
+    attn, seed = read_section(config, str(source))
+    model_cfg = ModelConfig.from_hf_config(config, source=str(source))
+    if attn_implementation not in (None, "plsh_dist"):
+        raise ValueError(
+            f"{source}: this model was trained with plsh_dist attention (bias={attn.bias}, rope={attn.rope}); "
+            f"attn_implementation={attn_implementation!r} would run it without that positional bias. Load it "
+            f"as is and switch modes with plsh_dist.models.set_attention_mode(model, AttentionConfig(...))")
+    _check_resolved(directory, model_cfg, attn, seed)
+    _check_tokenizer(directory, model_cfg.vocab_size)
+    state = read_safetensors_dir(directory, what="export")
+    dtype = _resolve_dtype(dtype if dtype is not None else torch_dtype, config)
+    dev = _resolve_device(device_map if device_map is not None else device)
+    return model_with_weights(model_cfg, attn, AttentionRuntime(**seed), state, source=directory,
+                              device=dev, dtype=dtype)
+
+
+# --- registration ---------------------------------------------------------------------
+
+
+def register() -> None:
+    """Register the three model types with AutoConfig / AutoModelForCausalLM / AutoTokenizer (idempotent)."""
+    from plsh_dist.models.hf_tokenizer import PlshTokenizer
+
+    for family, cfg_cls in CONFIG_CLASSES.items():
+        transformers.AutoConfig.register(cfg_cls.model_type, cfg_cls, exist_ok=True)
+        transformers.AutoModelForCausalLM.register(cfg_cls, MODEL_CLASSES[family], exist_ok=True)
+        transformers.AutoTokenizer.register(cfg_cls, tokenizer_class=PlshTokenizer, exist_ok=True)
+
+
+register()

@@ -1,0 +1,92 @@
+"""The run's SentencePiece tokenizer as a transformers tokenizer (``AutoTokenizer``).
+
+    import plsh_dist.models
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained("runs/quickstart/final")   # a PlshTokenizer
+
+``PlshTokenizer`` wraps :class:`plsh_dist.data.tokenizer.Tokenizer` (the same
+``tokenizer.model``), so its ids are exactly the ones training saw:
+``tok(text).input_ids == Tokenizer.load(path).encode(text)`` (tested), including
+the literal U+2581 rule and text that spells a special token (``"<s>"`` in
+source code is text, not BOS: ``split_special_tokens`` is on). No BOS/EOS is
+added (training packs documents with an EOS after each; none before).
+transformers' own Llama tokenizer would convert the model to another
+pre-tokenisation and give different ids on code (whitespace runs, digits).
+
+Exports hold ``tokenizer.model`` + ``tokenizer_config.json`` naming this
+class; registered for plsh_dist's model types by :mod:`plsh_dist.models.hf_config`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from transformers import PreTrainedTokenizer
+
+__all__ = ["PlshTokenizer", "save_tokenizer"]
+
+
+class PlshTokenizer(PreTrainedTokenizer):
+    """transformers tokenizer over plsh_dist's SentencePiece model (module doc)."""
+
+    vocab_files_names = {"vocab_file": "tokenizer.model"}
+    model_input_names = ["input_ids", "attention_mask"]
+
+    def __init__(self, vocab_file: str, **kwargs):
+        from plsh_dist.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+
+        self.vocab_file = str(vocab_file)
+        self.plsh = Tokenizer.load(vocab_file)  # checks the special ids and byte fallback
+        sp = self.plsh._sp
+        self._sp = sp
+        for name, i in (("unk_token", UNK_ID), ("bos_token", BOS_ID), ("eos_token", EOS_ID), ("pad_token", PAD_ID)):
+            kwargs.setdefault(name, sp.id_to_piece(i))
+        kwargs.setdefault("split_special_tokens", True)
+        kwargs.setdefault("clean_up_tokenization_spaces", False)
+        super().__init__(**kwargs)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.plsh.vocab_size
+
+    def get_vocab(self) -> dict[str, int]:
+        vocab = {self._sp.id_to_piece(i): i for i in range(self.vocab_size)}
+        vocab.update(self.added_tokens_encoder)
+        return vocab
+
+    def _tokenize(self, text: str, **kwargs) -> list[str]:
+        return [self._sp.id_to_piece(i) for i in self.plsh.encode(text)]
+
+    def _convert_token_to_id(self, token: str) -> int:
+        return self._sp.piece_to_id(token)
+
+    def _convert_id_to_token(self, index: int) -> str:
+        return self._sp.id_to_piece(int(index))
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        return self.plsh.decode([self._sp.piece_to_id(t) for t in tokens])
+
+    def _decode(self, token_ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces=None,
+                **kwargs) -> str:
+        ids = [token_ids] if isinstance(token_ids, int) else list(token_ids)
+        if skip_special_tokens:
+            special = set(self.all_special_ids)
+            ids = [i for i in ids if i not in special]
+        return self.plsh.decode(ids)  # control pieces (bos/eos/pad) decode to nothing, as in training's decode
+
+    def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str]:
+        if not os.path.isdir(save_directory):
+            raise ValueError(f"tokenizer save directory {save_directory} does not exist")
+        name = (f"{filename_prefix}-" if filename_prefix else "") + "tokenizer.model"
+        out = Path(save_directory) / name
+        if Path(self.vocab_file).resolve() != out.resolve():
+            shutil.copyfile(self.vocab_file, out)
+        return (str(out),)
+
+
+def save_tokenizer(model_file: str | Path, directory: str | Path) -> Path:
+    """Write ``tokenizer.model`` + ``tokenizer_config.json`` (``PlshTokenizer``) into ``directory``."""
+    PlshTokenizer(str(model_file)).save_pretrained(str(directory))
+    return Path(directory) / "tokenizer.model"
