@@ -38,6 +38,7 @@ validation uses, and every forward reuses them until
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,9 @@ FORMAT = 1
 SEED_RULE = ("seed(layer) = hash_seed(run_seed, step, micro_step, layer), a chained SplitMix64 "
              "(plsh_dist.models.runtime); a loaded model starts at (step, micro_step) and keeps those masks "
              "until get_runtime(model).set_step() is called; attention.fixed_masks pins (0, 0)")
+#: Attention fields an export must state (they define the model); the others
+#: (backend, method, chunk_size) only choose how it is computed, equal to rounding.
+REQUIRED_ATTENTION = ("bias", "rope", "num_samples", "sigma", "window", "fixed_masks", "sampler")
 _CONVERT = "re-export it: python launchers/convert_checkpoint.py --checkpoint <run dir or checkpoint tag> --out DIR"
 
 
@@ -161,11 +165,13 @@ def read_section(hf: Any, source: str = "config.json") -> tuple[AttentionConfig,
     attn = section.get("attention")
     if not isinstance(attn, dict):
         raise ValueError(f"{source}: {SECTION}.attention is missing; {_CONVERT}")
-    fields = set(AttentionConfig().to_dict())
-    missing = sorted(fields - set(attn))
+    missing = [k for k in REQUIRED_ATTENTION if k not in attn]
     if missing:
         raise ValueError(f"{source}: {SECTION}.attention lacks {missing} (a default could differ from what the "
                          f"weights were trained with); {_CONVERT}")
+    defaulted = sorted(set(AttentionConfig().to_dict()) - set(attn))
+    if defaulted:  # compute choices (backend, method, ...) or fields newer than the export
+        warnings.warn(f"{source}: {SECTION}.attention lacks {defaulted}; using their defaults", stacklevel=3)
     try:
         attn_cfg = AttentionConfig.from_dict(attn)
     except ValueError as exc:

@@ -8,7 +8,8 @@ Precedence: command line ``--section.key=value`` > file > dataclass defaults.
 Unknown sections or keys are errors that name the key and list the valid ones.
 ``[model]`` and ``[attention]`` map onto the model package's ``ModelConfig`` and
 ``AttentionConfig`` (``[model].preset`` picks a preset; the other keys override
-it; ``vocab_size`` defaults to the tokenizer's); ``[data]`` and ``[tokenizer]``
+it; ``vocab_size`` defaults to the tokenizer's; ``init_from`` names a transformers
+directory to start from, see ``plsh_dist.train.init_from``); ``[data]`` and ``[tokenizer]``
 onto the data package's ``DataConfig`` and ``TokenizerConfig``. The DeepSpeed config is
 generated from these sections (``deepspeed_config.py``), never written by hand.
 
@@ -257,8 +258,15 @@ class RunConfig:
             out[f.name] = dict(value) if isinstance(value, dict) else dataclasses.asdict(value)
         return out
 
+    @property
+    def init_from(self) -> str | None:
+        """[model].init_from: a directory saved by transformers whose weights the run
+        starts from (``plsh_dist.train.init_from``); None = random init."""
+        return self.model.get("init_from")
+
     def model_configs(self, vocab_size: int | None = None):
-        """``(ModelConfig, AttentionConfig)`` from [model] / [attention].
+        """``(ModelConfig, AttentionConfig)`` from [model] / [attention] ([model].init_from
+        is not architecture and is left out).
 
         ``vocab_size``: the tokenizer's, used unless [model] sets one (a
         resolved config always does); default [tokenizer].vocab_size.
@@ -266,6 +274,10 @@ class RunConfig:
         from plsh_dist.models import AttentionConfig, ModelConfig
 
         table = dict(self.model)
+        init_from = table.pop("init_from", None)
+        if init_from is not None and (not isinstance(init_from, str) or not init_from):
+            raise ValueError(f"[model].init_from must be a directory path (a string), got {init_from!r}; e.g. "
+                             f'init_from = "models/qwen3-0.6b" (written by transformers\' save_pretrained)')
         table.setdefault("vocab_size", vocab_size or self.tokenizer.vocab_size)
         return ModelConfig.from_dict(table), AttentionConfig.from_dict(dict(self.attention))
 
@@ -432,7 +444,10 @@ def config_from_table(table: dict, *, tokenizer_vocab: int | None = None) -> Run
     cfg = RunConfig(**kwargs)
     cfg.validate()
     model_cfg, attn_cfg = cfg.model_configs(tokenizer_vocab)
-    return dataclasses.replace(cfg, model=model_cfg.to_dict(), attention=attn_cfg.to_dict())
+    model = model_cfg.to_dict()
+    if cfg.init_from is not None:
+        model["init_from"] = cfg.init_from
+    return dataclasses.replace(cfg, model=model, attention=attn_cfg.to_dict())
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
@@ -460,6 +475,10 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     check_vocab_covers_tokenizer(explicit_vocab, tokenizer_vocab, str(Path(cfg.tokenizer.model_path)))
     if explicit_vocab is None and cfg.model["vocab_size"] != tokenizer_vocab:
         cfg = config_from_table(table, tokenizer_vocab=tokenizer_vocab)  # an existing tokenizer file's vocabulary
+    if cfg.init_from is not None:
+        from plsh_dist.train.init_from import check_init_from
+
+        check_init_from(cfg.init_from, *cfg.model_configs(), cfg.tokenizer.model_path)
     return cfg
 
 

@@ -234,14 +234,16 @@ def setup(cfg: RunConfig) -> TrainSession:
 
 def _build_engine(cfg: RunConfig, model_cfg: ModelConfig, attn_cfg: AttentionConfig, runtime: AttentionRuntime,
                   sp_group, device: torch.device) -> tuple[Any, int]:
-    """The model (initialised from torch's global RNG) with sequence parallelism
+    """The model (initialised from torch's global RNG, or from [model].init_from) with sequence parallelism
     applied once, optimizer, scheduler and DeepSpeed engine -> ``(engine, parameter count)``."""
     import deepspeed
 
     from plsh_dist.distributed.sp import apply_sequence_parallel
-    from plsh_dist.models import build_model, count_parameters
+    from plsh_dist.models import count_parameters
+    from plsh_dist.train.init_from import initial_model
 
-    model = apply_sequence_parallel(build_model(model_cfg, attn_cfg, runtime, device=device), sp_group)
+    # Random init, or [model].init_from's weights (continued pretraining).
+    model = apply_sequence_parallel(initial_model(cfg, model_cfg, attn_cfg, runtime, device), sp_group)
     n_params = count_parameters(model)
     if cfg.deepspeed.loss_chunk_tokens:
         install_chunked_loss(model, cfg.deepspeed.loss_chunk_tokens)  # before DeepSpeed wraps it (loss_head.py)
