@@ -17,11 +17,13 @@ import numpy as np
 import pytest
 import torch
 
+from plsh_dist.data import DataConfig
 from plsh_dist.data.packing import split_for_sp
 from plsh_dist.data.tokenizer import EOS_ID
 from plsh_dist.models import AttentionConfig, build_model, get_runtime, presets
 from plsh_dist.train.loss_head import install_chunked_loss
 from plsh_dist.train.losses import forward_sums, packed_kwargs, token_loss_sums
+from plsh_dist.train.data_setup import DataPipeline
 from plsh_dist.train.validation import validation_loss
 from tests.tolerances import FP64
 
@@ -137,3 +139,26 @@ def test_chunked_path_equals_plain_path_with_a_layout():
         install_chunked_loss(model, chunk_tokens=5)
         chunked = forward_sums(model, batch, CPU)[0]
     torch.testing.assert_close(chunked, plain, **FP64)
+
+
+@pytest.mark.parametrize("masking", [True, False])
+def test_data_pipeline_sp_ranks_share_the_layout_and_resume_it(masking):
+    rng = np.random.default_rng(4)
+    tokens = rng.integers(4, 300, size=4000).astype(np.uint16)
+    tokens[rng.random(tokens.size) < 0.02] = EOS_ID
+    stream = SimpleNamespace(tokens=tokens, eos_id=EOS_ID)
+    prepared = SimpleNamespace(train=stream, val=None)
+    cfg = DataConfig(seq_len=32, micro_batch_size=2, document_masking=masking)
+    ranks = [DataPipeline(prepared, cfg, dp_rank=1, dp_size=2, sp_rank=r, sp_size=2) for r in range(2)]
+    first = [[p.next_train() for _ in range(3)] for p in ranks]
+    val = [next(p.val_batches(1)) for p in ranks]
+    for batches in (*zip(*first), val):
+        assert all(("cu_seqlens" in b) == masking for b in batches)
+        if masking:
+            assert torch.equal(batches[0]["cu_seqlens"], batches[1]["cu_seqlens"])
+            assert batches[0]["cu_seqlens"][-1] == 2 * 32
+        assert torch.equal(batches[0]["position_ids"] + 16, batches[1]["position_ids"])  # each rank its chunk
+    resumed = DataPipeline(prepared, cfg, dp_rank=1, dp_size=2, sp_rank=1, sp_size=2)
+    resumed.skip_to(2)
+    got = resumed.next_train()
+    assert set(got) == set(first[1][2]) and all(torch.equal(got[k], first[1][2][k]) for k in got)
