@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 #: Samplers of :class:`PositionalLSH` (``sampler=``).
-SAMPLERS = ("iid", "stratified")
+SAMPLERS = ("iid", "stratified", "stratified_ramp")
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
     """ALiBi slopes of Press et al. (2022), Tensor[H] float32.
@@ -119,6 +119,9 @@ class PositionalLSH:
             marginal is still exactly Gamma(2, sigma) x Uniform[0, delta), so
             M~ stays unbiased while its variance drops (the max-norm error of
             iid at s = 64 is reached at s ~ 14-18).
+            ``"stratified_ramp"``: the same shared-pitch groups, fewer of
+            them with sizes growing with the pitch quantile and antithetic
+            pitch jitter (see :meth:`_ramp_unit_draws`); unbiased likewise.
     """
 
     def __init__(self, sigma, num_samples: int, seed: int = 0, sampler: str = "iid"):
@@ -146,6 +149,8 @@ class PositionalLSH:
             c = counter_uniform(self.seed, t, h, 2)
             # Gamma(2, 1) = sum of two Exp(1).
             gamma = -np.log(a) - np.log(b)
+        elif self.sampler == "stratified_ramp":
+            gamma, c = self._ramp_unit_draws(t, h)
         else:
             gamma, c = self._stratified_unit_draws(t, h)
         pitch = torch.from_numpy(gamma) * self.sigma[None, :]
@@ -193,6 +198,58 @@ class PositionalLSH:
         base_shift = counter_uniform(self.seed, g, hg, 4)
         # x - floor(x) is exact for x in [0, 2), so the shift stays in [0, 1).
         unit_shift = np.mod(base_shift[group, h] + member / group_size, 1.0)
+        return _gamma2_ppf(quantile)[group, h], unit_shift
+
+    def _ramp_unit_draws(self, t: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Ramped, antithetic stratified Gamma(2, 1) draws and unit shifts, ndarray[s, H] each.
+
+        Why: with ``k`` equally spaced shifts under one pitch, a group's
+        collision fraction of a pair is off by ``(B - f) / k``, ``B`` a coin
+        and ``f`` the fractional part of ``k (1 - d / delta)``; weighted by
+        its share ``k / s`` of the samples, each group adds ``(B - f) / s``
+        whatever its size.  Over ``n`` positions some pair sees every group's
+        error with the same sign, so the max-norm error of the shift part is
+        about ``0.75 G / s``: fewer groups help, while the pitch part (a
+        ``G``-point quadrature of ``E[max(0, 1 - d / delta)]``) wants more.
+        So, against :meth:`_stratified_unit_draws`:
+
+        - ``G = round(0.75 sqrt(s))`` groups (fewer), sizes ``k_g``
+          proportional to ``g + 1`` (a ramp: more shifts under the larger
+          pitches), each at least 1;
+        - group ``g`` owns the pitch-quantile stratum
+          ``[K_g / s, (K_g + k_g) / s)`` (``K_g`` = samples in the groups
+          before it), the width of its share of the samples;
+        - the jitters of groups ``g`` and ``G - 1 - g`` are antithetic
+          (``v`` and ``1 - v`` inside their strata; the collision fraction
+          is monotone in the pitch, so their errors partly cancel);
+        - each group's ``k_g`` samples share that pitch and take the equally
+          spaced unit shifts ``frac(c_g + m / k_g)``;
+        - which sample falls in which group's slot is a uniform random
+          permutation per head.
+
+        Unbiased: given its stratum a group's quantile is uniform there (``v``
+        and ``1 - v`` are both U(0, 1)), and its shifts are U(0, 1) given the
+        pitch, so ``E[M~] = sum_g (k_g / s) E[M | stratum g] = L*``; with the
+        random slot each sample's own marginal is exactly Gamma(2, sigma) x
+        Uniform[0, delta) too.  The sizes and ``0.75`` are measured choices
+        (``launchers/sampler_ratio.py``).
+        """
+        s = self.num_samples
+        num_groups = max(1, round(0.75 * math.sqrt(s)))
+        sizes = _ramp_sizes(s, num_groups)
+        first = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        g, hg = np.meshgrid(np.arange(num_groups), h[0], indexing="ij")  # (G, H)
+        mirror = num_groups - 1 - g
+        v = counter_uniform(self.seed, np.minimum(g, mirror), hg, 6)
+        v = np.where(g > mirror, 1.0 - v, v)
+        quantile = (first[g] + sizes[g] * v) / s
+        base_shift = counter_uniform(self.seed, g, hg, 7)
+        # slot[t, h]: rank of sample t among the head's s uniforms, a uniform random permutation.
+        slot = np.argsort(np.argsort(counter_uniform(self.seed, t, h, 8), axis=0, kind="stable"), axis=0,
+                          kind="stable")
+        group = np.searchsorted(first, slot, side="right") - 1
+        member = slot - first[group]
+        unit_shift = np.mod(base_shift[group, h] + member / sizes[group], 1.0)
         return _gamma2_ppf(quantile)[group, h], unit_shift
 
     # -- buckets and blocks -------------------------------------------------
@@ -335,6 +392,19 @@ def block_ends(buckets: torch.Tensor) -> torch.Tensor:
     n = buckets.shape[-1]
     flat = buckets.reshape(-1, n).contiguous()
     return (torch.searchsorted(flat, flat, right=True) - 1).reshape(buckets.shape)
+
+
+def _ramp_sizes(s: int, num_groups: int) -> np.ndarray:
+    """Group sizes of the "stratified_ramp" sampler: proportional to 1, 2, ..., G,
+    rounded by largest remainder to integers >= 1 that sum to ``s`` (``G <= s``)."""
+    weight = np.arange(1, num_groups + 1, dtype=np.float64)
+    raw = s * weight / weight.sum()
+    sizes = np.maximum(1, np.floor(raw)).astype(np.int64)
+    while sizes.sum() < s:
+        sizes[np.argmax(raw - sizes)] += 1
+    while sizes.sum() > s:
+        sizes[np.argmax(np.where(sizes > 1, sizes - raw, -np.inf))] -= 1
+    return sizes
 
 
 def _gamma2_ppf(q: np.ndarray) -> np.ndarray:

@@ -134,3 +134,65 @@ def test_stratified_needs_at_most_a_quarter_of_the_samples():
     iid = mask_error(8.0, 256, [64], 6, "iid", spectral=False)[0]["max_mean"]
     strat = mask_error(8.0, 256, [16], 6, "stratified", spectral=False)[0]["max_mean"]
     assert strat < 1.10 * iid
+
+
+# -- "stratified_ramp": fewer, ramped groups with antithetic pitch jitter --------
+
+
+class _MidpointRamp(PositionalLSH):
+    """The same plausible bug for the ramp sampler: every pitch quantile at its stratum's midpoint."""
+
+    def _ramp_unit_draws(self, t, h):
+        from plsh_dist.hashing import _ramp_sizes
+
+        gamma, unit = super()._ramp_unit_draws(t, h)
+        s = self.num_samples
+        sizes = _ramp_sizes(s, max(1, round(0.75 * math.sqrt(s))))
+        edges = np.concatenate([[0], np.cumsum(sizes)]) / s
+        q = _gamma2_cdf(gamma)
+        g = np.clip(np.searchsorted(edges, q, side="right") - 1, 0, sizes.size - 1)
+        return _gamma2_ppf((edges[g] + edges[g + 1]) / 2), unit
+
+
+@pytest.mark.parametrize("s", [16, 7])  # 7: two groups (2, 5), one antithetic pair
+def test_stratified_ramp_is_unbiased(s):
+    z = _z_scores(PositionalLSH, "stratified_ramp", s, runs=400)
+    assert float(z.max()) < Z_MAX
+
+
+def test_biased_ramp_sampler_is_caught():
+    z = _z_scores(_MidpointRamp, "stratified_ramp", 16, runs=400)
+    assert float(z.max()) > Z_MAX
+
+
+def test_ramp_sizes():
+    from plsh_dist.hashing import _ramp_sizes
+
+    assert _ramp_sizes(16, 3).tolist() == [3, 5, 8]
+    for s in range(1, 130):
+        g = max(1, round(0.75 * math.sqrt(s)))
+        sizes = _ramp_sizes(s, g)
+        assert sizes.sum() == s and sizes.min() >= 1 and np.all(np.diff(sizes) >= 0), s
+
+
+def test_stratified_ramp_marginals_are_gamma_uniform():
+    """Each sample index's own pitch / sigma ~ Gamma(2, 1) (random slot), and shift / pitch ~ U(0, 1)."""
+    pitch, unit, first = [], [], []
+    for seed in range(300):
+        hsh = PositionalLSH(SIGMA, 16, seed, "stratified_ramp")
+        pitch.append(hsh.pitch[:, 0] / SIGMA)
+        unit.append(hsh.shift[:, 0] / hsh.pitch[:, 0])
+        first.append(float(hsh.pitch[0, 0] / SIGMA))
+    for vals, cdf in ((torch.cat(pitch).numpy(), _gamma2_cdf), (torch.cat(unit).numpy(), lambda x: x),
+                      (np.asarray(first), _gamma2_cdf)):
+        v = np.sort(vals)
+        ecdf = np.arange(1, v.size + 1) / v.size
+        assert np.abs(cdf(v) - ecdf).max() < 1.95 / math.sqrt(v.size)
+
+
+def test_ramp_per_head_independent_and_deterministic():
+    sig = torch.tensor([4.0, 4.0])
+    a = PositionalLSH(sig, 16, 3, "stratified_ramp")
+    b = PositionalLSH(sig, 16, 3, "stratified_ramp")
+    assert torch.equal(a.pitch, b.pitch) and torch.equal(a.shift, b.shift)
+    assert not torch.equal(a.pitch[:, 0], a.pitch[:, 1])  # heads draw their own groups
