@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from plsh_dist.train import load_config, train
     from plsh_dist.train.failure import run_reporting_failures
-    from plsh_dist.train.preemption import EXIT_PREEMPTED
+    from plsh_dist.train.preemption import EXIT_PREEMPTED, ignore_stop_signals
 
     try:
         cfg = load_config(args.config, overrides)  # all checks happen here, before any work
@@ -51,7 +51,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> int:
         result = train(cfg)
-        return EXIT_PREEMPTED if result.preempted_at is not None else 0
+        if result.preempted_at is None:
+            return 0
+        ignore_stop_signals()  # checkpoint written: the launcher's SIGTERM to leaving ranks must not make it -15
+        return EXIT_PREEMPTED
 
     # A failing rank prints "rank R failed: ..." and writes <out_dir>/failures/rank_R.txt;
     # ranks that only lost a peer print one line; both exit non-zero (failure.py).

@@ -16,13 +16,21 @@
 #   TORCHRUN              torchrun executable (default: torchrun on PATH, e.g. from an activated .venv)
 #   DRY_RUN=1             print the srun line and each node's torchrun line, then exit
 #
-# Resume-friendly: --requeue lets Slurm requeue the job after a node failure or preemption, and
-# --signal=B:USR1@120 sends USR1 to this script (B: the batch shell only, not the ranks) 120 s before
-# the time limit; the trap below then runs `scontrol requeue`. Slurm stops the running step (SIGTERM to
-# srun -> torchrun -> ranks, SIGKILL after KillWait) and queues the job again; on restart pretrain.py
-# runs with --resume auto and continues from the newest complete checkpoint. The trainer does not
-# checkpoint on a signal: the steps since the last checkpoint are recomputed, so set
-# [checkpoint].every_steps to what you are willing to lose (e.g. every 30 min of training).
+# Time limit and preemption (launchers/pretrain.py exit code 75, plsh_dist/train/preemption.py):
+# --signal=B:USR1@300 sends USR1 to this script only (B:) about 300 s before the time limit. The trap
+# passes it on with `scancel --signal=USR1 $SLURM_JOB_ID`, which signals every process of the job's
+# steps but not this shell. torchrun is started with USR1 ignored (an ignored signal stays ignored
+# across exec; torchrun has no handler of its own and would die), the ranks catch it: they finish the
+# current optimizer step, write a checkpoint through the atomic path and exit 75. When the step has
+# ended, this script runs `scontrol requeue` if its status is 75, or if USR1 came and the step failed
+# (torchrun reports its ranks' 75 as 1); the requeued job runs with --resume auto and continues from
+# that checkpoint exactly. Make the lead time (@300) longer than one step plus one checkpoint save.
+# SIGTERM (scancel, Slurm's own preemption, a drained node) reaches the ranks from Slurm directly: they
+# checkpoint the same way if that fits in Slurm's KillWait (and torchrun's 30 s before it SIGKILLs its
+# ranks), and this script does not requeue (scancel means stop; Slurm requeues a job it preempts
+# itself, --requeue). --requeue also lets Slurm requeue the job after a node failure. Without
+# [checkpoint].save_on_signal the ranks die on USR1 and the requeued job resumes from the last
+# periodic checkpoint ([checkpoint].every_steps).
 #
 #SBATCH --job-name=plsh-pretrain
 #SBATCH --nodes=2
@@ -33,7 +41,7 @@
 #SBATCH --output=slurm-%x-%j.out
 #SBATCH --open-mode=append
 #SBATCH --requeue
-#SBATCH --signal=B:USR1@120
+#SBATCH --signal=B:USR1@300
 set -euo pipefail
 
 die() {
@@ -141,11 +149,11 @@ if [[ -n ${PLSH_CONTAINER_IMAGE:-} ]]; then
                     --container-workdir=/workspace/plsh_dist)
 fi
 # SLURM_NODEID differs per node, so it is read inside the step: bash -c gets torchrun as $0 and the
-# rest as "$@", which keeps every argument exactly as given (no re-quoting).
+# rest as "$@", which keeps every argument exactly as given (no re-quoting). USR1 ignored: see the top.
 # shellcheck disable=SC2016  # $0, $@ and $SLURM_NODEID are meant for the inner shell
 srun_cmd=(
     srun --nodes="$nnodes" --ntasks-per-node=1 --kill-on-bad-exit=1 --label "${container_args[@]}"
-    bash -c 'exec "$0" --node-rank="$SLURM_NODEID" "$@"' "${node_cmd[@]}"
+    bash -c 'trap "" USR1; exec "$0" --node-rank="$SLURM_NODEID" "$@"' "${node_cmd[@]}"
 )
 
 echo "slurm_pretrain: job $SLURM_JOB_ID (restart $restarts): $nnodes node(s) x $gpus_per_node GPU(s)," \
@@ -163,13 +171,24 @@ if [[ ${DRY_RUN:-0} == 1 ]]; then
     exit 0
 fi
 
+# pretrain.py's exit code after a checkpoint on SIGTERM / SIGUSR1 (plsh_dist/train/preemption.py).
+exit_preempted=75
+got_usr1=0 got_term=0
 # shellcheck disable=SC2329  # invoked by the trap below
 on_usr1() {
-    echo "slurm_pretrain: USR1 (time limit close): requeueing job $SLURM_JOB_ID; it resumes from its last checkpoint" >&2
-    scontrol requeue "$SLURM_JOB_ID"
+    got_usr1=1
+    echo "slurm_pretrain: USR1 (time limit close): asking the ranks of job $SLURM_JOB_ID to checkpoint and stop" >&2
+    if ! scancel --signal=USR1 "$SLURM_JOB_ID"; then
+        echo "slurm_pretrain: warning: scancel --signal=USR1 $SLURM_JOB_ID failed: the ranks may not checkpoint" >&2
+    fi
+}
+# shellcheck disable=SC2329  # invoked by the trap below
+on_term() {
+    got_term=1
+    echo "slurm_pretrain: SIGTERM (scancel, preemption or requeue): the step is being stopped; no requeue from here" >&2
 }
 trap on_usr1 USR1
-trap 'echo "slurm_pretrain: SIGTERM (scancel, preemption or requeue): the step is being stopped" >&2' TERM
+trap on_term TERM
 
 # srun runs in the background: bash runs a trap only between commands, and `wait` returns when a
 # trapped signal arrives, whereas a foreground srun would delay the requeue until the step ended.
@@ -180,4 +199,9 @@ while kill -0 "$srun_pid" 2> /dev/null; do
 done
 wait "$srun_pid" && status=0 || status=$?
 echo "slurm_pretrain: srun exited with status $status"
+# Requeue after the step, never during it: `scontrol requeue` would stop the ranks mid-checkpoint.
+if ((!got_term && (status == exit_preempted || (got_usr1 && status != 0)))); then
+    echo "slurm_pretrain: requeueing job $SLURM_JOB_ID (step status $status): it resumes from its last checkpoint" >&2
+    scontrol requeue "$SLURM_JOB_ID"
+fi
 exit "$status"

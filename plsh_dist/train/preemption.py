@@ -46,7 +46,8 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-__all__ = ["EXIT_PREEMPTED", "STOP_SIGNALS", "StopRequest", "handle_stop_signals", "preempted_line"]
+__all__ = ["EXIT_PREEMPTED", "STOP_SIGNALS", "StopRequest", "handle_stop_signals", "ignore_stop_signals",
+           "preempted_line"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,18 +79,18 @@ class StopRequest:
 def handle_stop_signals(enabled: bool = True) -> Iterator[StopRequest]:
     """Install the flag-setting handler for ``STOP_SIGNALS`` for the duration of the block.
 
-    Yields the ``StopRequest`` the handler writes. ``enabled=False``, or a call
-    outside the main thread (Python can only install handlers there), yields
-    a request that is never set and leaves the handlers as they were. The
-    previous handlers are restored on exit.
+    Yields the ``StopRequest`` the handler writes. ``enabled=False`` yields a
+    request that is never set and gives the signals their default action (the
+    process dies), also where a parent left them ignored (``slurm_pretrain.sh``
+    starts torchrun with SIGUSR1 ignored, and its ranks inherit that). Outside
+    the main thread (Python installs handlers only there) nothing is changed.
+    The previous handlers are restored on exit.
     """
     stop = StopRequest()
-    if not enabled:
-        yield stop
-        return
     if threading.current_thread() is not threading.main_thread():
-        logger.warning("not in the main thread: SIGTERM/SIGUSR1 keep their default action (no checkpoint on "
-                       "preemption)")
+        if enabled:
+            logger.warning("not in the main thread: SIGTERM/SIGUSR1 keep their current action (no checkpoint "
+                           "on preemption)")
         yield stop
         return
 
@@ -99,12 +100,24 @@ def handle_stop_signals(enabled: bool = True) -> Iterator[StopRequest]:
     previous = {}
     try:
         for sig in STOP_SIGNALS:
-            previous[sig] = signal.signal(sig, on_stop_signal)
-            signal.siginterrupt(sig, False)  # SA_RESTART: interrupted system calls resume
+            previous[sig] = signal.signal(sig, on_stop_signal if enabled else signal.SIG_DFL)
+            if enabled:
+                signal.siginterrupt(sig, False)  # SA_RESTART: interrupted system calls resume
         yield stop
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def ignore_stop_signals() -> None:
+    """For a rank leaving after its preemption checkpoint: further SIGTERM / SIGUSR1 are ignored.
+
+    When the first rank exits 75, deepspeed's and torchrun's launchers SIGTERM the
+    ranks still shutting down; without this their status would read "killed by
+    SIGTERM" (-15) although their checkpoint is written. SIGKILL (the launchers
+    send it after a grace period) still ends a shutdown that hangs."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def preempted_line(step: int, tag_dir, local: StopRequest, signalled_ranks: int, world: int) -> str:

@@ -56,11 +56,18 @@ def test_handler_only_records_the_signal_and_is_removed_afterwards():
     assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == before
 
 
-def test_disabled_handler_leaves_the_default_action():
-    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-    with handle_stop_signals(enabled=False) as stop:
-        assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == before
-        assert not stop.requested
+def test_disabled_handler_gives_the_default_action_even_where_the_parent_ignored_it():
+    """save_on_signal = false: the signals kill the process, also under a wrapper that
+    left them ignored (slurm_pretrain.sh starts torchrun, hence the ranks, with SIGUSR1 ignored)."""
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    try:
+        with handle_stop_signals(enabled=False) as stop:
+            assert all(signal.getsignal(sig) == signal.SIG_DFL for sig in STOP_SIGNALS)
+            assert not stop.requested
+        assert all(signal.getsignal(sig) == signal.SIG_IGN for sig in STOP_SIGNALS)  # restored
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def test_save_on_signal_is_a_documented_validated_bool():
