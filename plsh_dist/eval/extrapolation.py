@@ -10,6 +10,17 @@ PLSH modes are evaluated under several hash seeds (``AttentionRuntime(run_seed=s
 masks refreshed per window with ``set_step(window_index)``) and report mean
 and sample std (ddof=1) over seeds; deterministic modes run once.
 
+Like with like: every mode scores the same windows, and with ``align=True``
+(the default) the ``"last"`` windows of every length end at the same place,
+so every (mode, length) cell of a scoring scores the same target tokens
+(``row["targets"]``, a digest of them, is equal across the cells).
+Uncertainty: each row keeps its per-window mean losses (``window_loss``,
+averaged over hash seeds) and a confidence interval of the mean loss over
+windows (``ci``: standard error with a t quantile, or a bootstrap;
+``loss_ci`` / ``perplexity_ci`` its bounds); ``paired_differences`` gives the
+per-window paired difference of each mode against a reference mode, which
+is much tighter than comparing two intervals when the cells share tokens.
+
 Memory: batch 1, ``torch.no_grad()``, exact ALiBi through the chunked op
 (O(T * chunk) per head, never T x T), and the LM head applied in chunks.
 
@@ -19,7 +30,7 @@ positions (the attention op exchanges what it needs); token sums are
 all-reduced over the group, so every rank returns the single-process result.
 
 Outputs (``write_outputs``): ``results.json``, ``results.md`` (``format_table``),
-``ppl_vs_length.png`` (one line per mode, error bars = std over seeds) and
+``ppl_vs_length.png`` (one line per mode, error bars = the confidence interval) and
 tensorboard scalars ``extrapolation/<scoring>/<metric>/<mode>`` at step = length.
 """
 
@@ -41,10 +52,11 @@ from plsh_dist.distributed.sp_chunks import sp_bounds
 from plsh_dist.eval.checkpoint_loading import LoadedCheckpoint, load_for_eval
 from plsh_dist.eval.eval_data import load_eval_tokens
 from plsh_dist.eval.modes import EvalMode, attention_for, parse_modes
-from plsh_dist.eval.scoring import TokenSums, metrics_of, plan_windows, score_hidden, window_tokens
+from plsh_dist.eval.scoring import (TokenSums, mean_ci, metrics_of, paired_ci, plan_windows, score_hidden,
+                                    targets_digest, window_tokens)
 from plsh_dist.models import AttentionRuntime, set_attention_mode
 
-__all__ = ["evaluate_model", "evaluate_checkpoint", "format_table", "write_outputs", "METRICS"]
+__all__ = ["evaluate_model", "evaluate_checkpoint", "format_table", "write_outputs", "paired_differences", "METRICS"]
 
 METRICS = ("loss", "perplexity", "bits_per_token", "accuracy")
 
@@ -63,12 +75,23 @@ def _score_window(model, toks: torch.Tensor, score_from: int, sp_group) -> Token
     return score_hidden(hidden, model.lm_head, labels[lo:hi], keep)
 
 
-def _all_reduce(sums: TokenSums, sp_group) -> TokenSums:
+def _all_reduce_windows(per_window: list[TokenSums], sp_group) -> list[TokenSums]:
+    """Every window's sums over the SP group, in one all-reduce of a (W, 3) tensor."""
     if sp_group is None:
-        return sums
-    t = sums.as_tensor()
+        return per_window
+    t = torch.stack([w.as_tensor() for w in per_window])
     dist.all_reduce(t, group=sp_group)
-    return TokenSums.from_tensor(t)
+    return [TokenSums.from_tensor(row) for row in t]
+
+
+def _uncertainty(window_loss: list[float], ci: dict[str, Any]) -> dict[str, Any]:
+    """Row fields of the confidence interval over windows of the mean loss."""
+    c = mean_ci(window_loss, **ci)
+    return {"loss_se": c["se"], "loss_ci": [c["low"], c["high"]],
+            "perplexity_ci": [math.exp(min(c["low"], 700.0)), math.exp(min(c["high"], 700.0))]
+            if c["n"] > 1 else [math.nan, math.nan],
+            "ci": {"method": c["method"], "level": c["level"], "windows": c["n"],
+                   **({"resamples": ci["resamples"]} if c["method"] == "bootstrap" else {})}}
 
 
 def _summary(per_seed: list[dict[str, float]]) -> dict[str, Any]:
@@ -83,7 +106,8 @@ def _summary(per_seed: list[dict[str, float]]) -> dict[str, Any]:
 def evaluate_model(model, trained_attention, tokens: np.ndarray, lengths: Sequence[int],
                    modes: Sequence[EvalMode] | str, *, seeds: Sequence[int] = (0, 1, 2),
                    scorings: Sequence[str] = ("whole",), last_tokens: int | None = None,
-                   max_windows: int | None = None, sp_group=None, progress: bool = True) -> list[dict[str, Any]]:
+                   max_windows: int | None = None, sp_group=None, progress: bool = True, align: bool = True,
+                   ci: str = "se", ci_level: float = 0.95, bootstrap_resamples: int = 2000) -> list[dict[str, Any]]:
     """Rows of results, one per (mode, scoring, length); see the module doc.
 
     Args:
@@ -95,6 +119,10 @@ def evaluate_model(model, trained_attention, tokens: np.ndarray, lengths: Sequen
         seeds: hash seeds of stochastic (PLSH) modes.
         scorings: ``"whole"`` and/or ``"last"`` (the last ``last_tokens`` of each window).
         max_windows: windows per (length, scoring); None = all the data fills.
+        align: "last" windows of every length end where the shortest length's
+            scored span ends (the same target tokens at every length).
+        ci, ci_level, bootstrap_resamples: the confidence interval over windows
+            (``"se"``: t x standard error; ``"bootstrap"``: percentile bootstrap).
     Raises ValueError before any work if a length cannot be filled.
     """
     if isinstance(modes, str):
@@ -102,12 +130,14 @@ def evaluate_model(model, trained_attention, tokens: np.ndarray, lengths: Sequen
     if not seeds:
         raise ValueError("seeds must name at least one hash seed, e.g. seeds=(0, 1, 2)")
     lengths = [int(x) for x in lengths]
+    ci_args = {"method": ci, "level": ci_level, "resamples": bootstrap_resamples}
+    mean_ci([0.0, 1.0], **ci_args)  # bad ci options fail before any work
     plans = {}
     for scoring in scorings:
-        for L in lengths:
-            if scoring == "last" and (last_tokens is None or last_tokens > L):
-                continue  # the last-K scoring exists only for windows of at least K tokens
-            plans[scoring, L] = plan_windows(len(tokens), L, scoring, last_tokens, max_windows)
+        usable = [L for L in lengths if not (scoring == "last" and (last_tokens is None or last_tokens > L))]
+        align_to = max(usable) if (align and scoring == "last" and usable) else None
+        for L in usable:  # the last-K scoring exists only for windows of at least K tokens
+            plans[scoring, L] = plan_windows(len(tokens), L, scoring, last_tokens, max_windows, align_to=align_to)
     if not plans:
         raise ValueError(f"nothing to evaluate: scorings {list(scorings)} with lengths {lengths} "
                          f"and last_tokens={last_tokens}")
@@ -126,24 +156,32 @@ def evaluate_model(model, trained_attention, tokens: np.ndarray, lengths: Sequen
         for mode in modes:
             attn = attention_for(mode, trained_attention)
             for (scoring, L), windows in plans.items():
-                per_seed = []
+                per_seed, seed_window_loss = [], []
                 t0 = time.time()
                 for seed in (seeds if mode.stochastic else seeds[:1]):
                     runtime = AttentionRuntime(run_seed=int(seed))
                     set_attention_mode(model, attn, runtime)
-                    sums = TokenSums()
+                    per_window = []
                     for i, w in enumerate(windows):
                         runtime.set_step(i)  # fresh, reproducible masks per window
-                        sums.add(_score_window(model, window_tokens(tokens, w), w.score_from, sp_group))
+                        per_window.append(_score_window(model, window_tokens(tokens, w), w.score_from, sp_group))
                         if bar is not None:
                             bar.set_postfix_str(f"{mode.name} L={L} {scoring}")
                             bar.update(1)
-                    per_seed.append({"seed": int(seed), **metrics_of(_all_reduce(sums, sp_group))})
+                    per_window = _all_reduce_windows(per_window, sp_group)
+                    sums = TokenSums()
+                    for ws in per_window:
+                        sums.add(ws)
+                    per_seed.append({"seed": int(seed), **metrics_of(sums)})
+                    seed_window_loss.append([ws.loss_sum / ws.count for ws in per_window])
+                window_loss = np.mean(np.asarray(seed_window_loss, dtype=np.float64), axis=0).tolist()
                 rows.append({
                     "mode": mode.name, "bias": mode.bias, "length": L, "scoring": scoring,
                     "scored_per_window": windows[0].scored, "windows": len(windows),
                     "tokens": per_seed[0]["tokens"], "seeds": [r["seed"] for r in per_seed],
-                    **_summary(per_seed), "per_seed": per_seed, "seconds": round(time.time() - t0, 2),
+                    **_summary(per_seed), **_uncertainty(window_loss, ci_args),
+                    "aligned": align and scoring == "last", "targets": targets_digest(tokens, windows),
+                    "window_loss": window_loss, "per_seed": per_seed, "seconds": round(time.time() - t0, 2),
                     "attention": attn.to_dict(),
                 })
     finally:
@@ -159,20 +197,25 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, data: str | None, lengths: S
                         seeds: Sequence[int] = (0, 1, 2), scorings: Sequence[str] = ("whole",),
                         last_tokens: int | None = None, max_windows: int | None = 16,
                         tokenizer: str | None = None, split: str = "val", sp_group=None,
-                        progress: bool = True) -> dict[str, Any]:
+                        progress: bool = True, align: bool = True, ci: str = "se", ci_level: float = 0.95,
+                        bootstrap_resamples: int = 2000, reference: str | None = None) -> dict[str, Any]:
     """Load ``checkpoint_dir``, evaluate it, write outputs to ``out_dir`` (rank 0) and return the results.
 
     ``data``: None = the checkpoint's own validation split (its training data
     config), else text/jsonl/parquet files or globs (comma-separated), or a
     ``datasets`` name (``name[:config]``, split ``split``). The returned dict
-    is what ``results.json`` holds: ``{"checkpoint", "data", "trained", "rows", ...}``.
+    is what ``results.json`` holds: ``{"checkpoint", "data", "trained", "rows", ...}``;
+    with ``reference`` (a mode name) also ``"paired"`` (:func:`paired_differences`).
     """
     t0 = time.time()
     modes = parse_modes(modes) if isinstance(modes, str) else list(modes)  # fail before loading anything
     ck: LoadedCheckpoint = load_for_eval(checkpoint_dir, tokenizer)
     tokens, data_desc = load_eval_tokens(ck, data, split=split)
+    if reference is not None and reference not in [m.name for m in modes]:
+        raise ValueError(f"reference mode {reference!r} is not one of the evaluated modes {[m.name for m in modes]}")
     rows = evaluate_model(ck.model, ck.trained_attention, tokens, lengths, modes, seeds=seeds, scorings=scorings,
-                          last_tokens=last_tokens, max_windows=max_windows, sp_group=sp_group, progress=progress)
+                          last_tokens=last_tokens, max_windows=max_windows, sp_group=sp_group, progress=progress,
+                          align=align, ci=ci, ci_level=ci_level, bootstrap_resamples=bootstrap_resamples)
     results = {
         "checkpoint": str(ck.path),
         "data": data_desc,
@@ -185,20 +228,57 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, data: str | None, lengths: S
         "scorings": list(scorings),
         "last_tokens": last_tokens,
         "max_windows": max_windows,
+        "aligned": align,
+        "ci": {"method": ci, "level": ci_level, **({"resamples": bootstrap_resamples} if ci == "bootstrap" else {})},
         "sp_size": dist.get_world_size(sp_group) if sp_group is not None else 1,
         "rows": rows,
         "wall_s": round(time.time() - t0, 1),
     }
+    if reference is not None:
+        results["paired"] = paired_differences(rows, reference, method=ci, level=ci_level,
+                                               resamples=bootstrap_resamples)
     if out_dir is not None and (not dist.is_initialized() or dist.get_rank() == 0):
         write_outputs(results, out_dir)
     return results
 
 
-def _fmt(row: dict, metric: str, digits: int) -> str:
+def paired_differences(rows: list[dict[str, Any]], reference: str, key: str = "mode", **ci) -> list[dict[str, Any]]:
+    """Per (scoring, length): mean loss of each other row minus ``reference``'s, with a
+    paired confidence interval over their common windows (``scoring.paired_ci``),
+    and the perplexity ratio ``exp(difference)`` with its bounds.
+
+    Only rows that score the same target tokens (equal ``targets`` digests) are
+    paired; ``key`` names the row field that identifies a mode (``"mode"``).
+    """
+    out = []
+    ref = {(r["scoring"], r["length"]): r for r in rows if r[key] == reference}
+    for r in rows:
+        base = ref.get((r["scoring"], r["length"]))
+        if r[key] == reference or base is None or r.get("targets") != base.get("targets"):
+            continue
+        c = paired_ci(r["window_loss"], base["window_loss"], **ci)
+        out.append({key: r[key], "reference": reference, "scoring": r["scoring"], "length": r["length"],
+                    "loss_diff": c["mean"], "loss_diff_ci": [c["low"], c["high"]],
+                    "ppl_ratio": math.exp(c["mean"]), "ppl_ratio_ci": [math.exp(c["low"]), math.exp(c["high"])]
+                    if c["n"] > 1 else [math.nan, math.nan], "windows": c["n"]})
+    return out
+
+
+def _fmt(row: dict, metric: str, digits: int, with_ci: bool = False) -> str:
     mean, std = row[f"{metric}_mean"], row[f"{metric}_std"]
-    if len(row["seeds"]) > 1:
-        return f"{mean:.{digits}f} ± {std:.{digits}f}"
-    return f"{mean:.{digits}f}"
+    text = f"{mean:.{digits}f} ± {std:.{digits}f}" if len(row["seeds"]) > 1 else f"{mean:.{digits}f}"
+    bounds = row.get(f"{metric}_ci")
+    if with_ci and bounds and all(math.isfinite(b) for b in bounds):
+        text += f" [{bounds[0]:.{digits}f}, {bounds[1]:.{digits}f}]"
+    return text
+
+
+def _ci_words(rows: list[dict[str, Any]]) -> str:
+    c = next((r["ci"] for r in rows if "ci" in r), None)
+    if c is None:
+        return ""
+    how = "t x standard error" if c["method"] == "se" else f"bootstrap, {c.get('resamples')} resamples"
+    return f"; [{c['level']:.0%} CI over windows, {how}]"
 
 
 def format_table(results: dict[str, Any] | list[dict[str, Any]], metric: str = "perplexity") -> str:
@@ -213,26 +293,56 @@ def format_table(results: dict[str, Any] | list[dict[str, Any]], metric: str = "
         cell = {(r["mode"], r["length"]): r for r in sub}
         what = "all tokens of each window" if scoring == "whole" else \
             f"last {sub[0]['scored_per_window']} tokens of overlapping windows"
-        out.append(f"**{metric}** ({what}; mean ± std over hash seeds for PLSH)\n")
+        if scoring == "last" and all(r.get("aligned") for r in sub):
+            what += ", the same target tokens at every length"
+        out.append(f"**{metric}** ({what}; mean ± std over hash seeds for PLSH{_ci_words(sub)})\n")
         out.append("| mode | " + " | ".join(f"L={L}" for L in lengths) + " |")
         out.append("|---|" + "---|" * len(lengths))
         for m in modes:
-            cells = [_fmt(cell[m, L], metric, 3) if (m, L) in cell else "–" for L in lengths]
+            cells = [_fmt(cell[m, L], metric, 3, with_ci=True) if (m, L) in cell else "–" for L in lengths]
             out.append(f"| {m} | " + " | ".join(cells) + " |")
         out.append("")
-    out.append("| mode | scoring | L | loss | ppl | bits/token | top-1 acc | tokens | seeds |")
-    out.append("|---|---|---|---|---|---|---|---|---|")
+    paired = results.get("paired") if isinstance(results, dict) else None
+    if paired:
+        ref = paired[0]["reference"]
+        out.append(f"**perplexity ratio to {ref}** (paired over the same windows: exp(mean loss difference)"
+                   f"{_ci_words(rows)})\n")
+        for scoring in dict.fromkeys(p["scoring"] for p in paired):
+            sub = [p for p in paired if p["scoring"] == scoring]
+            lengths = sorted({p["length"] for p in sub})
+            cell = {(p["mode"], p["length"]): p for p in sub}
+            out.append(f"| mode ({scoring}) | " + " | ".join(f"L={L}" for L in lengths) + " |")
+            out.append("|---|" + "---|" * len(lengths))
+            for m in dict.fromkeys(p["mode"] for p in sub):
+                cells = [(f"{cell[m, L]['ppl_ratio']:.4f} [{cell[m, L]['ppl_ratio_ci'][0]:.4f}, "
+                          f"{cell[m, L]['ppl_ratio_ci'][1]:.4f}]") if (m, L) in cell else "–" for L in lengths]
+                out.append(f"| {m} | " + " | ".join(cells) + " |")
+            out.append("")
+    out.append("| mode | scoring | L | loss [CI] | ppl [CI] | bits/token | top-1 acc | tokens | windows | seeds |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        out.append(f"| {r['mode']} | {r['scoring']} | {r['length']} | {_fmt(r, 'loss', 4)} | "
-                   f"{_fmt(r, 'perplexity', 3)} | {_fmt(r, 'bits_per_token', 4)} | {_fmt(r, 'accuracy', 4)} | "
-                   f"{r['tokens']} | {len(r['seeds'])} |")
+        out.append(f"| {r['mode']} | {r['scoring']} | {r['length']} | {_fmt(r, 'loss', 4, True)} | "
+                   f"{_fmt(r, 'perplexity', 3, True)} | {_fmt(r, 'bits_per_token', 4)} | {_fmt(r, 'accuracy', 4)} | "
+                   f"{r['tokens']} | {r['windows']} | {len(r['seeds'])} |")
     return "\n".join(out) + "\n"
+
+
+def ci_series(label: str, pts: list[dict[str, Any]]):
+    """A plot ``Series`` of perplexity vs length with the rows' confidence intervals as error
+    bars (the std over hash seeds where a row has no interval)."""
+    from plsh_dist.eval.plots import Series
+
+    y = [p["perplexity_mean"] for p in pts]
+    ci = [p.get("perplexity_ci") for p in pts]
+    if all(c and all(math.isfinite(b) for b in c) for c in ci):
+        return Series(label, [p["length"] for p in pts], y, ylow=[c[0] for c in ci], yhigh=[c[1] for c in ci])
+    return Series(label, [p["length"] for p in pts], y, yerr=[p["perplexity_std"] for p in pts])
 
 
 def write_outputs(results: dict[str, Any], out_dir: str | Path, stem: str = "results",
                   tensorboard: bool = True) -> dict[str, Path]:
     """results.json, results.md, ppl_vs_length.png and tensorboard scalars under ``out_dir``."""
-    from plsh_dist.eval.plots import Series, line_plot
+    from plsh_dist.eval.plots import line_plot
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -246,11 +356,12 @@ def write_outputs(results: dict[str, Any], out_dir: str | Path, stem: str = "res
         for mode in dict.fromkeys(r["mode"] for r in rows):
             pts = sorted((r for r in rows if r["mode"] == mode and r["scoring"] == scoring), key=lambda r: r["length"])
             if pts:
-                series.append(Series(mode, [p["length"] for p in pts], [p["perplexity_mean"] for p in pts],
-                                     yerr=[p["perplexity_std"] for p in pts]))
+                series.append(ci_series(mode, pts))
         title = "all tokens" if scoring == "whole" else f"last {rows[0]['scored_per_window']} tokens"
         panels.append((title, series))
-    line_plot(paths["plot"], panels, xlabel="context length (tokens)", ylabel="perplexity", logx=True, logy=True)
+    c = results.get("ci") or {}
+    ylabel = "perplexity" + (f" ({c['level']:.0%} CI over windows)" if c else "")
+    line_plot(paths["plot"], panels, xlabel="context length (tokens)", ylabel=ylabel, logx=True, logy=True)
     if tensorboard:
         from torch.utils.tensorboard import SummaryWriter
 

@@ -25,7 +25,11 @@ class Series:
     y: Sequence[float]
     """Ordinates, same length as ``x``."""
     yerr: Sequence[float] | None = None
-    """Optional error bars (e.g. std over seeds), same length as ``x``."""
+    """Optional symmetric error bars (e.g. std over seeds), same length as ``x``."""
+    ylow: Sequence[float] | None = None
+    """Optional lower ends of asymmetric error bars (e.g. a confidence interval); needs ``yhigh``."""
+    yhigh: Sequence[float] | None = None
+    """Optional upper ends of asymmetric error bars; needs ``ylow``."""
     style: str = "-o"
     """Matplotlib format string: '-o' measured, '--' guides and bounds."""
     kwargs: dict = field(default_factory=dict)
@@ -36,6 +40,13 @@ class Series:
             raise ValueError(f"Series {self.label!r}: x has {len(self.x)} points, y has {len(self.y)}")
         if self.yerr is not None and len(self.yerr) != len(self.y):
             raise ValueError(f"Series {self.label!r}: yerr has {len(self.yerr)} points, y has {len(self.y)}")
+        if (self.ylow is None) != (self.yhigh is None):
+            raise ValueError(f"Series {self.label!r}: give both ylow and yhigh (an interval) or neither")
+        if self.ylow is not None:
+            if self.yerr is not None:
+                raise ValueError(f"Series {self.label!r}: give yerr or ylow/yhigh, not both")
+            if not len(self.ylow) == len(self.yhigh) == len(self.y):
+                raise ValueError(f"Series {self.label!r}: ylow/yhigh need {len(self.y)} points each")
 
 
 def line_plot(
@@ -52,7 +63,11 @@ def line_plot(
     fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 4.0), squeeze=False)
     for ax, (title, series) in zip(axes[0], panels):
         for s in series:
-            if s.yerr is not None:
+            if s.ylow is not None:
+                # y may sit a hair outside its interval (a mean over seeds of exp(loss) vs exp of the mean)
+                err = [[max(0.0, y - lo) for y, lo in zip(s.y, s.ylow)], [max(0.0, hi - y) for y, hi in zip(s.y, s.yhigh)]]
+                ax.errorbar(s.x, s.y, yerr=err, fmt=s.style, label=s.label, capsize=2, ms=3, **s.kwargs)
+            elif s.yerr is not None:
                 ax.errorbar(s.x, s.y, yerr=s.yerr, fmt=s.style, label=s.label, capsize=2, ms=3, **s.kwargs)
             else:
                 ax.plot(s.x, s.y, s.style, label=s.label, ms=3, **s.kwargs)
