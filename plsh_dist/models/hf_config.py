@@ -346,6 +346,8 @@ def load_pretrained(path: str | Path, *, config=None, dtype=None, torch_dtype=No
                          f"({sorted(MODEL_TYPES)}); {_CONVERT}")
     attn, seed = read_section(config, str(source))
     model_cfg = ModelConfig.from_hf_config(config, source=str(source))
+    if attn_implementation is None:  # AutoModelForCausalLM hands it to the config
+        attn_implementation = getattr(config, "_attn_implementation", None)
     if attn_implementation not in (None, "plsh_dist"):
         raise ValueError(
             f"{source}: this model was trained with plsh_dist attention (bias={attn.bias}, rope={attn.rope}); "

@@ -34,9 +34,13 @@ class PlshTokenizer(PreTrainedTokenizer):
     vocab_files_names = {"vocab_file": "tokenizer.model"}
     model_input_names = ["input_ids", "attention_mask"]
 
-    def __init__(self, vocab_file: str, **kwargs):
+    def __init__(self, vocab_file: str | None = None, **kwargs):
         from plsh_dist.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
+        if vocab_file is None or not Path(vocab_file).is_file():
+            raise ValueError(f"PlshTokenizer needs the run's SentencePiece model, tokenizer.model, next to "
+                             f"tokenizer_config.json (got {vocab_file!r}); copy the run's [tokenizer].model_path "
+                             f"there")
         self.vocab_file = str(vocab_file)
         self.plsh = Tokenizer.load(vocab_file)  # checks the special ids and byte fallback
         sp = self.plsh._sp

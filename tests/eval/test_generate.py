@@ -1,0 +1,123 @@
+"""launchers/generate.py: prompt -> text by full re-forward per token (no KV cache yet),
+equal to a hand-written greedy loop and to transformers' own generate(); modes
+selectable; the tokens/s line; context limits and bad arguments as clear errors."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import transformers  # noqa: E402
+
+from plsh_dist.data.tokenizer import train_tokenizer  # noqa: E402
+from plsh_dist.eval.checkpoint_loading import load_for_eval  # noqa: E402
+from plsh_dist.eval.generation import Reforward, generate, sample_next  # noqa: E402
+from plsh_dist.models import AttentionRuntime, build_model  # noqa: E402
+from plsh_dist.train.config import config_from_table  # noqa: E402
+from plsh_dist.train.export import save_export  # noqa: E402
+
+VOCAB = 384
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "launchers"))
+import generate as generate_launcher  # noqa: E402
+
+sys.path.pop(0)
+
+
+def _export(root: Path, name: str, attention: dict, max_pos: int = 512) -> Path:
+    cfg = config_from_table({
+        "run": {"out_dir": str(root / name), "seed": 5},
+        "model": dict(family="qwen3", vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                      head_dim=16, intermediate_size=64, max_position_embeddings=max_pos, rope_theta=10000.0),
+        "attention": attention,
+        "data": {"train_files": [str(root / "text.txt")], "cache_dir": str(root / "cache")},
+        "tokenizer": {"model_path": str(root / "tok.model"), "vocab_size": VOCAB},
+    })
+    torch.manual_seed(0)
+    model = build_model(*cfg.model_configs(), AttentionRuntime(run_seed=cfg.run.seed))
+    return save_export(model, cfg, cfg.tokenizer.model_path, root / name / "final")
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    root = tmp_path_factory.mktemp("generate")
+    (root / "text.txt").write_text(Path(textwrap.__file__).read_text())
+    train_tokenizer([str(root / "text.txt")], root / "tok", vocab_size=VOCAB, input_sentence_size=300)
+    return {"plsh": _export(root, "plsh", {"bias": "plsh", "num_samples": 4, "sigma": 6.0}),
+            "rope": _export(root, "rope", {"bias": "none", "rope": True}, max_pos=40)}
+
+
+def test_greedy_equals_a_full_forward_loop_and_hf_generate(exports):
+    ck = load_for_eval(exports["plsh"])
+    res = generate(ck, "def wrap(", max_new_tokens=6, stop_at_eos=False)
+    ids = [ck.tokenizer.eos_id] + ck.tokenizer.encode("def wrap(")
+    want = []
+    with torch.no_grad():
+        for _ in range(6):
+            x = torch.tensor([ids + want])
+            want.append(int(ck.model(input_ids=x, use_cache=False).logits[0, -1].argmax()))
+    assert res.completion == ck.tokenizer.decode(want) and res.new_tokens == 6
+    assert res.prompt_tokens == len(ids) and "no KV cache" in res.summary() and "tokens/s" in res.summary()
+    # transformers' generate() on the same export (its generation_config has use_cache=false).
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(exports["plsh"]))
+    out = hf.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, eos_token_id=None)
+    assert out[0, len(ids):].tolist() == want
+    # The checkpoint's model is back in its trained mode afterwards.
+    assert ck.model.model.layers[0].self_attn.plsh_attn_cfg == ck.trained_attention
+
+
+def test_decoder_can_be_plugged_in(exports):
+    ck = load_for_eval(exports["plsh"])
+
+    class Counting(Reforward):
+        description = "counting test decoder"
+        steps = 0
+
+        def step(self, token):
+            Counting.steps += 1
+            return super().step(token)
+
+    res = generate(ck, "x = ", max_new_tokens=4, stop_at_eos=False, decoder=Counting(ck.model))
+    assert Counting.steps == 3 and res.decoder == "counting test decoder"
+    assert res.text == "x = " + res.completion
+
+
+def test_launcher_modes_and_tokens_per_s(exports, capsys):
+    for mode in ("alibi", "plsh:s=8", "window:4", "none:rope=true"):
+        assert generate_launcher.main(["--checkpoint", str(exports["plsh"]), "--prompt", "import os\n",
+                                       "--max-new-tokens", "3", "--mode", mode, "--no-stop"]) == 0
+        out = capsys.readouterr()
+        assert out.out.startswith("import os\n")
+        assert "tokens/s" in out.err and "full re-forward per token (no KV cache yet" in out.err
+    assert generate_launcher.main(["--checkpoint", str(exports["plsh"]), "--prompt", "a", "--max-new-tokens", "3",
+                                   "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--seed", "1"]) == 0
+
+
+def test_bad_arguments_are_clear_errors(exports, capsys, tmp_path):
+    rope = load_for_eval(exports["rope"])
+    with pytest.raises(ValueError, match=r"exceeds what this mode supports \(40: rope is on"):
+        generate(rope, "word " * 30, max_new_tokens=10)
+    assert generate(rope, "word " * 30, max_new_tokens=10, mode="alibi:rope=false").new_tokens >= 1  # no limit
+    ck = load_for_eval(exports["plsh"])
+    for kwargs, match in [({"max_new_tokens": 0}, "max_new_tokens"), ({"mode": "alibi,none"}, "one attention mode"),
+                          ({"mode": "bogus"}, "unknown mode"), ({"temperature": -1.0}, "temperature"),
+                          ({"doc_start": False}, "prompt is empty"), ({"max_context": 3}, "--max-context 3")]:
+        with pytest.raises(ValueError, match=match):
+            generate(ck, "" if "doc_start" in kwargs else "hello world", **kwargs)
+    assert generate_launcher.main(["--checkpoint", str(tmp_path / "none"), "--prompt", "x"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert generate_launcher.main(["--checkpoint", str(exports["plsh"]), "--prompt-file", str(tmp_path / "p")]) == 2
+
+
+def test_sampling_filters():
+    logits = torch.tensor([0.0, 5.0, 4.0, -3.0])
+    assert sample_next(logits) == 1
+    g = torch.Generator().manual_seed(0)
+    assert {sample_next(logits, temperature=1.0, top_k=2, generator=g) for _ in range(50)} <= {1, 2}
+    assert {sample_next(logits, temperature=1.0, top_p=0.5, generator=g) for _ in range(20)} == {1}

@@ -1,0 +1,217 @@
+"""Self-describing exports: after ``import plsh_dist.models``, transformers'
+``AutoModelForCausalLM`` / ``AutoTokenizer`` rebuild exactly the model and ids of
+training-time evaluation; without it, transformers refuses the directory; bad
+exports fail naming the file and field; the converter rewrites DeepSpeed tags
+and older exports. Tiny models (hidden 32, 2 layers), a 320-piece tokenizer."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import transformers  # noqa: E402
+
+from plsh_dist.data.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
+from plsh_dist.eval.checkpoint_loading import convert_to_export, load_for_eval  # noqa: E402
+from plsh_dist.models import AttentionRuntime, build_model, get_runtime, hf_config  # noqa: E402
+from plsh_dist.train.config import config_from_table, write_resolved  # noqa: E402
+from plsh_dist.train.export import load_exported, save_export  # noqa: E402
+from plsh_dist.train.validation import validation_loss  # noqa: E402
+
+VOCAB = 384
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf_export")
+    text = root / "text.txt"
+    text.write_text(Path(textwrap.__file__).read_text())
+    train_tokenizer([str(text)], root / "tok", vocab_size=VOCAB, input_sentence_size=300)
+    return root
+
+
+def _run_config(root: Path, family: str, attention: dict, *, seed: int = 7, vocab: int = VOCAB):
+    """A resolved run config; data and tokenizer under ``root`` (the ``corpus`` fixture's)."""
+    return config_from_table({
+        "run": {"out_dir": str(root / "run"), "seed": seed},
+        "model": dict(family=family, vocab_size=vocab, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                      head_dim=16, intermediate_size=64, max_position_embeddings=512, rope_theta=10000.0),
+        "attention": attention,
+        "data": {"train_files": [str(root / "text.txt")], "val_files": [str(root / "text.txt")],
+                 "cache_dir": str(root / "cache")},
+        "tokenizer": {"model_path": str(root / "tok.model"), "vocab_size": VOCAB},
+    })
+
+
+def _export(corpus: Path, out: Path, family: str = "qwen3", attention: dict | None = None, **kw) -> Path:
+    cfg = _run_config(corpus, family, attention or {"bias": "plsh", "num_samples": 4, "rope": False}, **kw)
+    model_cfg, attn = cfg.model_configs()
+    torch.manual_seed(0)
+    model = build_model(model_cfg, attn, AttentionRuntime(run_seed=cfg.run.seed))
+    return save_export(model, cfg, cfg.tokenizer.model_path, out)
+
+
+CASES = [
+    ("qwen3", {"bias": "plsh", "num_samples": 4, "rope": False}),  # per-head sigma = 1/alibi slope
+    ("qwen3", {"bias": "plsh", "num_samples": 3, "sigma": 6.0, "sampler": "stratified", "fixed_masks": True}),
+    ("llama", {"bias": "alibi", "sigma": 16.0, "rope": False}),
+    ("mistral", {"bias": "none", "rope": True}),
+    ("qwen3", {"bias": "window", "window": 8, "rope": True}),
+]
+
+
+@pytest.mark.parametrize("family,attention", CASES, ids=[f"{f}-{a['bias']}" for f, a in CASES])
+def test_from_pretrained_equals_training_time_evaluation(corpus, tmp_path, family, attention):
+    out = _export(corpus, tmp_path / "final", family, attention)
+    table = json.loads((out / "config.json").read_text())
+    assert table["model_type"] == f"{family}_plsh" and table["architectures"] == [f"{family.capitalize()}PlshForCausalLM"]
+    section = table["plsh_dist"]
+    assert section["hash_seed"]["run_seed"] == 7 and section["attention"]["bias"] == attention["bias"]
+    assert json.loads((out / "generation_config.json").read_text())["use_cache"] is False
+
+    ref, _ = load_exported(out)  # model_from_weights: what evaluation and validation use
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out))
+    assert type(model) is hf_config.MODEL_CLASSES[family] and not model.training
+    assert model.config._attn_implementation == "plsh_dist"
+    ids = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, ref(input_ids=ids).logits)
+    # The training loop's validation (step 0 masks, run seed): the same loss.
+    batch = {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "position_ids": torch.arange(39).expand(2, 39)}
+    cpu = torch.device("cpu")
+    assert validation_loss(model, [batch], get_runtime(model), cpu) == validation_loss(ref, [batch],
+                                                                                       get_runtime(ref), cpu)
+    # A re-saved loaded model stays self-describing.
+    model.save_pretrained(str(tmp_path / "again"))
+    again = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "again"))
+    with torch.no_grad():
+        assert torch.equal(again(input_ids=ids).logits, ref(input_ids=ids).logits)
+
+
+def test_tokenizer_gives_the_training_ids(corpus, tmp_path):
+    out = _export(corpus, tmp_path / "final")
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    own = Tokenizer.load(out / "tokenizer.model")
+    assert type(tok).__name__ == "PlshTokenizer" and len(tok) == VOCAB
+    assert (tok.eos_token_id, tok.pad_token_id, tok.bos_token_id) == (own.eos_id, own.pad_id, own.bos_id)
+    for text in [Path(json.__file__).read_text()[:6000], "x\u2581y <s></s><pad>\t\t  12345 \u00fc \u65e5\n", ""]:
+        ids = tok(text).input_ids
+        assert ids == own.encode(text) and tok.decode(ids) == text
+
+
+def test_without_plsh_dist_transformers_refuses(corpus, tmp_path):
+    """Without the import the model type is unknown: a loud error, never RoPE/SDPA weights.
+    (AutoTokenizer then falls back to transformers' own conversion of tokenizer.model,
+    which agrees on ordinary text but not on U+2581 or spelled special tokens.)"""
+    out = _export(corpus, tmp_path / "final")
+    code = textwrap.dedent(f"""
+        import transformers
+        try:
+            transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})
+        except ValueError as exc:
+            print("REFUSED", str(exc).splitlines()[0])
+        else:
+            print("LOADED")
+    """)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=120)
+    assert res.stdout.startswith("REFUSED") and "qwen3_plsh" in res.stdout, res.stdout + res.stderr
+
+
+def _edit(src: Path, dst: Path, fn) -> Path:
+    shutil.copytree(src, dst)
+    table = json.loads((dst / "config.json").read_text())
+    fn(table)
+    (dst / "config.json").write_text(json.dumps(table))
+    return dst
+
+
+def test_bad_exports_fail_naming_file_and_field(corpus, tmp_path):
+    out = _export(corpus, tmp_path / "final")
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    cases = [
+        (lambda t: t.pop("plsh_dist"), "has no 'plsh_dist' section"),
+        (lambda t: t["plsh_dist"]["attention"].update(num_samples=0), "plsh_dist.attention.num_samples"),
+        (lambda t: t["plsh_dist"]["attention"].pop("rope"), r"lacks \['rope'\]"),
+        (lambda t: t["plsh_dist"]["hash_seed"].pop("run_seed"), "hash_seed.run_seed"),
+        (lambda t: t["plsh_dist"].update(format=99), "format"),
+        (lambda t: t.update(num_hidden_layers=3), "describe different models.*num_layers"),
+        (lambda t: t["plsh_dist"]["attention"].update(bias="alibi"), "describe different models.*attention.bias"),
+    ]
+    for i, (fn, match) in enumerate(cases):
+        bad = _edit(out, tmp_path / f"bad{i}", fn)
+        with pytest.raises(ValueError, match=match) as info:
+            load(str(bad))
+        assert "config" in str(info.value)
+        if "different" in match:  # evaluation's loader runs the same check
+            with pytest.raises(ValueError, match=match):
+                load_for_eval(bad)
+    with pytest.raises(ValueError, match="without that positional bias"):
+        load(str(out), attn_implementation="sdpa")
+    with pytest.raises(ValueError, match="not a local directory"):
+        hf_config.load_pretrained(tmp_path / "missing")
+    # A tokenizer with more pieces than the embedding has rows.
+    small = _export(corpus, tmp_path / "small", vocab=VOCAB - 40)
+    with pytest.raises(ValueError, match="tokenizer.model has 384 pieces but the model.s embedding has 344 rows"):
+        load(str(small))
+    # Pickle weights are never opened.
+    pkl = tmp_path / "pickled"
+    pkl.mkdir()
+    (pkl / "pytorch_model.bin").write_bytes(b"not opened")
+    with pytest.raises(ValueError, match="only pickle weight files"):
+        hf_config.read_safetensors_dir(pkl)
+
+
+def test_converter_rewrites_deepspeed_tags_and_old_exports(corpus, tmp_path):
+    cfg = _run_config(corpus, "qwen3", {"bias": "plsh", "num_samples": 2, "sigma": 4.0})
+    model_cfg, attn = cfg.model_configs()
+    torch.manual_seed(3)
+    model = build_model(model_cfg, attn, AttentionRuntime(run_seed=cfg.run.seed)).eval()
+    ids = torch.randint(0, VOCAB, (1, 33), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    # A DeepSpeed ZeRO 0-2 tag: module weights + resolved config + tokenizer.
+    tag = tmp_path / "run" / "checkpoints" / "step_00000005"
+    tag.mkdir(parents=True)
+    torch.save({"module": model.state_dict()}, tag / "mp_rank_00_model_states.pt")
+    write_resolved(cfg, tag)
+    shutil.copy2(cfg.tokenizer.model_path, tag / "tokenizer.model")
+    out = convert_to_export(tag, tmp_path / "exported")
+    with torch.no_grad():
+        assert torch.equal(transformers.AutoModelForCausalLM.from_pretrained(str(out))(input_ids=ids).logits, want)
+    assert transformers.AutoTokenizer.from_pretrained(str(out))("abc").input_ids == Tokenizer.load(
+        cfg.tokenizer.model_path).encode("abc")
+    with pytest.raises(ValueError, match="not empty"):
+        convert_to_export(tag, out)
+    # An export from before config.json described the attention: plain qwen3.
+    old = tmp_path / "old"
+    transformers.Qwen3ForCausalLM(model_cfg.to_hf_config(attn_implementation="sdpa")).save_pretrained(str(old))
+    from safetensors.torch import save_file
+
+    save_file({k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}, str(old / "model.safetensors"))
+    write_resolved(cfg, old)
+    shutil.copy2(cfg.tokenizer.model_path, old / "tokenizer.model")
+    with pytest.warns(UserWarning, match="convert_checkpoint"):
+        load_for_eval(old)
+    sys.path.insert(0, str(ROOT / "launchers"))
+    try:
+        import convert_checkpoint
+    finally:
+        sys.path.pop(0)
+    with pytest.warns(UserWarning):
+        assert convert_checkpoint.main(["--checkpoint", str(old), "--out", str(tmp_path / "new")]) == 0
+    with torch.no_grad():
+        got = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "new"))(input_ids=ids).logits
+    assert torch.equal(got, want)
