@@ -8,7 +8,7 @@ For every (T, P, sigma, s): the forward bytes each rank receives per layer
 hash each of the 28 layers of Qwen3-0.6B draws at step 0, next to ring
 attention's and Ulysses' bytes per rank for the same shapes (formulas in
 ``plsh_dist/plan/halo_sim.py``), and the host planning time per forward of
-the last rank (median of ``--repeats``, one thread). Writes
+the last rank (CPU time of one thread, median of ``--repeats``). Writes
 ``halo_sim.json``, ``halo_sim.md`` and ``halo_sim.png`` under ``--out``.
 """
 
@@ -82,6 +82,7 @@ def run(args) -> dict:
                         pt = planning_time(T, P, sigma, s, shape, repeats=args.repeats, run_seed=args.run_seed,
                                            varlen_max_elements=args.varlen_max_elements)
                         cell.update(halo_plan_s=pt.halo, varlen_plan_s=pt.varlen,
+                                    varlen_buckets_s=pt.varlen_buckets,
                                     varlen_measured_at_tokens=pt.varlen_extrapolated_from)
                     row["plsh"].append(cell)
                     print(f"T={_name(T)} P={P} {_variant(sigma, s)}: halo fwd mean {_bytes(sim.forward_mean)}"
@@ -113,19 +114,25 @@ def markdown(result: dict) -> str:
         lines.append(f"| {_name(r['seq_len'])} | {r['sp']} | {r['tokens_per_rank']:,} | " + " | ".join(cells)
                      + f" | {_bytes(r['ring']['forward'])} | {uly} |")
     if "halo_plan_s" in recs[0]["plsh"][0]:
-        lines += ["", "Host planning per forward (28 layers) on the last rank, ms, median of "
-                  f"{result['repeats']}, one thread: halo plan (hash + plsh_needs + HaloPlan.build + split) / "
-                  "varlen block plan of the rank's chunk (CUDA per-sample path, timed on the CPU with the "
-                  "buckets on the host: an upper bound; ~ = one layer timed on a shorter chunk and scaled "
-                  "linearly).", "",
+        lines += ["", "Host planning of the SP halo per forward (28 layers) on the last rank, CPU ms (one thread), "
+                  f"median of {result['repeats']}: the hash, plsh_needs (every rank's need), HaloPlan.build "
+                  "and the suffix split, as SPBlockAttention.forward calls them (backward reuses the plan).", "",
                   "| T | P | " + " | ".join(label(*v) for v in variants) + " |",
+                  "|---" * (2 + len(variants)) + "|"]
+        for r in recs:
+            lines.append(f"| {_name(r['seq_len'])} | {r['sp']} | "
+                         + " | ".join(f"{c['halo_plan_s'] * 1e3:,.0f}" for c in r["plsh"]) + " |")
+        lines += ["", "Varlen block plan of the rank's chunk per forward (CUDA per-sample path, plan_samples; one "
+                  "layer timed, x 28), CPU ms, timed on the CPU: total / without the bucket table and block-start "
+                  "search (which a GPU computes on the device); ~ = timed on a shorter chunk and scaled linearly.",
+                  "", "| T | P | " + " | ".join(label(*v) for v in variants) + " |",
                   "|---" * (2 + len(variants)) + "|"]
         for r in recs:
             cells = []
             for c in r["plsh"]:
-                v = "-" if c["varlen_plan_s"] is None else (
-                    ("~" if c["varlen_measured_at_tokens"] else "") + f"{c['varlen_plan_s'] * 1e3:,.0f}")
-                cells.append(f"{c['halo_plan_s'] * 1e3:,.1f} / {v}")
+                mark = "~" if c["varlen_measured_at_tokens"] else ""
+                cells.append(f"{mark}{c['varlen_plan_s'] * 1e3:,.0f} / {mark}"
+                             f"{(c['varlen_plan_s'] - c['varlen_buckets_s']) * 1e3:,.0f}")
             lines.append(f"| {_name(r['seq_len'])} | {r['sp']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

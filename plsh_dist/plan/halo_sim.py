@@ -64,15 +64,19 @@ attention can run, per forward (all layers; backward reuses the plans):
 - *varlen block plan*: the CUDA per-sample path's ``plan_samples`` for the
   rank's chunk (one layer timed, times the layers). Timed on the CPU, where
   the ``(s, H, T/P)`` bucket table is computed on the host as well: an upper
-  bound of its host part on a GPU, which computes the buckets on the device.
+  bound of its host part on a GPU, which computes the buckets on the device
+  (their share is timed apart, ``varlen_buckets``).
 
-Median of repeats, one thread (:func:`planning_time`).
+Median of repeats, one thread, in CPU seconds of the process
+(``time.process_time``: for one thread, the wall time of an unloaded core,
+robust when other jobs share the machine; :func:`planning_time`).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from unittest import mock
 from dataclasses import dataclass
 
 import numpy as np
@@ -238,22 +242,28 @@ def simulate_halo(seq_len: int, sp: int, sigma: float | None, num_samples: int,
 
 @dataclass(frozen=True)
 class PlanningTime:
-    """Seconds of host planning per forward (all layers) on one rank."""
+    """CPU seconds of host planning per forward (all layers) on one rank (one thread)."""
 
     halo: float
     """Hash + ``plsh_needs`` + ``HaloPlan.build`` + split, every layer (median of repeats)."""
     varlen: float | None
     """``plan_samples`` of the rank's chunk, one layer's median times the layers (None: not timed)."""
+    varlen_buckets: float | None = None
+    """The part of ``varlen`` that builds the bucket table and finds the block starts
+    (``_block_start_indices``, timed alone): on a GPU it runs on the device. The rest,
+    ``varlen - varlen_buckets``, is ``plan_samples`` timed with those starts given (the host's
+    part on a GPU too, the device-to-host copy of the starts excluded)."""
     varlen_extrapolated_from: int | None = None
-    """Chunk length the varlen time was measured at, when scaled linearly to the real one."""
+    """Chunk length the varlen times were measured at, when scaled linearly to the real one."""
 
 
 def _median(fn, repeats: int) -> float:
+    """Median CPU seconds of ``fn()`` (``time.process_time``; one thread: unaffected by other jobs' load)."""
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
     return statistics.median(times)
 
 
@@ -275,7 +285,8 @@ def planning_time(seq_len: int, sp: int, sigma: float | None, num_samples: int,
     """
     from plsh_dist.distributed.halo import HaloPlan, plsh_needs
     from plsh_dist.distributed.sp.plsh_halo import _split
-    from plsh_dist.ops.varlen_plan import plan_samples
+    from plsh_dist.ops import varlen_plan
+    from plsh_dist.ops.varlen_plan import _block_start_indices
 
     _check_split(seq_len, sp)
     tokens = seq_len // sp
@@ -295,6 +306,11 @@ def planning_time(seq_len: int, sp: int, sigma: float | None, num_samples: int,
     while n > 1 and num_samples * lsh.num_heads * n > varlen_max_elements:
         n //= 2
     positions = torch.arange(n, dtype=torch.long) + layout.first
-    one = _median(lambda: plan_samples(lsh, positions, 1, torch.device("cpu")), repeats)
-    return PlanningTime(halo=halo, varlen=one * tokens / n * shape.layers,
+    cpu = torch.device("cpu")
+    starts = _block_start_indices(lsh, positions, cpu)
+    buckets = _median(lambda: _block_start_indices(lsh, positions, cpu), repeats)
+    with mock.patch.object(varlen_plan, "_block_start_indices", lambda *_: starts):  # the rest of plan_samples
+        host = _median(lambda: varlen_plan.plan_samples(lsh, positions, 1, cpu), repeats)
+    scale = tokens / n * shape.layers
+    return PlanningTime(halo=halo, varlen=(buckets + host) * scale, varlen_buckets=buckets * scale,
                         varlen_extrapolated_from=n if n != tokens else None)

@@ -72,3 +72,13 @@ def test_ring_and_ulysses_by_hand():
     assert ulysses_bytes(2**17, 8, QWEN3_0_6B).forward == 168 * 2**20
     with pytest.raises(ValueError, match="multiple of sp"):
         ring_bytes(1000, 3, shape)
+
+
+def test_planning_time_small():
+    from plsh_dist.plan.halo_sim import planning_time
+
+    shape = AttentionShape(q_heads=16, kv_heads=8, head_dim=128, dtype_bytes=2, layers=2)
+    pt = planning_time(4096, 4, None, 4, shape, repeats=1, varlen_max_elements=4 * 16 * 256)
+    assert pt.halo > 0 and 0 < pt.varlen_buckets < pt.varlen
+    assert pt.varlen_extrapolated_from == 256  # 1024-token chunk, timed on 256 tokens and scaled
+    assert planning_time(4096, 4, 256.0, 4, shape, repeats=1).varlen_extrapolated_from is None
