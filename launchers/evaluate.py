@@ -7,6 +7,12 @@
     torchrun --nproc_per_node 4 launchers/evaluate.py --checkpoint ... --lengths 65536 ...
 
 Writes results.json, results.md, ppl_vs_length.png and tensorboard/ under --out.
+Scoring (default, the paper's protocol): the last K tokens of overlapping
+windows (--last-tokens, default half the shortest length), the windows of
+every length aligned to end at the same tokens, so every cell scores the same
+target tokens (--no-align: windows start at multiples of K instead); each cell
+has a confidence interval over windows (--ci se|bootstrap, --ci-level) and,
+with --reference MODE, the paired perplexity ratio of every mode to MODE.
 Modes: plsh[:s=N][:sigma=X][:sampler=...], alibi, fixed, window:W, none; any
 with :rope=true|false (see plsh_dist/eval/modes.py). --data: omit for the
 checkpoint's own validation split, else files/globs (comma-separated) or a
@@ -41,8 +47,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", required=True, help="context lengths, e.g. 2048,4096,8192")
     p.add_argument("--modes", default="plsh:s=8,plsh:s=32,alibi,fixed,window:512,none")
     p.add_argument("--seeds", default="0,1,2", help="hash seeds of PLSH modes (mean and std over them)")
-    p.add_argument("--scoring", default="whole", help="whole, last or whole,last")
-    p.add_argument("--last-tokens", type=int, default=None, help="K of 'last' scoring (the paper: 8192)")
+    p.add_argument("--scoring", default="last", help="last (default), whole or whole,last")
+    p.add_argument("--last-tokens", type=int, default=None,
+                   help="K of 'last' scoring (the paper: 8192; default: half the shortest length)")
+    p.add_argument("--no-align", action="store_true",
+                   help="'last' windows start at multiples of K (a longer length then scores later text)")
+    p.add_argument("--ci", default="se", choices=("se", "bootstrap"),
+                   help="confidence interval over windows: t x standard error (se) or percentile bootstrap")
+    p.add_argument("--ci-level", type=float, default=0.95, help="confidence level of the interval")
+    p.add_argument("--bootstrap-resamples", type=int, default=2000)
+    p.add_argument("--reference", default=None,
+                   help="mode to pair every other mode with (perplexity ratio over the same windows), e.g. alibi")
     p.add_argument("--max-windows", type=int, default=16, help="windows per length (0 = all the data fills)")
     p.add_argument("--tokenizer", default=None, help="tokenizer .model (default: the checkpoint's own)")
     p.add_argument("--out", required=True, help="output directory")
@@ -57,16 +72,19 @@ def main(argv: list[str] | None = None) -> int:
         lengths = _ints(args.lengths, "--lengths")
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         scorings = [s.strip() for s in args.scoring.split(",") if s.strip()]
-        if "last" in scorings and args.last_tokens is None:
-            raise ValueError("--scoring last needs --last-tokens K (score the last K tokens of each window)")
+        last_tokens = args.last_tokens
+        if "last" in scorings and last_tokens is None:
+            last_tokens = max(1, min(lengths) // 2)
         sp_group = None
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             dist.init_process_group(backend="gloo")  # evaluation runs on CPU tensors; gloo serves any device
             sp_group = dist.group.WORLD
         results = evaluate_checkpoint(args.checkpoint, args.data, lengths, args.modes, args.out, seeds=seeds,
-                                      scorings=scorings, last_tokens=args.last_tokens,
+                                      scorings=scorings, last_tokens=last_tokens,
                                       max_windows=args.max_windows or None, tokenizer=args.tokenizer,
-                                      split=args.split, sp_group=sp_group, progress=not args.no_progress)
+                                      split=args.split, sp_group=sp_group, progress=not args.no_progress,
+                                      align=not args.no_align, ci=args.ci, ci_level=args.ci_level,
+                                      bootstrap_resamples=args.bootstrap_resamples, reference=args.reference)
     except ValueError as exc:
         print(f"evaluate: error: {exc}", file=sys.stderr)
         return 2
