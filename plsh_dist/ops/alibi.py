@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from plsh_dist.ops.dense import dense_bwd, dense_fwd
+from plsh_dist.ops.documents import flat_documents, flatten_rows, unflatten_lse, unflatten_rows
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.merge import accum_dtype
 from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_for
@@ -38,8 +39,9 @@ def default_chunk_size(num_heads: int, num_keys: int) -> int:
     return int(min(1024, max(16, c - c % 16)))
 
 
-def _key_range(q_pos, k_pos, i0: int, i1: int, causal: bool, window: int | None) -> tuple[int, int]:
-    """Keys [k0, k1) that queries [i0, i1) can see (positions increasing)."""
+def _key_range(q_pos, k_pos, i0: int, i1: int, causal: bool, window: int | None, docs=None) -> tuple[int, int]:
+    """Keys [k0, k1) that queries [i0, i1) can see (positions increasing; ``docs`` =
+    (q_doc, k_doc) non-decreasing document ids: keys of other documents are not seen)."""
     first, last = int(q_pos[i0]), int(q_pos[i1 - 1])
     k0 = 0 if window is None else int(torch.searchsorted(k_pos, first - window + 1))
     if causal:
@@ -48,11 +50,16 @@ def _key_range(q_pos, k_pos, i0: int, i1: int, causal: bool, window: int | None)
         k1 = int(torch.searchsorted(k_pos, last + window))
     else:
         k1 = k_pos.numel()
+    if docs is not None:
+        q_doc, k_doc = docs
+        k0 = max(k0, int(torch.searchsorted(k_doc, q_doc[i0])))
+        k1 = min(k1, int(torch.searchsorted(k_doc, q_doc[i1 - 1], right=True)))
     return k0, k1
 
 
-def _bias(q_pos, k_pos, slopes, causal: bool, window: int | None, dtype, device) -> torch.Tensor:
-    """(1, Hq, C, K) additive bias: -m_h |p_i - p_j|, -inf for hidden keys."""
+def _bias(q_pos, k_pos, slopes, causal: bool, window: int | None, dtype, device, docs=None) -> torch.Tensor:
+    """(1, Hq, C, K) additive bias: -m_h |p_i - p_j|, -inf for hidden keys (``docs``: the
+    chunk's (q_doc, k_doc) ids; keys of another document are hidden)."""
     dist = (q_pos[:, None] - k_pos[None, :]).to(device)  # (C, K), signed: i - j
     bias = -slopes.to(device, torch.float32)[:, None, None] * dist.abs().to(torch.float32)[None]
     hidden = torch.zeros_like(dist, dtype=torch.bool)
@@ -60,7 +67,13 @@ def _bias(q_pos, k_pos, slopes, causal: bool, window: int | None, dtype, device)
         hidden |= dist < 0
     if window is not None:
         hidden |= dist.abs() >= window
+    if docs is not None:
+        hidden |= (docs[0][:, None] != docs[1][None, :]).to(device)
     return bias.masked_fill(hidden[None], float("-inf")).to(dtype)[None]
+
+
+def _chunk_docs(docs, i0: int, i1: int, k0: int, k1: int):
+    return None if docs is None else (docs[0][i0:i1], docs[1][k0:k1])
 
 
 def _expand(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -68,12 +81,17 @@ def _expand(x: torch.Tensor, groups: int) -> torch.Tensor:
     return repeat_kv(x, groups).transpose(1, 2)
 
 
-def alibi_forward(q, k, v, q_pos, k_pos, slopes, *, causal, window, scale, chunk):
+def alibi_forward(q, k, v, q_pos, k_pos, slopes, *, causal, window, scale, chunk, docs=None):
     """Chunked exact (windowed) ALiBi.
 
     Args:
         q: (B, Tq, Hq, D); k, v: (B, Tk, Hkv, D); q_pos LongTensor[Tq], k_pos
         LongTensor[Tk] on CPU, increasing; slopes Tensor[Hq].
+        docs: documents, ``(q_doc, k_doc)`` non-decreasing LongTensors [Tq], [Tk]
+            of document ids (comparable between queries and keys); a query sees
+            the keys of its own document only. With documents the positions are
+            virtual (:attr:`~plsh_dist.ops.documents.Documents.virtual_positions`):
+            increasing, and the real ones within a document.
     Returns:
         out (B, Tq, Hq, D) in q's dtype, lse (B, Hq, Tq) fp32 (fp64 for fp64).
     """
@@ -85,15 +103,16 @@ def alibi_forward(q, k, v, q_pos, k_pos, slopes, *, causal, window, scale, chunk
     lse = torch.empty(B, Hq, Tq, dtype=accum_dtype(q.dtype), device=q.device)
     for i0 in range(0, Tq, chunk):
         i1 = min(Tq, i0 + chunk)
-        k0, k1 = _key_range(q_pos, k_pos, i0, i1, causal, window)
-        bias = _bias(q_pos[i0:i1], k_pos[k0:k1], slopes, causal, window, q.dtype, q.device)
+        k0, k1 = _key_range(q_pos, k_pos, i0, i1, causal, window, docs)
+        bias = _bias(q_pos[i0:i1], k_pos[k0:k1], slopes, causal, window, q.dtype, q.device,
+                     _chunk_docs(docs, i0, i1, k0, k1))
         o, l = dense_fwd(q_h[:, :, i0:i1], k_h[:, :, k0:k1], v_h[:, :, k0:k1], causal=False, scale=scale, bias=bias)
         out[:, :, i0:i1] = o
         lse[:, :, i0:i1] = l
     return out.transpose(1, 2), lse
 
 
-def alibi_backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, *, causal, window, scale, chunk):
+def alibi_backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, *, causal, window, scale, chunk, docs=None):
     """Gradients of :func:`alibi_forward`, recomputing each chunk.
 
     Returns dq (B, Tq, Hq, D), dk, dv (B, Tk, Hkv, D) in the inputs' dtype.
@@ -109,8 +128,9 @@ def alibi_backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, *, causal, win
     dv = torch.zeros(B, Hq, Tk, D, dtype=acc, device=q.device)
     for i0 in range(0, Tq, chunk):
         i1 = min(Tq, i0 + chunk)
-        k0, k1 = _key_range(q_pos, k_pos, i0, i1, causal, window)
-        bias = _bias(q_pos[i0:i1], k_pos[k0:k1], slopes, causal, window, q.dtype, q.device)
+        k0, k1 = _key_range(q_pos, k_pos, i0, i1, causal, window, docs)
+        bias = _bias(q_pos[i0:i1], k_pos[k0:k1], slopes, causal, window, q.dtype, q.device,
+                     _chunk_docs(docs, i0, i1, k0, k1))
         dq_c, dk_c, dv_c = dense_bwd(
             dout_h[:, :, i0:i1], q_h[:, :, i0:i1], k_h[:, :, k0:k1], v_h[:, :, k0:k1],
             out_h[:, :, i0:i1], lse[:, :, i0:i1], causal=False, scale=scale, bias=bias,
@@ -131,8 +151,8 @@ class AlibiAttentionFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, q_pos, k_pos, slopes, causal, window, scale, chunk):
-        kw = dict(causal=causal, window=window, scale=scale, chunk=chunk)
+    def forward(ctx, q, k, v, q_pos, k_pos, slopes, causal, window, scale, chunk, docs=None):
+        kw = dict(causal=causal, window=window, scale=scale, chunk=chunk, docs=docs)
         out, lse = alibi_forward(q, k, v, q_pos, k_pos, slopes, **kw)
         ctx.mark_non_differentiable(lse)
         if any(ctx.needs_input_grad[:3]):
@@ -144,7 +164,7 @@ class AlibiAttentionFunction(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = alibi_backward(dout.contiguous(), q, k, v, out, lse, *ctx.pos, ctx.slopes, **ctx.kw)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def check_slopes(slopes, num_heads: int) -> torch.Tensor:
@@ -161,7 +181,7 @@ def check_slopes(slopes, num_heads: int) -> torch.Tensor:
 
 
 def check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale, chunk_size):
-    """Validate the arguments of :func:`alibi_attention`; ValueErrors name the argument.
+    """Validate the arguments of :func:`alibi_attention` (documents aside); ValueErrors name the argument.
 
     Returns ``(slopes, positions, scale)``: float32 CPU Tensor[Hq], CPU LongTensor[T], float.
     """
@@ -188,6 +208,7 @@ def alibi_attention(
     softmax_scale: float | None = None,
     chunk_size: int | None = None,
     return_lse: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
 ):
     """Exact ALiBi attention (one process): logits ``q_i . k_j * scale - m_h |p_i - p_j|``.
 
@@ -199,15 +220,38 @@ def alibi_attention(
         window: sliding window: keys with ``|p_i - p_j| >= window`` are hidden.
         chunk_size: queries per chunk (default: bias of a chunk under 64 MiB).
         return_lse: also return the log-sum-exp.
+        cu_seqlens: packed documents, (num_docs + 1,) offsets over the flattened
+            (B, T) batch, as :func:`plsh_dist.ops.plsh_attention`'s: a token
+            sees its own document only; ``positions`` may be (B, T) and restart
+            at document starts.
     Returns:
         out (B, T, Hq, D) in q's dtype; with ``return_lse`` also lse (B, Hq, T)
         fp32 (fp64 for fp64), not differentiable.
     """
+    if cu_seqlens is not None:
+        return _alibi_documents(q, k, v, slopes, positions, causal, window, softmax_scale, chunk_size, return_lse,
+                                cu_seqlens)
     slopes, pos, scale = check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale, chunk_size)
     seen = q.shape[1] if window is None else min(q.shape[1], 2 * window)
     chunk = chunk_size or default_chunk_size(q.shape[2], seen)
     out, lse = AlibiAttentionFunction.apply(q, k, v, pos, pos, slopes, causal, window, scale, chunk)
     return (out, lse) if return_lse else out
+
+
+def _alibi_documents(q, k, v, slopes, positions, causal, window, softmax_scale, chunk_size, return_lse, cu_seqlens):
+    """:func:`alibi_attention` of packed documents: one flat row of B * T tokens, keys
+    limited to each query chunk's documents (so no chunk ever sees another row)."""
+    slopes, _, scale = check_alibi_attention(q, k, v, slopes, None, window, softmax_scale, chunk_size)
+    B, T = q.shape[:2]
+    docs = flat_documents(positions, cu_seqlens, B, T)
+    longest = int((docs.cu_seqlens[1:] - docs.cu_seqlens[:-1]).max())
+    seen = longest if window is None else min(longest, 2 * window)
+    chunk = chunk_size or default_chunk_size(q.shape[2], seen)
+    pos = docs.virtual_positions
+    out, lse = AlibiAttentionFunction.apply(*(flatten_rows(x) for x in (q, k, v)), pos, pos, slopes, causal, window,
+                                            scale, chunk, (docs.ids, docs.ids))
+    out = unflatten_rows(out, B)
+    return (out, unflatten_lse(lse, B)) if return_lse else out
 
 
 def causal_attention(
@@ -219,21 +263,23 @@ def causal_attention(
     causal: bool = True,
     softmax_scale: float | None = None,
     return_lse: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
 ):
     """Attention without positional bias (the model's own positions, e.g. rope,
     are applied to q, k before), one process: PyTorch SDPA, the exact-attention
     floor. SDPA returns no log-sum-exp, so ``return_lse=True`` runs exact
     attention in query chunks with zero ALiBi slopes instead (equal to
-    rounding).
+    rounding). So does ``cu_seqlens`` (packed documents, as
+    :func:`alibi_attention`'s): SDPA would need a dense (T, T) mask.
 
     Shapes as :func:`alibi_attention`.
     """
     check_qkv(q, k, v)
     scale = softmax_scale_for(q, softmax_scale)
-    if return_lse:
+    if return_lse or cu_seqlens is not None:
         zero = torch.zeros(q.shape[2])
         return alibi_attention(q, k, v, slopes=zero, positions=positions, causal=causal, softmax_scale=scale,
-                               return_lse=True)
+                               return_lse=return_lse, cu_seqlens=cu_seqlens)
     check_positions(positions, q.shape[1], q.device)
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=scale,

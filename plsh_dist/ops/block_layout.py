@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from plsh_dist.hashing import cu_seqlens_from_buckets
+from plsh_dist.hashing import block_starts, cu_seqlens_from_buckets
 
 __all__ = ["BlockLayout"]
 
@@ -47,11 +47,17 @@ class BlockLayout:
         return self.gather.numel() != self.slot.numel()
 
     @classmethod
-    def from_buckets(cls, buckets: torch.Tensor, device: torch.device | None = None) -> "BlockLayout":
-        """Non-decreasing bucket ids LongTensor[n] (on CPU) -> layout on ``device``."""
+    def from_buckets(cls, buckets: torch.Tensor, device: torch.device | None = None,
+                     doc_starts: torch.Tensor | None = None) -> "BlockLayout":
+        """Bucket ids LongTensor[n] (on CPU, non-decreasing within each document) -> layout
+        on ``device``. ``doc_starts``: BoolTensor[n], True where a document starts; blocks
+        are cut there too (:mod:`plsh_dist.ops.documents`)."""
         n = buckets.numel()
         # the hash's own public boundaries, so the op runs exactly those blocks
-        cu = cu_seqlens_from_buckets(buckets).to(torch.int64)
+        if doc_starts is None:
+            cu = cu_seqlens_from_buckets(buckets).to(torch.int64)
+        else:
+            cu = torch.cat([torch.nonzero(block_starts(buckets) | doc_starts).flatten(), torch.tensor([n])])
         starts, lengths = cu[:-1], cu[1:] - cu[:-1]
         num_blocks = starts.numel()
         block_of_token = torch.repeat_interleave(torch.arange(num_blocks), lengths)

@@ -24,6 +24,7 @@ import torch
 from plsh_dist.hashing import FixedBlocks, PositionalLSH
 from plsh_dist.ops.backends import Impl, resolve_backend, resolve_method
 from plsh_dist.ops.block_layout import BlockLayout
+from plsh_dist.ops.documents import Documents, flat_documents, flatten_rows, unflatten_lse, unflatten_rows
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.merge import accum_dtype, merge_into
 from plsh_dist.ops.padded_blocks import block_bwd, block_fwd
@@ -44,12 +45,13 @@ def _dense_kernel(impl: Impl):
     return None if impl.varlen else impl.kernel
 
 
-def _layouts(lsh: PositionalLSH, positions: torch.Tensor, device: torch.device):
+def _layouts(lsh: PositionalLSH, positions: torch.Tensor, device: torch.device, docs: Documents | None):
     """Yield (sample, hash head, BlockLayout) for every (t, h); layouts are cheap, never stored."""
     buckets = lsh.buckets(positions)  # (s, H, n) on CPU
+    doc_starts = None if docs is None else docs.start_mask
     for t in range(buckets.shape[0]):
         for h in range(buckets.shape[1]):
-            yield t, h, BlockLayout.from_buckets(buckets[t, h], device)
+            yield t, h, BlockLayout.from_buckets(buckets[t, h], device, doc_starts)
 
 
 def _head_major(x_BTHD: torch.Tensor) -> torch.Tensor:
@@ -69,6 +71,7 @@ def plsh_forward(
     scale: float,
     impl: Impl,
     plan=None,
+    docs: Documents | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merged block attention over all samples.
 
@@ -79,19 +82,23 @@ def plsh_forward(
             (``impl.onepass`` selects the one-pass form).
         plan: varlen implementations only, :func:`~plsh_dist.ops.varlen_plan.plan_samples`'s
             (computed when None).
+        docs: documents of a batch-1 call (:class:`~plsh_dist.ops.documents.Documents`):
+            every sample's blocks are also cut where a document starts.
     Returns:
         out (B, T, Hq, D) in q's dtype, lse (B, Hq, T) in fp32 (fp64 for fp64).
     """
     if impl.onepass:  # one attention with the bias log c_ij
-        return onepass_forward(q, k, v, lsh, positions, causal=causal, scale=scale, kernel=_dense_kernel(impl))
+        return onepass_forward(q, k, v, lsh, positions, causal=causal, scale=scale, kernel=_dense_kernel(impl),
+                               docs=docs)
     if impl.varlen:  # CUDA: one varlen call per sample over all heads
-        return varlen_plsh_forward(q, k, v, lsh, positions, causal=causal, scale=scale, impl=impl, plan=plan)
+        return varlen_plsh_forward(q, k, v, lsh, positions, causal=causal, scale=scale, impl=impl, plan=plan,
+                                   docs=docs)
     Hq, Hkv = q.shape[2], k.shape[2]
     g = Hq // Hkv
     if lsh.num_heads == 1:  # one hash for every head: one call per sample serves all heads
         k_all, v_all = repeat_kv(k, g), repeat_kv(v, g)
         out, lse = None, None
-        for _, _, layout in _layouts(lsh, positions, q.device):
+        for _, _, layout in _layouts(lsh, positions, q.device, docs):
             out, lse = merge_into(out, lse, *block_fwd(q, k_all, v_all, layout, causal=causal, scale=scale,
                                                        kernel=impl.kernel))
         return out.to(q.dtype), lse
@@ -99,7 +106,7 @@ def plsh_forward(
     q_h, k_h, v_h = _head_major(q), _head_major(k), _head_major(v)  # (H, B, T, D)
     out = [None] * Hq
     lse = [None] * Hq
-    for _, h, layout in _layouts(lsh, positions, q.device):
+    for _, h, layout in _layouts(lsh, positions, q.device, docs):
         o, l = block_fwd(
             q_h[h, :, :, None], k_h[h // g, :, :, None], v_h[h // g, :, :, None], layout,
             causal=causal, scale=scale, kernel=impl.kernel,
@@ -122,6 +129,7 @@ def plsh_backward(
     scale: float,
     impl: Impl,
     plan=None,
+    docs: Documents | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of :func:`plsh_forward`: every sample's block backward with the
     merged ``out`` and ``lse``, summed (DESIGN.md section 2).
@@ -130,10 +138,10 @@ def plsh_backward(
     """
     if impl.onepass:
         return onepass_backward(dout, q, k, v, out, lse, lsh, positions, causal=causal, scale=scale,
-                                kernel=_dense_kernel(impl))
+                                kernel=_dense_kernel(impl), docs=docs)
     if impl.varlen:
         return varlen_plsh_backward(dout, q, k, v, out, lse, lsh, positions, causal=causal, scale=scale, impl=impl,
-                                    plan=plan)
+                                    plan=plan, docs=docs)
     B, T, Hq, D = q.shape
     Hkv = k.shape[2]
     g = Hq // Hkv
@@ -143,7 +151,7 @@ def plsh_backward(
         dq = torch.zeros(B, T, Hq, D, dtype=acc, device=q.device)
         dk = torch.zeros(k_all.shape, dtype=acc, device=q.device)
         dv = torch.zeros(k_all.shape, dtype=acc, device=q.device)
-        for _, _, layout in _layouts(lsh, positions, q.device):
+        for _, _, layout in _layouts(lsh, positions, q.device, docs):
             grads = block_bwd(dout, q, k_all, v_all, out, lse, layout, causal=causal, scale=scale, kernel=impl.kernel)
             for acc_grad, grad in zip((dq, dk, dv), grads):
                 acc_grad += grad
@@ -155,7 +163,7 @@ def plsh_backward(
     dq = torch.zeros(Hq, B, T, D, dtype=acc, device=q.device)
     dk = torch.zeros(Hkv, B, T, D, dtype=acc, device=q.device)
     dv = torch.zeros(Hkv, B, T, D, dtype=acc, device=q.device)
-    for _, h, layout in _layouts(lsh, positions, q.device):
+    for _, h, layout in _layouts(lsh, positions, q.device, docs):
         kv = h // g
         dq_h, dk_h, dv_h = block_bwd(
             dout_h[h, :, :, None], q_h[h, :, :, None], k_h[kv, :, :, None], v_h[kv, :, :, None],
@@ -180,15 +188,16 @@ class PLSHAttentionFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, lsh, positions, causal, scale, impl):
+    def forward(ctx, q, k, v, lsh, positions, causal, scale, impl, docs=None):
         # varlen: plan the calls once (the op's one host sync); the backward reuses it
-        plan = plan_samples(lsh, positions, q.shape[0], q.device) if impl.varlen and not impl.onepass else None
-        out, lse = plsh_forward(q, k, v, lsh, positions, causal=causal, scale=scale, impl=impl, plan=plan)
+        plan = plan_samples(lsh, positions, q.shape[0], q.device, docs=docs) if impl.varlen and not impl.onepass \
+            else None
+        out, lse = plsh_forward(q, k, v, lsh, positions, causal=causal, scale=scale, impl=impl, plan=plan, docs=docs)
         ctx.mark_non_differentiable(lse)
         if any(ctx.needs_input_grad[:3]):
             ctx.save_for_backward(q, k, v, out, lse)
             ctx.lsh, ctx.positions, ctx.causal, ctx.scale, ctx.impl = lsh, positions, causal, scale, impl
-            ctx.plan = plan
+            ctx.plan, ctx.docs = plan, docs
         return out, lse
 
     @staticmethod
@@ -196,9 +205,9 @@ class PLSHAttentionFunction(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = plsh_backward(
             dout.contiguous(), q, k, v, out, lse, ctx.lsh, ctx.positions,
-            causal=ctx.causal, scale=ctx.scale, impl=ctx.impl, plan=ctx.plan,
+            causal=ctx.causal, scale=ctx.scale, impl=ctx.impl, plan=ctx.plan, docs=ctx.docs,
         )
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 # ---------------------------------------------------------------------------
@@ -221,6 +230,7 @@ def plsh_attention(
     sampler: str = "iid",
     method: str = "auto",
     return_lse: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
 ):
     """Positional LSH approximation of ALiBi attention (one process).
 
@@ -251,13 +261,20 @@ def plsh_attention(
             log s) or "auto" (:func:`plsh_dist.ops.backends.resolve_method`).
             Same estimator, same blocks: equal up to rounding.
         return_lse: also return the log-sum-exp of the merged attention.
+        cu_seqlens: packed documents, int32/int64 (num_docs + 1,) offsets over the
+            flattened (B, T) batch (flash-attn's convention: 0, ..., B * T, every
+            row boundary included; :mod:`plsh_dist.ops.documents`). Every
+            sample's blocks are cut at the document starts too, so no token
+            attends across a document; the expectation is document-masked
+            ALiBi. ``positions`` may then be (B, T) and restart at each
+            document start. Rows may have different layouts.
     Returns:
         out (B, T, Hq, D) in q's dtype; with ``return_lse`` also lse (B, Hq, T)
         in fp32 (fp64 for fp64 inputs), not differentiable. Sequence-parallel
         chunks: :class:`plsh_dist.distributed.sp.SequenceParallelAttention`.
     """
     lsh = PositionalLSH(sigma, num_samples, seed, sampler)
-    return _block_attention(q, k, v, lsh, positions, causal, softmax_scale, backend, method, return_lse)
+    return _block_attention(q, k, v, lsh, positions, causal, softmax_scale, backend, method, return_lse, cu_seqlens)
 
 
 def fixed_blocks_attention(
@@ -272,29 +289,45 @@ def fixed_blocks_attention(
     backend: str = "auto",
     method: str = "auto",
     return_lse: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
 ):
     """The paper's fixed-blocks baseline: blocks of pitch ``2 * sigma_h``
     aligned at position 0, one sample. Arguments as :func:`plsh_attention`."""
     return _block_attention(q, k, v, FixedBlocks(sigma), positions, causal, softmax_scale, backend, method,
-                            return_lse)
+                            return_lse, cu_seqlens)
 
 
-def check_block_attention(q, k, v, lsh: PositionalLSH, positions, softmax_scale, backend, method="auto"):
+def check_block_attention(q, k, v, lsh: PositionalLSH, positions, softmax_scale, backend, method="auto",
+                          cu_seqlens=None):
     """Validate the arguments of a block attention; ValueErrors name the argument.
 
-    Returns ``(positions, scale, impl)``: CPU LongTensor[T], float, :class:`Impl`.
+    Returns ``(positions, scale, impl, docs)``: without ``cu_seqlens`` CPU
+    LongTensor[T] and ``docs = None``; with it the flat row's LongTensor[B * T]
+    and its :class:`~plsh_dist.ops.documents.Documents`; then float, :class:`Impl`.
     """
     check_qkv(q, k, v)
     if lsh.num_heads not in (1, q.shape[2]):
         raise ValueError(
             f"sigma must be a float or a Tensor[Hq] with Hq={q.shape[2]} entries, got {lsh.num_heads} entries"
         )
-    pos = check_positions(positions, q.shape[1], q.device)
+    if cu_seqlens is None:
+        pos, docs = check_positions(positions, q.shape[1], q.device), None
+    else:
+        docs = flat_documents(positions, cu_seqlens, q.shape[0], q.shape[1])
+        pos = docs.positions
     impl = resolve_method(method, resolve_backend(backend, q.device, q.dtype), lsh.num_samples)
-    return pos, softmax_scale_for(q, softmax_scale), impl
+    return pos, softmax_scale_for(q, softmax_scale), impl, docs
 
 
-def _block_attention(q, k, v, lsh: PositionalLSH, positions, causal, softmax_scale, backend, method, return_lse):
-    pos, scale, impl = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method)
-    out, lse = PLSHAttentionFunction.apply(q, k, v, lsh, pos, causal, scale, impl)
-    return (out, lse) if return_lse else out
+def _block_attention(q, k, v, lsh: PositionalLSH, positions, causal, softmax_scale, backend, method, return_lse,
+                     cu_seqlens):
+    pos, scale, impl, docs = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method, cu_seqlens)
+    if docs is None:
+        out, lse = PLSHAttentionFunction.apply(q, k, v, lsh, pos, causal, scale, impl)
+        return (out, lse) if return_lse else out
+    # documents: one flat row of B * T tokens whose row boundaries are document boundaries
+    B = q.shape[0]
+    out, lse = PLSHAttentionFunction.apply(*(flatten_rows(x) for x in (q, k, v)), lsh, pos, causal, scale, impl,
+                                           docs)
+    out = unflatten_rows(out, B)
+    return (out, unflatten_lse(lse, B)) if return_lse else out

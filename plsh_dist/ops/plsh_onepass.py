@@ -55,6 +55,7 @@ import torch.nn.functional as F
 
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.dense import dense_bwd, dense_fwd
+from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.merge import accum_dtype
 
@@ -95,13 +96,23 @@ class _Call:
     k0: torch.Tensor
 
 
-def _token_bounds(lsh: PositionalLSH, head: int, positions: torch.Tensor, tokens: torch.Tensor, causal: bool):
+def _token_bounds(lsh: PositionalLSH, head: int, positions: torch.Tensor, tokens: torch.Tensor, causal: bool,
+                  docs: Documents | None = None):
     """First token (s, m) of the block of each of ``tokens`` (LongTensor[m] of token
     indices) in every sample of hash head ``head``, and one past its last token
     (s, m), or None when causal. From the hash's own block bounds at those
-    positions: O(s m), no table over the whole sequence."""
+    positions: O(s m), no table over the whole sequence.
+
+    With ``docs`` each block is also cut to its token's document: positions are
+    found in the row's strictly increasing virtual positions (the document's own
+    shifted by a constant), and the bounds clamped to the document."""
     first_pos, end_pos = lsh.block_bounds(positions[tokens], head, ends=not causal)
-    return _token_of(positions, first_pos), None if causal else _token_of(positions, end_pos)
+    if docs is None:
+        return _token_of(positions, first_pos), None if causal else _token_of(positions, end_pos)
+    vpos, off = docs.virtual_positions, docs.offset[tokens]
+    first = torch.maximum(_token_of(vpos, first_pos + off), docs.first[tokens])
+    end = None if causal else torch.minimum(_token_of(vpos, end_pos + off), docs.end[tokens])
+    return first, end
 
 
 def _token_of(positions: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -116,27 +127,30 @@ def _token_of(positions: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(positions, p)
 
 
-def _chunk_size(lsh: PositionalLSH, head: int, positions: torch.Tensor) -> int:
+def _chunk_size(lsh: PositionalLSH, head: int, positions: torch.Tensor, docs: Documents | None = None) -> int:
     """Chunk size of one hash head from its mean band (keys back to the earliest
     block start), measured at up to 1024 evenly spaced tokens."""
     n = positions.numel()
     probe = torch.linspace(0, n - 1, min(n, 1024)).round().long()
-    first, _ = _token_bounds(lsh, head, positions, probe, causal=True)
+    first, _ = _token_bounds(lsh, head, positions, probe, causal=True, docs=docs)
     band = float((probe - first.min(dim=0).values).double().mean()) + 1.0
     return chunk_size_for_band(band)
 
 
-def _chunk_bounds(lsh, head, positions, causal, chunk: int):
+def _chunk_bounds(lsh, head, positions, causal, chunk: int, docs: Documents | None = None):
     """Queries ``[starts, stops)`` of every chunk, its first key and key count, LongTensors (nc,)."""
     n = positions.numel()
     starts = torch.arange(0, n, chunk)
     stops = torch.clamp(starts + chunk, max=n)
-    k0 = _token_bounds(lsh, head, positions, starts, causal=True)[0].min(dim=0).values
-    k1 = stops if causal else _token_bounds(lsh, head, positions, stops - 1, causal=False)[1].max(dim=0).values
+    # block bounds are monotone in the token (documents too), so the first and last queries bound the chunk
+    k0 = _token_bounds(lsh, head, positions, starts, causal=True, docs=docs)[0].min(dim=0).values
+    k1 = stops if causal else \
+        _token_bounds(lsh, head, positions, stops - 1, causal=False, docs=docs)[1].max(dim=0).values
     return starts, stops, k0, k1 - k0
 
 
-def _calls(lsh: PositionalLSH, head: int, positions: torch.Tensor, causal: bool, heads_batch: int) -> list[_Call]:
+def _calls(lsh: PositionalLSH, head: int, positions: torch.Tensor, causal: bool, heads_batch: int,
+           docs: Documents | None = None) -> list[_Call]:
     """Chunks of one hash head, grouped into calls within :data:`CALL_BUDGET`.
 
     ``heads_batch``: B times the query heads of the hash head (the call's
@@ -149,11 +163,11 @@ def _calls(lsh: PositionalLSH, head: int, positions: torch.Tensor, causal: bool,
     def cost(num_chunks: int, width: int) -> int:  # elements of one call's working memory
         return num_chunks * chunk * (heads_batch * width + per_query)
 
-    chunk = _chunk_size(lsh, head, positions)
-    starts, stops, k0, widths = _chunk_bounds(lsh, head, positions, causal, chunk)
+    chunk = _chunk_size(lsh, head, positions, docs)
+    starts, stops, k0, widths = _chunk_bounds(lsh, head, positions, causal, chunk, docs)
     while chunk > 16 and cost(1, int(widths.max())) > CALL_BUDGET:
         chunk = max(16, chunk // 2 // 16 * 16)
-        starts, stops, k0, widths = _chunk_bounds(lsh, head, positions, causal, chunk)
+        starts, stops, k0, widths = _chunk_bounds(lsh, head, positions, causal, chunk, docs)
     widths = widths.tolist()
     calls, first = [], 0
     nc = starts.numel()
@@ -172,7 +186,7 @@ def _calls(lsh: PositionalLSH, head: int, positions: torch.Tensor, causal: bool,
 
 
 def count_bias(call: _Call, lsh: PositionalLSH, head: int, positions: torch.Tensor, causal: bool,
-               dtype: torch.dtype) -> torch.Tensor:
+               dtype: torch.dtype, docs: Documents | None = None) -> torch.Tensor:
     """Additive bias ``log c_ij`` of one call, (G, 1, C, K) in ``dtype`` (``-inf`` where c = 0).
 
     ``c_ij = #{t : first_t(i) <= j < end_t(i)}``, and causally ``end_t(i) = i + 1``
@@ -187,7 +201,7 @@ def count_bias(call: _Call, lsh: PositionalLSH, head: int, positions: torch.Tens
     K = call.k_idx.shape[1]
     s = lsh.num_samples
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    first, end = _token_bounds(lsh, head, positions, call.q_idx.flatten(), causal)  # (s, G * C)
+    first, end = _token_bounds(lsh, head, positions, call.q_idx.flatten(), causal, docs)  # (s, G * C)
     rel = (first.view(s, G, C) - call.k0[None, :, None]).permute(1, 2, 0)  # (G, C, s) in [0, K)
     hist = torch.zeros(G, C, K, dtype=acc)
     hist.scatter_add_(2, rel, torch.ones(rel.shape, dtype=acc))
@@ -245,7 +259,8 @@ def _add_keys(dst_BnHD: torch.Tensor, x_GNKD: torch.Tensor, call: _Call) -> None
     dst_BnHD.index_add_(1, call.k_idx.flatten().to(dst_BnHD.device), x.to(dst_BnHD.dtype))
 
 
-def _head_plans(lsh: PositionalLSH, positions: torch.Tensor, causal: bool, B: int, Hq: int, Hkv: int):
+def _head_plans(lsh: PositionalLSH, positions: torch.Tensor, causal: bool, B: int, Hq: int, Hkv: int,
+                docs: Documents | None):
     """Per hash head: (hash head, query heads, kv head or None, its calls). A shared hash
     serves every query head at once (kv repeated), a per-head hash one query head and its
     kv head. Forward and backward plan alike (the plan is cheap: O(s) per chunk)."""
@@ -255,25 +270,27 @@ def _head_plans(lsh: PositionalLSH, positions: torch.Tensor, causal: bool, B: in
         g = Hq // Hkv
         heads, heads_batch = [(h, slice(h, h + 1), h // g) for h in range(Hq)], B
     for h, hq, kv in heads:
-        yield h, hq, kv, _calls(lsh, h, positions, causal, heads_batch)
+        yield h, hq, kv, _calls(lsh, h, positions, causal, heads_batch, docs)
 
 
-def onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, scale: float, kernel=None):
+def onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, scale: float, kernel=None,
+                    docs: Documents | None = None):
     """One-pass PLSH forward (same contract as ``plsh_forward``).
 
-    q: (B, n, Hq, D); k, v: (B, n, Hkv, D); positions CPU LongTensor[n], increasing.
+    q: (B, n, Hq, D); k, v: (B, n, Hkv, D); positions CPU LongTensor[n], increasing
+    (within each document of ``docs``, a batch-1 call's documents).
     Returns out (B, n, Hq, D) in q's dtype, lse (B, Hq, n) fp32 (fp64 for fp64).
     """
     B, n, Hq, D = q.shape
     Hkv = k.shape[2]
     out = torch.empty_like(q)
     lse = torch.empty(B, n, Hq, 1, dtype=accum_dtype(q.dtype), device=q.device)  # heads-last, like out
-    for h, hq, kv, calls in _head_plans(lsh, positions, causal, B, Hq, Hkv):
+    for h, hq, kv, calls in _head_plans(lsh, positions, causal, B, Hq, Hkv, docs):
         q_h, k_h, v_h = _head_inputs(q, k, v, hq, kv)
         out_h = out[:, :, hq]
         lse_h = lse[:, :, hq]
         for call in calls:
-            bias = count_bias(call, lsh, h, positions, causal, q.dtype).to(q.device)
+            bias = count_bias(call, lsh, h, positions, causal, q.dtype, docs).to(q.device)
             o, l = dense_fwd(_gather_queries(q_h, call), _gather_keys(k_h, call), _gather_keys(v_h, call),
                              causal=False, scale=scale, bias=bias, kernel=kernel)
             _scatter_queries(out_h, o, call)
@@ -282,7 +299,7 @@ def onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, cau
 
 
 def onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool,
-                     scale: float, kernel=None):
+                     scale: float, kernel=None, docs: Documents | None = None):
     """Gradients of :func:`onepass_forward` given the merged ``out`` and ``lse``.
 
     Returns dq (B, n, Hq, D), dk, dv (B, n, Hkv, D) in the inputs' dtype.
@@ -295,13 +312,13 @@ def onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: tor
     dk = torch.zeros(B, n, Hq if shared else Hkv, D, dtype=acc, device=q.device)
     dv = torch.zeros_like(dk)
     lse_BnH1 = lse.permute(0, 2, 1)[..., None]
-    for h, hq, kv, calls in _head_plans(lsh, positions, causal, B, Hq, Hkv):
+    for h, hq, kv, calls in _head_plans(lsh, positions, causal, B, Hq, Hkv, docs):
         q_h, k_h, v_h = _head_inputs(q, k, v, hq, kv)
         # contiguous once per head: index_select from a strided view costs O(n) per call
         dout_h, out_h, lse_h = (x[:, :, hq].contiguous() for x in (dout, out, lse_BnH1))
         kv_slot = hq if shared else slice(kv, kv + 1)
         for call in calls:
-            bias = count_bias(call, lsh, h, positions, causal, q.dtype).to(q.device)
+            bias = count_bias(call, lsh, h, positions, causal, q.dtype, docs).to(q.device)
             dq_c, dk_c, dv_c = dense_bwd(
                 _gather_queries(dout_h, call, zero_pads=True), _gather_queries(q_h, call), _gather_keys(k_h, call),
                 _gather_keys(v_h, call), _gather_queries(out_h, call), _gather_queries(lse_h, call)[..., 0],

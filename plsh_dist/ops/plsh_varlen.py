@@ -64,17 +64,18 @@ def _lse_to_rows(lse_BHT: torch.Tensor, per_head: bool) -> torch.Tensor:
 
 
 def varlen_plsh_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, scale: float,
-                        impl: Impl, plan: list[list[VarlenChunk]] | None = None):
+                        impl: Impl, plan: list[list[VarlenChunk]] | None = None, docs=None):
     """Merged block attention over all samples (see ``plsh_forward``).
 
     q: (B, T, Hq, D); k, v: (B, T, Hkv, D); positions CPU LongTensor[T].
     ``plan``: from :func:`plan_samples` (computed here when None).
+    ``docs``: documents of a batch-1 call (:mod:`plsh_dist.ops.documents`): blocks are cut there too.
     Returns out (B, T, Hq, D) in q's dtype and lse (B, Hq, T) fp32 (fp64 for fp64).
     """
     B, T, Hq, D = q.shape
     per_head = lsh.num_heads > 1
     g = Hq // k.shape[2]
-    plan = plan if plan is not None else plan_samples(lsh, positions, B, q.device)
+    plan = plan if plan is not None else plan_samples(lsh, positions, B, q.device, docs=docs)
     q_rows = _to_rows(q, per_head)
     k_rows, v_rows = (_to_rows(x, per_head, g) for x in (k, v))
     acc = accum_dtype(q.dtype)
@@ -96,7 +97,7 @@ def varlen_plsh_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *,
 
 
 def varlen_plsh_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool,
-                         scale: float, impl: Impl, plan: list[list[VarlenChunk]] | None = None):
+                         scale: float, impl: Impl, plan: list[list[VarlenChunk]] | None = None, docs=None):
     """Gradients of :func:`varlen_plsh_forward` with the merged ``out`` / ``lse``.
 
     ``plan``: the forward's (recomputed when None).
@@ -106,7 +107,7 @@ def varlen_plsh_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions:
     Hkv = k.shape[2]
     per_head = lsh.num_heads > 1
     g = Hq // Hkv
-    plan = plan if plan is not None else plan_samples(lsh, positions, B, q.device)
+    plan = plan if plan is not None else plan_samples(lsh, positions, B, q.device, docs=docs)
     q_rows, out_rows, dout_rows = (_to_rows(x, per_head) for x in (q, out.to(q.dtype), dout.to(q.dtype)))
     k_rows, v_rows = (_to_rows(x, per_head, g) for x in (k, v))
     lse_rows = _lse_to_rows(lse, per_head)

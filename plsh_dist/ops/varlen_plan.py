@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from plsh_dist.hashing import PositionalLSH, block_starts
+from plsh_dist.ops.documents import Documents
 
 __all__ = ["MAX_SEQS_PER_CALL", "VarlenChunk", "plan_samples"]
 
@@ -59,13 +60,21 @@ class VarlenChunk:
     max_len: int
 
 
-def _block_start_indices(lsh: PositionalLSH, positions: torch.Tensor, device: torch.device) -> np.ndarray:
+def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    x = x.pin_memory() if device.type == "cuda" else x
+    return x.to(device, non_blocking=True)
+
+
+def _block_start_indices(lsh: PositionalLSH, positions: torch.Tensor, device: torch.device,
+                         docs: Documents | None = None) -> np.ndarray:
     """Flat indices ``(t * H + h) * (n - 1) + (i - 1)`` of every i >= 1 that starts a
-    block, sorted; computed on ``device``, returned on the host (the one sync)."""
-    pos = positions.pin_memory() if device.type == "cuda" else positions
-    pos = pos.to(device, non_blocking=True)
-    buckets = lsh.buckets(pos)  # (s, H, n) on device; same formula as on the CPU
-    starts = block_starts(buckets)[..., 1:].flatten()  # token 0 starts every (t, h): kept implicit
+    block (documents cut blocks too), sorted; computed on ``device``, returned on the
+    host (the one sync)."""
+    buckets = lsh.buckets(_to_device(positions, device))  # (s, H, n) on device; same formula as on the CPU
+    starts = block_starts(buckets)
+    if docs is not None:
+        starts |= _to_device(docs.start_mask, device)
+    starts = starts[..., 1:].flatten()  # token 0 starts every (t, h): kept implicit
     return torch.nonzero(starts).flatten().to(torch.int64).cpu().numpy()
 
 
@@ -108,6 +117,7 @@ def plan_samples(
     batch: int,
     device: torch.device,
     max_seqs: int | None = None,
+    docs: Documents | None = None,
 ) -> list[list[VarlenChunk]]:
     """The varlen calls of every sample: ``plan[t]`` is sample t's list of chunks.
 
@@ -117,10 +127,11 @@ def plan_samples(
         batch: B.
         device: where the calls run (and the buckets are computed).
         max_seqs: blocks per call (default ``MAX_SEQS_PER_CALL``; tests lower it).
+        docs: documents of the (batch 1) row, whose starts cut blocks too.
     """
     max_seqs = max_seqs or MAX_SEQS_PER_CALL
     s, H, n = lsh.num_samples, lsh.num_heads, positions.numel()
-    flat = _block_start_indices(lsh, positions, device) if n > 1 else np.zeros(0, dtype=np.int64)
+    flat = _block_start_indices(lsh, positions, device, docs) if n > 1 else np.zeros(0, dtype=np.int64)
     seg = flat // max(n - 1, 1)  # t * H + h
     index = flat % max(n - 1, 1) + 1  # token index of the start
     bounds = np.searchsorted(seg, np.arange(s * H + 1))  # entries of (t, h) are [bounds[tH+h], bounds[tH+h+1])

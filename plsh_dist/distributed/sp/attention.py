@@ -79,5 +79,5 @@ class SequenceParallelAttention:
                                     softmax_scale=scale)
 
     def _blocks(self, q, k, v, lsh, positions, causal, softmax_scale, backend, method):
-        pos, scale, impl = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method)
+        pos, scale, impl, _ = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method)
         return SPBlockAttention.apply(q, k, v, lsh, pos, causal, scale, impl, self.group)
