@@ -1,4 +1,5 @@
-"""The embedded default corpus: the running interpreter's standard library.
+"""The embedded default corpus (the running interpreter's standard library) and an
+English-prose corpus from a Debian package (the Jargon File).
 
 Every machine with Python has it, needs no network, and its files are long
 documents with long-range structure (imports used hundreds of lines later,
@@ -13,15 +14,35 @@ files (``__init__.py`` stubs).
 The train/validation split is a pure function of (seed, relative path): a
 stable hash (BLAKE2b), never Python's salted ``hash``, so every machine and
 every run puts each file on the same side.
+
+Natural language (:func:`write_prose_corpus`): the Jargon File 4.4.7 (Eric
+S. Raymond et al.; public domain, as its copyright notice says), which
+Debian ships as the package ``jargon-text``
+(``/usr/share/doc/jargon-text/jargon.txt.gz``, 650 kB compressed, 1.7 MB of
+text, no dependencies: ``apt-get install jargon-text``). It is English prose
+written by many hands over 30 years: essays on hacker culture and usage,
+2,300 lexicon entries with etymologies, anecdotes and cross-references, and
+the folklore appendices (The Story of Mel, the AI koans). Why it: among the
+packages any machine here can install it is the largest plain-text
+English prose with no licence restriction (the others found were either
+compressed binary formats, R data needing R, word lists, or documentation
+that is mostly code). Documents: each introductory chapter, each appendix,
+and the lexicon cut into runs of consecutive entries of about
+``chunk_chars`` characters (long documents, so a long context sees related
+text); the table of contents and the lexicon's headword index are left out.
+Written as ``train.jsonl`` / ``val.jsonl`` like the stdlib corpus, so
+``[data].train_files`` / ``val_files`` and ``evaluate.py --data`` read it.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
 import logging
 import os
+import re
 import sys
 import sysconfig
 import tokenize
@@ -30,7 +51,13 @@ from pathlib import Path
 
 from plsh_dist.data.report import BadDataReport
 
-__all__ = ["CorpusFiles", "CorpusStats", "stdlib_root", "list_stdlib_files", "stable_unit_hash", "write_stdlib_corpus"]
+__all__ = ["CorpusFiles", "CorpusStats", "stdlib_root", "list_stdlib_files", "stable_unit_hash", "write_stdlib_corpus",
+           "JARGON_FILE", "JARGON_PACKAGE", "jargon_documents", "write_prose_corpus"]
+
+#: Where Debian's ``jargon-text`` package puts the Jargon File.
+JARGON_FILE = "/usr/share/doc/jargon-text/jargon.txt.gz"
+#: The Debian package that ships it.
+JARGON_PACKAGE = "jargon-text"
 
 logger = logging.getLogger(__name__)
 
@@ -211,6 +238,143 @@ def write_stdlib_corpus(
                   "val_chars": val_chars, "report": report.to_dict()},
     }
     # Written last: a crash before this point leaves no manifest, so the next call rewrites.
+    tmp = manifest_path.with_name("manifest.json.tmp")
+    tmp.write_text(json.dumps(saved, indent=1))
+    os.replace(tmp, manifest_path)
+    return CorpusFiles(train=train_path, val=val_path, stats=stats)
+
+
+# ---------------------------------------------------------------------------
+# English prose: the Jargon File (Debian package jargon-text).
+# ---------------------------------------------------------------------------
+
+_PROSE_FORMAT_VERSION = 1
+# Headings sit at column 0; the file puts a no-break space after "Chapter" / "Appendix".
+_SECTION = re.compile(r"^(Chapter\s\d+\.|Appendix\s[A-Z]\.|Glossary$|Bibliography$)")
+_ENTRY = re.compile(r"^ {3}:([^:]+):")
+
+
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        data = gzip.decompress(data)
+    return data.decode("utf-8")
+
+
+def _tidy(lines: list[str]) -> str:
+    """Drop the file's 3-space body indent (deeper indents keep the rest), strip trailing
+    spaces, at most one blank line in a row."""
+    text = "\n".join(re.sub(r"^ {1,3}", "", line.rstrip()) for line in lines)
+    return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
+
+
+def jargon_documents(text: str, chunk_chars: int = 16_000) -> list[tuple[str, str]]:
+    """``[(key, text)]`` of the Jargon File's plain text, in file order (see module doc).
+
+    Keys: ``chapter-N``, ``appendix-X``, ``bibliography`` and
+    ``lexicon-NNN-<first headword>`` for the lexicon's runs of entries.
+    Raises ValueError if the text does not look like the Jargon File (no
+    sections or no lexicon entries): a changed package must not silently
+    give an empty or garbled corpus.
+    """
+    if chunk_chars < 1:
+        raise ValueError(f"chunk_chars must be >= 1, got {chunk_chars}")
+    sections: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if _SECTION.match(line):
+            sections.append((line.strip(), [line]))
+        elif sections:
+            sections[-1][1].append(line)
+    docs: list[tuple[str, str]] = []
+    for title, lines in sections:
+        if title == "Glossary":
+            starts = [i for i, line in enumerate(lines) if _ENTRY.match(line)]
+            if not starts:
+                raise ValueError("the Jargon File's Glossary has no ':entry:' lines; is this the jargon-text file?")
+            chunk: list[str] = []
+            first = None
+            bounds = starts + [len(lines)]
+            for a, b in zip(bounds, bounds[1:]):
+                if first is None:
+                    first = _ENTRY.match(lines[a]).group(1).strip()
+                chunk += lines[a:b]
+                if sum(len(x) + 1 for x in chunk) >= chunk_chars or b == len(lines):
+                    slug = re.sub(r"[^A-Za-z0-9]+", "_", first).strip("_")[:24] or "x"
+                    docs.append((f"lexicon-{len([d for d in docs if d[0].startswith('lexicon')]):03d}-{slug}",
+                                 _tidy(chunk)))
+                    chunk, first = [], None
+        else:
+            key = re.sub(r"\s+", "-", title.split(".")[0].strip().lower())
+            docs.append((key, _tidy(lines)))
+    if not any(k.startswith("chapter") for k, _ in docs) or not any(k.startswith("lexicon") for k, _ in docs):
+        raise ValueError("text does not look like the Jargon File (no 'Chapter N.' sections or no lexicon entries)")
+    return docs
+
+
+def write_prose_corpus(out_dir: str | os.PathLike, source: str | os.PathLike | None = None,
+                       val_fraction: float = 0.1, seed: int = 0, chunk_chars: int = 16_000) -> CorpusFiles:
+    """Write the Jargon File as ``train.jsonl`` / ``val.jsonl`` (+ ``manifest.json``) under ``out_dir``.
+
+    Args:
+        source: the Jargon File (``.txt`` or ``.txt.gz``); None = :data:`JARGON_FILE`.
+        val_fraction: expected fraction of documents held out, in [0, 1)
+            (a stable hash of the document key; at least one lexicon document).
+        seed: changes which documents go to validation.
+        chunk_chars: characters per lexicon document (runs of whole entries).
+
+    Idempotent like :func:`write_stdlib_corpus`. Raises ValueError naming the
+    package and the install command when the file is missing.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    path = Path(JARGON_FILE if source is None else source)
+    if not path.is_file():
+        raise ValueError(
+            f"the prose corpus needs the Jargon File at {str(path)!r}: install Debian's {JARGON_PACKAGE} package "
+            f"(apt-get install {JARGON_PACKAGE}), or pass its jargon.txt.gz with --source (e.g. unpacked from "
+            f"'apt-get download {JARGON_PACKAGE}' with 'dpkg-deb -x')")
+    raw = path.read_bytes()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    inputs = {"format": _PROSE_FORMAT_VERSION, "source": "jargon-file", "source_blake2b":
+              hashlib.blake2b(raw, digest_size=16).hexdigest(), "seed": seed, "val_fraction": val_fraction,
+              "chunk_chars": chunk_chars}
+    train_path, val_path, manifest_path = out / "train.jsonl", out / "val.jsonl", out / "manifest.json"
+    if manifest_path.exists():
+        try:
+            saved = json.loads(manifest_path.read_text())
+        except json.JSONDecodeError:
+            saved = {}
+        if (saved.get("inputs") == inputs and train_path.exists() and val_path.exists()
+                and train_path.stat().st_size == saved.get("train_bytes")
+                and val_path.stat().st_size == saved.get("val_bytes")):
+            stats = CorpusStats(**{k: v for k, v in saved["stats"].items() if k != "report"},
+                                report=BadDataReport.from_dict(saved["stats"]["report"]))
+            logger.info("reusing prose corpus in %s (%d train / %d val documents)", out, stats.train_docs,
+                        stats.val_docs)
+            return CorpusFiles(train=train_path, val=val_path, stats=stats)
+    docs = jargon_documents(_read_text(path), chunk_chars)
+    val_keys = {k for k, _ in docs if stable_unit_hash(seed, k) < val_fraction}
+    lexicon = [k for k, _ in docs if k.startswith("lexicon")]
+    if val_fraction > 0 and not val_keys & set(lexicon):
+        val_keys.add(min(lexicon, key=lambda k: stable_unit_hash(seed, k)))
+    counts = {}
+    for side, target in (("train", train_path), ("val", val_path)):
+        tmp = target.with_name(target.name + ".tmp")
+        n = chars = 0
+        with open(tmp, "w", encoding="utf-8") as f:
+            for key, text in docs:
+                if (key in val_keys) == (side == "val"):
+                    f.write(json.dumps({"text": text, "source": f"jargon/{key}"}, ensure_ascii=False) + "\n")
+                    n, chars = n + 1, chars + len(text)
+        os.replace(tmp, target)
+        counts[side] = (n, chars)
+    report = BadDataReport()
+    report.files_read, report.kept = 1, len(docs)
+    stats = CorpusStats(counts["train"][0], counts["val"][0], counts["train"][1], counts["val"][1], report)
+    saved = {"inputs": inputs, "train_bytes": train_path.stat().st_size, "val_bytes": val_path.stat().st_size,
+             "stats": {"train_docs": stats.train_docs, "val_docs": stats.val_docs, "train_chars": stats.train_chars,
+                       "val_chars": stats.val_chars, "report": report.to_dict()}}
     tmp = manifest_path.with_name("manifest.json.tmp")
     tmp.write_text(json.dumps(saved, indent=1))
     os.replace(tmp, manifest_path)
