@@ -13,10 +13,12 @@ the implementation's mask builder; ours returns ``None`` after checking that
 a given 2-D padding mask pads nothing (padding is not supported: pack
 sequences instead).
 
-Positions: the decoder layers forward ``position_ids`` (B, T_local) to the
-attention function. Under sequence parallelism they are the *global*
-positions of this rank's chunk; all rows must be equal (one packed layout
-per batch). Row 0 becomes the op's ``positions``.
+Positions and documents: the decoder layers forward ``position_ids``
+(B, T_local) and transformers' packed keyword arguments (``cu_seq_lens_q/k``)
+to the attention function. Under sequence parallelism the positions are the
+*global* positions of this rank's chunk. Packed documents (offsets, or
+position_ids restarting at 0 per document) become the ops' ``cu_seqlens``:
+no token attends across a document (:func:`_layout`).
 
 Which ops compute: each attention module may carry an attention-ops object
 (``plsh_attention_ops``): anything with the four functions of
@@ -41,6 +43,7 @@ from plsh_dist import ops as local_ops
 from plsh_dist.hashing import alibi_slopes
 from plsh_dist.models.config import AttentionConfig
 from plsh_dist.models.runtime import AttentionRuntime
+from plsh_dist.ops.documents import cu_seqlens_from_position_ids
 
 __all__ = ["IMPLEMENTATION", "register", "plsh_dist_attention", "no_dense_mask", "head_scales"]
 
@@ -72,31 +75,47 @@ def head_scales(sigma: float | None, num_heads: int):
     return sig, slopes
 
 
-def _positions(position_ids: torch.Tensor | None, T: int, runtime: AttentionRuntime) -> torch.Tensor:
-    """position_ids (B or 1, T) -> CPU LongTensor[T] shared by the batch.
+def _layout(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, B: int, T: int,
+            runtime: AttentionRuntime) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """position_ids (B or 1, T) and the packed-documents offsets -> the ops' ``(positions, cu_seqlens)``.
 
-    Every layer of a forward receives the same ``position_ids`` tensor; the
-    runtime keeps its CPU copy, so the device-to-host copy (a sync on GPU)
-    and the equal-rows check happen once per forward, not once per layer.
-    The ops read positions on the CPU (they build the hash blocks there).
+    - ``cu_seqlens`` given (transformers' ``cu_seq_lens_q/k``): passed on; positions
+      are row 0 when the rows agree, else the (B, T) rows.
+    - position_ids that restart at 0 inside a row (``DataCollatorWithFlattening``):
+      a document starts at every 0; positions are the (B, T) rows.
+    - rows that differ without restarting: each row is one document.
+    - otherwise: row 0 and no documents (the plain path, one hash for the batch).
+
+    Every layer of a forward receives the same tensors; the runtime keeps the
+    result, so the device-to-host copy (a sync on GPU) and the checks happen once
+    per forward, not once per layer. The ops read positions on the CPU.
     """
-    if position_ids is None:
-        return torch.arange(T)
+    if position_ids is None and cu_seqlens is None:
+        return torch.arange(T), None
     cached = runtime.positions_cache
     # Identity and version: a tensor refilled in place (a reused buffer) misses the cache.
-    if cached is not None and cached[0] is position_ids and cached[1] == position_ids._version:
-        return cached[2]
-    if position_ids.dim() != 2 or position_ids.shape[-1] != T:
-        raise ValueError(f"position_ids must be (B, T={T}), got shape {tuple(position_ids.shape)}")
-    rows = position_ids.to("cpu", torch.long)
-    if rows.shape[0] > 1 and not bool((rows == rows[:1]).all()):
-        raise ValueError(
-            "position_ids differ between batch rows; plsh_dist attention shares one set of positions "
-            "(and one hash) across the batch: pack every row with the same layout"
-        )
-    # Holding the tensor itself keeps the identity test sound (its id cannot be reused).
-    runtime.positions_cache = (position_ids, position_ids._version, rows[0])
-    return rows[0]
+    key = [(x, x._version if x is not None else None) for x in (position_ids, cu_seqlens)]
+    if cached is not None and all(a[0] is b[0] and a[1] == b[1] for a, b in zip(cached[0], key)):
+        return cached[1]
+    if position_ids is None:
+        result = torch.arange(T), cu_seqlens.to("cpu")
+    else:
+        if position_ids.dim() != 2 or position_ids.shape[-1] != T or position_ids.shape[0] not in (1, B):
+            raise ValueError(f"position_ids must be (B={B}, T={T}) or (1, T), got shape {tuple(position_ids.shape)}")
+        rows = position_ids.to("cpu", torch.long).expand(B, T)
+        restarts = bool((rows[:, 1:] <= rows[:, :-1]).any())
+        same = bool((rows == rows[:1]).all())
+        if cu_seqlens is not None:
+            result = (rows[0] if same and not restarts else rows), cu_seqlens.to("cpu")
+        elif restarts:
+            result = rows, cu_seqlens_from_position_ids(rows)
+        elif not same:
+            result = rows, torch.arange(B + 1, dtype=torch.int32) * T
+        else:
+            result = rows[0], None
+    # Holding the tensors themselves keeps the identity test sound (their ids cannot be reused).
+    runtime.positions_cache = (key, result)
+    return result
 
 
 def _dispatch(
@@ -109,9 +128,12 @@ def _dispatch(
     v: torch.Tensor,
     positions: torch.Tensor,
     scale: float | None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q (B, T, Hq, D), k/v (B, T, Hkv, D) -> (B, T, Hq, D) under ``cfg.bias``, computed by ``ops``."""
     common = dict(positions=positions, causal=True, softmax_scale=scale)
+    if cu_seqlens is not None:  # keep the plain call's arguments exactly as before when there are no documents
+        common["cu_seqlens"] = cu_seqlens
     if cfg.bias == "none":
         return ops.causal_attention(q, k, v, **common)
     if cfg.bias in ("alibi", "window"):
@@ -150,7 +172,13 @@ def plsh_dist_attention(
         query: (B, Hq, T, D); key, value: (B, Hkv, T, D) (after rope, if on).
         attention_mask: must be None (our mask builder returns None).
         scaling: softmax scale (``head_dim ** -0.5`` in these models).
-        position_ids: (B, T) global positions, equal rows.
+        position_ids: (B, T) positions (under sequence parallelism the chunk's
+            global positions, equal rows). Rows that restart at 0 are packed
+            documents (transformers' ``DataCollatorWithFlattening``).
+        kwargs: ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (equal: self-attention),
+            packed documents as flash-attn's offsets over the flattened (B, T)
+            batch (under sequence parallelism: over the whole sequence, the
+            same on every rank); ``max_length_q/k`` are accepted and not needed.
     Returns:
         ``(out, None)`` with out (B, T, Hq, D) in query's dtype (HF's layout
         before ``o_proj``); no attention probabilities exist to return.
@@ -181,13 +209,27 @@ def plsh_dist_attention(
             "attention does not support (use_cache=False)"
         )
     layer = module.layer_idx
-    positions = _positions(position_ids, T, runtime)
+    positions, cu_seqlens = _layout(position_ids, _packed_offsets(kwargs), B, T, runtime)
     q = query.transpose(1, 2)  # (B, T, Hq, D)
     k = key.transpose(1, 2)  # (B, T, Hkv, D)
     v = value.transpose(1, 2)  # (B, T, Hkv, D)
     ops = getattr(module, OPS_ATTR, None) or local_ops
-    out = _dispatch(cfg, runtime, ops, layer, q, k, v, positions, scaling)
+    out = _dispatch(cfg, runtime, ops, layer, q, k, v, positions, scaling, cu_seqlens)
     return out, None
+
+
+def _packed_offsets(kwargs: dict) -> torch.Tensor | None:
+    """transformers' packed keyword arguments -> one offsets tensor (or None); refuses
+    what the attention cannot honour instead of attending across documents."""
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is None and cu_k is None:
+        return None
+    if cu_q is None or cu_k is None or cu_q.shape != cu_k.shape or not bool(torch.equal(cu_q, cu_k)):
+        raise ValueError(
+            "cu_seq_lens_q and cu_seq_lens_k must both be given and equal (plsh_dist attention is "
+            "self-attention over packed documents); pass the same offsets for both"
+        )
+    return cu_q
 
 
 def no_dense_mask(*, attention_mask: torch.Tensor | None = None, **kwargs) -> None:

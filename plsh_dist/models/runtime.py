@@ -66,8 +66,9 @@ class AttentionRuntime:
     micro_step: int = 0
     """Gradient-accumulation micro-step within ``step``."""
     positions_cache: Any = field(default=None, init=False, repr=False, compare=False)
-    """(position_ids tensor, its version, its CPU row) of the current forward; internal to
-    the attention function (one device-to-host copy per forward)."""
+    """((position_ids, version), (cu_seq_lens, version)) of the current forward and the ops'
+    (positions, cu_seqlens) made from them; internal to the attention function (one
+    device-to-host copy per forward)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.run_seed, bool) or not isinstance(self.run_seed, int):
