@@ -161,7 +161,8 @@ def plot(result: dict, path: Path) -> None:
         for i, (sg, s) in enumerate(variants):
             mean = [r["plsh"][i]["forward_mean"] / 2**20 for r in rows]
             worst = [r["plsh"][i]["forward_max"] / 2**20 for r in rows]
-            ax.plot(Ts, mean, marker="o", color=colors[i], label=f"PLSH {_variant(None if sg == 'per-head' else sg, s)}")
+            ax.plot(Ts, mean, marker="o", color=colors[i],
+                    label=f"PLSH {_variant(None if sg == 'per-head' else sg, s)}")
             ax.plot(Ts, worst, linestyle="none", marker="_", markersize=12, color=colors[i])
         ax.set(xscale="log", yscale="log", title=f"P = {P}", xlabel="sequence length T")
         ax.set_xticks(Ts, [_name(t) for t in Ts])
@@ -193,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", default="128k,1M,4M", help="comma list of lengths (default 128k,1M,4M)")
     ap.add_argument("--sp", default="8,64,256", help="comma list of SP sizes (default 8,64,256)")
     ap.add_argument("--samples", default="8,100", help="comma list of s (default 8,100)")
-    ap.add_argument("--sigma", default="per-head,256", help="comma list: per-head and/or constants (default per-head,256)")
+    ap.add_argument("--sigma", default="per-head,256",
+                    help="comma list: per-head and/or constants (default per-head,256)")
     ap.add_argument("--run-seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3, help="timing repeats, median reported (default 3)")
     ap.add_argument("--varlen-max-elements", type=int, default=2**27,
@@ -205,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         result = json.loads(Path(args.from_json).read_text())
         out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
         (out / "halo_sim.md").write_text(markdown(result))
         plot(result, out / "halo_sim.png")
         return 0
