@@ -1,20 +1,45 @@
-"""CPU-scale replication: train the tiny Qwen3 once per attention mode, then
-evaluate each at 1x, 1.25x and 2x its train length.
+"""CPU-scale replication of the paper's length-extrapolation protocol.
 
-    python launchers/replicate.py --out runs/replication --results results/replication
+    python launchers/replicate.py --out runs/replication --results results/replication          # the full grid
+    python launchers/replicate.py --smoke --out runs/replicate_smoke --results runs/replicate_smoke/results
 
 Every model is trained by ``launchers/pretrain.py`` (the quickstart's code
-path) from ``configs/quickstart.toml`` with the same overrides except the
-attention mode: identical data order, init seed, step budget and learning
-rate schedule. All modes share one constant ``sigma`` (the paper trains with a
-constant one), so exact ALiBi uses slope ``1/sigma`` on every head and PLSH /
-fixed blocks approximate exactly that kernel. "none" is NoPE: no bias and no
-rope (every model here trains without rope), i.e. the causal mask is the only
-positional signal.
+path, one process) from ``configs/quickstart.toml`` with the same overrides
+except the attention mode and the training seed: identical data, step budget
+and learning-rate schedule per corpus and seed. Modes (``MODES``):
 
-A mode whose ``<out>/<mode>/final`` already exists is not retrained (rerun
-the evaluation alone after an interruption); ``--retrain`` forces it.
-Writes ``<results>/replication.json``, ``replication.md`` and ``replication.png``.
+- ``rope``: RoPE "original" (rope on, no bias); ``nope``: no rope, no bias
+  (the causal mask is the only positional signal);
+- ``alibi_h`` / ``alibi_c``: exact ALiBi, per-head sigma_h = 1 / slope_h or
+  one constant sigma (``--sigma``) on every head;
+- ``fixed_h`` / ``fixed_c``: the paper's fixed-blocks baseline (pitch 2 sigma);
+- ``plsh_s{8,20,100}_{iid,strat}_{h,c}``: PLSH with s samples, the one-pass
+  method, the i.i.d. or stratified sampler (``--stratified-sampler``), per-head
+  or constant sigma.
+
+Each model is evaluated in its own trained mode at ``--multiples`` x the train
+length (default 1, 2, 4, 8), on the paper's protocol: the last K tokens
+(``--last-tokens``, default half the train length) of windows aligned so that
+every length scores the same target tokens; PLSH averaged over hash seeds.
+Corpora (``--corpora``): ``prose``, the Jargon File from Debian's jargon-text
+(``plsh_dist.data.corpus.write_prose_corpus``; install it first), and
+``code``, the embedded stdlib corpus. ``--seeds`` training seeds per mode;
+the report gives mean ± std over them, a confidence interval over windows,
+and every mode's perplexity ratio to ``--reference`` (exact ALiBi per head by
+default), paired over the same windows and seeds.
+
+Budget (``BUDGETS``; the full grid is 18 modes x 3 seeds x 2 corpora = 108
+runs): the tiny Qwen3 (hidden 128, 4 layers, 4 heads), train length 128,
+micro-batch 4, 100 steps (51,200 tokens per run), evaluation at 128-1024
+tokens on 8 windows of K = 64 scored tokens, 2 hash seeds; two runs at a
+time (``--jobs 2``, one thread each). Estimated from measured runs on a shared
+2-core machine: 45-70 s per run with its evaluation, so about 40-65 minutes
+for the grid. ``--smoke``: 3 modes x 1 seed x the code corpus, 4 steps at
+length 32, for tests.
+
+A run whose ``final/model.safetensors`` exists is not retrained (rerun after
+an interruption; ``--retrain`` forces it). Writes ``<results>/replication.json``,
+``replication.md`` and ``replication.png``.
 """
 
 from __future__ import annotations
@@ -25,96 +50,181 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a clone without installing
 
-#: Trained modes: name -> (attention overrides, evaluation mode spec).
-MODES: dict[str, tuple[list[str], str]] = {
-    "none": (["--attention.bias=none"], "none"),
-    "alibi": (["--attention.bias=alibi"], "alibi"),
-    "fixed": (["--attention.bias=fixed_blocks"], "fixed"),
-    "plsh_s10": (["--attention.bias=plsh", "--attention.num_samples=10"], "plsh:s=10"),
-    "plsh_s20": (["--attention.bias=plsh", "--attention.num_samples=20"], "plsh:s=20"),
+
+def _modes(stratified: str = "stratified") -> dict[str, tuple[list[str], str]]:
+    """Trained modes: name -> (attention overrides, evaluation mode spec). ``"{sigma}"`` is
+    replaced by the constant sigma."""
+    modes: dict[str, tuple[list[str], str]] = {
+        "rope": (["--attention.bias=none", "--attention.rope=true"], "none"),
+        "nope": (["--attention.bias=none", "--attention.rope=false"], "none"),
+    }
+    const = ["--attention.sigma={sigma}"]
+    for tag, sig in (("h", []), ("c", const)):
+        modes[f"alibi_{tag}"] = (["--attention.bias=alibi", *sig], "alibi")
+        modes[f"fixed_{tag}"] = (["--attention.bias=fixed_blocks", *sig], "fixed")
+    for s in (8, 20, 100):
+        for sampler, stag in (("iid", "iid"), (stratified, "strat")):
+            for tag, sig in (("h", []), ("c", const)):
+                modes[f"plsh_s{s}_{stag}_{tag}"] = (
+                    ["--attention.bias=plsh", f"--attention.num_samples={s}", "--attention.method=onepass",
+                     f"--attention.sampler={sampler}", *sig], "plsh")
+    return modes
+
+
+MODES = _modes()
+
+#: Sizes of a budget: the full grid and the smoke test.
+BUDGETS = {
+    "full": dict(modes=list(MODES), seeds="0,1,2", corpora="prose,code", train_len=128, steps=100, batch=4,
+                 eval_windows=8, eval_seeds="0,1", jobs=2),
+    "smoke": dict(modes=["nope", "alibi_h", "plsh_s8_iid_h"], seeds="0", corpora="code", train_len=32, steps=4,
+                  batch=2, eval_windows=2, eval_seeds="0", jobs=1),
 }
 
+CORPORA = ("prose", "code")
 
-def train_overrides(args: argparse.Namespace, mode: str, out_dir: Path) -> list[str]:
-    """``--section.key=value`` overrides of one mode's run (all but the attention are shared)."""
+
+def corpus_overrides(corpus: str, prose_dir: Path) -> list[str]:
+    """Data and tokenizer overrides of one corpus (one tokenizer per corpus, trained by the first run)."""
+    tok = f"--tokenizer.model_path=data_cache/tokenizer/replicate_{corpus}_bpe2k.model"
+    if corpus == "code":
+        return [tok]  # the config's stdlib corpus (corpus_max_files from configs/quickstart.toml)
+    return [tok, f"--data.train_files={json.dumps([str(prose_dir / 'train.jsonl')])}",
+            f"--data.val_files={json.dumps([str(prose_dir / 'val.jsonl')])}"]
+
+
+def train_overrides(args: argparse.Namespace, mode: str, seed: int, corpus: str, out_dir: Path) -> list[str]:
+    """``--section.key=value`` overrides of one run (all but the attention and the seed are shared)."""
+    attention = [o.replace("{sigma}", str(float(args.sigma))) for o in MODES[mode][0]]
     return [
-        f"--run.out_dir={out_dir}", f"--run.name=replicate_{mode}", f"--run.seed={args.seed}",
+        f"--run.out_dir={out_dir}", f"--run.name=replicate_{corpus}_{mode}_seed{seed}", f"--run.seed={seed}",
         f"--run.max_steps={args.steps}", "--run.device=cpu",
-        f"--data.seq_len={args.train_len}", f"--data.micro_batch_size={args.batch}", f"--data.seed={args.seed}",
-        f"--attention.sigma={float(args.sigma)}", "--attention.rope=false",
+        f"--data.seq_len={args.train_len}", f"--data.micro_batch_size={args.batch}", f"--data.seed={seed}",
         f"--optim.warmup_steps={max(1, args.steps // 10)}",
         "--parallel.sp_size=1", "--deepspeed.zero_stage=0",
         "--checkpoint.every_steps=0", "--checkpoint.resume=never", "--checkpoint.keep_last=1",
         "--logging.eval_every=0", "--logging.eval_batches=0", "--logging.progress=false",
         "--logging.every_steps=10",
-        *MODES[mode][0],
+        *corpus_overrides(corpus, Path(args.prose_dir)), *attention,
     ]
 
 
 def _settings(args: argparse.Namespace) -> dict:
     """The sweep's arguments for the report, paths relative to the repository (the report is committed)."""
     out = dict(vars(args))
-    for key in ("config", "out", "results"):
+    for key in ("config", "out", "results", "prose_dir"):
         path = Path(out[key]).resolve()
         out[key] = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else out[key]
     out["command"] = "python launchers/replicate.py " + " ".join(sys.argv[1:])
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    global MODES
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="the smoke budget (seconds): see BUDGETS['smoke']")
     p.add_argument("--config", default=str(ROOT / "configs" / "quickstart.toml"), help="base run config")
     p.add_argument("--out", default="runs/replication", help="run directories (checkpoints; not committed)")
     p.add_argument("--results", default="results/replication", help="small JSON + markdown + PNG")
-    p.add_argument("--modes", default=",".join(MODES), help=f"subset of {list(MODES)}")
-    p.add_argument("--train-len", type=int, default=256)
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--sigma", type=float, default=32.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-windows", type=int, default=8, help="validation windows per length")
-    p.add_argument("--eval-seeds", default="0,1", help="hash seeds of the PLSH evaluations")
-    p.add_argument("--last-tokens", type=int, default=None,
-                   help="also score the last K tokens of overlapping windows (default: train_len // 2; 0 = off)")
+    p.add_argument("--prose-dir", default="data_cache/jargon_corpus", help="where the prose corpus is written")
+    p.add_argument("--modes", default=None, help=f"comma-separated subset of {list(MODES)}")
+    p.add_argument("--seeds", default=None, help="training seeds (default 0,1,2)")
+    p.add_argument("--corpora", default=None, help="prose and/or code")
+    p.add_argument("--train-len", type=int, default=None)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--batch", type=int, default=None)
+    p.add_argument("--sigma", type=float, default=32.0, help="the constant sigma of the *_c modes")
+    p.add_argument("--stratified-sampler", default="stratified", help="sampler of the *_strat modes")
+    p.add_argument("--multiples", default="1,2,4,8", help="evaluation lengths as multiples of the train length")
+    p.add_argument("--last-tokens", type=int, default=None, help="K scored tokens per window (default train_len // 2)")
+    p.add_argument("--eval-windows", type=int, default=None, help="validation windows per length")
+    p.add_argument("--eval-seeds", default=None, help="hash seeds of the PLSH evaluations")
+    p.add_argument("--reference", default="alibi_h", help="mode the paired ratios are taken against")
+    p.add_argument("--jobs", type=int, default=None, help="training runs at a time (one thread each)")
     p.add_argument("--retrain", action="store_true")
     p.add_argument("--train-only", action="store_true")
     args = p.parse_args(argv)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
+    budget = BUDGETS["smoke" if args.smoke else "full"]
+    for key, value in budget.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value if key != "modes" else ",".join(value))
+    MODES = _modes(args.stratified_sampler)
+    args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
+    args.corpus_list = [c.strip() for c in args.corpora.split(",") if c.strip()]
+    args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
+    bad = [m for m in args.mode_list if m not in MODES]
     if bad:
         p.error(f"--modes: unknown {bad}; choose from {list(MODES)}")
+    if [c for c in args.corpus_list if c not in CORPORA]:
+        p.error(f"--corpora: choose from {list(CORPORA)}")
+    if args.reference not in args.mode_list:
+        args.reference = None  # no paired ratios without the reference mode
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
     out, results_dir = Path(args.out), Path(args.results)
+    if "prose" in args.corpus_list:
+        from plsh_dist.data.corpus import write_prose_corpus
+
+        try:
+            write_prose_corpus(args.prose_dir)
+        except ValueError as exc:
+            print(f"replicate: error: {exc}", file=sys.stderr)
+            return 2
     env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"), "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+           "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     timings: dict[str, float] = {}
     t_all = time.time()
-    for mode in modes:
-        run_dir = out / mode
+
+    def train(job: tuple[str, str, int]) -> None:
+        corpus, mode, seed = job
+        run_dir = out / corpus / mode / f"seed{seed}"
         if (run_dir / "final" / "model.safetensors").is_file() and not args.retrain:
-            print(f"[replicate] {mode}: reusing {run_dir / 'final'}", flush=True)
-            continue
+            print(f"[replicate] {corpus}/{mode}/seed{seed}: reusing {run_dir / 'final'}", flush=True)
+            return
         cmd = [sys.executable, str(ROOT / "launchers" / "pretrain.py"), "--config", args.config,
-               *train_overrides(args, mode, run_dir)]
-        print(f"[replicate] train {mode}: {' '.join(cmd)}", flush=True)
+               *train_overrides(args, mode, seed, corpus, run_dir)]
+        print(f"[replicate] train {corpus}/{mode}/seed{seed}", flush=True)
         t0 = time.time()
-        subprocess.run(cmd, check=True, env=env)
-        timings[f"train_{mode}_s"] = round(time.time() - t0, 1)
-        print(f"[replicate] {mode} trained in {timings[f'train_{mode}_s']} s", flush=True)
+        log = run_dir.parent / f"seed{seed}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as f:
+            rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        if rc != 0:
+            raise RuntimeError(f"training {corpus}/{mode}/seed{seed} failed (exit {rc}); see {log}")
+        timings[f"train_{corpus}_{mode}_seed{seed}_s"] = round(time.time() - t0, 1)
+
+    jobs = [(c, m, s) for c in args.corpus_list for s in args.seed_list for m in args.mode_list]
+    # The first run of a corpus trains its tokenizer and builds its token caches: alone, before the others.
+    firsts = [next(j for j in jobs if j[0] == c) for c in args.corpus_list]
+    for job in firsts:
+        train(job)
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        list(pool.map(train, [j for j in jobs if j not in firsts]))
+    timings["train_total_s"] = round(time.time() - t_all, 1)
     if args.train_only:
         return 0
 
+    import torch
+
     from plsh_dist.eval.replication import replicate_report
 
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    lengths = [round(float(m) * args.train_len) for m in args.multiples.split(",")]
     t0 = time.time()
-    replicate_report(out, modes, {m: MODES[m][1] for m in modes}, results_dir, train_len=args.train_len,
-                     windows=args.eval_windows, seeds=[int(s) for s in args.eval_seeds.split(",")],
-                     settings=_settings(args), timings=timings,
-                     last_tokens=args.train_len // 2 if args.last_tokens is None else (args.last_tokens or None))
+    replicate_report(out, args.corpus_list, args.mode_list, args.seed_list, {m: MODES[m][1] for m in args.mode_list},
+                     results_dir, lengths=lengths, train_len=args.train_len, windows=args.eval_windows,
+                     hash_seeds=[int(s) for s in args.eval_seeds.split(",")],
+                     last_tokens=args.last_tokens or max(1, args.train_len // 2), reference=args.reference,
+                     settings=_settings(args), timings=timings)
     timings["eval_s"] = round(time.time() - t0, 1)
     print(f"[replicate] total {time.time() - t_all:.0f} s; results in {results_dir}", flush=True)
     return 0

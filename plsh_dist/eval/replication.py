@@ -1,30 +1,48 @@
-"""Report of the CPU-scale replication (``launchers/replicate.py``): each trained
-model evaluated in its own attention mode at 1x, 1.25x and 2x its train length.
+"""Report of the CPU-scale replication (``launchers/replicate.py``): every trained model
+(corpus x mode x training seed) evaluated in its own attention mode at several
+multiples of its train length, on the same target tokens at every length.
 
-Writes ``replication.json`` (settings, per-run training wall time and final
-loss, every result row), ``replication.md`` (the perplexity table plus the
-long table) and ``replication.png`` (perplexity vs context length, one line per
-trained mode).
+Per (corpus, mode, length) the report gives the perplexity's mean ± std over
+training seeds (each seed's value is its mean over hash seeds for PLSH), the
+mean of the seeds' confidence intervals over windows, and the perplexity
+ratio to a reference mode, paired over the same windows and seeds:
+``exp(mean_w mean_seed (loss_mode - loss_ref))`` with a confidence interval
+over windows. Writes ``replication.json`` (settings, per-run training
+summary, every row with its window losses), ``replication.md`` and
+``replication.png`` (perplexity vs context length, one panel per corpus,
+error bars = std over training seeds).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 from plsh_dist.eval.checkpoint_loading import load_for_eval
 from plsh_dist.eval.eval_data import load_eval_tokens
-from plsh_dist.eval.extrapolation import evaluate_model, format_table
+from plsh_dist.eval.extrapolation import evaluate_model
 from plsh_dist.eval.modes import parse_modes
+from plsh_dist.eval.scoring import mean_ci
 
-__all__ = ["replicate_report", "replication_lengths"]
+__all__ = ["replicate_report", "replication_lengths", "summarize", "format_report"]
 
 
-def replication_lengths(train_len: int) -> list[int]:
-    """1x, 1.25x and 2x the train length (rounded to whole tokens)."""
-    return [train_len, round(1.25 * train_len), 2 * train_len]
+def replication_lengths(train_len: int, multiples: Sequence[float] = (1, 2, 4, 8)) -> list[int]:
+    """``multiples`` x the train length (rounded to whole tokens)."""
+    return [round(float(m) * train_len) for m in multiples]
+
+
+def _colour(i: int):
+    """A distinct colour per mode (the grid outgrows matplotlib's 10-colour default cycle)."""
+    import matplotlib
+
+    return matplotlib.colormaps["tab20"](i % 20)
 
 
 def _training_summary(run_dir: Path) -> dict[str, Any]:
@@ -39,49 +57,140 @@ def _training_summary(run_dir: Path) -> dict[str, Any]:
     return {"steps": last.get("step"), "final_train_loss": last.get("loss"), "train_wall_s": last.get("time_s")}
 
 
-def replicate_report(runs_dir: str | Path, modes: Sequence[str], eval_specs: dict[str, str], results_dir: str | Path,
-                     *, train_len: int, windows: int, seeds: Sequence[int], settings: dict[str, Any],
-                     timings: dict[str, float], last_tokens: int | None = None) -> dict[str, Any]:
-    """Evaluate ``runs_dir/<mode>/final`` of every mode; write the report to ``results_dir``.
+def summarize(rows: list[dict[str, Any]], reference: str | None, ci_level: float = 0.95) -> list[dict[str, Any]]:
+    """One record per (corpus, mode, length): mean ± std over training seeds and the paired
+    ratio to ``reference`` (see the module doc). Rows need ``corpus``, ``mode``, ``train_seed``."""
+    cells: dict[tuple, list[dict]] = {}
+    for r in rows:
+        cells.setdefault((r["corpus"], r["mode"], r["length"]), []).append(r)
+    out = []
+    for (corpus, mode, length), rs in cells.items():
+        rs = sorted(rs, key=lambda r: r["train_seed"])
+        ppl = [r["perplexity_mean"] for r in rs]
+        rec = {"corpus": corpus, "mode": mode, "length": length, "train_seeds": [r["train_seed"] for r in rs],
+               "perplexity_mean": statistics.fmean(ppl), "perplexity_std": statistics.stdev(ppl) if len(ppl) > 1 else 0.0,
+               "loss_mean": statistics.fmean(r["loss_mean"] for r in rs),
+               "perplexity_ci_mean": [statistics.fmean(r["perplexity_ci"][i] for r in rs) for i in (0, 1)],
+               "hash_std_mean": statistics.fmean(r["perplexity_std"] for r in rs),
+               "targets": rs[0]["targets"], "windows": rs[0]["windows"], "scored_per_window": rs[0]["scored_per_window"]}
+        ref = {r["train_seed"]: r for r in cells.get((corpus, reference, length), [])} if reference else {}
+        paired = [(r, ref[r["train_seed"]]) for r in rs if r["train_seed"] in ref
+                  and ref[r["train_seed"]]["targets"] == r["targets"]]
+        if paired and mode != reference:
+            diff = np.mean([np.asarray(a["window_loss"]) - np.asarray(b["window_loss"]) for a, b in paired], axis=0)
+            c = mean_ci(diff, level=ci_level)
+            rec["ratio_to_reference"] = math.exp(c["mean"])
+            rec["ratio_ci"] = [math.exp(c["low"]), math.exp(c["high"])] if c["n"] > 1 else [math.nan, math.nan]
+            rec["ratio_seeds"] = len(paired)
+        out.append(rec)
+    return out
 
-    ``last_tokens``: also score the last K tokens of overlapping windows. Whole-window
-    scores at different lengths cover different text (more windows of a longer
-    length reach further into the data); the last-K scores of the same number of
-    windows cover nearly the same tokens at every length (spans shifted by
-    L - K), so they compare context lengths on the same text.
-    """
-    from plsh_dist.eval.plots import Series, line_plot
 
-    lengths = replication_lengths(train_len)
+def format_report(results: dict[str, Any]) -> str:
+    """Markdown: per corpus, the perplexity table (mean ± std over training seeds) and the
+    paired ratio table; then the settings that produced them."""
+    summary, s = results["summary"], results["settings"]
+    ref = results.get("reference")
+    out = []
+    for corpus in dict.fromkeys(r["corpus"] for r in summary):
+        sub = [r for r in summary if r["corpus"] == corpus]
+        lengths = sorted({r["length"] for r in sub})
+        cell = {(r["mode"], r["length"]): r for r in sub}
+        modes = list(dict.fromkeys(r["mode"] for r in sub))
+        k = sub[0]["scored_per_window"]
+        n_seeds = max(len(r["train_seeds"]) for r in sub)
+        out.append(f"### {corpus} corpus\n")
+        out.append(f"Validation perplexity, last {k} tokens of {sub[0]['windows']} windows, the same target tokens at "
+                   f"every length; mean ± std over {n_seeds} training seed(s); "
+                   f"[mean of the seeds' {results.get('ci_level', 0.95):.0%} CI over windows]\n")
+        out.append("| mode | " + " | ".join(f"L={L} ({L / s['train_len']:g}x)" for L in lengths) + " |")
+        out.append("|---|" + "---|" * len(lengths))
+        for m in modes:
+            cells = []
+            for L in lengths:
+                r = cell.get((m, L))
+                if r is None:
+                    cells.append("–")
+                    continue
+                text = f"{r['perplexity_mean']:.2f}"
+                if len(r["train_seeds"]) > 1:
+                    text += f" ± {r['perplexity_std']:.2f}"
+                lo, hi = r["perplexity_ci_mean"]
+                if math.isfinite(lo) and math.isfinite(hi):
+                    text += f" [{lo:.1f}, {hi:.1f}]"
+                cells.append(text)
+            out.append(f"| {m} | " + " | ".join(cells) + " |")
+        out.append("")
+        if ref and any("ratio_to_reference" in r for r in sub):
+            out.append(f"Perplexity ratio to {ref} (paired: same windows, same training seed; "
+                       f"{results.get('ci_level', 0.95):.0%} CI over windows)\n")
+            out.append("| mode | " + " | ".join(f"L={L}" for L in lengths) + " |")
+            out.append("|---|" + "---|" * len(lengths))
+            for m in modes:
+                if m == ref:
+                    continue
+                cells = []
+                for L in lengths:
+                    r = cell.get((m, L))
+                    if r is None or "ratio_to_reference" not in r:
+                        cells.append("–")
+                    else:
+                        lo, hi = r["ratio_ci"]
+                        cells.append(f"{r['ratio_to_reference']:.3f} [{lo:.3f}, {hi:.3f}]")
+                out.append(f"| {m} | " + " | ".join(cells) + " |")
+            out.append("")
+    out.append(f"Settings: train length {s['train_len']}, {s['steps']} steps x {s['batch']} sequences, "
+               f"sigma of the *_c modes {s['sigma']}, stratified sampler {s.get('stratified_sampler')}, "
+               f"hash seeds {s['eval_seeds']}, training seeds {s['seeds']}. Command: `{s['command']}`\n")
+    return "\n".join(out) + "\n"
+
+
+def replicate_report(runs_dir: str | Path, corpora: Sequence[str], modes: Sequence[str], train_seeds: Sequence[int],
+                     eval_specs: dict[str, str], results_dir: str | Path, *, lengths: Sequence[int], train_len: int,
+                     windows: int, hash_seeds: Sequence[int], last_tokens: int, reference: str | None,
+                     settings: dict[str, Any], timings: dict[str, float], ci_level: float = 0.95) -> dict[str, Any]:
+    """Evaluate ``runs_dir/<corpus>/<mode>/seed<k>/final`` of every run; write the report to ``results_dir``."""
+    from plsh_dist.eval.extrapolation import ci_series
+    from plsh_dist.eval.plots import line_plot
+
     rows, runs = [], {}
-    for mode in modes:
-        t0 = time.time()
-        ck = load_for_eval(Path(runs_dir) / mode / "final")
-        tokens, data_desc = load_eval_tokens(ck, None)
-        spec = parse_modes(eval_specs[mode])
-        scorings = ("whole", "last") if last_tokens else ("whole",)
-        got = evaluate_model(ck.model, ck.trained_attention, tokens, lengths, spec, seeds=seeds, scorings=scorings,
-                             last_tokens=last_tokens, max_windows=windows, progress=True)
-        for r in got:
-            r["trained_mode"] = mode
-            r["mode"] = mode  # the table's row label: the trained model (evaluated in its own mode)
-        rows += got
-        runs[mode] = {**_training_summary(Path(runs_dir) / mode), "eval_s": round(time.time() - t0, 1),
-                      "eval_spec": eval_specs[mode], "data": data_desc, "data_tokens": int(len(tokens))}
-    results = {"settings": settings, "lengths": lengths, "runs": runs, "timings": timings, "rows": rows}
+    t_eval = time.time()
+    for corpus in corpora:
+        for mode in modes:
+            for seed in train_seeds:
+                t0 = time.time()
+                run_dir = Path(runs_dir) / corpus / mode / f"seed{seed}"
+                ck = load_for_eval(run_dir / "final")
+                tokens, data_desc = load_eval_tokens(ck, None)
+                got = evaluate_model(ck.model, ck.trained_attention, tokens, lengths, parse_modes(eval_specs[mode]),
+                                     seeds=hash_seeds, scorings=("last",), last_tokens=last_tokens,
+                                     max_windows=windows, progress=False, align=True, ci_level=ci_level)
+                for r in got:
+                    r.update(corpus=corpus, mode=mode, eval_mode=r["mode"], train_seed=seed)
+                rows += got
+                runs[f"{corpus}/{mode}/seed{seed}"] = {
+                    **_training_summary(run_dir), "eval_s": round(time.time() - t0, 1), "data": data_desc,
+                    "data_tokens": int(len(tokens)), "attention": ck.trained_attention.to_dict()}
+                print(f"[replicate] evaluated {corpus}/{mode}/seed{seed} in {time.time() - t0:.1f} s", flush=True)
+    summary = summarize(rows, reference, ci_level)
+    results = {"settings": settings, "lengths": list(lengths), "train_len": train_len, "reference": reference,
+               "ci_level": ci_level, "runs": runs, "timings": {**timings, "eval_s": round(time.time() - t_eval, 1)},
+               "summary": summary, "rows": rows}
     out = Path(results_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "replication.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / "replication.md").write_text(format_table(results))
+    (out / "replication.md").write_text(format_report(results))
     panels = []
-    for scoring in dict.fromkeys(r["scoring"] for r in rows):
+    for corpus in corpora:
         series = []
         for mode in modes:
-            pts = sorted((r for r in rows if r["mode"] == mode and r["scoring"] == scoring), key=lambda r: r["length"])
-            series.append(Series(mode, [p["length"] for p in pts], [p["perplexity_mean"] for p in pts],
-                                 yerr=[p["perplexity_std"] for p in pts]))
-        what = "all tokens" if scoring == "whole" else f"last {last_tokens} tokens"
-        panels.append((f"trained at L={train_len}; {what}", series))
+            pts = sorted((r for r in summary if r["corpus"] == corpus and r["mode"] == mode), key=lambda r: r["length"])
+            if pts:
+                s = ci_series(mode, [{"length": p["length"], "perplexity_mean": p["perplexity_mean"],
+                                      "perplexity_std": p["perplexity_std"]} for p in pts])
+                s.kwargs["color"] = _colour(len(series))
+                series.append(s)
+        panels.append((f"{corpus}: trained at L={train_len}, last {last_tokens} tokens", series))
     line_plot(out / "replication.png", panels, xlabel="context length (tokens)",
-              ylabel="validation perplexity", logx=True, logy=True)
+              ylabel="validation perplexity (± std over training seeds)", logx=True, logy=True)
     return results
