@@ -109,8 +109,6 @@ def _per_document_loss(model, batch) -> torch.Tensor:
     return total
 
 
-@pytest.mark.xfail(strict=False, reason="the attention does not apply cu_seq_lens_q/k yet (plsh_dist/models/attention.py "
-                   "takes and ignores them); remove once it does")
 @pytest.mark.parametrize("chunked", [False, True], ids=["plain", "chunked"])
 @pytest.mark.parametrize("bias", ["alibi", "plsh"])
 def test_masked_loss_is_the_sum_of_the_documents_alone(bias, chunked):
