@@ -16,6 +16,11 @@ query of that head reaches them (the callers rely on this). A message
 carries, head by head, only the positions that head needs, so the bytes
 received are exactly the needed (head, position) pairs.
 
+With packed documents the need is per batch row as well (:class:`RowNeeds`):
+no row needs keys of a document before its first token's, so a rank whose
+chunk starts a document in every row receives nothing, and a message carries
+(row, head, position) triples only where that row needs them.
+
 Legend: B batch, T local tokens, Hkv key/value heads, D head dim, s samples,
 H hash heads.
 """
@@ -30,7 +35,7 @@ import torch.distributed as dist
 from plsh_dist.distributed.comm_stats import record_bytes
 from plsh_dist.distributed.sp_layout import SPLayout
 
-__all__ = ["Need", "HaloPlan", "plsh_needs", "window_needs", "post_kv", "post_grads"]
+__all__ = ["Need", "RowNeeds", "HaloPlan", "plsh_needs", "window_needs", "post_kv", "post_grads"]
 
 _TAG = {"fwd": 71, "bwd": 72}
 
@@ -49,6 +54,47 @@ class Need:
     hi: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class RowNeeds:
+    """Halo need of one rank per batch row (packed documents): ``rows[b]`` is row b's :class:`Need`."""
+
+    rows: tuple[Need, ...]
+
+    @property
+    def lo(self) -> tuple[int, ...]:
+        """Per kv head, the earliest start over rows (the halo buffer's extent)."""
+        return tuple(min(col) for col in zip(*(n.lo for n in self.rows)))
+
+    @property
+    def hi(self) -> tuple[int, ...]:
+        return tuple(max(col) for col in zip(*(n.hi for n in self.rows)))
+
+
+def _by_row(need) -> list[tuple[int | None, Need]]:
+    """(row or None for every row, Need) pairs of a Need or RowNeeds."""
+    if isinstance(need, RowNeeds):
+        return list(enumerate(need.rows))
+    return [(None, need)]
+
+
+def _cut_at_documents(needs: list[Need], layout: SPLayout, docs) -> list:
+    """Clamp every rank's need to the documents of its first and last token, row by row
+    (``docs``: :class:`~plsh_dist.distributed.sp.documents.SPDocuments` or None)."""
+    if docs is None:
+        return needs
+    out = []
+    for r, need in enumerate(needs):
+        first, last = layout.start(r), layout.end(r) - 1
+        rows = []
+        for b in range(len(docs.row_starts)):
+            start, nxt = docs.start_of(b, first), docs.next_start(b, last)
+            lo = tuple(max(x, start) for x in need.lo)
+            hi = need.hi if nxt is None else tuple(min(x, max(nxt, last + 1)) for x in need.hi)
+            rows.append(Need(lo, hi))
+        out.append(rows[0] if all(n == rows[0] for n in rows) else RowNeeds(tuple(rows)))
+    return out
+
+
 def _kv_reduce(x_SH: torch.Tensor, num_q_heads: int, num_kv_heads: int, reduce) -> list[int]:
     """Reduce a per-(sample, hash head) value to one per kv head.
 
@@ -61,13 +107,15 @@ def _kv_reduce(x_SH: torch.Tensor, num_q_heads: int, num_kv_heads: int, reduce) 
     return [int(reduce(x_SH[:, h * g:(h + 1) * g])) for h in range(num_kv_heads)]
 
 
-def plsh_needs(lsh, layout: SPLayout, num_q_heads: int, num_kv_heads: int, causal: bool) -> list[Need]:
+def plsh_needs(lsh, layout: SPLayout, num_q_heads: int, num_kv_heads: int, causal: bool, docs=None) -> list:
     """Need of every rank under a positional LSH hash.
 
     The only blocks that reach outside chunk ``i`` are the one holding its
     first position (to the left) and, non-causal, the one holding its last
     (to the right); over all samples and the query heads of a kv head, the
-    union of their outside parts is one range per side.
+    union of their outside parts is one range per side. ``docs``
+    (:class:`~plsh_dist.distributed.sp.documents.SPDocuments`): blocks are cut
+    at document starts too, so each row's need stops at its documents.
     """
     needs = []
     for r in range(layout.size):
@@ -78,18 +126,18 @@ def plsh_needs(lsh, layout: SPLayout, num_q_heads: int, num_kv_heads: int, causa
         else:
             hi = _kv_reduce(lsh.next_block_start(end - 1), num_q_heads, num_kv_heads, torch.max)
         needs.append(Need(tuple(min(x, first) for x in lo), tuple(max(x, end) for x in hi)))
-    return needs
+    return _cut_at_documents(needs, layout, docs)
 
 
-def window_needs(window: int, layout: SPLayout, num_kv_heads: int, causal: bool) -> list[Need]:
+def window_needs(window: int, layout: SPLayout, num_kv_heads: int, causal: bool, docs=None) -> list:
     """Need of every rank under sliding-window attention: keys within
-    ``window - 1`` positions of the chunk."""
+    ``window - 1`` positions of the chunk (and of its rows' documents, ``docs``)."""
     needs = []
     for r in range(layout.size):
         lo = layout.start(r) - (window - 1)
         hi = layout.end(r) + (0 if causal else window - 1)
         needs.append(Need((lo,) * num_kv_heads, (hi,) * num_kv_heads))
-    return needs
+    return _cut_at_documents(needs, layout, docs)
 
 
 # ---------------------------------------------------------------------------
@@ -99,12 +147,17 @@ def window_needs(window: int, layout: SPLayout, num_kv_heads: int, causal: bool)
 
 @dataclass(frozen=True)
 class Piece:
-    """``length`` tokens of kv head ``head``: owner's local index ``src``, receiver's halo slot ``dst``."""
+    """``length`` tokens of kv head ``head``: owner's local index ``src``, receiver's halo slot
+    ``dst``; of batch row ``row``, or of every row when None."""
 
     head: int
     src: int
     dst: int
     length: int
+    row: int | None = None
+
+    def rows(self) -> slice:
+        return slice(None) if self.row is None else slice(self.row, self.row + 1)
 
 
 @dataclass
@@ -115,8 +168,9 @@ class Transfer:
     side: str
     pieces: list[Piece] = field(default_factory=list)
 
-    def tokens(self) -> int:
-        return sum(p.length for p in self.pieces)
+    def tokens(self, batch: int) -> int:
+        """(row, head, position) triples the message carries for a batch of ``batch`` rows."""
+        return sum(p.length * (batch if p.row is None else 1) for p in self.pieces)
 
 
 def _side_ranges(layout: SPLayout, lo: int, hi: int, owners) -> list[tuple[int, int, int]]:
@@ -129,22 +183,25 @@ def _side_ranges(layout: SPLayout, lo: int, hi: int, owners) -> list[tuple[int, 
     return out
 
 
-def _transfers(layout: SPLayout, i: int, need: Need) -> list[tuple[int, Transfer]]:
+def _transfers(layout: SPLayout, i: int, need) -> list[tuple[int, Transfer]]:
     """All messages towards receiver ``i``: (owner, Transfer with peer = i)."""
     first, end = layout.start(i), layout.end(i)
+    H = len(need.lo)
     sides = (
-        ("left", min(need.lo), first, range(0, i), need.lo, [first] * len(need.lo)),
-        ("right", end, max(need.hi), range(i + 1, layout.size), [end] * len(need.hi), need.hi),
+        ("left", min(need.lo), first, range(0, i), lambda n: (n.lo, [first] * H)),
+        ("right", end, max(need.hi), range(i + 1, layout.size), lambda n: ([end] * H, n.hi)),
     )
     result = []
-    for side, lo, hi, owners, head_lo, head_hi in sides:
+    for side, lo, hi, owners, head_range in sides:
         slot = 0
         for j, a, b in _side_ranges(layout, lo, hi, owners):
             t = Transfer(peer=i, side=side)
-            for h in range(len(head_lo)):
-                ha, hb = max(a, head_lo[h]), min(b, head_hi[h])
-                if hb > ha:
-                    t.pieces.append(Piece(h, ha - layout.start(j), slot + ha - a, hb - ha))
+            for row, row_need in _by_row(need):
+                head_lo, head_hi = head_range(row_need)
+                for h in range(H):
+                    ha, hb = max(a, head_lo[h]), min(b, head_hi[h])
+                    if hb > ha:
+                        t.pieces.append(Piece(h, ha - layout.start(j), slot + ha - a, hb - ha, row))
             if t.pieces:
                 result.append((j, t))
             slot += b - a
@@ -185,9 +242,10 @@ class HaloPlan:
         right = pos(_side_ranges(layout, end, max(need.hi), range(me + 1, layout.size)))
         return cls(recv, send, left, right)
 
-    def recv_tokens(self) -> int:
-        """(head, position) pairs this rank receives."""
-        return sum(t.tokens() for t in self.recv)
+    def recv_tokens(self, batch: int = 1) -> int:
+        """(head, position) pairs this rank receives (per row; with per-row pieces, (row, head,
+        position) triples of a ``batch``-row call)."""
+        return sum(t.tokens(batch) for t in self.recv)
 
 
 # ---------------------------------------------------------------------------
@@ -197,7 +255,8 @@ class HaloPlan:
 
 def _pack(tensors: list[torch.Tensor], pieces: list[Piece], index: str) -> torch.Tensor:
     """Flatten the pieces of each (B, n, Hkv, D) tensor, tensor by tensor, into one buffer."""
-    parts = [x[:, getattr(p, index):getattr(p, index) + p.length, p.head].reshape(-1) for x in tensors for p in pieces]
+    parts = [x[p.rows(), getattr(p, index):getattr(p, index) + p.length, p.head].reshape(-1)
+             for x in tensors for p in pieces]
     return torch.cat(parts)
 
 
@@ -207,13 +266,14 @@ def _unpack_into(buf: torch.Tensor, tensors: list[torch.Tensor], pieces: list[Pi
     for x in tensors:
         B, D = x.shape[0], x.shape[3]
         for p in pieces:
-            a = getattr(p, index)
-            n = B * p.length * D
-            chunk = buf[off:off + n].view(B, p.length, D).to(x.dtype)
+            a, rows = getattr(p, index), p.rows()
+            nb = B if p.row is None else 1
+            n = nb * p.length * D
+            chunk = buf[off:off + n].view(nb, p.length, D).to(x.dtype)
             if add:
-                x[:, a:a + p.length, p.head] += chunk
+                x[rows, a:a + p.length, p.head] += chunk
             else:
-                x[:, a:a + p.length, p.head] = chunk
+                x[rows, a:a + p.length, p.head] = chunk
             off += n
 
 
@@ -237,7 +297,7 @@ class PendingHalo:
         self.like = k
         self.works, self.bufs = [], []
         for t in plan.recv:  # receives first, so a sender never waits on an unposted receive
-            buf = k.new_empty(2 * B * t.tokens() * D)
+            buf = k.new_empty(2 * t.tokens(B) * D)
             self.bufs.append((t, buf))
             self.works.append(_irecv(layout, buf, t.peer, "fwd"))
         for t in plan.send:
@@ -265,7 +325,7 @@ class PendingGrads:
         self.works, self.bufs = [], []
         B, _, Hkv, D = like.shape
         for t in plan.send:  # gradients for the tokens this rank sent in forward
-            buf = like.new_empty(2 * B * t.tokens() * D)
+            buf = like.new_empty(2 * t.tokens(B) * D)
             self.bufs.append((t, buf))
             self.works.append(_irecv(layout, buf, t.peer, "bwd"))
         for t in plan.recv:

@@ -180,6 +180,79 @@ def error_cases(rank: int, world: int, group) -> None:
     expect("'hash' differs", lambda: sp.plsh_attention(q, q, q, positions=pos, **{**kw, "seed": rank}))
     expect("'window' differs", lambda: sp.alibi_attention(q, q, q, slopes=alibi_slopes(2), positions=pos,
                                                           window=5 + rank))
+    whole = 12 * world
+    cu = torch.tensor([0, 5 + rank, whole])  # a document layout that differs between ranks
+    expect("'documents' differs", lambda: sp.plsh_attention(q, q, q, positions=pos, cu_seqlens=cu, **kw))
+    expect("cu_seqlens must start at 0 and end at batch * seqlen",
+           lambda: sp.alibi_attention(q, q, q, slopes=alibi_slopes(2), positions=pos,
+                                      cu_seqlens=torch.tensor([0, 12])))
+    rows = torch.stack([pos, pos + 1])
+    expect("equal for every batch row", lambda: sp.plsh_attention(q.expand(2, -1, -1, -1), q.expand(2, -1, -1, -1),
+                                                                  q.expand(2, -1, -1, -1), positions=rows, **kw))
 
 
-CASES = {"plsh": plsh_cases, "alibi": alibi_cases, "errors": error_cases}
+# Documents of the two rows (lengths sum to T = 240): a 1-token document, documents longer
+# than a chunk at every world size, and starts at 60 and 120 (chunk starts at P = 2, 3, 4).
+DOC_LENGTHS = ([1, 59, 100, 80], [60, 60, 120])
+
+
+def _doc_cu() -> torch.Tensor:
+    offsets = [0]
+    for row in DOC_LENGTHS:
+        for n in row:
+            offsets.append(offsets[-1] + n)
+    return torch.tensor(offsets, dtype=torch.int32)
+
+
+def _doc_of(row: int) -> torch.Tensor:
+    """Document index of every token of ``row``, LongTensor[T]."""
+    return torch.repeat_interleave(torch.arange(len(DOC_LENGTHS[row])), torch.tensor(DOC_LENGTHS[row]))
+
+
+def _check_document_halo(stats, lsh, offset, causal, dtype, group):
+    """Bytes received = the (row, head, position) triples sharing a document-cut block with the chunk."""
+    P, r = dist.get_world_size(group), dist.get_rank(group)
+    buckets = lsh.buckets(torch.arange(T) + offset)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    pairs = 0
+    for b in range(B):
+        doc = _doc_of(b)
+        # a document cut: combine bucket and document into one id per token
+        cut = buckets * (T + 1) + doc
+        pairs += sum(len(n) for n in needed_pairs(cut, r, P, causal))
+    expected = pairs * D * itemsize * 2
+    assert stats["fwd_recv_bytes"] == expected, (r, stats, expected)
+    assert stats["bwd_sent_bytes"] == expected, (r, stats, expected)
+    Tl = T // P
+    starts_everywhere = all(r * Tl in [0, *torch.tensor(DOC_LENGTHS[b]).cumsum(0).tolist()] for b in range(B))
+    if causal and starts_everywhere:
+        assert stats["fwd_recv_bytes"] == 0, (r, stats)  # the chunk starts a document in every row
+    return starts_everywhere
+    return expected
+
+
+def document_cases(rank: int, world: int, group) -> None:
+    """Packed documents crossing rank boundaries: every mode equals the single process with the
+    same offsets; halos carry no key of an earlier document."""
+    cu = _doc_cu()
+    sigma = torch.tensor([0.7, 3.0, 25.0, 120.0], dtype=torch.float64)
+    for method in ("per_sample", "onepass"):
+        for causal, s in ((True, 4), (False, 3)):
+            stats = _run_and_compare(plsh_attention, torch.float64, 8, 500, group, sigma=sigma, num_samples=s,
+                                     seed=3, causal=causal, method=method, cu_seqlens=cu)
+            starts = _check_document_halo(stats, PositionalLSH(sigma, s, 3), 500, causal, torch.float64, group)
+            if causal and rank > 0 and not starts:
+                assert stats["fwd_recv_bytes"] > 0, stats  # the document crosses into this chunk: a real halo
+        stats = _run_and_compare(plsh_attention, torch.float64, 9, 0, group, sigma=40.0, num_samples=2, seed=1,
+                                 method=method, cu_seqlens=cu)
+        _check_document_halo(stats, PositionalLSH(40.0, 2, 1), 0, True, torch.float64, group)
+    _run_and_compare(fixed_blocks_attention, torch.float64, 10, 0, group, sigma=50.0, cu_seqlens=cu)
+    slopes = alibi_slopes(HQ) / 4
+    for causal in (True, False):
+        _run_and_compare(alibi_attention, torch.float64, 11, 30, group, slopes=slopes, causal=causal, cu_seqlens=cu)
+        _run_and_compare(alibi_attention, torch.float64, 12, 30, group, slopes=slopes, causal=causal, window=70,
+                         cu_seqlens=cu)
+    _run_and_compare(causal_attention, torch.float64, 13, 0, group, cu_seqlens=cu)
+
+
+CASES = {"plsh": plsh_cases, "alibi": alibi_cases, "errors": error_cases, "documents": document_cases}

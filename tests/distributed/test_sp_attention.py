@@ -13,11 +13,12 @@ from tests.distributed import sp_worker
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_sequence_parallel_matches_single_process(world, tmp_path):
     """PLSH (per-head and shared sigma, causal and not, fixed blocks), exact and
-    windowed ALiBi and plain causal attention; at world size 2 also the wrong
+    windowed ALiBi and plain causal attention, all of them also with packed documents
+    crossing rank boundaries; at world size 2 also the wrong
     setups (mismatched chunk lengths, gapped or swapped positions, different
     seeds or windows), which must raise ValueError on every rank.
     One spawn per world size: process start-up dominates these small cases."""
-    cases = ("plsh", "alibi") + (("errors",) if world == 2 else ())
+    cases = ("plsh", "alibi", "documents") + (("errors",) if world == 2 else ())
     mp.spawn(sp_worker.run, args=(world, str(tmp_path / "rendezvous"), cases), nprocs=world, join=True)
 
 

@@ -4,7 +4,8 @@ Exact ALiBi gives every key a nonzero weight, so each rank needs every key:
 the forward all-gathers K/V (``(P - 1) * chunk`` per rank, ring attention's
 volume) and the backward reduce-scatters dK/dV; each rank then runs the
 single-process :func:`~plsh_dist.ops.alibi.alibi_forward` /
-:func:`~plsh_dist.ops.alibi.alibi_backward` on its queries against all keys.
+:func:`~plsh_dist.ops.alibi.alibi_backward` on its queries against all keys
+(with packed documents, only its queries' documents' keys are computed on).
 
 Legend: B batch, T local tokens, P ranks, Hq / Hkv query / key-value heads, D head dim.
 """
@@ -15,9 +16,10 @@ import torch
 import torch.distributed as dist
 
 from plsh_dist.distributed.comm_stats import record_bytes, record_call
+from plsh_dist.distributed.sp.documents import SPDocuments, alibi_rows_backward, alibi_rows_forward, documents_crc
 from plsh_dist.distributed.sp.signature import call_signature, slopes_crc
 from plsh_dist.distributed.sp_layout import SPLayout, exchange_layout
-from plsh_dist.ops.alibi import alibi_backward, alibi_forward, default_chunk_size
+from plsh_dist.ops.alibi import default_chunk_size
 
 __all__ = ["SPAlibiGather", "all_gather_kv", "reduce_scatter_kv"]
 
@@ -48,27 +50,29 @@ class SPAlibiGather(torch.autograd.Function):
     """Exact ALiBi: all-gather K/V forward, reduce-scatter dK/dV backward (O(T) per rank)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, pos, slopes, causal, scale, chunk, group):
+    def forward(ctx, q, k, v, pos, slopes, causal, scale, chunk, group, cu_seqlens=None):
         needs_grad = any(ctx.needs_input_grad[:3])
-        sig = call_signature("alibi_gather", q, k, causal, scale, needs_grad, slopes=slopes_crc(slopes))
+        sig = call_signature("alibi_gather", q, k, causal, scale, needs_grad, slopes=slopes_crc(slopes),
+                             documents=documents_crc(cu_seqlens))
         layout = exchange_layout(group, pos, sig)
         record_call()
         P, T = layout.size, layout.length
+        docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, layout, q.shape[0])  # checked first
         kv_all = all_gather_kv(layout, k, v)
         k_pos = torch.cat([torch.arange(f, f + T) for f in layout.firsts])
         chunk = chunk or default_chunk_size(q.shape[2], P * T)
         kw = dict(causal=causal, window=None, scale=scale, chunk=chunk)
-        out, lse = alibi_forward(q, kv_all[0], kv_all[1], pos, k_pos, slopes, **kw)
+        out, lse = alibi_rows_forward(q, kv_all[0], kv_all[1], pos, k_pos, slopes, docs, **kw)
         if needs_grad:
             ctx.save_for_backward(q, kv_all, out, lse)
-            ctx.pos, ctx.k_pos, ctx.slopes, ctx.kw, ctx.layout = pos, k_pos, slopes, kw, layout
+            ctx.pos, ctx.k_pos, ctx.slopes, ctx.kw, ctx.layout, ctx.docs = pos, k_pos, slopes, kw, layout, docs
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, kv_all, out, lse = ctx.saved_tensors
-        dq, dk_all, dv_all = alibi_backward(
-            dout.contiguous(), q, kv_all[0], kv_all[1], out, lse, ctx.pos, ctx.k_pos, ctx.slopes, **ctx.kw
+        dq, dk_all, dv_all = alibi_rows_backward(
+            dout.contiguous(), q, kv_all[0], kv_all[1], out, lse, ctx.pos, ctx.k_pos, ctx.slopes, ctx.docs, **ctx.kw
         )
         dk, dv = reduce_scatter_kv(ctx.layout, dk_all, dv_all)
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None

@@ -16,9 +16,10 @@ import torch
 
 from plsh_dist.distributed.comm_stats import record_call
 from plsh_dist.distributed.halo import HaloPlan, post_grads, post_kv, window_needs
+from plsh_dist.distributed.sp.documents import SPDocuments, alibi_rows_backward, alibi_rows_forward, documents_crc
 from plsh_dist.distributed.sp.signature import call_signature, slopes_crc
 from plsh_dist.distributed.sp_layout import exchange_layout
-from plsh_dist.ops.alibi import alibi_backward, alibi_forward, default_chunk_size
+from plsh_dist.ops.alibi import default_chunk_size
 from plsh_dist.ops.merge import accum_dtype
 
 __all__ = ["SPAlibiWindow"]
@@ -35,14 +36,15 @@ class SPAlibiWindow(torch.autograd.Function):
     """Sliding-window exact ALiBi; the rows near the chunk edges read the halo."""
 
     @staticmethod
-    def forward(ctx, q, k, v, pos, slopes, causal, window, scale, chunk, group):
+    def forward(ctx, q, k, v, pos, slopes, causal, window, scale, chunk, group, cu_seqlens=None):
         B, T, Hq, D = q.shape
         needs_grad = any(ctx.needs_input_grad[:3])
         sig = call_signature("alibi_window", q, k, causal, scale, needs_grad, slopes=slopes_crc(slopes),
-                             window=window)
+                             window=window, documents=documents_crc(cu_seqlens))
         layout = exchange_layout(group, pos, sig)
         record_call()
-        plan = HaloPlan.build(layout, window_needs(window, layout, k.shape[2], causal))
+        docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, layout, B)
+        plan = HaloPlan.build(layout, window_needs(window, layout, k.shape[2], causal, docs))
         chunk = chunk or default_chunk_size(Hq, min(T + plan.left_pos.numel() + plan.right_pos.numel(), 2 * window))
         kw = dict(causal=causal, window=window, scale=scale, chunk=chunk)
         i0, i1 = _window_rows(T, window, causal)
@@ -51,17 +53,19 @@ class SPAlibiWindow(torch.autograd.Function):
         lse = torch.empty(B, Hq, T, dtype=accum_dtype(q.dtype), device=q.device)
         pending = post_kv(layout, plan, k, v)
         if i1 > i0:  # rows whose window is local, while the halo is in flight
-            out[:, i0:i1], lse[:, :, i0:i1] = alibi_forward(q[:, i0:i1], k, v, pos[i0:i1], pos, slopes, **kw)
+            out[:, i0:i1], lse[:, :, i0:i1] = alibi_rows_forward(q[:, i0:i1], k, v, pos[i0:i1], pos, slopes, docs,
+                                                                 **kw)
         halos = pending.wait()
         (lk, lv), (rk, rv) = halos["left"], halos["right"]
         k_e, v_e = torch.cat([lk, k, rk], dim=1), torch.cat([lv, v, rv], dim=1)
         pos_e = torch.cat([plan.left_pos, pos, plan.right_pos])
         for a, b in ((0, i0), (i1, T)):
             if b > a:
-                out[:, a:b], lse[:, :, a:b] = alibi_forward(q[:, a:b], k_e, v_e, pos[a:b], pos_e, slopes, **kw)
+                out[:, a:b], lse[:, :, a:b] = alibi_rows_forward(q[:, a:b], k_e, v_e, pos[a:b], pos_e, slopes, docs,
+                                                                 **kw)
         if needs_grad:
             ctx.save_for_backward(q, k, v, out, lse, lk, lv, rk, rv)
-            ctx.pos, ctx.slopes, ctx.kw, ctx.layout, ctx.plan = pos, slopes, kw, layout, plan
+            ctx.pos, ctx.slopes, ctx.kw, ctx.layout, ctx.plan, ctx.docs = pos, slopes, kw, layout, plan, docs
         return out
 
     @staticmethod
@@ -79,8 +83,9 @@ class SPAlibiWindow(torch.autograd.Function):
         dv_e = torch.zeros(v_e.shape, dtype=acc, device=v.device)
         for a, b in ((0, i0), (i1, T)):  # edge rows first: they yield the halo gradients
             if b > a:
-                dq[:, a:b], dk_c, dv_c = alibi_backward(
-                    dout[:, a:b], q[:, a:b], k_e, v_e, out[:, a:b], lse[:, :, a:b], pos[a:b], pos_e, slopes, **kw
+                dq[:, a:b], dk_c, dv_c = alibi_rows_backward(
+                    dout[:, a:b], q[:, a:b], k_e, v_e, out[:, a:b], lse[:, :, a:b], pos[a:b], pos_e, slopes,
+                    ctx.docs, **kw
                 )
                 dk_e += dk_c
                 dv_e += dv_c
@@ -88,10 +93,11 @@ class SPAlibiWindow(torch.autograd.Function):
         pending = post_grads(ctx.layout, ctx.plan, halo_grads, like=k)
         dk, dv = dk_e[:, L:L + T].clone(), dv_e[:, L:L + T].clone()
         if i1 > i0:
-            dq[:, i0:i1], dk_c, dv_c = alibi_backward(
-                dout[:, i0:i1], q[:, i0:i1], k, v, out[:, i0:i1], lse[:, :, i0:i1], pos[i0:i1], pos, slopes, **kw
+            dq[:, i0:i1], dk_c, dv_c = alibi_rows_backward(
+                dout[:, i0:i1], q[:, i0:i1], k, v, out[:, i0:i1], lse[:, :, i0:i1], pos[i0:i1], pos, slopes,
+                ctx.docs, **kw
             )
             dk += dk_c
             dv += dv_c
         pending.wait_add(dk, dv)
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None, None

@@ -14,6 +14,12 @@ algorithm runs:
     alibi_attention(window=w)                halo of w - 1         (alibi_window_halo.py)
     causal_attention                         all-gather, zero slopes
 
+Packed documents: ``cu_seqlens`` are the offsets over the flattened *whole*
+(B, P * T_local) batch, the same tensor on every rank (checked), in the
+ops' convention; positions stay the chunk's increasing global positions
+(restarting positions cannot be split over ranks: pass offsets instead).
+Halos stop at document starts (:mod:`plsh_dist.distributed.sp.documents`).
+
 Bind it to a model once with :func:`plsh_dist.distributed.sp.apply_sequence_parallel`.
 """
 
@@ -49,35 +55,52 @@ class SequenceParallelAttention:
 
     def plsh_attention(self, q, k, v, *, sigma, num_samples: int, seed: int, positions=None, causal: bool = True,
                        softmax_scale: float | None = None, backend: str = "auto", sampler: str = "iid",
-                       method: str = "auto"):
+                       method: str = "auto", cu_seqlens=None):
         """:func:`plsh_dist.ops.plsh_attention` of this rank's chunk: (B, T_local, Hq, D).
 
         Both methods move the same halo: the one-pass band is the union of the samples' blocks.
         """
         return self._blocks(q, k, v, PositionalLSH(sigma, num_samples, seed, sampler), positions, causal,
-                            softmax_scale, backend, method)
+                            softmax_scale, backend, method, cu_seqlens)
 
     def fixed_blocks_attention(self, q, k, v, *, sigma, positions=None, causal: bool = True,
-                               softmax_scale: float | None = None, backend: str = "auto", method: str = "auto"):
+                               softmax_scale: float | None = None, backend: str = "auto", method: str = "auto",
+                               cu_seqlens=None):
         """:func:`plsh_dist.ops.fixed_blocks_attention` of this rank's chunk."""
-        return self._blocks(q, k, v, FixedBlocks(sigma), positions, causal, softmax_scale, backend, method)
+        return self._blocks(q, k, v, FixedBlocks(sigma), positions, causal, softmax_scale, backend, method,
+                            cu_seqlens)
 
     def alibi_attention(self, q, k, v, *, slopes, positions=None, causal: bool = True, window: int | None = None,
-                        softmax_scale: float | None = None, chunk_size: int | None = None):
+                        softmax_scale: float | None = None, chunk_size: int | None = None, cu_seqlens=None):
         """:func:`plsh_dist.ops.alibi_attention` of this rank's chunk (exact: all-gather; windowed: halo)."""
-        slopes, pos, scale = check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale, chunk_size)
+        slopes, pos, scale = check_alibi_attention(q, k, v, slopes, _chunk_positions(positions), window,
+                                                   softmax_scale, chunk_size)
         if window is None:
-            return SPAlibiGather.apply(q, k, v, pos, slopes, causal, scale, chunk_size, self.group)
-        return SPAlibiWindow.apply(q, k, v, pos, slopes, causal, window, scale, chunk_size, self.group)
+            return SPAlibiGather.apply(q, k, v, pos, slopes, causal, scale, chunk_size, self.group, cu_seqlens)
+        return SPAlibiWindow.apply(q, k, v, pos, slopes, causal, window, scale, chunk_size, self.group, cu_seqlens)
 
-    def causal_attention(self, q, k, v, *, positions=None, causal: bool = True, softmax_scale: float | None = None):
+    def causal_attention(self, q, k, v, *, positions=None, causal: bool = True, softmax_scale: float | None = None,
+                         cu_seqlens=None):
         """:func:`plsh_dist.ops.causal_attention` of this rank's chunk: exact attention
         over the all-gathered keys (zero ALiBi slopes)."""
         check_qkv(q, k, v)
         scale = softmax_scale_for(q, softmax_scale)
         return self.alibi_attention(q, k, v, slopes=torch.zeros(q.shape[2]), positions=positions, causal=causal,
-                                    softmax_scale=scale)
+                                    softmax_scale=scale, cu_seqlens=cu_seqlens)
 
-    def _blocks(self, q, k, v, lsh, positions, causal, softmax_scale, backend, method):
-        pos, scale, impl, _ = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method)
-        return SPBlockAttention.apply(q, k, v, lsh, pos, causal, scale, impl, self.group)
+    def _blocks(self, q, k, v, lsh, positions, causal, softmax_scale, backend, method, cu_seqlens):
+        pos, scale, impl, _ = check_block_attention(q, k, v, lsh, _chunk_positions(positions), softmax_scale, backend,
+                                                    method)
+        return SPBlockAttention.apply(q, k, v, lsh, pos, causal, scale, impl, self.group, cu_seqlens)
+
+
+def _chunk_positions(positions):
+    """Refuse (B, T) positions that differ between rows or restart: a rank's chunk has one
+    increasing run of global positions (documents go in ``cu_seqlens``)."""
+    if isinstance(positions, torch.Tensor) and positions.dim() == 2 and positions.shape[0] > 1:
+        if not bool((positions == positions[:1]).all()):
+            raise ValueError(
+                "sequence parallelism: positions must be the chunk's global positions, equal for every batch row; "
+                "packed rows with their own layouts go in cu_seqlens (offsets over the whole sequence)"
+            )
+    return positions

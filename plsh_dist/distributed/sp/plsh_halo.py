@@ -23,6 +23,12 @@ call the single-process pure functions of :mod:`plsh_dist.ops.plsh` unchanged:
 In backward the extended piece runs first, its halo gradients are posted back
 to their owners, and the suffix's backward overlaps that traffic.
 
+Packed documents (``cu_seqlens`` over the whole sequence,
+:mod:`plsh_dist.distributed.sp.documents`): each piece runs as one flat row
+of its B rows with the documents its positions fall in, so blocks are cut at
+document starts exactly as in one process, and the halo stops at the first
+token's document (a rank whose chunk starts a document receives nothing).
+
 Legend: B batch, T local tokens, Hq / Hkv query / key-value heads, D head dim,
 L / R left / right halo slots.
 """
@@ -35,9 +41,11 @@ import torch
 
 from plsh_dist.distributed.comm_stats import record_call
 from plsh_dist.distributed.halo import HaloPlan, plsh_needs, post_grads, post_kv
+from plsh_dist.distributed.sp.documents import SPDocuments, documents_crc
 from plsh_dist.distributed.sp.signature import call_signature
 from plsh_dist.distributed.sp_layout import SPLayout, exchange_layout, hash_fingerprint
 from plsh_dist.ops.merge import accum_dtype
+from plsh_dist.ops.documents import flatten_rows, unflatten_lse, unflatten_rows
 from plsh_dist.ops.plsh import plsh_backward, plsh_forward
 
 __all__ = ["SPBlockAttention"]
@@ -58,6 +66,27 @@ def _zero_head_rows(x: torch.Tensor, n: int, dim: int = 1) -> torch.Tensor:
     x = x.clone()
     x.narrow(dim, 0, n).zero_()
     return x
+
+
+def _forward(q, k, v, lsh, pos, docs: SPDocuments | None, **kw):
+    """:func:`plsh_forward` of (B, n) tensors at positions ``pos`` (LongTensor[n]); with
+    documents, on the flattened rows."""
+    if docs is None:
+        return plsh_forward(q, k, v, lsh, pos, **kw)
+    B, flat_docs = q.shape[0], docs.flat(pos)
+    out, lse = plsh_forward(*(flatten_rows(x) for x in (q, k, v)), lsh, flat_docs.positions, docs=flat_docs, **kw)
+    return unflatten_rows(out, B), unflatten_lse(lse, B)
+
+
+def _backward(dout, q, k, v, out, lse, lsh, pos, docs: SPDocuments | None, **kw):
+    """:func:`plsh_backward` as :func:`_forward`; lse (B, Hq, n)."""
+    if docs is None:
+        return plsh_backward(dout, q, k, v, out, lse, lsh, pos, **kw)
+    B, flat_docs = q.shape[0], docs.flat(pos)
+    flat = [flatten_rows(x) for x in (dout, q, k, v, out)]
+    lse_flat = lse.transpose(0, 1).reshape(1, lse.shape[1], -1)  # (B, H, n) -> (1, H, B * n)
+    grads = plsh_backward(*flat, lse_flat, lsh, flat_docs.positions, docs=flat_docs, **kw)
+    return tuple(unflatten_rows(g, B) for g in grads)
 
 
 @dataclass(frozen=True)
@@ -84,27 +113,28 @@ class SPBlockAttention(torch.autograd.Function):
     """Positional LSH attention over an SP group; saves q, k, v, out, lse and the halo."""
 
     @staticmethod
-    def forward(ctx, q, k, v, lsh, pos, causal, scale, impl, group):
+    def forward(ctx, q, k, v, lsh, pos, causal, scale, impl, group, cu_seqlens=None):
         B, T, Hq, D = q.shape
         needs_grad = any(ctx.needs_input_grad[:3])
         sig = call_signature("plsh", q, k, causal, scale, needs_grad, hash=hash_fingerprint(lsh),
-                             hash_heads=lsh.num_heads, samples=lsh.num_samples)
+                             hash_heads=lsh.num_heads, samples=lsh.num_samples, documents=documents_crc(cu_seqlens))
         layout = exchange_layout(group, pos, sig)
         record_call()
-        plan = HaloPlan.build(layout, plsh_needs(lsh, layout, Hq, k.shape[2], causal))
+        docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, layout, B)
+        plan = HaloPlan.build(layout, plsh_needs(lsh, layout, Hq, k.shape[2], causal, docs))
         sp = _split(lsh, layout, causal)
         kw = dict(causal=causal, scale=scale, impl=impl)
 
         pending = post_kv(layout, plan, k, v)
         if sp.a < T:  # blocks that need no halo, computed while it is in flight
             q_s = _zero_head_rows(q[:, sp.a:], sp.s - sp.a)
-            out_s, lse_s = plsh_forward(q_s, k[:, sp.a:], v[:, sp.a:], lsh, pos[sp.a:], **kw)
+            out_s, lse_s = _forward(q_s, k[:, sp.a:], v[:, sp.a:], lsh, pos[sp.a:], docs, **kw)
         halos = pending.wait()
         (lk, lv), (rk, rv) = halos["left"], halos["right"]
         L, R, e = lk.shape[1], rk.shape[1], sp.e
         q_e = _cat(_zeros_rows(q, L), q[:, :e], _zeros_rows(q, R))
         pos_e = _cat(plan.left_pos, pos[:e], plan.right_pos, dim=0)
-        out_e, lse_e = plsh_forward(q_e, _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), lsh, pos_e, **kw)
+        out_e, lse_e = _forward(q_e, _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), lsh, pos_e, docs, **kw)
         out, lse = out_e[:, L:L + e], lse_e[:, :, L:L + e]
         if sp.a < T:
             out = _cat(out, out_s[:, sp.s - sp.a:])
@@ -113,6 +143,7 @@ class SPBlockAttention(torch.autograd.Function):
         if needs_grad:
             ctx.save_for_backward(q, k, v, out, lse, lk, lv, rk, rv)
             ctx.lsh, ctx.pos, ctx.layout, ctx.plan, ctx.sp, ctx.kw = lsh, pos, layout, plan, sp, kw
+            ctx.docs = docs
         return out
 
     @staticmethod
@@ -129,9 +160,9 @@ class SPBlockAttention(torch.autograd.Function):
             return _cat(_zeros_rows(x, L, dim), x.narrow(dim, 0, e), _zeros_rows(x, R, dim), dim=dim)
 
         pos_e = _cat(ctx.plan.left_pos, pos[:e], ctx.plan.right_pos, dim=0)
-        dq_e, dk_e, dv_e = plsh_backward(
+        dq_e, dk_e, dv_e = _backward(
             pad(dout), pad(q), _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), pad(out), pad(lse, 2),
-            lsh, pos_e, **kw,
+            lsh, pos_e, ctx.docs, **kw,
         )
         halo_grads = {"left": (dk_e[:, :L], dv_e[:, :L]), "right": (dk_e[:, L + e:], dv_e[:, L + e:])}
         pending = post_grads(ctx.layout, ctx.plan, halo_grads, like=k)
@@ -146,12 +177,13 @@ class SPBlockAttention(torch.autograd.Function):
         if sp.a < T:
             n = sp.s - sp.a
             a = sp.a
-            dq_s, dk_s, dv_s = plsh_backward(
+            dq_s, dk_s, dv_s = _backward(
                 _zero_head_rows(dout[:, a:], n), _zero_head_rows(q[:, a:], n), k[:, a:], v[:, a:],
-                _zero_head_rows(out[:, a:], n), _zero_head_rows(lse[:, :, a:], n, dim=2), lsh, pos[a:], **kw,
+                _zero_head_rows(out[:, a:], n), _zero_head_rows(lse[:, :, a:], n, dim=2), lsh, pos[a:], ctx.docs,
+                **kw,
             )
             dq[:, sp.s:] = dq_s[:, n:]
             dk[:, a:] += dk_s
             dv[:, a:] += dv_s
         pending.wait_add(dk, dv)
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None
