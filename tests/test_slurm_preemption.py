@@ -67,6 +67,7 @@ FAKE_RANK = (
     "    sys.exit(75)\n"
     "signal.signal(signal.SIGUSR1, stop)\n"
     "signal.signal(signal.SIGTERM, stop)\n"
+    "open(sys.argv[1], 'a').write('rank ready\\n')\n"
     "time.sleep(float(sys.argv[2]))\n"
     "sys.exit(int(sys.argv[3]))\n"
 )
@@ -109,10 +110,10 @@ def job(tmp_path: Path):
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         started.append(proc)
         deadline = time.monotonic() + TIMEOUT
-        while len(pids.read_text().split()) < 2 * NODES:  # every torchrun and its rank are up
+        # every torchrun is up and its rank has installed its handlers
+        while len(pids.read_text().split()) < 2 * NODES or log.read_text().count("rank ready") < NODES:
             assert time.monotonic() < deadline and proc.poll() is None, "the step never started"
             time.sleep(0.05)
-        time.sleep(0.3)  # the ranks install their handlers
         return proc
 
     yield start, log

@@ -458,7 +458,7 @@ def _train_loop(s: TrainSession, stop_after: int | None) -> TrainResult:
         tag_dir = None
         if (periodic or stopping or signalled) and not last:
             tag_dir = _save_checkpoint(s, done, stats.loss)
-            if not signalled:  # a signal that arrived during this save stops the run here
+            if not signalled and cfg.checkpoint.save_on_signal:  # a signal during this save stops the run here
                 signalled = _stop_ranks(s)
         maybe_fail("after_step", done, s.rank)
         if signalled:

@@ -17,7 +17,11 @@ SIGTERM or SIGUSR1 and kills for real some time later. With
    that runs anyway, so checking every step costs no extra collective and no
    extra synchronisation. Every rank reads the same sum, so all stop after the
    same step even when only one rank was signalled, or ranks were signalled
-   at different moments. After a periodic checkpoint one more tiny
+   at different moments. Measured on 2 CPU ranks (gloo, 2 shared cores,
+   interleaved rounds): the 4-element all-reduce 0.42 ms against 0.54 ms
+   for the 3-element one before (noise), a separate 1-element all-reduce
+   +0.6 ms; writing the flag into the tensor ~10 us, paid back by one
+   ``tolist()`` instead of two ``item()`` calls. After a periodic checkpoint one more tiny
    all-reduce asks again, so a signal that arrives during that save stops the
    run right after it (the checkpoint just written is the one to resume from)
    instead of one step later.
@@ -33,9 +37,19 @@ after its grace period), the atomic path keeps the last published
 checkpoint and ``latest`` as they were. A signal during the last step lets
 the run finish normally (final validation, checkpoint, export; exit 0).
 A signal before the first step is acted on after the first step.
-``save_on_signal = false`` leaves the signals' default action (the process
-dies at once; resume from the last periodic checkpoint). Ctrl-C (SIGINT) is
-unchanged: interrupted, exit 130, no checkpoint.
+A signal that arrives before ``train`` installs the handler (imports,
+config loading) keeps its default action. ``save_on_signal = false`` gives
+the signals their default action (the process dies at once; resume from the
+last periodic checkpoint). Ctrl-C (SIGINT) is unchanged: interrupted, exit
+130, no checkpoint.
+
+Launchers: the deepspeed launcher exits with its ranks' 75; torchrun exits 1
+for any failed rank and lists each rank's 75 in its summary; srun returns
+the status of its tasks. Once a rank has left ``train`` preempted it ignores
+further stop signals (``ignore_stop_signals``), so the launcher's SIGTERM to
+the ranks still shutting down does not turn their 75 into -15.
+``launchers/slurm_pretrain.sh`` turns Slurm's time-limit warning into
+USR1 for the ranks and requeues the job after the step (its header).
 """
 
 from __future__ import annotations
