@@ -72,6 +72,7 @@ def checkpoint_qkv(cfg, text_path: str | None) -> list:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import plsh_dist.models  # noqa: F401  registers plsh_dist's exports (model_type qwen3_plsh ...) with Auto*
     from plsh_dist.eval.qkv_capture import capture_qkv
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
