@@ -95,16 +95,25 @@ def _cut_at_documents(needs: list[Need], layout: SPLayout, docs) -> list:
     return out
 
 
-def _kv_reduce(x_SH: torch.Tensor, num_q_heads: int, num_kv_heads: int, reduce) -> list[int]:
-    """Reduce a per-(sample, hash head) value to one per kv head.
+def _kv_reduce(x_PSH: torch.Tensor, num_q_heads: int, num_kv_heads: int, reduce: str) -> list[list[int]]:
+    """Reduce a per-(rank, sample, hash head) value to one per (rank, kv head) (``reduce``:
+    "amin" or "amax").
 
     Hash head ``h`` serves query head ``h`` (or all query heads when H = 1);
     query head ``hq`` reads kv head ``hq // (Hq // Hkv)``.
     """
-    if x_SH.shape[1] == 1:
-        return [int(reduce(x_SH))] * num_kv_heads
+    P, s, H = x_PSH.shape
+    if H == 1:
+        return getattr(x_PSH.view(P, -1), reduce)(dim=1)[:, None].expand(P, num_kv_heads).tolist()
     g = num_q_heads // num_kv_heads
-    return [int(reduce(x_SH[:, h * g:(h + 1) * g])) for h in range(num_kv_heads)]
+    return getattr(x_PSH.view(P, s, num_kv_heads, g), reduce)(dim=(1, 3)).tolist()
+
+
+def _block_bounds_at(lsh, positions: list[int], after: bool) -> torch.Tensor:
+    """First position of the block holding each position (``after``: the first position
+    after it), LongTensor (P, s, H): the hash's own formula, one vectorised call for all ranks."""
+    p = torch.tensor(positions, dtype=torch.long)[:, None, None].expand(len(positions), *lsh.shift.shape)
+    return lsh.bucket_start(lsh.bucket_of(p) + int(after))
 
 
 def plsh_needs(lsh, layout: SPLayout, num_q_heads: int, num_kv_heads: int, causal: bool, docs=None) -> list:
@@ -117,15 +126,16 @@ def plsh_needs(lsh, layout: SPLayout, num_q_heads: int, num_kv_heads: int, causa
     (:class:`~plsh_dist.distributed.sp.documents.SPDocuments`): blocks are cut
     at document starts too, so each row's need stops at its documents.
     """
-    needs = []
-    for r in range(layout.size):
-        first, end = layout.start(r), layout.end(r)
-        lo = _kv_reduce(lsh.block_start_of(first), num_q_heads, num_kv_heads, torch.min)
-        if causal:
-            hi = [end] * num_kv_heads
-        else:
-            hi = _kv_reduce(lsh.next_block_start(end - 1), num_q_heads, num_kv_heads, torch.max)
-        needs.append(Need(tuple(min(x, first) for x in lo), tuple(max(x, end) for x in hi)))
+    P = layout.size
+    firsts = [layout.start(r) for r in range(P)]
+    ends = [layout.end(r) for r in range(P)]
+    lo = _kv_reduce(_block_bounds_at(lsh, firsts, after=False), num_q_heads, num_kv_heads, "amin")
+    if causal:
+        hi = [[end] * num_kv_heads for end in ends]
+    else:
+        hi = _kv_reduce(_block_bounds_at(lsh, [e - 1 for e in ends], after=True), num_q_heads, num_kv_heads, "amax")
+    needs = [Need(tuple(min(x, first) for x in lo_r), tuple(max(x, end) for x in hi_r))
+             for first, end, lo_r, hi_r in zip(firsts, ends, lo, hi)]
     return _cut_at_documents(needs, layout, docs)
 
 
@@ -183,6 +193,13 @@ def _side_ranges(layout: SPLayout, lo: int, hi: int, owners) -> list[tuple[int, 
     return out
 
 
+def _reaches(layout: SPLayout, i: int, need, a: int, b: int) -> bool:
+    """Whether rank ``i``'s halo (either side) overlaps positions [a, b)."""
+    left = min(need.lo) < b and a < layout.start(i)
+    right = max(need.hi) > a and b > layout.end(i)
+    return left or right
+
+
 def _transfers(layout: SPLayout, i: int, need) -> list[tuple[int, Transfer]]:
     """All messages towards receiver ``i``: (owner, Transfer with peer = i)."""
     first, end = layout.start(i), layout.end(i)
@@ -227,7 +244,10 @@ class HaloPlan:
     def build(cls, layout: SPLayout, needs: list[Need]) -> "HaloPlan":
         me = layout.rank
         recv, send = [], []
+        mine = (layout.start(me), layout.end(me))
         for i in range(layout.size):  # fixed order: receiver, then owner
+            if i != me and not _reaches(layout, i, needs[i], *mine):
+                continue  # nothing between i and this rank: O(P) per plan instead of O(P^2)
             for j, t in _transfers(layout, i, needs[i]):
                 if i == me:
                     recv.append(Transfer(peer=j, side=t.side, pieces=t.pieces))
