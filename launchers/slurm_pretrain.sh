@@ -11,7 +11,8 @@
 #   MASTER_PORT           rendezvous port on the first node (default: 15000 + job id % 10000)
 #   PLSH_TIMEOUT_S        [parallel].timeout_s for every collective (default 600; see "Timeouts" below)
 #   PLSH_RESUME           auto | never | a checkpoint dir (default auto; a requeued job always resumes)
-#   MAX_RESTARTS          torchrun restarts of all local ranks after a failure (default 0: Slurm requeues)
+#   MAX_RESTARTS          torchrun restarts of all local ranks after a failure (default 0: Slurm requeues;
+#                         above 0 torchrun would also restart ranks that stopped with 75 for a requeue)
 #   PLSH_CONTAINER_IMAGE  run in this image with pyxis (srun --container-image), e.g. the docker/ image
 #   TORCHRUN              torchrun executable (default: torchrun on PATH, e.g. from an activated .venv)
 #   DRY_RUN=1             print the srun line and each node's torchrun line, then exit

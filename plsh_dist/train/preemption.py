@@ -37,6 +37,12 @@ after its grace period), the atomic path keeps the last published
 checkpoint and ``latest`` as they were. A signal during the last step lets
 the run finish normally (final validation, checkpoint, export; exit 0).
 A signal before the first step is acted on after the first step.
+The trade-off: while ``train`` runs, SIGTERM no longer ends a rank at once.
+A rank that never returns to Python (stuck in a collective or a kernel) does
+not act on it; the launchers follow with SIGKILL after their grace period
+(deepspeed, torchrun and torch.multiprocessing: 30 s; Slurm: KillWait), and
+``[parallel].timeout_s`` still ends a rank whose peer is gone.
+
 A signal that arrives before ``train`` installs the handler (imports,
 config loading) keeps its default action. ``save_on_signal = false`` gives
 the signals their default action (the process dies at once; resume from the
