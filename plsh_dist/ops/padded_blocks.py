@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from plsh_dist.ops.backends import Kernel
-from plsh_dist.ops.block_layout import BlockLayout
+from plsh_dist.ops.block_layout import BlockLayout, GroupedLayout
 from plsh_dist.ops.dense import dense_bwd, dense_fwd
 
 __all__ = ["block_fwd", "block_bwd"]
@@ -39,7 +39,20 @@ def block_fwd(
     scale: float,
     kernel: Kernel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Blockwise attention. Returns out (B, n, G, D) in q's dtype and lse (B, G, n)."""
+    """Blockwise attention. Returns out (B, n, G, D) in q's dtype and lse (B, G, n).
+
+    A :class:`GroupedLayout` runs one padded grid per block-length class (each part's
+    layout gathers from the whole sequence and returns its own tokens)."""
+    if isinstance(layout, GroupedLayout):
+        B, n, G, _ = q_BnGD.shape
+        out = torch.empty_like(q_BnGD)
+        lse = None
+        for part, tokens in layout.parts:
+            o, l = block_fwd(q_BnGD, k_BnGD, v_BnGD, part, causal=causal, scale=scale, kernel=kernel)
+            lse = l.new_empty(B, G, n) if lse is None else lse
+            out.index_copy_(1, tokens, o)
+            lse.index_copy_(2, tokens, l)
+        return out, lse
     B = q_BnGD.shape[0]
     q, k, v = (layout.to_blocks(x) for x in (q_BnGD, k_BnGD, v_BnGD))  # (B * nb, G, L, D)
     out, lse = dense_fwd(q, k, v, causal=causal, scale=scale, bias=_bias(layout, B, causal, q.dtype), kernel=kernel)
@@ -64,6 +77,14 @@ def block_bwd(
     Padding slots carry dout = 0, so they add nothing to dk, dv.
     Returns dq, dk, dv (B, n, G, D) in the inputs' dtype.
     """
+    if isinstance(layout, GroupedLayout):  # blocks partition the tokens: each part writes its own
+        grads = [torch.empty_like(x) for x in (q_BnGD, k_BnGD, v_BnGD)]
+        for part, tokens in layout.parts:
+            part_grads = block_bwd(dout_BnGD, q_BnGD, k_BnGD, v_BnGD, out_BnGD, lse_BGn, part, causal=causal,
+                                   scale=scale, kernel=kernel)
+            for g, pg in zip(grads, part_grads):
+                g.index_copy_(1, tokens, pg)
+        return tuple(grads)
     B = q_BnGD.shape[0]
     q, k, v, out = (layout.to_blocks(x) for x in (q_BnGD, k_BnGD, v_BnGD, out_BnGD))
     dout = layout.to_blocks(dout_BnGD, zero_pads=True)

@@ -23,7 +23,7 @@ import torch
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH
 from plsh_dist.ops.backends import Impl, resolve_backend, resolve_method
-from plsh_dist.ops.block_layout import BlockLayout
+from plsh_dist.ops.block_layout import block_layout
 from plsh_dist.ops.documents import Documents, flat_documents, flatten_rows, unflatten_lse, unflatten_rows
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.merge import accum_dtype, merge_into
@@ -46,12 +46,12 @@ def _dense_kernel(impl: Impl):
 
 
 def _layouts(lsh: PositionalLSH, positions: torch.Tensor, device: torch.device, docs: Documents | None):
-    """Yield (sample, hash head, BlockLayout) for every (t, h); layouts are cheap, never stored."""
+    """Yield (sample, hash head, layout) for every (t, h); layouts are cheap, never stored."""
     buckets = lsh.buckets(positions)  # (s, H, n) on CPU
     doc_starts = None if docs is None else docs.start_mask
     for t in range(buckets.shape[0]):
         for h in range(buckets.shape[1]):
-            yield t, h, BlockLayout.from_buckets(buckets[t, h], device, doc_starts)
+            yield t, h, block_layout(buckets[t, h], device, doc_starts)
 
 
 def _head_major(x_BTHD: torch.Tensor) -> torch.Tensor:

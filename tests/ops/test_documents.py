@@ -175,3 +175,23 @@ def test_positions_must_increase_within_documents():
     with pytest.raises(ValueError, match=r"\(batch, seqlen\)"):
         plsh_attention(q, k, v, sigma=4.0, num_samples=2, seed=0, positions=torch.arange(3 * T).view(3, T),
                        cu_seqlens=_cu())
+
+
+def test_document_cut_blocks_are_grouped_by_length():
+    """Cut pieces of every length would each be padded to the longest block; grouped by
+    length, each grid pads at most 2x (the last class aside), and the parts cover every
+    token once, in block order."""
+    from plsh_dist.hashing import block_starts
+    from plsh_dist.ops.block_layout import BlockLayout, GroupedLayout, block_layout
+
+    buckets = torch.arange(400) // 100  # four blocks of 100
+    doc_starts = torch.zeros(400, dtype=torch.bool)
+    doc_starts[[3, 150, 390]] = True  # pieces of 3, 97, 50, 50, 100, 90, 10
+    layout = block_layout(buckets, None, doc_starts)
+    assert isinstance(layout, GroupedLayout)
+    tokens = torch.cat([t for _, t in layout.parts])
+    assert torch.equal(tokens.sort().values, torch.arange(400))
+    slots = sum(part.num_blocks * part.max_len for part, _ in layout.parts)
+    assert slots < 7 * 100 * 0.8  # one grid would hold 7 x 100 slots
+    assert isinstance(block_layout(buckets, None, None), BlockLayout)  # no documents: the single grid
+    assert bool(block_starts(buckets)[100])
