@@ -1,0 +1,146 @@
+"""Decoding with a KV cache: new queries against all cached (and new) keys, forward only.
+
+A cached decoder step has ``Tq`` new queries at positions ``q_pos`` and ``Tk``
+keys at positions ``k_pos`` (every cached token and the new ones; the
+queries are the last ``Tq`` of them). Each function here returns exactly the
+rows the full causal op computes for those queries over the whole
+sequence, up to rounding:
+
+- exact / windowed ALiBi and no bias: :func:`plsh_dist.ops.alibi.alibi_forward`
+  on the two position sets (zero slopes for no bias); a window hides keys at
+  distance ``>= window``, so only the last ``window`` keys are read.
+- PLSH and fixed blocks, in the one-pass form (``docs/design.md``): query ``i``
+  weights key ``j`` by ``c_ij = #{t : first_t(i) <= p_j <= p_i}``, the number
+  of samples whose block holding ``i`` also holds ``j``, and attends with the
+  bias ``log c_ij`` over its band of keys (from the earliest block start
+  ``min_t first_t(i)`` to ``i``: about ``sigma * (ln s + 0.58)`` keys per hash
+  head). The block starts come from the hash itself
+  (:meth:`PositionalLSH.block_bounds`, O(s) per query), so the masks are those
+  of the same ``(seed, sample, head, position)`` as a full forward's, whichever
+  method (per sample or one pass) that forward used: the two compute the same
+  estimator.
+
+The keys are taken to be the whole sequence: a band reaching before
+``k_pos[0]`` stops there, as a full forward over the cached tokens would.
+
+No autograd (``torch.no_grad``): decoding needs no gradient.
+
+Legend: B batch, Tq new queries, Tk keys, Hq query heads, Hkv key/value heads,
+D head dim, s samples, C queries of one chunk, K keys of one chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from plsh_dist.hashing import PositionalLSH
+from plsh_dist.ops.alibi import alibi_forward, check_slopes
+from plsh_dist.ops.dense import dense_fwd
+from plsh_dist.ops.gqa import repeat_kv
+
+__all__ = ["alibi_decode", "causal_decode", "block_decode", "check_decode_inputs"]
+
+#: Queries per chunk (a decoding step has one; a chunked prefill may have many).
+_CHUNK = 64
+
+
+def check_decode_inputs(q, k, v, q_pos, k_pos) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shapes and positions of a decoding call; returns CPU LongTensors ``(q_pos, k_pos)``.
+
+    q (B, Tq, Hq, D); k, v (B, Tk, Hkv, D) with ``Hq % Hkv == 0``; q_pos [Tq] and
+    k_pos [Tk] strictly increasing, every query position among the keys'.
+    """
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
+        raise ValueError(f"q must be (B, Tq, Hq, D) and k, v (B, Tk, Hkv, D) alike; got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] or q.shape[2] % k.shape[2]:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must share B and D, and Hq must be a "
+                         "multiple of Hkv")
+    q_pos = torch.as_tensor(q_pos).to("cpu", torch.long).reshape(-1)
+    k_pos = torch.as_tensor(k_pos).to("cpu", torch.long).reshape(-1)
+    if q_pos.numel() != q.shape[1] or k_pos.numel() != k.shape[1]:
+        raise ValueError(f"q_pos ({q_pos.numel()}) and k_pos ({k_pos.numel()}) must give one position per "
+                         f"query ({q.shape[1]}) and key ({k.shape[1]})")
+    for name, p in (("q_pos", q_pos), ("k_pos", k_pos)):
+        if p.numel() > 1 and not bool((p[1:] > p[:-1]).all()):
+            raise ValueError(f"{name} must be strictly increasing")
+    hit = torch.searchsorted(k_pos, q_pos)
+    if bool((hit >= k_pos.numel()).any()) or not torch.equal(k_pos[hit.clamp(max=k_pos.numel() - 1)], q_pos):
+        raise ValueError("every query position must also be a key position (the new tokens' keys are in the cache)")
+    return q_pos, k_pos
+
+
+@torch.no_grad()
+def alibi_decode(q, k, v, q_pos, k_pos, *, slopes, window: int | None = None, scale: float | None = None):
+    """Exact (``window=None``) or windowed ALiBi rows of the queries: out (B, Tq, Hq, D)."""
+    q_pos, k_pos = check_decode_inputs(q, k, v, q_pos, k_pos)
+    slopes = check_slopes(slopes, q.shape[2])
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if window is not None:  # keys the window hides are never read (nor repeated for GQA)
+        k0 = int(torch.searchsorted(k_pos, int(q_pos[0]) - window + 1))
+        k, v, k_pos = k[:, k0:], v[:, k0:], k_pos[k0:]
+    out, _ = alibi_forward(q, k, v, q_pos, k_pos, slopes, causal=True, window=window, scale=scale, chunk=_CHUNK)
+    return out
+
+
+def causal_decode(q, k, v, q_pos, k_pos, *, scale: float | None = None):
+    """Rows of plain causal attention (no positional bias): out (B, Tq, Hq, D)."""
+    return alibi_decode(q, k, v, q_pos, k_pos, slopes=torch.zeros(q.shape[2]), scale=scale)
+
+
+def _block_starts(lsh: PositionalLSH, q_pos: torch.Tensor) -> torch.Tensor:
+    """First position of the block holding each query, LongTensor (Hh, Tq, s), every hash
+    head at once: the hash's own bucket and block-start rules (bit for bit those of
+    :meth:`PositionalLSH.block_bounds`), broadcast over the queries."""
+    s, Hh = lsh.shift.shape
+    p = q_pos[:, None, None].expand(-1, s, Hh)
+    return lsh.bucket_start(lsh.bucket_of(p)).permute(2, 0, 1).contiguous()
+
+
+def _count_bias(first_HCs: torch.Tensor, qp: torch.Tensor, kp: torch.Tensor, dtype) -> torch.Tensor:
+    """``log c`` (Hh, C, K) of C queries at ``qp`` against keys at ``kp`` (``-inf`` where
+    c = 0): +1 at each of a query's s block starts, -s just after the query, summed
+    cumulatively along the keys (small integers: exact in float)."""
+    Hh, C, s = first_HCs.shape
+    K = kp.numel()
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    hist = torch.zeros(Hh, C, K + 1, dtype=acc)
+    hist.scatter_add_(2, torch.searchsorted(kp, first_HCs), torch.ones(Hh, C, s, dtype=acc))
+    stop = torch.searchsorted(kp, qp, right=True)[None, :, None].expand(Hh, C, 1)
+    hist.scatter_add_(2, stop, torch.full((Hh, C, 1), -float(s), dtype=acc))
+    c = hist.cumsum_(dim=2)[..., :K]
+    return torch.where(c > 0.5, c.clamp(min=1.0).log(), float("-inf")).to(dtype)
+
+
+@torch.no_grad()
+def block_decode(q, k, v, q_pos, k_pos, lsh: PositionalLSH, *, scale: float | None = None):
+    """PLSH (or fixed-blocks) rows of the queries in the one-pass form: out (B, Tq, Hq, D).
+
+    ``lsh``: the full forward's hash (``PositionalLSH(sigma, s, seed, sampler)``
+    or ``FixedBlocks(sigma)``), one head shared by all query heads or one per
+    query head (query head ``h`` reads kv head ``h // (Hq / Hkv)``).
+
+    All heads run in one dense call per chunk of queries, over the union of
+    their bands (the widest head's); each head's keys outside its own band
+    get ``c = 0`` (weight 0). Only that key range is read and repeated for GQA,
+    so a step costs O(band), not O(cached tokens).
+    """
+    q_pos, k_pos = check_decode_inputs(q, k, v, q_pos, k_pos)
+    B, Tq, Hq, D = q.shape
+    g = Hq // k.shape[2]
+    if lsh.num_heads not in (1, Hq):
+        raise ValueError(f"sigma must be a float or a Tensor[Hq] with Hq={Hq} entries, got {lsh.num_heads} entries")
+    scale = D ** -0.5 if scale is None else float(scale)
+    first = _block_starts(lsh, q_pos)  # (Hh, Tq, s) positions
+    out = torch.empty_like(q)
+    for i0 in range(0, Tq, _CHUNK):
+        i1 = min(Tq, i0 + _CHUNK)
+        qp = q_pos[i0:i1]
+        # block starts are monotone in position: the chunk's first query reaches furthest back
+        k0 = int(torch.searchsorted(k_pos, first[:, i0].min()))
+        k1 = int(torch.searchsorted(k_pos, qp[-1], right=True))
+        bias = _count_bias(first[:, i0:i1], qp, k_pos[k0:k1], q.dtype).to(q.device)  # (Hh, C, K)
+        k_c, v_c = (repeat_kv(x[:, k0:k1], g).transpose(1, 2) for x in (k, v))  # (B, Hq, K, D)
+        o, _ = dense_fwd(q[:, i0:i1].transpose(1, 2), k_c, v_c, causal=False, scale=scale, bias=bias[None])
+        out[:, i0:i1] = o.transpose(1, 2)
+    return out
