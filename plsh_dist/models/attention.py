@@ -28,6 +28,13 @@ Which ops compute: each attention module may carry an attention-ops object
 own once (:func:`plsh_dist.distributed.sp.apply_sequence_parallel`). The
 model code never sees a process group.
 
+KV cache (generation): transformers updates the cache before calling us, so
+keys longer than the queries mean a decoding step: the new queries attend to
+every cached key under the same bias and hash seed rule as a full forward
+(:func:`_decode`, :mod:`plsh_dist.ops.decode`), so decoding token by token
+gives one full forward's logits. Packed documents and sequence parallelism
+are refused with a cache.
+
 Legend: B batch, T tokens (this rank's), Hq query heads, Hkv key/value
 heads, D head dim.
 """
@@ -40,7 +47,8 @@ import torch
 from torch import nn
 
 from plsh_dist import ops as local_ops
-from plsh_dist.hashing import alibi_slopes
+from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
+from plsh_dist.ops import decode as decode_ops
 from plsh_dist.models.config import AttentionConfig
 from plsh_dist.models.runtime import AttentionRuntime
 from plsh_dist.ops.documents import cu_seqlens_from_position_ids
@@ -169,7 +177,9 @@ def plsh_dist_attention(
     Args:
         module: the HF attention module; carries ``plsh_attn_cfg``,
             ``plsh_runtime``, ``layer_idx`` and optionally ``plsh_attention_ops``.
-        query: (B, Hq, T, D); key, value: (B, Hkv, T, D) (after rope, if on).
+        query: (B, Hq, T, D); key, value: (B, Hkv, T, D) (after rope, if on),
+            or (B, Hkv, K, D) with K > T when a KV cache is in use (the cached
+            tokens then the new ones).
         attention_mask: must be None (our mask builder returns None).
         scaling: softmax scale (``head_dim ** -0.5`` in these models).
         position_ids: (B, T) positions (under sequence parallelism the chunk's
@@ -203,19 +213,72 @@ def plsh_dist_attention(
             "window=...) and build the HF config with sliding_window=None"
         )
     B, Hq, T, D = query.shape
-    if key.shape[2] != T:
-        raise ValueError(
-            f"keys ({key.shape[2]}) and queries ({T}) differ in length: a KV cache is in use, which plsh_dist "
-            "attention does not support (use_cache=False)"
-        )
     layer = module.layer_idx
     positions, cu_seqlens = _layout(position_ids, _packed_offsets(kwargs), B, T, runtime)
     q = query.transpose(1, 2)  # (B, T, Hq, D)
-    k = key.transpose(1, 2)  # (B, T, Hkv, D)
-    v = value.transpose(1, 2)  # (B, T, Hkv, D)
-    ops = getattr(module, OPS_ATTR, None) or local_ops
-    out = _dispatch(cfg, runtime, ops, layer, q, k, v, positions, scaling, cu_seqlens)
+    k = key.transpose(1, 2)  # (B, T, Hkv, D); with a KV cache (B, K, Hkv, D), K > T
+    v = value.transpose(1, 2)
+    ops = getattr(module, OPS_ATTR, None)
+    if key.shape[2] != T:
+        return _decode(cfg, runtime, ops, layer, q, k, v, positions, scaling, cu_seqlens), None
+    out = _dispatch(cfg, runtime, ops or local_ops, layer, q, k, v, positions, scaling, cu_seqlens)
     return out, None
+
+
+def _decode(cfg: AttentionConfig, runtime: AttentionRuntime, ops, layer: int, q: torch.Tensor, k: torch.Tensor,
+            v: torch.Tensor, positions: torch.Tensor, scale: float | None,
+            cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+    """A KV-cache step: q (B, T, Hq, D) of the new tokens against k/v (B, K, Hkv, D), every
+    cached token and the new ones (transformers' cache updated before the call).
+
+    The cache holds consecutive tokens, the new ones last, so the keys sit at
+    positions ``p_last - K + 1 .. p_last`` (``p_last`` the last query's position:
+    0 .. K - 1 when generation starts at position 0; inferred from the queries'
+    positions and the cache length, so position_ids must continue the cached
+    tokens: what cannot be is refused, a cache filled under other positions
+    cannot be seen). The queries' rows are those
+    of one full forward over those K tokens (:mod:`plsh_dist.ops.decode`): the
+    same bias and the same hash seed rule (``runtime.layer_seed``), so the PLSH
+    masks are those of the positions under this runtime, whichever
+    ``cfg.method`` the full forward uses. Refused: packed documents and
+    sequence parallelism (their layouts are not kept in a cache).
+    """
+    B, T, Hq, _ = q.shape
+    K = k.shape[1]
+    if ops is not None and ops is not local_ops:
+        raise ValueError(
+            "a KV cache is in use (keys longer than queries) but this model's attention is bound to other ops "
+            f"({type(ops).__name__}, e.g. sequence parallelism); decode on one process with the plain model "
+            "(no apply_sequence_parallel), or pass use_cache=False"
+        )
+    if cu_seqlens is not None or positions.dim() != 1:
+        raise ValueError(
+            "a KV cache is in use but the inputs are packed documents (cu_seq_lens or position_ids restarting "
+            "at 0 / differing between rows); decode one document per row with equal position rows, or pass "
+            "use_cache=False"
+        )
+    if K < T or int(positions[-1]) - int(positions[0]) != T - 1 or int(positions[-1]) < K - 1:
+        raise ValueError(
+            f"a KV cache is in use with {K} keys, but the {T} queries' position_ids {positions.tolist()[:8]}... "
+            f"are not the last {T} of {K} consecutive positions starting at >= 0; pass position_ids that "
+            "continue the cached tokens (or none: transformers then counts from the cache length)"
+        )
+    q_pos = positions.to(torch.long)
+    k_pos = torch.arange(K) + (int(q_pos[-1]) - K + 1)
+    if cfg.bias == "none":
+        return decode_ops.causal_decode(q, k, v, q_pos, k_pos, scale=scale)
+    if cfg.bias in ("alibi", "window"):
+        _, slopes = head_scales(cfg.sigma, Hq)
+        window = cfg.window if cfg.bias == "window" else None
+        return decode_ops.alibi_decode(q, k, v, q_pos, k_pos, slopes=slopes, window=window, scale=scale)
+    sigma, _ = head_scales(cfg.sigma, Hq)
+    if cfg.bias == "plsh":
+        lsh = PositionalLSH(sigma, cfg.num_samples, runtime.layer_seed(layer, cfg.fixed_masks), cfg.sampler)
+    elif cfg.bias == "fixed_blocks":
+        lsh = FixedBlocks(sigma)
+    else:
+        raise ValueError(f"unknown attention bias {cfg.bias!r}")  # unreachable: AttentionConfig checks it
+    return decode_ops.block_decode(q, k, v, q_pos, k_pos, lsh, scale=scale)
 
 
 def _packed_offsets(kwargs: dict) -> torch.Tensor | None:
