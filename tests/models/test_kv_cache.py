@@ -121,3 +121,18 @@ def test_cache_refuses_what_it_cannot_honour(model):
         finally:
             for layer in model.model.layers:
                 layer.self_attn.plsh_attention_ops = None
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_other_families_decode_with_cache(family):
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(presets["tiny"], num_layers=2, family=family)
+    m = build_model(cfg, AttentionConfig(bias="plsh", num_samples=3), AttentionRuntime(run_seed=4),
+                    dtype=torch.float64).eval()
+    ids = _ids(12, seed=8)
+    with torch.no_grad():
+        full = m(input_ids=ids, use_cache=False).logits
+        cache = DynamicCache(config=m.config)
+        steps = [m(input_ids=ids[:, :4], cache=cache, use_cache=True).logits]
+        steps += [m(input_ids=ids[:, t : t + 1], cache=cache, use_cache=True).logits for t in range(4, 12)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, **FP64)
