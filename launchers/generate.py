@@ -9,8 +9,9 @@
 any with :rope=true|false); default the trained attention. The text goes to
 stdout, the statistics (tokens/s) to stderr.
 
-No KV cache yet: every new token re-runs the whole sequence (use_cache=False),
-so the cost per token grows with the length; the statistics line says so.
+Decoding keeps a KV cache (one forward per new token, the logits of a full
+forward); --no-cache re-runs the whole sequence per token instead
+(use_cache=False) to compare. The statistics line names the decoder.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--no-doc-start", action="store_true", help="do not prefix the prompt with EOS (a document start)")
     p.add_argument("--no-stop", action="store_true", help="keep generating past EOS")
+    p.add_argument("--no-cache", action="store_true", help="re-run the whole sequence per token (no KV cache)")
     p.add_argument("--max-context", type=int, default=None, help="override the mode's context limit (tokens)")
     p.add_argument("--tokenizer", default=None, help="tokenizer .model (default: the checkpoint's own)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         result = generate(ck, prompt, max_new_tokens=args.max_new_tokens, mode=args.mode, hash_seed=args.hash_seed,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                           doc_start=not args.no_doc_start, stop_at_eos=not args.no_stop,
-                          max_context=args.max_context)
+                          max_context=args.max_context, use_cache=not args.no_cache)
     except ValueError as exc:
         print(f"generate: error: {exc}", file=sys.stderr)
         return 2

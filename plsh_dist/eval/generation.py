@@ -4,15 +4,17 @@
     result = generate(ck, "def main(", max_new_tokens=64, mode="plsh:s=8")
     print(result.text, result.tokens_per_s)
 
-**No KV cache yet.** plsh_dist attention refuses keys longer than the
-queries (a cache), so every new token re-runs the whole sequence
-(``use_cache=False``, passed explicitly): token ``t`` costs a forward over
-``prompt + t`` tokens. ``Reforward`` is that decoder; a cached decoder plugs
-in behind the same two calls (``prefill(ids)`` -> next-token logits,
-``step(token)`` -> next-token logits) and ``generate(..., decoder=...)``
-uses it unchanged. The masks stay those of one hash seed: PLSH blocks are a
-pure function of (seed, sample, head, position), so re-running the prefix
-reproduces its attention exactly.
+**Decoders.** ``Cached`` (the default) keeps transformers' ``DynamicCache``:
+the prompt is one forward, then each new token one forward of that token
+against the cached keys (plsh_dist attention decodes with a cache in every
+mode, :mod:`plsh_dist.ops.decode`, with the logits of a full forward).
+``Reforward`` (``use_cache=False``, to compare) re-runs the whole sequence per
+token: token ``t`` costs a forward over ``prompt + t`` tokens. Both sit behind
+the same two calls (``prefill(ids)`` -> next-token logits, ``step(token)`` ->
+next-token logits); ``generate(..., decoder=...)`` takes any such object.
+The masks stay those of one hash seed: PLSH blocks are a pure function of
+(seed, sample, head, position), so a cached step and a re-run prefix see the
+same attention.
 
 Documents: training packs documents with an EOS after each, so a document
 starts after an EOS; the prompt is prefixed with one (``doc_start=True``),
@@ -36,13 +38,13 @@ from plsh_dist.eval.checkpoint_loading import LoadedCheckpoint
 from plsh_dist.eval.modes import attention_for, parse_modes
 from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig, set_attention_mode
 
-__all__ = ["Reforward", "GenerationResult", "generate", "context_limit", "sample_next"]
+__all__ = ["Cached", "Reforward", "GenerationResult", "generate", "context_limit", "sample_next"]
 
 
 class Reforward:
     """Next-token logits by re-running the whole sequence each step (no KV cache)."""
 
-    description = "full re-forward per token (no KV cache yet: use_cache=False)"
+    description = "full re-forward per token (no KV cache: use_cache=False)"
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
@@ -65,6 +67,37 @@ class Reforward:
         tok = torch.tensor([[token]], dtype=self.ids.dtype, device=self.ids.device)
         self.ids = torch.cat([self.ids, tok], dim=1)
         return self._last_logits()
+
+
+class Cached:
+    """Next-token logits from transformers' KV cache: one forward per new token."""
+
+    description = "KV cache (DynamicCache): one token per forward"
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.cache = None
+        self.n = 0  # tokens in the cache
+        self.device: torch.device | None = None
+
+    @torch.no_grad()
+    def _logits(self, ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(self.n, self.n + ids.shape[1], device=ids.device)[None]
+        out = self.model(input_ids=ids, position_ids=pos, cache=self.cache, use_cache=True, logits_to_keep=1)
+        self.n += ids.shape[1]
+        return out.logits[0, -1].float()
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids`` (1, n) -> logits (V,) of the token after them (a fresh cache)."""
+        from transformers import DynamicCache
+
+        self.cache, self.n = DynamicCache(config=self.model.config), 0
+        self.device = ids.device
+        return self._logits(ids)
+
+    def step(self, token: int) -> torch.Tensor:
+        """Append ``token`` -> logits (V,) of the token after it."""
+        return self._logits(torch.tensor([[token]], dtype=torch.long, device=self.device))
 
 
 def sample_next(logits: torch.Tensor, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
@@ -125,7 +158,7 @@ class GenerationResult:
 def generate(ck: LoadedCheckpoint, prompt: str, *, max_new_tokens: int = 64, mode: str | None = None,
              hash_seed: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, doc_start: bool = True, stop_at_eos: bool = True, max_context: int | None = None,
-             decoder=None) -> GenerationResult:
+             decoder=None, use_cache: bool = True) -> GenerationResult:
     """Continue ``prompt`` with the checkpoint's model.
 
     Args:
@@ -136,7 +169,8 @@ def generate(ck: LoadedCheckpoint, prompt: str, *, max_new_tokens: int = 64, mod
         temperature, top_k, top_p, seed: sampling (``temperature=0``: greedy).
         doc_start: prefix the prompt with EOS (a document start, module doc).
         max_context: override the mode's context limit (``context_limit``).
-        decoder: object with ``prefill``/``step``/``description``; default ``Reforward(model)``.
+        decoder: object with ``prefill``/``step``/``description``; default ``Cached(model)``
+            (``Reforward(model)`` with ``use_cache=False``).
     Raises ValueError for bad arguments or a prompt longer than the mode supports.
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -171,7 +205,8 @@ def generate(ck: LoadedCheckpoint, prompt: str, *, max_new_tokens: int = 64, mod
     model = ck.model
     device = next(model.parameters()).device
     set_attention_mode(model, attn, AttentionRuntime(run_seed=run_seed))
-    decoder = decoder if decoder is not None else Reforward(model)
+    if decoder is None:
+        decoder = Cached(model) if use_cache else Reforward(model)
     gen = torch.Generator().manual_seed(seed)
     model.eval()
     new: list[int] = []

@@ -1,5 +1,5 @@
-"""launchers/generate.py: prompt -> text by full re-forward per token (no KV cache yet),
-equal to a hand-written greedy loop and to transformers' own generate(); modes
+"""launchers/generate.py: prompt -> text with a KV cache (default) or by full re-forward
+per token, equal to a hand-written greedy loop and to transformers' own generate(); modes
 selectable; the tokens/s line; context limits and bad arguments as clear errors."""
 
 from __future__ import annotations
@@ -63,7 +63,9 @@ def test_greedy_equals_a_full_forward_loop_and_hf_generate(exports):
             x = torch.tensor([ids + want])
             want.append(int(ck.model(input_ids=x, use_cache=False).logits[0, -1].argmax()))
     assert res.completion == ck.tokenizer.decode(want) and res.new_tokens == 6
-    assert res.prompt_tokens == len(ids) and "no KV cache" in res.summary() and "tokens/s" in res.summary()
+    assert res.prompt_tokens == len(ids) and "KV cache (DynamicCache)" in res.summary() and "tokens/s" in res.summary()
+    again = generate(ck, "def wrap(", max_new_tokens=6, stop_at_eos=False, use_cache=False)
+    assert again.completion == res.completion and "no KV cache" in again.summary()
     # transformers' generate() on the same export (its generation_config has use_cache=false).
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(exports["plsh"]))
     out = hf.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, eos_token_id=None)
@@ -94,7 +96,10 @@ def test_launcher_modes_and_tokens_per_s(exports, capsys):
                                        "--max-new-tokens", "3", "--mode", mode, "--no-stop"]) == 0
         out = capsys.readouterr()
         assert out.out.startswith("import os\n")
-        assert "tokens/s" in out.err and "full re-forward per token (no KV cache yet" in out.err
+        assert "tokens/s" in out.err and "KV cache (DynamicCache)" in out.err
+    assert generate_launcher.main(["--checkpoint", str(exports["plsh"]), "--prompt", "import os\n",
+                                   "--max-new-tokens", "3", "--no-cache", "--no-stop"]) == 0
+    assert "full re-forward per token (no KV cache" in capsys.readouterr().err
     assert generate_launcher.main(["--checkpoint", str(exports["plsh"]), "--prompt", "a", "--max-new-tokens", "3",
                                    "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--seed", "1"]) == 0
 
