@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reference", default=None,
                    help="mode to pair every other mode with (perplexity ratio over the same windows), e.g. alibi")
     p.add_argument("--max-windows", type=int, default=16, help="windows per length (0 = all the data fills)")
+    p.add_argument("--document-masking", action="store_true",
+                   help="attend within documents only (each ends with EOS); off by default, comparable with "
+                        "earlier results and the paper's protocol")
     p.add_argument("--tokenizer", default=None, help="tokenizer .model (default: the checkpoint's own)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--no-progress", action="store_true")
@@ -84,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                                       max_windows=args.max_windows or None, tokenizer=args.tokenizer,
                                       split=args.split, sp_group=sp_group, progress=not args.no_progress,
                                       align=not args.no_align, ci=args.ci, ci_level=args.ci_level,
-                                      bootstrap_resamples=args.bootstrap_resamples, reference=args.reference)
+                                      bootstrap_resamples=args.bootstrap_resamples, reference=args.reference,
+                                      document_masking=args.document_masking)
     except ValueError as exc:
         print(f"evaluate: error: {exc}", file=sys.stderr)
         return 2

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from plsh_dist.data.packing import document_cu_seqlens
 from plsh_dist.distributed.sp import apply_sequence_parallel
 from plsh_dist.distributed.sp_chunks import sp_bounds
 from plsh_dist.eval.checkpoint_loading import LoadedCheckpoint, load_for_eval
@@ -62,15 +63,21 @@ METRICS = ("loss", "perplexity", "bits_per_token", "accuracy")
 
 
 @torch.no_grad()
-def _score_window(model, toks: torch.Tensor, score_from: int, sp_group) -> TokenSums:
-    """Sums of one window (toks (L + 1,)), this rank's chunk only under SP."""
+def _score_window(model, toks: torch.Tensor, score_from: int, sp_group, eos_id: int | None = None) -> TokenSums:
+    """Sums of one window (toks (L + 1,)), this rank's chunk only under SP. ``eos_id``:
+    mask attention by document (a document ends with its EOS; the whole window's layout,
+    as in training's ``[data].document_masking``)."""
     L = toks.numel() - 1
     inputs, labels = toks[:-1], toks[1:]  # shift on the whole window, then cut (as in training)
     lo, hi = 0, L
     if sp_group is not None:
         lo, hi = sp_bounds(L, dist.get_rank(sp_group), dist.get_world_size(sp_group), name="context length")
     pos = torch.arange(lo, hi)
-    hidden = model.model(input_ids=inputs[None, lo:hi], position_ids=pos[None]).last_hidden_state[0]  # (T_loc, H)
+    packed = {}
+    if eos_id is not None:
+        cu = document_cu_seqlens(inputs[None].numpy(), eos_id)
+        packed = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+    hidden = model.model(input_ids=inputs[None, lo:hi], position_ids=pos[None], **packed).last_hidden_state[0]
     keep = pos >= score_from
     return score_hidden(hidden, model.lm_head, labels[lo:hi], keep)
 
@@ -107,7 +114,8 @@ def evaluate_model(model, trained_attention, tokens: np.ndarray, lengths: Sequen
                    modes: Sequence[EvalMode] | str, *, seeds: Sequence[int] = (0, 1, 2),
                    scorings: Sequence[str] = ("whole",), last_tokens: int | None = None,
                    max_windows: int | None = None, sp_group=None, progress: bool = True, align: bool = True,
-                   ci: str = "se", ci_level: float = 0.95, bootstrap_resamples: int = 2000) -> list[dict[str, Any]]:
+                   ci: str = "se", ci_level: float = 0.95, bootstrap_resamples: int = 2000,
+                   document_eos: int | None = None) -> list[dict[str, Any]]:
     """Rows of results, one per (mode, scoring, length); see the module doc.
 
     Args:
@@ -123,6 +131,9 @@ def evaluate_model(model, trained_attention, tokens: np.ndarray, lengths: Sequen
             scored span ends (the same target tokens at every length).
         ci, ci_level, bootstrap_resamples: the confidence interval over windows
             (``"se"``: t x standard error; ``"bootstrap"``: percentile bootstrap).
+        document_eos: score with documents masked (a token attends only within its
+            document, which ends with this EOS id); None (the default, for comparability
+            with earlier results and the paper) attends across documents.
     Raises ValueError before any work if a length cannot be filled.
     """
     if isinstance(modes, str):
@@ -164,7 +175,8 @@ def evaluate_model(model, trained_attention, tokens: np.ndarray, lengths: Sequen
                     per_window = []
                     for i, w in enumerate(windows):
                         runtime.set_step(i)  # fresh, reproducible masks per window
-                        per_window.append(_score_window(model, window_tokens(tokens, w), w.score_from, sp_group))
+                        per_window.append(_score_window(model, window_tokens(tokens, w), w.score_from, sp_group,
+                                                         document_eos))
                         if bar is not None:
                             bar.set_postfix_str(f"{mode.name} L={L} {scoring}")
                             bar.update(1)
@@ -198,7 +210,8 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, data: str | None, lengths: S
                         last_tokens: int | None = None, max_windows: int | None = 16,
                         tokenizer: str | None = None, split: str = "val", sp_group=None,
                         progress: bool = True, align: bool = True, ci: str = "se", ci_level: float = 0.95,
-                        bootstrap_resamples: int = 2000, reference: str | None = None) -> dict[str, Any]:
+                        bootstrap_resamples: int = 2000, reference: str | None = None,
+                        document_masking: bool = False) -> dict[str, Any]:
     """Load ``checkpoint_dir``, evaluate it, write outputs to ``out_dir`` (rank 0) and return the results.
 
     ``data``: None = the checkpoint's own validation split (its training data
@@ -206,6 +219,8 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, data: str | None, lengths: S
     ``datasets`` name (``name[:config]``, split ``split``). The returned dict
     is what ``results.json`` holds: ``{"checkpoint", "data", "trained", "rows", ...}``;
     with ``reference`` (a mode name) also ``"paired"`` (:func:`paired_differences`).
+    ``document_masking``: attend within documents only (off by default, so results
+    compare with earlier runs and the paper's protocol).
     """
     t0 = time.time()
     modes = parse_modes(modes) if isinstance(modes, str) else list(modes)  # fail before loading anything
@@ -215,7 +230,8 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, data: str | None, lengths: S
         raise ValueError(f"reference mode {reference!r} is not one of the evaluated modes {[m.name for m in modes]}")
     rows = evaluate_model(ck.model, ck.trained_attention, tokens, lengths, modes, seeds=seeds, scorings=scorings,
                           last_tokens=last_tokens, max_windows=max_windows, sp_group=sp_group, progress=progress,
-                          align=align, ci=ci, ci_level=ci_level, bootstrap_resamples=bootstrap_resamples)
+                          align=align, ci=ci, ci_level=ci_level, bootstrap_resamples=bootstrap_resamples,
+                          document_eos=ck.tokenizer.eos_id if document_masking else None)
     results = {
         "checkpoint": str(ck.path),
         "data": data_desc,
@@ -223,6 +239,7 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, data: str | None, lengths: S
         "trained": {"seq_len": ck.run_config.data.seq_len, "attention": ck.trained_attention.to_dict(),
                     "model": ck.model_cfg.to_dict()},
         "lengths": [int(x) for x in lengths],
+        "document_masking": bool(document_masking),
         "modes": [m.name for m in modes],
         "seeds": [int(s) for s in seeds],
         "scorings": list(scorings),

@@ -220,3 +220,31 @@ def test_sequence_parallel_evaluation_matches_single_process(tiny, tmp_path):
         for sa, sb in zip(a["per_seed"], b["per_seed"]):
             assert sb["loss"] == pytest.approx(sa["loss"], **SP_TOL), (a["mode"], a["length"])
             assert sb["accuracy"] == pytest.approx(sa["accuracy"], abs=1.0 / a["tokens"])  # one argmax tie at most
+
+
+def test_document_masking_scores_each_document_on_its_own(tiny):
+    """document_eos: a token attends within its own document only (each ends with EOS), so the
+    window's loss equals separate forwards of its documents; the default attends across them."""
+    ck = load_for_eval(tiny.export)
+    eos = ck.tokenizer.eos_id
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(5, VOCAB, (2 * 40 + 1,), generator=g)
+    tokens[[6, 17, 18, 33, 55]] = eos  # documents of 7, 11, 1, 15, ... tokens, also across windows
+    tokens = tokens.numpy()
+    L = 40
+    kw = dict(max_windows=2, progress=False, seeds=[0])
+    [masked] = evaluate_model(ck.model, ck.trained_attention, tokens, [L], "alibi", document_eos=eos, **kw)
+    [plain] = evaluate_model(ck.model, ck.trained_attention, tokens, [L], "alibi", **kw)
+    from plsh_dist.models import set_attention_mode
+
+    set_attention_mode(ck.model, attention_for(parse_modes("alibi")[0], ck.trained_attention), AttentionRuntime())
+    losses = []
+    with torch.no_grad():
+        for i in range(2):
+            w = torch.as_tensor(tokens[i * L : i * L + L + 1].astype("int64"))
+            starts = [0] + [j + 1 for j in range(L - 1) if int(w[j]) == eos] + [L]
+            for a, b in zip(starts[:-1], starts[1:]):  # each document alone, at its window positions
+                logits = ck.model(input_ids=w[None, a:b], position_ids=torch.arange(a, b)[None]).logits[0]
+                losses.append(F.cross_entropy(logits.double(), w[a + 1:b + 1], reduction="none"))
+    assert masked["loss_mean"] == pytest.approx(torch.cat(losses).mean().item(), **METRIC_TOL)
+    assert abs(masked["loss_mean"] - plain["loss_mean"]) > 1e-6
