@@ -271,14 +271,20 @@ def _decode(cfg: AttentionConfig, runtime: AttentionRuntime, ops, layer: int, q:
         _, slopes = head_scales(cfg.sigma, Hq)
         window = cfg.window if cfg.bias == "window" else None
         return decode_ops.alibi_decode(q, k, v, q_pos, k_pos, slopes=slopes, window=window, scale=scale)
-    sigma, _ = head_scales(cfg.sigma, Hq)
-    if cfg.bias == "plsh":
-        lsh = PositionalLSH(sigma, cfg.num_samples, runtime.layer_seed(layer, cfg.fixed_masks), cfg.sampler)
-    elif cfg.bias == "fixed_blocks":
-        lsh = FixedBlocks(sigma)
-    else:
+    if cfg.bias not in ("plsh", "fixed_blocks"):
         raise ValueError(f"unknown attention bias {cfg.bias!r}")  # unreachable: AttentionConfig checks it
+    seed = runtime.layer_seed(layer, cfg.fixed_masks) if cfg.bias == "plsh" else None
+    lsh = _decode_hash(cfg.bias, cfg.sigma, Hq, cfg.num_samples, seed, cfg.sampler)
     return decode_ops.block_decode(q, k, v, q_pos, k_pos, lsh, scale=scale)
+
+
+@functools.lru_cache(maxsize=256)
+def _decode_hash(bias: str, sigma: float | None, num_heads: int, num_samples: int, seed: int | None,
+                 sampler: str) -> PositionalLSH:
+    """The hash of one layer for decoding, built once per (layer seed, config) rather than
+    once per new token (its draws are a pure function of these; do not modify)."""
+    sig, _ = head_scales(sigma, num_heads)
+    return FixedBlocks(sig) if bias == "fixed_blocks" else PositionalLSH(sig, num_samples, seed, sampler)
 
 
 def _packed_offsets(kwargs: dict) -> torch.Tensor | None:
