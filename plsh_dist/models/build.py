@@ -81,9 +81,9 @@ def build_model(
         model = cls(hf_cfg)
     if dtype is not None:
         model = model.to(dtype=dtype)
-    # Training and perplexity never decode; HF generate() re-runs the whole
-    # sequence per token until plsh_dist attention has a KV cache.
-    model.generation_config.use_cache = False
+    # The HF config keeps use_cache=False (training and perplexity never decode);
+    # generate() decodes with a KV cache, which plsh_dist attention supports.
+    model.generation_config.use_cache = True
     set_attention_mode(model, attn_cfg, runtime if runtime is not None else AttentionRuntime())
     return model
 

@@ -80,7 +80,7 @@ def save_export(model, cfg: RunConfig, tokenizer_path: str | Path | None, direct
     _, trained = cfg.model_configs()
     describe(model.config, trained, cfg.run.seed)
     gen = model.generation_config
-    gen.use_cache = False  # no KV cache yet: HF generate() re-runs the whole sequence per token
+    gen.use_cache = True  # HF generate() decodes with plsh_dist attention's KV cache
     gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = BOS_ID, EOS_ID, PAD_ID
     state = state_dict if state_dict is not None else model.state_dict()
     state = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}

@@ -66,7 +66,7 @@ def test_greedy_equals_a_full_forward_loop_and_hf_generate(exports):
     assert res.prompt_tokens == len(ids) and "KV cache (DynamicCache)" in res.summary() and "tokens/s" in res.summary()
     again = generate(ck, "def wrap(", max_new_tokens=6, stop_at_eos=False, use_cache=False)
     assert again.completion == res.completion and "no KV cache" in again.summary()
-    # transformers' generate() on the same export (its generation_config has use_cache=false).
+    # transformers' generate() on the same export (its generation_config: use_cache=true).
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(exports["plsh"]))
     out = hf.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, eos_token_id=None)
     assert out[0, len(ids):].tolist() == want

@@ -78,7 +78,8 @@ def test_from_pretrained_equals_training_time_evaluation(corpus, tmp_path, famil
     assert table["model_type"] == f"{family}_plsh" and table["architectures"] == [f"{family.capitalize()}PlshForCausalLM"]
     section = table["plsh_dist"]
     assert section["hash_seed"]["run_seed"] == 7 and section["attention"]["bias"] == attention["bias"]
-    assert json.loads((out / "generation_config.json").read_text())["use_cache"] is False
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["use_cache"] is True and (gen["eos_token_id"], gen["pad_token_id"]) == (2, 3)
 
     ref, _ = load_exported(out)  # model_from_weights: what evaluation and validation use
     model = transformers.AutoModelForCausalLM.from_pretrained(str(out))
