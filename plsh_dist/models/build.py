@@ -33,7 +33,8 @@ from plsh_dist.models.rope import set_rope
 from plsh_dist.models.runtime import AttentionRuntime
 
 __all__ = [
-    "build_model", "model_with_weights", "set_attention_mode", "set_attention_ops", "get_runtime", "attention_modules", "count_parameters",
+    "build_model", "model_with_weights", "set_attention_mode", "set_attention_ops", "get_runtime", "attention_modules",
+    "count_parameters",
 ]
 
 

@@ -75,7 +75,8 @@ CASES = [
 def test_from_pretrained_equals_training_time_evaluation(corpus, tmp_path, family, attention):
     out = _export(corpus, tmp_path / "final", family, attention)
     table = json.loads((out / "config.json").read_text())
-    assert table["model_type"] == f"{family}_plsh" and table["architectures"] == [f"{family.capitalize()}PlshForCausalLM"]
+    assert table["model_type"] == f"{family}_plsh"
+    assert table["architectures"] == [f"{family.capitalize()}PlshForCausalLM"]
     section = table["plsh_dist"]
     assert section["hash_seed"]["run_seed"] == 7 and section["attention"]["bias"] == attention["bias"]
     gen = json.loads((out / "generation_config.json").read_text())
