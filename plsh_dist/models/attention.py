@@ -236,8 +236,11 @@ def _decode(cfg: AttentionConfig, runtime: AttentionRuntime, ops, layer: int, q:
     0 .. K - 1 when generation starts at position 0; inferred from the queries'
     positions and the cache length, so position_ids must continue the cached
     tokens: what cannot be is refused, a cache filled under other positions
-    cannot be seen). The queries' rows are those
-    of one full forward over those K tokens (:mod:`plsh_dist.ops.decode`): the
+    cannot be seen). More keys than ``p_last + 1`` are a static cache's
+    (``StaticCache``: slot ``j`` holds position ``j``, the slots after the
+    queries not written yet, zeros: checked on the next and the last slot;
+    such a cache must start at position 0): the first ``p_last + 1`` are used.
+    The queries' rows are those of one full forward over those K tokens (:mod:`plsh_dist.ops.decode`): the
     same bias and the same hash seed rule (``runtime.layer_seed``), so the PLSH
     masks are those of the positions under this runtime, whichever
     ``cfg.method`` the full forward uses. Refused: packed documents and
@@ -257,7 +260,11 @@ def _decode(cfg: AttentionConfig, runtime: AttentionRuntime, ops, layer: int, q:
             "at 0 / differing between rows); decode one document per row with equal position rows, or pass "
             "use_cache=False"
         )
-    if K < T or int(positions[-1]) - int(positions[0]) != T - 1 or int(positions[-1]) < K - 1:
+    last = int(positions[-1])
+    # a static cache (StaticCache): slot j holds position j; the slots after the queries are unwritten (zeros)
+    if K > last + 1 >= T and not bool(k[:, last + 1].any() or k[:, K - 1].any()):
+        k, v, K = k[:, : last + 1], v[:, : last + 1], last + 1
+    if K < T or last - int(positions[0]) != T - 1 or last < K - 1:
         raise ValueError(
             f"a KV cache is in use with {K} keys, but the {T} queries' position_ids {positions.tolist()[:8]}... "
             f"are not the last {T} of {K} consecutive positions starting at >= 0; pass position_ids that "

@@ -136,3 +136,20 @@ def test_other_families_decode_with_cache(family):
         steps = [m(input_ids=ids[:, :4], cache=cache, use_cache=True).logits]
         steps += [m(input_ids=ids[:, t : t + 1], cache=cache, use_cache=True).logits for t in range(4, 12)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, **FP64)
+
+
+def test_static_cache(model):
+    """StaticCache (slot j = position j, unwritten slots after the queries): as the dynamic cache."""
+    from transformers import StaticCache
+
+    set_attention_mode(model, AttentionConfig(bias="plsh", num_samples=4), AttentionRuntime(run_seed=13))
+    ids = _ids(14, seed=9)
+    with torch.no_grad():
+        full = model(input_ids=ids, use_cache=False).logits
+        cache = StaticCache(config=model.config, max_cache_len=32)
+        steps = [model(input_ids=ids[:, :5], cache=cache, use_cache=True).logits]
+        steps += [model(input_ids=ids[:, t : t + 1], cache=cache, use_cache=True).logits for t in range(5, 14)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, **FP64)
+    got = model.generate(ids[:, :6], max_new_tokens=8, do_sample=False, cache_implementation="static",
+                         eos_token_id=None, pad_token_id=0)
+    assert torch.equal(got, _greedy_by_full_forwards(model, ids[:, :6], 8))
