@@ -81,7 +81,7 @@ class DataConfig:
     """Sequences per rank per forward pass."""
     seed: int = 0
     """Shuffling seed; the same on every rank."""
-    document_masking: bool = True
+    document_masking: bool = False
     """Tokens attend within their own packed document only (True), or across the whole window (False).
 
     A document is its tokens and the EOS that ends it; one starts after each
@@ -89,10 +89,12 @@ class DataConfig:
     ``cu_seqlens`` (int32 document offsets over the flattened (B, seq_len)
     batch, flash-attn's varlen convention, the same on every SP rank) and the
     loss passes it to the model. Labels, loss, window order and resume are
-    unchanged. Pretraining should use True: an unrelated document is only
-    noise to attend to, and under PLSH the estimator becomes exactly
-    document-masked ALiBi over fewer keys, so it costs no more. False is plain
-    packing (runs made before this option, the golden debug run)."""
+    unchanged. Pretraining should use True (every shipped pretraining config
+    sets it): an unrelated document is only noise to attend to, and under PLSH
+    the estimator becomes exactly document-masked ALiBi over fewer keys. The
+    field's default stays False, plain packing, so that a config or checkpoint
+    written before this option (which has no such key) resumes, exports and
+    validates exactly as it was trained, never switching mid-run."""
     min_doc_tokens: int = 32
     """Documents with fewer tokens are reported as 'short' and skipped (stubs, licence-only files)."""
     cache_dir: str = "data_cache"

@@ -147,7 +147,7 @@ def test_cu_seqlens_shape_errors():
 
 
 def test_config_default_and_validation():
-    assert DataConfig().document_masking is True
+    assert DataConfig().document_masking is False  # old configs keep plain packing; shipped configs say true
     assert DataConfig(document_masking=False).document_masking is False
     for bad in (1, "true", None):
         with pytest.raises(ValueError, match=r"\[data\]\.document_masking must be a bool \(true or false\)"):
@@ -160,7 +160,8 @@ def test_build_loader_follows_the_config():
     from plsh_dist.data import build_loader
 
     stream = SimpleNamespace(tokens=_stream(), eos_id=E)  # what build_loader reads of a TokenStream
-    on = build_loader(stream, DataConfig(seq_len=16, micro_batch_size=2), sp_rank=1, sp_size=2).next_batch()
+    on = build_loader(stream, DataConfig(seq_len=16, micro_batch_size=2, document_masking=True), sp_rank=1,
+                      sp_size=2).next_batch()
     off = build_loader(stream, DataConfig(seq_len=16, micro_batch_size=2, document_masking=False),
                        sp_rank=1, sp_size=2).next_batch()
     assert "cu_seqlens" not in off and on["cu_seqlens"][-1] == 2 * 16

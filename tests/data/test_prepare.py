@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -34,9 +35,12 @@ def test_quickstart_path_is_cached(tmp_path, monkeypatch):
     assert again.train.path == data.train.path and again.train.num_tokens == data.train.num_tokens
     assert again.reports["train"].counts == data.reports["train"].counts
 
-    loader = build_loader(again.train, cfg, dp_rank=1, dp_size=2, sp_rank=0, sp_size=2)
+    plain = next(iter(build_loader(again.train, cfg, dp_rank=1, dp_size=2, sp_rank=0, sp_size=2)))
+    assert set(plain) == {"input_ids", "labels", "position_ids"}  # document_masking: off by default
+    masked_cfg = dataclasses.replace(cfg, document_masking=True)
+    loader = build_loader(again.train, masked_cfg, dp_rank=1, dp_size=2, sp_rank=0, sp_size=2)
     batch = next(iter(loader))
-    assert set(batch) == {"input_ids", "labels", "position_ids", "cu_seqlens"}  # document_masking: on by default
+    assert set(batch) == {"input_ids", "labels", "position_ids", "cu_seqlens"}
     cu = batch.pop("cu_seqlens")
     assert cu.dtype == torch.int32 and cu[0] == 0 and cu[-1] == 2 * 64  # the whole (B, T) batch, not the SP chunk
     assert all(v.shape == (2, 32) and v.dtype == torch.long for v in batch.values())
