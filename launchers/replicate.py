@@ -23,7 +23,8 @@ length (default 1, 2, 4, 8), on the paper's protocol: the last K tokens
 every length scores the same target tokens; PLSH averaged over hash seeds.
 Corpora (``--corpora``): ``prose``, the Jargon File from Debian's jargon-text
 (``plsh_dist.data.corpus.write_prose_corpus``; install it first), and
-``code``, the embedded stdlib corpus. ``--seeds`` training seeds per mode;
+``code``, 400 files of the embedded stdlib corpus; each is written once, with
+one split for every run (``write_corpora``). ``--seeds`` training seeds per mode;
 the report gives mean ± std over them, a confidence interval over windows,
 and every mode's perplexity ratio to ``--reference`` (exact ALiBi per head by
 default), paired over the same windows and seeds.
@@ -90,13 +91,28 @@ BUDGETS = {
 CORPORA = ("prose", "code")
 
 
-def corpus_overrides(corpus: str, prose_dir: Path) -> list[str]:
+#: Files of the code corpus: stdlib sources chosen and split with seed 0, whatever the training seed.
+CODE_MAX_FILES = 400
+
+
+def write_corpora(corpora: list[str], prose_dir: Path, code_dir: Path) -> None:
+    """Write each corpus once, before any run: the same documents and split for every mode and
+    training seed (the stdlib corpus's split would otherwise follow ``[data].seed``, and runs of
+    different seeds would rewrite one shared directory under each other)."""
+    from plsh_dist.data.corpus import write_prose_corpus, write_stdlib_corpus
+
+    if "prose" in corpora:
+        write_prose_corpus(prose_dir)
+    if "code" in corpora:
+        write_stdlib_corpus(code_dir, val_fraction=0.02, max_files=CODE_MAX_FILES, seed=0)
+
+
+def corpus_overrides(corpus: str, prose_dir: Path, code_dir: Path | None = None) -> list[str]:
     """Data and tokenizer overrides of one corpus (one tokenizer per corpus, trained by the first run)."""
     tok = f"--tokenizer.model_path=data_cache/tokenizer/replicate_{corpus}_bpe2k.model"
-    if corpus == "code":
-        return [tok]  # the config's stdlib corpus (corpus_max_files from configs/quickstart.toml)
-    return [tok, f"--data.train_files={json.dumps([str(prose_dir / 'train.jsonl')])}",
-            f"--data.val_files={json.dumps([str(prose_dir / 'val.jsonl')])}"]
+    root = prose_dir if corpus == "prose" else Path(code_dir or "data_cache/replicate_code_corpus")
+    return [tok, f"--data.train_files={json.dumps([str(root / 'train.jsonl')])}",
+            f"--data.val_files={json.dumps([str(root / 'val.jsonl')])}"]
 
 
 def train_overrides(args: argparse.Namespace, mode: str, seed: int, corpus: str, out_dir: Path) -> list[str]:
@@ -111,14 +127,14 @@ def train_overrides(args: argparse.Namespace, mode: str, seed: int, corpus: str,
         "--checkpoint.every_steps=0", "--checkpoint.resume=never", "--checkpoint.keep_last=1",
         "--logging.eval_every=0", "--logging.eval_batches=0", "--logging.progress=false",
         "--logging.every_steps=10",
-        *corpus_overrides(corpus, Path(args.prose_dir)), *attention,
+        *corpus_overrides(corpus, Path(args.prose_dir), Path(args.code_dir)), *attention,
     ]
 
 
 def _settings(args: argparse.Namespace) -> dict:
     """The sweep's arguments for the report, paths relative to the repository (the report is committed)."""
     out = dict(vars(args))
-    for key in ("config", "out", "results", "prose_dir"):
+    for key in ("config", "out", "results", "prose_dir", "code_dir"):
         path = Path(out[key]).resolve()
         out[key] = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else out[key]
     out["command"] = "python launchers/replicate.py " + " ".join(sys.argv[1:])
@@ -133,6 +149,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/replication", help="run directories (checkpoints; not committed)")
     p.add_argument("--results", default="results/replication", help="small JSON + markdown + PNG")
     p.add_argument("--prose-dir", default="data_cache/jargon_corpus", help="where the prose corpus is written")
+    p.add_argument("--code-dir", default="data_cache/replicate_code_corpus",
+                   help=f"where the code corpus ({CODE_MAX_FILES} stdlib files, split with seed 0) is written")
     p.add_argument("--modes", default=None, help=f"comma-separated subset of {list(MODES)}")
     p.add_argument("--seeds", default=None, help="training seeds (default 0,1,2)")
     p.add_argument("--corpora", default=None, help="prose and/or code")
@@ -171,14 +189,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     out, results_dir = Path(args.out), Path(args.results)
-    if "prose" in args.corpus_list:
-        from plsh_dist.data.corpus import write_prose_corpus
-
-        try:
-            write_prose_corpus(args.prose_dir)
-        except ValueError as exc:
-            print(f"replicate: error: {exc}", file=sys.stderr)
-            return 2
+    try:
+        write_corpora(args.corpus_list, Path(args.prose_dir), Path(args.code_dir))
+    except ValueError as exc:
+        print(f"replicate: error: {exc}", file=sys.stderr)
+        return 2
     env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"), "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     timings: dict[str, float] = {}

@@ -36,8 +36,9 @@ def test_run_overrides(tmp_path):
     assert "--attention.sigma=64.0" in o and "--run.seed=2" in o and "--data.seed=2" in o
     assert f"--data.train_files={json.dumps([str(tmp_path / 'prose' / 'train.jsonl')])}" in o
     assert any(x.endswith("replicate_prose_bpe2k.model") for x in o)
-    code = replicate.train_overrides(args, "rope", 0, "code", tmp_path / "run")
-    assert not any("train_files" in x for x in code)
+    code = replicate.train_overrides(args, "rope", 1, "code", tmp_path / "run")
+    # The code corpus is files too, written once with seed 0: the training seed does not move its split.
+    assert "--data.train_files=[\"data_cache/replicate_code_corpus/train.jsonl\"]" in code
     smoke = replicate._parse(["--smoke"])
     assert (smoke.train_len, smoke.steps, smoke.corpus_list, smoke.seed_list) == (32, 4, ["code"], [0])
     with pytest.raises(SystemExit):
