@@ -38,10 +38,22 @@ __all__ = [
 ]
 
 
-def _causal_lm_class(family: str):
-    from plsh_dist.models.hf_config import MODEL_CLASSES
+#: plsh_dist's transformers model types, filled by :mod:`plsh_dist.models.hf_config` when
+#: ``plsh_dist.models`` is imported (it imports this module, not the other way round).
+_MODEL_TYPES: dict = {}
 
-    return MODEL_CLASSES[family]
+
+def register_model_types(model_classes: dict, config_classes: dict, describe) -> None:
+    """Called once by :mod:`plsh_dist.models.hf_config`: family -> causal-LM class, family ->
+    config class, and the function that writes their ``plsh_dist`` section."""
+    _MODEL_TYPES.update(classes=model_classes, config_classes=config_classes,
+                        config_types=tuple(config_classes.values()), describe=describe)
+
+
+def _causal_lm_class(family: str):
+    if not _MODEL_TYPES:
+        raise RuntimeError("plsh_dist's model types are not registered: import plsh_dist.models")
+    return _MODEL_TYPES["classes"][family]
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:
@@ -75,8 +87,8 @@ def build_model(
     Weights are drawn from torch's global RNG (seed it first for reproducible inits).
     """
     register()
-    hf_cfg = model_cfg.to_hf_config(attn_implementation=IMPLEMENTATION, registered=True)
-    cls = _causal_lm_class(model_cfg.family)
+    cls = _causal_lm_class(model_cfg.family)  # checks that the model types are registered
+    hf_cfg = model_cfg.to_hf_config(attn_implementation=IMPLEMENTATION, config_classes=_MODEL_TYPES["config_classes"])
     ctx = torch.device(device) if device is not None else contextlib.nullcontext()
     with ctx:
         model = cls(hf_cfg)
@@ -145,10 +157,8 @@ def set_attention_mode(
         setattr(module, CFG_ATTR, attn_cfg)
         setattr(module, RUNTIME_ATTR, runtime)
     set_rope(model, attn_cfg.rope)
-    from plsh_dist.models.hf_config import PLSH_CONFIG_TYPES, describe
-
-    if isinstance(model.config, PLSH_CONFIG_TYPES):
-        describe(model.config, attn_cfg, runtime.run_seed)  # config.json describes the model as it now runs
+    if _MODEL_TYPES and isinstance(model.config, _MODEL_TYPES["config_types"]):
+        _MODEL_TYPES["describe"](model.config, attn_cfg, runtime.run_seed)  # config.json describes the model as it now runs
     return model
 
 

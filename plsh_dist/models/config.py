@@ -226,23 +226,18 @@ class ModelConfig:
             )
         return cls(**{**base, **d})
 
-    def to_hf_config(self, attn_implementation: str = "plsh_dist", *, registered: bool = False):
+    def to_hf_config(self, attn_implementation: str = "plsh_dist", *, config_classes: dict | None = None):
         """The transformers config of this model (``Qwen3Config``, ``LlamaConfig``
         or ``MistralConfig``), no sliding window, no KV cache, no dropout.
 
-        ``registered``: the same fields in plsh_dist's own config class of the
-        family (``Qwen3PlshConfig``, model_type ``"qwen3_plsh"``, ...; see
-        :mod:`plsh_dist.models.hf_config`), which ``build_model`` uses so that a
-        saved ``config.json`` names the attention it needs."""
+        ``config_classes``: family -> config class to build instead; ``build_model``
+        passes plsh_dist's own (``Qwen3PlshConfig``, model_type ``"qwen3_plsh"``, ...;
+        :mod:`plsh_dist.models.hf_config`) so that a saved ``config.json`` names the
+        attention it needs."""
         import transformers
 
-        if registered:
-            from plsh_dist.models.hf_config import CONFIG_CLASSES
-
-            classes = CONFIG_CLASSES
-        else:
-            classes = {"qwen3": transformers.Qwen3Config, "llama": transformers.LlamaConfig,
-                       "mistral": transformers.MistralConfig}
+        classes = config_classes or {"qwen3": transformers.Qwen3Config, "llama": transformers.LlamaConfig,
+                                     "mistral": transformers.MistralConfig}
 
         common = dict(
             vocab_size=self.vocab_size,

@@ -45,7 +45,9 @@ from typing import Any
 import torch
 import transformers
 
+from plsh_dist.models.build import model_with_weights, register_model_types, set_attention_mode
 from plsh_dist.models.config import AttentionConfig, ModelConfig
+from plsh_dist.models.runtime import AttentionRuntime
 
 __all__ = [
     "SECTION", "FORMAT", "CONFIG_CLASSES", "MODEL_CLASSES", "MODEL_TYPES", "PLSH_CONFIG_TYPES",
@@ -91,9 +93,6 @@ class _PlshCausalLM:
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
         if isinstance(getattr(config, SECTION, None), dict):
-            from plsh_dist.models.build import set_attention_mode
-            from plsh_dist.models.runtime import AttentionRuntime
-
             attn, seed = read_section(config)
             set_attention_mode(self, attn, AttentionRuntime(**seed))
 
@@ -325,9 +324,6 @@ def load_pretrained(path: str | Path, *, config=None, dtype=None, torch_dtype=No
     switch modes with ``set_attention_mode`` instead). Hub arguments are ignored
     (local directories only). Raises ValueError naming the file and field.
     """
-    from plsh_dist.models.build import model_with_weights
-    from plsh_dist.models.runtime import AttentionRuntime
-
     unknown = sorted(set(kwargs) - _IGNORED)
     if unknown:
         raise ValueError(f"from_pretrained of a plsh_dist model does not support {unknown}; supported: dtype, "
@@ -373,6 +369,7 @@ def register() -> None:
         transformers.AutoConfig.register(cfg_cls.model_type, cfg_cls, exist_ok=True)
         transformers.AutoModelForCausalLM.register(cfg_cls, MODEL_CLASSES[family], exist_ok=True)
         transformers.AutoTokenizer.register(cfg_cls, tokenizer_class=PlshTokenizer, exist_ok=True)
+    register_model_types(MODEL_CLASSES, CONFIG_CLASSES, describe)  # build_model builds these classes
 
 
 register()
