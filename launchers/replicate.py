@@ -33,10 +33,15 @@ Budget (``BUDGETS``; the full grid is 18 modes x 3 seeds x 2 corpora = 108
 runs): the tiny Qwen3 (hidden 128, 4 layers, 4 heads), train length 128,
 micro-batch 4, 100 steps (51,200 tokens per run), evaluation at 128-1024
 tokens on 8 windows of K = 64 scored tokens, 2 hash seeds; two runs at a
-time (``--jobs 2``, one thread each). Estimated from measured runs on a shared
-2-core machine: 45-70 s per run with its evaluation, so about 40-65 minutes
-for the grid. ``--smoke``: 3 modes x 1 seed x the code corpus, 4 steps at
-length 32, for tests.
+time (``--jobs 2``, one thread each). Measured on a 2-core machine shared with
+other jobs (load average ~11; the reduced grid in results/replication_partial,
+24 prose runs): training 1331 s for the 24 runs at 2 at a time (24-111 s each),
+evaluation 86 s per run (14-315 s; PLSH s = 100 the slowest), so the full grid
+would take about 4 hours on that machine. It fits 90 minutes only on a
+machine about 2.7x faster than that loaded one (an unloaded 2-core machine
+may be; not measured), or with fewer evaluation windows / hash seeds: the
+budget target is NOT shown to be met. ``--smoke``: 3 modes x 1 seed x the
+code corpus, 4 steps at length 32, for tests (about 80 s).
 
 A run whose ``final/model.safetensors`` exists is not retrained (rerun after
 an interruption; ``--retrain`` forces it). Writes ``<results>/replication.json``,
