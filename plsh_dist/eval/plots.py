@@ -49,6 +49,23 @@ class Series:
                 raise ValueError(f"Series {self.label!r}: ylow/yhigh need {len(self.y)} points each")
 
 
+def _plain_log_ticks(ax, xs, ys, logx: bool, logy: bool) -> None:
+    """Readable log axes: x ticks at the measured abscissae (few, e.g. context lengths) in plain
+    numbers; y labels in plain numbers when the data span less than a decade (such a range has
+    only minor ticks, which matplotlib labels as overlapping powers of ten)."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    if logx and xs and len(set(xs)) <= 12:
+        ax.set_xticks(sorted(set(xs)))
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    if logy and ys and min(ys) > 0 and max(ys) / min(ys) < 10:
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.tick_params(axis="y", which="minor", labelsize=7)
+
+
 def line_plot(
     path: str | Path,
     panels: Sequence[tuple[str, Sequence[Series]]],
@@ -73,6 +90,7 @@ def line_plot(
                 ax.plot(s.x, s.y, s.style, label=s.label, ms=3, **s.kwargs)
         ax.set_xscale("log" if logx else "linear")
         ax.set_yscale("log" if logy else "linear")
+        _plain_log_ticks(ax, [x for s in series for x in s.x], [y for s in series for y in s.y], logx, logy)
         ax.set_title(title)
         ax.set_xlabel(xlabel)
         ax.grid(True, which="both", alpha=0.3)

@@ -30,7 +30,7 @@ from plsh_dist.eval.extrapolation import evaluate_model
 from plsh_dist.eval.modes import parse_modes
 from plsh_dist.eval.scoring import mean_ci
 
-__all__ = ["replicate_report", "replication_lengths", "summarize", "format_report"]
+__all__ = ["replicate_report", "replication_lengths", "summarize", "format_report", "plot_report"]
 
 
 def replication_lengths(train_len: int, multiples: Sequence[float] = (1, 2, 4, 8)) -> list[int]:
@@ -150,9 +150,6 @@ def replicate_report(runs_dir: str | Path, corpora: Sequence[str], modes: Sequen
                      windows: int, hash_seeds: Sequence[int], last_tokens: int, reference: str | None,
                      settings: dict[str, Any], timings: dict[str, float], ci_level: float = 0.95) -> dict[str, Any]:
     """Evaluate ``runs_dir/<corpus>/<mode>/seed<k>/final`` of every run; write the report to ``results_dir``."""
-    from plsh_dist.eval.extrapolation import ci_series
-    from plsh_dist.eval.plots import line_plot
-
     rows, runs = [], {}
     t_eval = time.time()
     for corpus in corpora:
@@ -180,17 +177,28 @@ def replicate_report(runs_dir: str | Path, corpora: Sequence[str], modes: Sequen
     out.mkdir(parents=True, exist_ok=True)
     (out / "replication.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / "replication.md").write_text(format_report(results))
+    plot_report(results, out / "replication.png")
+    return results
+
+
+def plot_report(results: dict[str, Any], path: str | Path) -> Path:
+    """``replication.png`` of a report (``results`` as in ``replication.json``): one panel per
+    corpus, perplexity vs context length per mode, error bars = std over training seeds."""
+    from plsh_dist.eval.extrapolation import ci_series
+    from plsh_dist.eval.plots import line_plot
+
+    summary = results["summary"]
+    k = summary[0]["scored_per_window"] if summary else None
     panels = []
-    for corpus in corpora:
+    for corpus in dict.fromkeys(r["corpus"] for r in summary):
         series = []
-        for mode in modes:
+        for mode in dict.fromkeys(r["mode"] for r in summary):
             pts = sorted((r for r in summary if r["corpus"] == corpus and r["mode"] == mode), key=lambda r: r["length"])
             if pts:
                 s = ci_series(mode, [{"length": p["length"], "perplexity_mean": p["perplexity_mean"],
                                       "perplexity_std": p["perplexity_std"]} for p in pts])
                 s.kwargs["color"] = _colour(len(series))
                 series.append(s)
-        panels.append((f"{corpus}: trained at L={train_len}, last {last_tokens} tokens", series))
-    line_plot(out / "replication.png", panels, xlabel="context length (tokens)",
-              ylabel="validation perplexity (± std over training seeds)", logx=True, logy=True)
-    return results
+        panels.append((f"{corpus}: trained at L={results['train_len']}, last {k} tokens", series))
+    return line_plot(path, panels, xlabel="context length (tokens)",
+                     ylabel="validation perplexity (± std over training seeds)", logx=True, logy=True)
