@@ -82,7 +82,8 @@ def line_plot(
         for s in series:
             if s.ylow is not None:
                 # y may sit a hair outside its interval (a mean over seeds of exp(loss) vs exp of the mean)
-                err = [[max(0.0, y - lo) for y, lo in zip(s.y, s.ylow)], [max(0.0, hi - y) for y, hi in zip(s.y, s.yhigh)]]
+                err = [[max(0.0, y - lo) for y, lo in zip(s.y, s.ylow)],
+                       [max(0.0, hi - y) for y, hi in zip(s.y, s.yhigh)]]
                 ax.errorbar(s.x, s.y, yerr=err, fmt=s.style, label=s.label, capsize=2, ms=3, **s.kwargs)
             elif s.yerr is not None:
                 ax.errorbar(s.x, s.y, yerr=s.yerr, fmt=s.style, label=s.label, capsize=2, ms=3, **s.kwargs)

@@ -68,11 +68,13 @@ def summarize(rows: list[dict[str, Any]], reference: str | None, ci_level: float
         rs = sorted(rs, key=lambda r: r["train_seed"])
         ppl = [r["perplexity_mean"] for r in rs]
         rec = {"corpus": corpus, "mode": mode, "length": length, "train_seeds": [r["train_seed"] for r in rs],
-               "perplexity_mean": statistics.fmean(ppl), "perplexity_std": statistics.stdev(ppl) if len(ppl) > 1 else 0.0,
+               "perplexity_mean": statistics.fmean(ppl),
+               "perplexity_std": statistics.stdev(ppl) if len(ppl) > 1 else 0.0,
                "loss_mean": statistics.fmean(r["loss_mean"] for r in rs),
                "perplexity_ci_mean": [statistics.fmean(r["perplexity_ci"][i] for r in rs) for i in (0, 1)],
                "hash_std_mean": statistics.fmean(r["perplexity_std"] for r in rs),
-               "targets": rs[0]["targets"], "windows": rs[0]["windows"], "scored_per_window": rs[0]["scored_per_window"]}
+               "targets": rs[0]["targets"], "windows": rs[0]["windows"],
+               "scored_per_window": rs[0]["scored_per_window"]}
         ref = {r["train_seed"]: r for r in cells.get((corpus, reference, length), [])} if reference else {}
         paired = [(r, ref[r["train_seed"]]) for r in rs if r["train_seed"] in ref
                   and ref[r["train_seed"]]["targets"] == r["targets"]]
