@@ -62,9 +62,15 @@ def main(work: Path) -> list[dict]:
     for config, seq_len, extra in RUNS:
         cfg = load_config(None, run_overrides(work, config, seq_len, extra))
         plan = plan_run(cfg, world_size=1, device="cpu")
+        measured, repeats = measure_cpu_peak(cfg), 1
+        if measured > 1.25 * plan.memory.peak:
+            # Seen once in a full CI run under heavy load: a peak one DeepSpeed gradient bucket
+            # (1.9 GB) above every other measurement of the same run. A second measurement tells
+            # a spurious allocation from an underestimate (which both would show); keep the lower.
+            measured, repeats = min(measured, measure_cpu_peak(cfg)), 2
         results.append({"config": config, "seq_len": seq_len, "batch": cfg.data.micro_batch_size, "extra": extra,
                         "estimate": plan.memory.peak, "at": plan.memory.peak_at,
-                        "buckets": plan.memory.states.buckets, "measured": measure_cpu_peak(cfg)})
+                        "buckets": plan.memory.states.buckets, "measured": measured, "measurements": repeats})
     return results
 
 
