@@ -13,7 +13,7 @@ export HF_DATASETS_OFFLINE := 1
 export DS_ACCELERATOR ?= cpu
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: venv quickstart test test-slow gpu-check golden lint bench bench-sp bench-training approx clean-venv
+.PHONY: venv quickstart test test-slow gpu-check golden lint bench bench-sp bench-training approx prose-corpus clean-venv
 
 venv: $(STAMP)
 
@@ -50,6 +50,13 @@ gpu-check:
 	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e . \
 	    || echo "pip install -e . failed: running from the source tree (PYTHONPATH)"
 	$(PYTHON) launchers/gpu_check.py --out $(GPU_OUT)
+
+# The English-prose corpus for experiments (Debian's jargon-text: the Jargon File,
+# public domain; apt needs root and the package registry). Not part of the quickstart.
+PROSE_OUT ?= data_cache/jargon_corpus
+prose-corpus: $(STAMP)
+	test -e /usr/share/doc/jargon-text/jargon.txt.gz || apt-get install -y -q jargon-text
+	$(PY) launchers/prepare_prose_corpus.py --out $(PROSE_OUT)
 
 # Regenerate the debug config's golden losses (tests/train/golden/debug_losses.json)
 # after an intended numerical change; say why in the commit.
