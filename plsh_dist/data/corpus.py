@@ -206,38 +206,49 @@ def write_stdlib_corpus(
     out.mkdir(parents=True, exist_ok=True)
     train_rel, val_rel = _choose_files(list_stdlib_files(root), val_fraction, max_files, seed)
     manifest = _manifest(root, train_rel, val_rel, seed)
-    train_path, val_path, manifest_path = out / "train.jsonl", out / "val.jsonl", out / "manifest.json"
-
-    if manifest_path.exists():
-        try:
-            saved = json.loads(manifest_path.read_text())
-        except json.JSONDecodeError:
-            saved = {}
-        if (
-            saved.get("inputs") == manifest
-            and train_path.exists()
-            and val_path.exists()
-            and train_path.stat().st_size == saved.get("train_bytes")
-            and val_path.stat().st_size == saved.get("val_bytes")
-        ):
-            stats = CorpusStats(**{k: v for k, v in saved["stats"].items() if k != "report"},
-                                report=BadDataReport.from_dict(saved["stats"]["report"]))
-            logger.info("reusing stdlib corpus in %s (%d train / %d val documents)", out, stats.train_docs, stats.val_docs)
-            return CorpusFiles(train=train_path, val=val_path, stats=stats)
-
+    reused = _reuse(out, manifest, "stdlib corpus")
+    if reused is not None:
+        return reused
+    train_path, val_path = out / "train.jsonl", out / "val.jsonl"
     report = BadDataReport()
     train_docs, train_chars = _write_jsonl(root, train_rel, train_path, report)
     val_docs, val_chars = _write_jsonl(root, val_rel, val_path, report)
     stats = CorpusStats(train_docs, val_docs, train_chars, val_chars, report)
     report.log(logger, f"stdlib corpus ({root})")
+    return _publish(out, manifest, stats)
+
+
+def _reuse(out: Path, inputs: dict, what: str) -> CorpusFiles | None:
+    """The corpus in ``out`` if its manifest records ``inputs`` and both files are intact, else None."""
+    train_path, val_path, manifest_path = out / "train.jsonl", out / "val.jsonl", out / "manifest.json"
+    if not manifest_path.exists():
+        return None
+    try:
+        saved = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError:
+        return None
+    if not (saved.get("inputs") == inputs and train_path.exists() and val_path.exists()
+            and train_path.stat().st_size == saved.get("train_bytes")
+            and val_path.stat().st_size == saved.get("val_bytes")):
+        return None
+    stats = CorpusStats(**{k: v for k, v in saved["stats"].items() if k != "report"},
+                        report=BadDataReport.from_dict(saved["stats"]["report"]))
+    logger.info("reusing %s in %s (%d train / %d val documents)", what, out, stats.train_docs, stats.val_docs)
+    return CorpusFiles(train=train_path, val=val_path, stats=stats)
+
+
+def _publish(out: Path, inputs: dict, stats: CorpusStats) -> CorpusFiles:
+    """Write the manifest of the freshly written ``train.jsonl`` / ``val.jsonl`` in ``out``.
+
+    Written last: a crash before this point leaves no manifest, so the next call rewrites."""
+    train_path, val_path, manifest_path = out / "train.jsonl", out / "val.jsonl", out / "manifest.json"
     saved = {
-        "inputs": manifest,
+        "inputs": inputs,
         "train_bytes": train_path.stat().st_size,
         "val_bytes": val_path.stat().st_size,
-        "stats": {"train_docs": train_docs, "val_docs": val_docs, "train_chars": train_chars,
-                  "val_chars": val_chars, "report": report.to_dict()},
+        "stats": {"train_docs": stats.train_docs, "val_docs": stats.val_docs, "train_chars": stats.train_chars,
+                  "val_chars": stats.val_chars, "report": stats.report.to_dict()},
     }
-    # Written last: a crash before this point leaves no manifest, so the next call rewrites.
     tmp = manifest_path.with_name("manifest.json.tmp")
     tmp.write_text(json.dumps(saved, indent=1))
     os.replace(tmp, manifest_path)
@@ -339,20 +350,10 @@ def write_prose_corpus(out_dir: str | os.PathLike, source: str | os.PathLike | N
     inputs = {"format": _PROSE_FORMAT_VERSION, "source": "jargon-file", "source_blake2b":
               hashlib.blake2b(raw, digest_size=16).hexdigest(), "seed": seed, "val_fraction": val_fraction,
               "chunk_chars": chunk_chars}
-    train_path, val_path, manifest_path = out / "train.jsonl", out / "val.jsonl", out / "manifest.json"
-    if manifest_path.exists():
-        try:
-            saved = json.loads(manifest_path.read_text())
-        except json.JSONDecodeError:
-            saved = {}
-        if (saved.get("inputs") == inputs and train_path.exists() and val_path.exists()
-                and train_path.stat().st_size == saved.get("train_bytes")
-                and val_path.stat().st_size == saved.get("val_bytes")):
-            stats = CorpusStats(**{k: v for k, v in saved["stats"].items() if k != "report"},
-                                report=BadDataReport.from_dict(saved["stats"]["report"]))
-            logger.info("reusing prose corpus in %s (%d train / %d val documents)", out, stats.train_docs,
-                        stats.val_docs)
-            return CorpusFiles(train=train_path, val=val_path, stats=stats)
+    reused = _reuse(out, inputs, "prose corpus")
+    if reused is not None:
+        return reused
+    train_path, val_path = out / "train.jsonl", out / "val.jsonl"
     docs = jargon_documents(_read_text(path), chunk_chars)
     val_keys = {k for k, _ in docs if stable_unit_hash(seed, k) < val_fraction}
     lexicon = [k for k, _ in docs if k.startswith("lexicon")]
@@ -372,10 +373,4 @@ def write_prose_corpus(out_dir: str | os.PathLike, source: str | os.PathLike | N
     report = BadDataReport()
     report.files_read, report.kept = 1, len(docs)
     stats = CorpusStats(counts["train"][0], counts["val"][0], counts["train"][1], counts["val"][1], report)
-    saved = {"inputs": inputs, "train_bytes": train_path.stat().st_size, "val_bytes": val_path.stat().st_size,
-             "stats": {"train_docs": stats.train_docs, "val_docs": stats.val_docs, "train_chars": stats.train_chars,
-                       "val_chars": stats.val_chars, "report": report.to_dict()}}
-    tmp = manifest_path.with_name("manifest.json.tmp")
-    tmp.write_text(json.dumps(saved, indent=1))
-    os.replace(tmp, manifest_path)
-    return CorpusFiles(train=train_path, val=val_path, stats=stats)
+    return _publish(out, inputs, stats)
