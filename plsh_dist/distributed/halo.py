@@ -82,12 +82,15 @@ def _cut_at_documents(needs: list[Need], layout: SPLayout, docs) -> list:
     (``docs``: :class:`~plsh_dist.distributed.sp.documents.SPDocuments` or None)."""
     if docs is None:
         return needs
+    firsts = torch.tensor([layout.start(r) for r in range(layout.size)])
+    lasts = torch.tensor([layout.end(r) - 1 for r in range(layout.size)])
+    per_row = [docs.bounds(b, firsts, lasts) for b in range(len(docs.row_starts))]  # ([P] starts, [P] next)
     out = []
     for r, need in enumerate(needs):
-        first, last = layout.start(r), layout.end(r) - 1
+        last = int(lasts[r])
         rows = []
-        for b in range(len(docs.row_starts)):
-            start, nxt = docs.start_of(b, first), docs.next_start(b, last)
+        for begin, nexts in per_row:
+            start, nxt = begin[r], nexts[r]
             lo = tuple(max(x, start) for x in need.lo)
             hi = need.hi if nxt is None else tuple(min(x, max(nxt, last + 1)) for x in need.hi)
             rows.append(Need(lo, hi))

@@ -63,16 +63,15 @@ class SPDocuments:
             rows.append(firsts[g // T] + g % T)
         return cls(rows, layout.end(P - 1) + 1)
 
-    def start_of(self, row: int, position: int) -> int:
-        """First position of the document holding ``position`` in ``row``."""
+    def bounds(self, row: int, firsts: torch.Tensor, lasts: torch.Tensor) -> tuple[list[int], list[int | None]]:
+        """For each (first, last) position pair of ``row`` (LongTensors [P]): the first position
+        of ``first``'s document, and of the document after ``last``'s (None: ``last`` is in the
+        row's last document). One search for all ranks."""
         starts = self.row_starts[row]
-        return int(starts[int(torch.searchsorted(starts, torch.tensor(position), right=True)) - 1])
-
-    def next_start(self, row: int, position: int) -> int | None:
-        """First position of the next document after ``position``'s in ``row`` (None: the last)."""
-        starts = self.row_starts[row]
-        i = int(torch.searchsorted(starts, torch.tensor(position), right=True))
-        return int(starts[i]) if i < starts.numel() else None
+        begin = starts[torch.searchsorted(starts, firsts, right=True) - 1].tolist()
+        after = torch.searchsorted(starts, lasts, right=True)
+        nxt = starts[after.clamp(max=starts.numel() - 1)].tolist()
+        return begin, [n if a < starts.numel() else None for n, a in zip(nxt, after.tolist())]
 
     def ids(self, positions: torch.Tensor) -> torch.Tensor:
         """Document id of every (row, position), flattened row-major: LongTensor[B * n]
