@@ -44,7 +44,8 @@ def check_positions(positions: torch.Tensor | None, seqlen: int, device: torch.d
         raise ValueError("positions must be an integer LongTensor[seqlen] of absolute token positions")
     if positions.dim() == 2:
         if not bool((positions == positions[:1]).all()):
-            raise ValueError("positions (batch, seqlen) must be equal for every batch row; pass a LongTensor[seqlen]")
+            raise ValueError("positions (batch, seqlen) must be equal for every batch row; pass a LongTensor[seqlen] "
+                             "(packed rows with their own document layouts: cu_seqlens)")
         positions = positions[0]
     if positions.dim() != 1 or positions.numel() != seqlen:
         raise ValueError(

@@ -73,8 +73,7 @@ class SequenceParallelAttention:
     def alibi_attention(self, q, k, v, *, slopes, positions=None, causal: bool = True, window: int | None = None,
                         softmax_scale: float | None = None, chunk_size: int | None = None, cu_seqlens=None):
         """:func:`plsh_dist.ops.alibi_attention` of this rank's chunk (exact: all-gather; windowed: halo)."""
-        slopes, pos, scale = check_alibi_attention(q, k, v, slopes, _chunk_positions(positions), window,
-                                                   softmax_scale, chunk_size)
+        slopes, pos, scale = check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale, chunk_size)
         if window is None:
             return SPAlibiGather.apply(q, k, v, pos, slopes, causal, scale, chunk_size, self.group, cu_seqlens)
         return SPAlibiWindow.apply(q, k, v, pos, slopes, causal, window, scale, chunk_size, self.group, cu_seqlens)
@@ -89,18 +88,6 @@ class SequenceParallelAttention:
                                     softmax_scale=scale, cu_seqlens=cu_seqlens)
 
     def _blocks(self, q, k, v, lsh, positions, causal, softmax_scale, backend, method, cu_seqlens):
-        pos, scale, impl, _ = check_block_attention(q, k, v, lsh, _chunk_positions(positions), softmax_scale, backend,
-                                                    method)
+        pos, scale, impl, _ = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method)
         return SPBlockAttention.apply(q, k, v, lsh, pos, causal, scale, impl, self.group, cu_seqlens)
 
-
-def _chunk_positions(positions):
-    """Refuse (B, T) positions that differ between rows or restart: a rank's chunk has one
-    increasing run of global positions (documents go in ``cu_seqlens``)."""
-    if isinstance(positions, torch.Tensor) and positions.dim() == 2 and positions.shape[0] > 1:
-        if not bool((positions == positions[:1]).all()):
-            raise ValueError(
-                "sequence parallelism: positions must be the chunk's global positions, equal for every batch row; "
-                "packed rows with their own layouts go in cu_seqlens (offsets over the whole sequence)"
-            )
-    return positions
