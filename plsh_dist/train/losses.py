@@ -37,14 +37,17 @@ def token_loss_sums(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
     return loss_sum, (labels != IGNORE_INDEX).sum()
 
 
-def packed_kwargs(batch: dict[str, torch.Tensor], device: torch.device) -> dict:
+def packed_kwargs(batch: dict[str, torch.Tensor]) -> dict:
     """The model's document-layout keywords for ``batch``: ``{}`` without ``cu_seqlens``, else
-    ``cu_seq_lens_q/k`` (the int32 offsets on ``device``) and ``max_length_q/k`` (the longest document, int)."""
+    ``cu_seq_lens_q/k`` (the int32 offsets) and ``max_length_q/k`` (the longest document, int).
+
+    The offsets stay on the host: plsh_dist's attention plans its blocks there, so a
+    device copy would only cost a copy and a sync back (once per forward)."""
     cu = batch.get("cu_seqlens")
     if cu is None:
         return {}
-    longest = max_document_length(cu)  # read before the copy: no device sync
-    cu = cu.to(device=device, dtype=torch.int32)
+    cu = cu.to(dtype=torch.int32)
+    longest = max_document_length(cu)
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
 
 
@@ -57,7 +60,7 @@ def forward_sums(model, batch: dict[str, torch.Tensor], device: torch.device) ->
     """
     ids, positions = batch["input_ids"].to(device), batch["position_ids"].to(device)
     labels = batch["labels"].to(device)
-    packed = packed_kwargs(batch, device)
+    packed = packed_kwargs(batch)
     head = chunked_loss_head(model)
     if head is None:
         return token_loss_sums(model(input_ids=ids, position_ids=positions, **packed).logits, labels)

@@ -58,7 +58,7 @@ def test_plain_batches_get_exactly_the_plain_call():
     model = _Recorder()
     batch = split_for_sp(_windows())
     forward_sums(model, batch, CPU)
-    assert packed_kwargs(batch, CPU) == {}
+    assert packed_kwargs(batch) == {}
     (call,) = model.calls
     assert set(call) == {"input_ids", "position_ids"}
 
@@ -132,7 +132,7 @@ def test_chunked_path_equals_plain_path_with_a_layout():
     batch = split_for_sp(_windows(seed=2, seq=32, vocab=model.config.vocab_size), eos_id=EOS_ID)
     ids, pos = batch["input_ids"], batch["position_ids"]
     with torch.no_grad():
-        plain = token_loss_sums(model(input_ids=ids, position_ids=pos, **packed_kwargs(batch, CPU)).logits,
+        plain = token_loss_sums(model(input_ids=ids, position_ids=pos, **packed_kwargs(batch)).logits,
                                 batch["labels"])[0]
         install_chunked_loss(model, chunk_tokens=5)
         chunked = forward_sums(model, batch, CPU)[0]
