@@ -45,7 +45,7 @@ from plsh_dist.distributed.sp.documents import SPDocuments, documents_crc
 from plsh_dist.distributed.sp.signature import call_signature
 from plsh_dist.distributed.sp_layout import SPLayout, exchange_layout, hash_fingerprint
 from plsh_dist.ops.merge import accum_dtype
-from plsh_dist.ops.documents import flatten_rows, unflatten_lse, unflatten_rows
+from plsh_dist.ops.documents import Documents, flatten_rows, unflatten_lse, unflatten_rows
 from plsh_dist.ops.plsh import plsh_backward, plsh_forward
 
 __all__ = ["SPBlockAttention"]
@@ -68,24 +68,24 @@ def _zero_head_rows(x: torch.Tensor, n: int, dim: int = 1) -> torch.Tensor:
     return x
 
 
-def _forward(q, k, v, lsh, pos, docs: SPDocuments | None, **kw):
-    """:func:`plsh_forward` of (B, n) tensors at positions ``pos`` (LongTensor[n]); with
-    documents, on the flattened rows."""
+def _forward(q, k, v, lsh, pos, docs: Documents | None, **kw):
+    """:func:`plsh_forward` of (B, n) tensors at positions ``pos`` (LongTensor[n]); with the
+    flattened rows' documents ``docs`` (:meth:`SPDocuments.flat` of ``pos``), on those rows."""
     if docs is None:
         return plsh_forward(q, k, v, lsh, pos, **kw)
-    B, flat_docs = q.shape[0], docs.flat(pos)
-    out, lse = plsh_forward(*(flatten_rows(x) for x in (q, k, v)), lsh, flat_docs.positions, docs=flat_docs, **kw)
+    B = q.shape[0]
+    out, lse = plsh_forward(*(flatten_rows(x) for x in (q, k, v)), lsh, docs.positions, docs=docs, **kw)
     return unflatten_rows(out, B), unflatten_lse(lse, B)
 
 
-def _backward(dout, q, k, v, out, lse, lsh, pos, docs: SPDocuments | None, **kw):
-    """:func:`plsh_backward` as :func:`_forward`; lse (B, Hq, n)."""
+def _backward(dout, q, k, v, out, lse, lsh, pos, docs: Documents | None, **kw):
+    """:func:`plsh_backward` as :func:`_forward` (the forward's ``docs``); lse (B, Hq, n)."""
     if docs is None:
         return plsh_backward(dout, q, k, v, out, lse, lsh, pos, **kw)
-    B, flat_docs = q.shape[0], docs.flat(pos)
+    B = q.shape[0]
     flat = [flatten_rows(x) for x in (dout, q, k, v, out)]
     lse_flat = lse.transpose(0, 1).reshape(1, lse.shape[1], -1)  # (B, H, n) -> (1, H, B * n)
-    grads = plsh_backward(*flat, lse_flat, lsh, flat_docs.positions, docs=flat_docs, **kw)
+    grads = plsh_backward(*flat, lse_flat, lsh, docs.positions, docs=docs, **kw)
     return tuple(unflatten_rows(g, B) for g in grads)
 
 
@@ -126,15 +126,18 @@ class SPBlockAttention(torch.autograd.Function):
         kw = dict(causal=causal, scale=scale, impl=impl)
 
         pending = post_kv(layout, plan, k, v)
+        docs_s = None
         if sp.a < T:  # blocks that need no halo, computed while it is in flight
             q_s = _zero_head_rows(q[:, sp.a:], sp.s - sp.a)
-            out_s, lse_s = _forward(q_s, k[:, sp.a:], v[:, sp.a:], lsh, pos[sp.a:], docs, **kw)
+            docs_s = None if docs is None else docs.flat(pos[sp.a:])  # kept for the backward
+            out_s, lse_s = _forward(q_s, k[:, sp.a:], v[:, sp.a:], lsh, pos[sp.a:], docs_s, **kw)
         halos = pending.wait()
         (lk, lv), (rk, rv) = halos["left"], halos["right"]
         L, R, e = lk.shape[1], rk.shape[1], sp.e
         q_e = _cat(_zeros_rows(q, L), q[:, :e], _zeros_rows(q, R))
         pos_e = _cat(plan.left_pos, pos[:e], plan.right_pos, dim=0)
-        out_e, lse_e = _forward(q_e, _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), lsh, pos_e, docs, **kw)
+        docs_e = None if docs is None else docs.flat(pos_e)
+        out_e, lse_e = _forward(q_e, _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), lsh, pos_e, docs_e, **kw)
         out, lse = out_e[:, L:L + e], lse_e[:, :, L:L + e]
         if sp.a < T:
             out = _cat(out, out_s[:, sp.s - sp.a:])
@@ -143,7 +146,7 @@ class SPBlockAttention(torch.autograd.Function):
         if needs_grad:
             ctx.save_for_backward(q, k, v, out, lse, lk, lv, rk, rv)
             ctx.lsh, ctx.pos, ctx.layout, ctx.plan, ctx.sp, ctx.kw = lsh, pos, layout, plan, sp, kw
-            ctx.docs = docs
+            ctx.docs_e, ctx.docs_s = docs_e, docs_s
         return out
 
     @staticmethod
@@ -162,7 +165,7 @@ class SPBlockAttention(torch.autograd.Function):
         pos_e = _cat(ctx.plan.left_pos, pos[:e], ctx.plan.right_pos, dim=0)
         dq_e, dk_e, dv_e = _backward(
             pad(dout), pad(q), _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), pad(out), pad(lse, 2),
-            lsh, pos_e, ctx.docs, **kw,
+            lsh, pos_e, ctx.docs_e, **kw,
         )
         halo_grads = {"left": (dk_e[:, :L], dv_e[:, :L]), "right": (dk_e[:, L + e:], dv_e[:, L + e:])}
         pending = post_grads(ctx.layout, ctx.plan, halo_grads, like=k)
@@ -179,7 +182,7 @@ class SPBlockAttention(torch.autograd.Function):
             a = sp.a
             dq_s, dk_s, dv_s = _backward(
                 _zero_head_rows(dout[:, a:], n), _zero_head_rows(q[:, a:], n), k[:, a:], v[:, a:],
-                _zero_head_rows(out[:, a:], n), _zero_head_rows(lse[:, :, a:], n, dim=2), lsh, pos[a:], ctx.docs,
+                _zero_head_rows(out[:, a:], n), _zero_head_rows(lse[:, :, a:], n, dim=2), lsh, pos[a:], ctx.docs_s,
                 **kw,
             )
             dq[:, sp.s:] = dq_s[:, n:]
