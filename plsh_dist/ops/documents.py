@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "Documents", "check_cu_seqlens", "cu_seqlens_from_position_ids", "flat_documents", "flatten_rows",
+    "Documents", "check_cu_seqlens", "cu_seqlens_from_position_ids", "flat_documents", "flatten_lse", "flatten_rows",
     "unflatten_rows", "unflatten_lse",
 ]
 
@@ -199,6 +199,11 @@ def flatten_rows(x_BTHD: torch.Tensor) -> torch.Tensor:
 def unflatten_rows(x_1nHD: torch.Tensor, batch: int) -> torch.Tensor:
     """(1, B * T, H, D) -> (B, T, H, D)."""
     return x_1nHD.reshape(batch, -1, *x_1nHD.shape[2:])
+
+
+def flatten_lse(lse_BHT: torch.Tensor) -> torch.Tensor:
+    """(B, H, T) -> (1, H, B * T), the flat row's layout."""
+    return lse_BHT.transpose(0, 1).reshape(1, lse_BHT.shape[1], -1)
 
 
 def unflatten_lse(lse_1Hn: torch.Tensor, batch: int) -> torch.Tensor:

@@ -24,7 +24,8 @@ import torch
 
 from plsh_dist.distributed.sp_layout import SPLayout
 from plsh_dist.ops.alibi import alibi_backward, alibi_forward
-from plsh_dist.ops.documents import Documents, check_cu_seqlens, flatten_rows, unflatten_lse, unflatten_rows
+from plsh_dist.ops.documents import (Documents, check_cu_seqlens, flatten_lse, flatten_rows, unflatten_lse,
+                                     unflatten_rows)
 
 __all__ = ["SPDocuments", "documents_crc", "alibi_rows_forward", "alibi_rows_backward"]
 
@@ -114,7 +115,7 @@ def alibi_rows_backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, docs: SPD
         return alibi_backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, **kw)
     B = q.shape[0]
     vq, vk, ids = _alibi_flat(docs, q_pos, k_pos)
-    lse_flat = lse.transpose(0, 1).reshape(1, lse.shape[1], -1)
+    lse_flat = flatten_lse(lse)
     grads = alibi_backward(*(flatten_rows(x) for x in (dout, q, k, v, out)), lse_flat, vq, vk, slopes, docs=ids,
                            **kw)
     return tuple(unflatten_rows(g, B) for g in grads)

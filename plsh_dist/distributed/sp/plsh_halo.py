@@ -45,7 +45,7 @@ from plsh_dist.distributed.sp.documents import SPDocuments, documents_crc
 from plsh_dist.distributed.sp.signature import call_signature
 from plsh_dist.distributed.sp_layout import SPLayout, exchange_layout, hash_fingerprint
 from plsh_dist.ops.merge import accum_dtype
-from plsh_dist.ops.documents import Documents, flatten_rows, unflatten_lse, unflatten_rows
+from plsh_dist.ops.documents import Documents, flatten_lse, flatten_rows, unflatten_lse, unflatten_rows
 from plsh_dist.ops.plsh import plsh_backward, plsh_forward
 
 __all__ = ["SPBlockAttention"]
@@ -84,7 +84,7 @@ def _backward(dout, q, k, v, out, lse, lsh, pos, docs: Documents | None, **kw):
         return plsh_backward(dout, q, k, v, out, lse, lsh, pos, **kw)
     B = q.shape[0]
     flat = [flatten_rows(x) for x in (dout, q, k, v, out)]
-    lse_flat = lse.transpose(0, 1).reshape(1, lse.shape[1], -1)  # (B, H, n) -> (1, H, B * n)
+    lse_flat = flatten_lse(lse)
     grads = plsh_backward(*flat, lse_flat, lsh, docs.positions, docs=docs, **kw)
     return tuple(unflatten_rows(g, B) for g in grads)
 
