@@ -65,6 +65,7 @@ from plsh_dist.train.losses import forward_sums
 from plsh_dist.train.metrics_log import MetricsLogger, memory_mb, mfu, startup_summary
 from plsh_dist.train.optim import build_optimizer, build_scheduler
 from plsh_dist.train.preemption import StopRequest, handle_stop_signals, preempted_line
+from plsh_dist.train.resume_check import check_resume_config
 from plsh_dist.train.validation import validation_loss
 
 if TYPE_CHECKING:
@@ -264,6 +265,7 @@ def _resume(cfg: RunConfig, engine, data: DataPipeline) -> tuple[int, tuple[Path
     start_step = 0
     resume = find_resume(cfg.checkpoint.resume, Path(cfg.run.out_dir))
     if resume is not None:
+        check_resume_config(cfg, resume[0] / resume[1])
         state = load_checkpoint(engine, *resume)
         start_step = int(state["step"])
     # Replay exactly the batches a continuous run would see.
