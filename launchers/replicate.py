@@ -63,9 +63,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a clone without installing
 
 
-def _modes(stratified: str = "stratified") -> dict[str, tuple[list[str], str]]:
+def _modes(stratified: str = "stratified", samples: tuple[int, ...] = (8, 20, 100)) -> dict[str, tuple[list[str], str]]:
     """Trained modes: name -> (attention overrides, evaluation mode spec). ``"{sigma}"`` is
-    replaced by the constant sigma."""
+    replaced by the constant sigma; ``samples``: the PLSH modes' s values."""
     modes: dict[str, tuple[list[str], str]] = {
         "rope": (["--attention.bias=none", "--attention.rope=true"], "none"),
         "nope": (["--attention.bias=none", "--attention.rope=false"], "none"),
@@ -74,7 +74,7 @@ def _modes(stratified: str = "stratified") -> dict[str, tuple[list[str], str]]:
     for tag, sig in (("h", []), ("c", const)):
         modes[f"alibi_{tag}"] = (["--attention.bias=alibi", *sig], "alibi")
         modes[f"fixed_{tag}"] = (["--attention.bias=fixed_blocks", *sig], "fixed")
-    for s in (8, 20, 100):
+    for s in samples:
         for sampler, stag in (("iid", "iid"), (stratified, "strat")):
             for tag, sig in (("h", []), ("c", const)):
                 modes[f"plsh_s{s}_{stag}_{tag}"] = (
@@ -164,6 +164,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--sigma", type=float, default=32.0, help="the constant sigma of the *_c modes")
     p.add_argument("--stratified-sampler", default="stratified", help="sampler of the *_strat modes")
+    p.add_argument("--samples", default="8,20,100", help="s values of the plsh_s{s}_* modes")
     p.add_argument("--multiples", default="1,2,4,8", help="evaluation lengths as multiples of the train length")
     p.add_argument("--last-tokens", type=int, default=None, help="K scored tokens per window (default train_len // 2)")
     p.add_argument("--eval-windows", type=int, default=None, help="validation windows per length")
@@ -177,7 +178,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     for key, value in budget.items():
         if getattr(args, key) is None:
             setattr(args, key, value if key != "modes" else ",".join(value))
-    MODES = _modes(args.stratified_sampler)
+    try:
+        samples = tuple(int(v) for v in args.samples.split(",") if v.strip())
+    except ValueError:
+        samples = ()
+    if not samples or min(samples) < 1:
+        p.error(f"--samples: comma-separated ints >= 1, got {args.samples!r}")
+    MODES = _modes(args.stratified_sampler, samples)
     args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
     args.corpus_list = [c.strip() for c in args.corpora.split(",") if c.strip()]
     args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
