@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 #: Samplers of :class:`PositionalLSH` (``sampler=``).
-SAMPLERS = ("iid", "stratified", "stratified_ramp")
+SAMPLERS = ("iid", "stratified", "stratified_ramp", "stratified_ramp_alt")
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
     """ALiBi slopes of Press et al. (2022), Tensor[H] float32.
@@ -122,6 +122,10 @@ class PositionalLSH:
             ``"stratified_ramp"``: the same shared-pitch groups, fewer of
             them with sizes growing with the pitch quantile and antithetic
             pitch jitter (see :meth:`_ramp_unit_draws`); unbiased likewise.
+            ``"stratified_ramp_alt"``: the ramp's groups, sizes and shifts, but
+            one pitch jitter for all groups, alternating ``v, 1 - v`` between
+            neighbouring strata (see :meth:`_ramp_unit_draws`); unbiased
+            likewise.
     """
 
     def __init__(self, sigma, num_samples: int, seed: int = 0, sampler: str = "iid"):
@@ -151,6 +155,8 @@ class PositionalLSH:
             gamma = -np.log(a) - np.log(b)
         elif self.sampler == "stratified_ramp":
             gamma, c = self._ramp_unit_draws(t, h)
+        elif self.sampler == "stratified_ramp_alt":
+            gamma, c = self._ramp_unit_draws(t, h, jitter="alternate")
         else:
             gamma, c = self._stratified_unit_draws(t, h)
         pitch = torch.from_numpy(gamma) * self.sigma[None, :]
@@ -200,7 +206,7 @@ class PositionalLSH:
         unit_shift = np.mod(base_shift[group, h] + member / group_size, 1.0)
         return _gamma2_ppf(quantile)[group, h], unit_shift
 
-    def _ramp_unit_draws(self, t: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _ramp_unit_draws(self, t: np.ndarray, h: np.ndarray, jitter: str = "mirror") -> tuple[np.ndarray, np.ndarray]:
         """Ramped, antithetic stratified Gamma(2, 1) draws and unit shifts, ndarray[s, H] each.
 
         Why: with ``k`` equally spaced shifts under one pitch, a group's
@@ -233,15 +239,35 @@ class PositionalLSH:
         random slot each sample's own marginal is exactly Gamma(2, sigma) x
         Uniform[0, delta) too.  The sizes and ``0.75`` are measured choices
         (``launchers/sampler_ratio.py``).
+
+        ``jitter="alternate"`` (sampler ``"stratified_ramp_alt"``) replaces the
+        mirror pairs by antithetic *neighbours*: one ``v ~ U(0, 1)`` per head
+        for all groups, group ``g`` at ``v`` for even ``g`` and ``1 - v`` for
+        odd ``g``.  The collision fraction ``max(0, 1 - d / delta)`` has
+        nearly the same slope in the quantile over two adjacent strata, so
+        their first-order jitter errors cancel, while the mirror pair
+        ``g, G - 1 - g`` sits where the slopes differ most.  Still unbiased
+        by the same argument: each group's ``v`` or ``1 - v`` is U(0, 1), so
+        its quantile is uniform in its stratum, and the shifts are U(0, 1)
+        given the pitch; the groups' jitters are dependent, which stratified
+        sampling allows (``E[M~]`` is a sum of per-group expectations).
+        Measured (n = 1024, 20 seeds): about 1.1x fewer samples than the
+        mirror jitter at sigma >= 8 (``results/sampler/``).
         """
+        if jitter not in ("mirror", "alternate"):
+            raise ValueError(f"jitter must be 'mirror' or 'alternate', got {jitter!r}")
         s = self.num_samples
         num_groups = max(1, round(0.75 * math.sqrt(s)))
         sizes = _ramp_sizes(s, num_groups)
         first = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         g, hg = np.meshgrid(np.arange(num_groups), h[0], indexing="ij")  # (G, H)
-        mirror = num_groups - 1 - g
-        v = counter_uniform(self.seed, np.minimum(g, mirror), hg, 6)
-        v = np.where(g > mirror, 1.0 - v, v)
+        if jitter == "alternate":
+            v = counter_uniform(self.seed, np.zeros_like(g), hg, 6)  # one v per head, (G, H)
+            v = np.where(g % 2 == 1, 1.0 - v, v)
+        else:
+            mirror = num_groups - 1 - g
+            v = counter_uniform(self.seed, np.minimum(g, mirror), hg, 6)
+            v = np.where(g > mirror, 1.0 - v, v)
         quantile = (first[g] + sizes[g] * v) / s
         base_shift = counter_uniform(self.seed, g, hg, 7)
         # slot[t, h]: rank of sample t among the head's s uniforms, a uniform random permutation.

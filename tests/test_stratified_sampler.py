@@ -196,3 +196,94 @@ def test_ramp_per_head_independent_and_deterministic():
     b = PositionalLSH(sig, 16, 3, "stratified_ramp")
     assert torch.equal(a.pitch, b.pitch) and torch.equal(a.shift, b.shift)
     assert not torch.equal(a.pitch[:, 0], a.pitch[:, 1])  # heads draw their own groups
+
+
+# -- "stratified_ramp_alt": the ramp with one alternating antithetic jitter ------------
+
+
+class _MidpointRampAlt(PositionalLSH):
+    """The plausible bug for the alternating jitter: every pitch quantile at its stratum's midpoint."""
+
+    def _ramp_unit_draws(self, t, h, jitter="mirror"):
+        from plsh_dist.hashing import _ramp_sizes
+
+        gamma, unit = super()._ramp_unit_draws(t, h, jitter)
+        s = self.num_samples
+        sizes = _ramp_sizes(s, max(1, round(0.75 * math.sqrt(s))))
+        edges = np.concatenate([[0], np.cumsum(sizes)]) / s
+        g = np.clip(np.searchsorted(edges, _gamma2_cdf(gamma), side="right") - 1, 0, sizes.size - 1)
+        return _gamma2_ppf((edges[g] + edges[g + 1]) / 2), unit
+
+
+class _SameJitterRampAlt(PositionalLSH):
+    """Another plausible bug: the alternation lost, but the jitter reused as a *fraction of the
+    whole range* (q = v for every group): no longer stratified, and biased toward one pitch."""
+
+    def _ramp_unit_draws(self, t, h, jitter="mirror"):
+        gamma, unit = super()._ramp_unit_draws(t, h, jitter)
+        q = np.broadcast_to(np.sort(_gamma2_cdf(gamma), axis=0)[:1], gamma.shape)
+        return _gamma2_ppf(q), unit
+
+
+# 12, 16: three groups (v, 1 - v, v); 7: two groups, where alternating is the mirror pair.
+# (Even four groups, s = 22 or 30, are left out: there the 5-SE statistic's tail at d ~ 7 sigma,
+# L* ~ 1e-3, exceeds 5 for "stratified_ramp" as well, with seeds 0..399.)
+@pytest.mark.parametrize("s", [16, 12, 7])
+def test_stratified_ramp_alt_is_unbiased(s):
+    z = _z_scores(PositionalLSH, "stratified_ramp_alt", s, runs=400)
+    assert float(z.max()) < Z_MAX
+
+
+@pytest.mark.parametrize("cls", [_MidpointRampAlt, _SameJitterRampAlt])
+def test_biased_ramp_alt_sampler_is_caught(cls):
+    z = _z_scores(cls, "stratified_ramp_alt", 16, runs=400)
+    assert float(z.max()) > Z_MAX
+
+
+def test_stratified_ramp_alt_collision_probability_per_distance():
+    """Pooled over many seeds, row 0 of M~ follows exp(-d / sigma) (the same check as iid's)."""
+    d = torch.arange(N, dtype=torch.float64)
+    run = RunningMask(1, N)
+    for seed in range(200):
+        run.add(PositionalLSH(SIGMA, 25, 1000 + seed, "stratified_ramp_alt").buckets(torch.arange(N)))
+    want = torch.exp(-d / SIGMA)
+    se = (want * (1 - want) / run.count).sqrt().clamp_min(1.0 / run.count)
+    assert float(((run.mean()[0][0] - want).abs() / se).max()) < Z_MAX
+
+
+def test_stratified_ramp_alt_marginals_are_gamma_uniform():
+    """Each sample index's own pitch / sigma ~ Gamma(2, 1), and shift / pitch ~ U(0, 1)."""
+    pitch, unit, first = [], [], []
+    for seed in range(300):
+        hsh = PositionalLSH(SIGMA, 16, seed, "stratified_ramp_alt")
+        pitch.append(hsh.pitch[:, 0] / SIGMA)
+        unit.append(hsh.shift[:, 0] / hsh.pitch[:, 0])
+        first.append(float(hsh.pitch[0, 0] / SIGMA))
+    for vals, cdf in ((torch.cat(pitch).numpy(), _gamma2_cdf), (torch.cat(unit).numpy(), lambda x: x),
+                      (np.asarray(first), _gamma2_cdf)):
+        v = np.sort(vals)
+        ecdf = np.arange(1, v.size + 1) / v.size
+        assert np.abs(cdf(v) - ecdf).max() < 1.95 / math.sqrt(v.size)
+
+
+def test_stratified_ramp_alt_structure_deterministic_and_per_head():
+    """Same (seed, sample, head) -> same draws; neighbouring groups' quantiles sit at v and 1 - v
+    of their strata; heads draw their own jitter; the ramp's own draws are untouched by it."""
+    from plsh_dist.hashing import _ramp_sizes
+
+    sig = torch.tensor([4.0, 4.0])
+    a = PositionalLSH(sig, 16, 3, "stratified_ramp_alt")
+    b = PositionalLSH(sig, 16, 3, "stratified_ramp_alt")
+    assert torch.equal(a.pitch, b.pitch) and torch.equal(a.shift, b.shift)
+    assert not torch.equal(a.pitch[:, 0], a.pitch[:, 1])
+    ramp = PositionalLSH(sig, 16, 3, "stratified_ramp")
+    assert not torch.equal(a.pitch, ramp.pitch)
+    sizes = _ramp_sizes(16, 3)  # [3, 5, 8]
+    edges = np.concatenate([[0], np.cumsum(sizes)]) / 16
+    for head in range(2):
+        q = np.unique(np.round(_gamma2_cdf(a.pitch[:, head].numpy() / 4.0), 12))
+        assert q.size == 3
+        v = (q - edges[:-1]) / np.diff(edges)  # position inside each stratum
+        assert np.allclose(v[0], v[2]) and np.allclose(v[1], 1.0 - v[0])
+    with pytest.raises(ValueError, match="jitter"):
+        ramp._ramp_unit_draws(*np.meshgrid(np.arange(4), np.arange(1), indexing="ij"), jitter="bad")
