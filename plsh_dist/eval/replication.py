@@ -10,7 +10,8 @@ ratio to a reference mode, paired over the same windows and seeds:
 over windows. Writes ``replication.json`` (settings, per-run training
 summary, every row with its window losses), ``replication.md`` and
 ``replication.png`` (perplexity vs context length, one panel per corpus,
-error bars = std over training seeds).
+error bars = std over training seeds), and with PLSH modes ``gap.md`` /
+``gap.png``: the ratio to the reference against s (:mod:`plsh_dist.eval.gap_curve`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 from plsh_dist.eval.checkpoint_loading import load_for_eval
 from plsh_dist.eval.eval_data import load_eval_tokens
 from plsh_dist.eval.extrapolation import evaluate_model
+from plsh_dist.eval.gap_curve import format_gap, plot_gap
 from plsh_dist.eval.modes import parse_modes
 from plsh_dist.eval.scoring import mean_ci
 
@@ -180,7 +182,16 @@ def replicate_report(runs_dir: str | Path, corpora: Sequence[str], modes: Sequen
     (out / "replication.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / "replication.md").write_text(format_report(results))
     plot_report(results, out / "replication.png")
+    write_gap(results, out)
     return results
+
+
+def write_gap(results: dict[str, Any], out: Path) -> None:
+    """``gap.md`` and ``gap.png`` (:mod:`plsh_dist.eval.gap_curve`) when the grid has the reference and PLSH modes."""
+    text = format_gap(results)
+    if text:
+        (out / "gap.md").write_text(text)
+        plot_gap(results, out / "gap.png")
 
 
 def plot_report(results: dict[str, Any], path: str | Path) -> Path:
