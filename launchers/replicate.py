@@ -40,7 +40,11 @@ evaluation 86 s per run (14-315 s; PLSH s = 100 the slowest), so the full grid
 would take about 4 hours on that machine. It fits 90 minutes only on a
 machine about 2.7x faster than that loaded one (an unloaded 2-core machine
 may be; not measured), or with fewer evaluation windows / hash seeds: the
-budget target is NOT shown to be met. ``--smoke``: 3 modes x 1 seed x the
+budget target is NOT shown to be met. On a quiet 2-core machine the 24-run
+prose grid of ``results/quality_gap`` (train length 256, 300 steps x 8
+sequences: 12x this budget's tokens per run; 32 windows) took 42 min, training
+and evaluation; PLSH one pass at s = 400 is the slowest run (160-300 s).
+``--samples`` chooses the PLSH modes' s values. ``--smoke``: 3 modes x 1 seed x the
 code corpus, 4 steps at length 32, for tests (about 80 s).
 
 A run whose ``final/model.safetensors`` exists is not retrained (rerun after
