@@ -79,8 +79,12 @@ class AttentionConfig:
     layer) only, fixed for the whole run (they are step 0's masks)."""
 
     sampler: str = "iid"
-    """``"iid"`` (the paper's estimator) or ``"stratified"`` (same marginals,
-    lower variance); see :class:`plsh_dist.hashing.PositionalLSH`."""
+    """``"iid"`` (the paper's estimator) or a stratified sampler (``"stratified"``,
+    ``"stratified_ramp"``, ``"stratified_ramp_alt"``: same expectation, lower
+    max-norm error of the mask); see :class:`plsh_dist.hashing.PositionalLSH`.
+    Train with ``"iid"``: the stratified samplers resolve the kernel's tail with
+    few distinct pitches, and their training gradients are further from exact
+    ALiBi's from s = 20 on (README, "Quality on prose")."""
 
     backend: str = "auto"
     """Block-attention backend of the hash ops: ``"auto"`` (flash-attn varlen
