@@ -7,7 +7,8 @@ windows and training seeds, with
 
 - the confidence interval over windows (``ratio_ci`` of the summary), and
 - the spread over training seeds: each seed's own paired ratio
-  ``exp(mean_w (loss_mode - loss_ref))``, as mean ± std and max. Separately
+  ``exp(mean_w (loss_mode - loss_ref))`` (``seed_ratios`` of the summary), as
+  mean ± std and max. Separately
   trained models differ by more than the windows' interval says, so a gap
   target is read on the worst seed as well as on the mean.
 
@@ -31,20 +32,6 @@ __all__ = ["gap_rows", "format_gap", "plot_gap", "PLSH_MODE"]
 PLSH_MODE = re.compile(r"^plsh_s(?P<s>\d+)_(?P<sampler>[a-z]+)_(?P<sigma>[a-z]+)$")
 
 
-def _seed_ratios(rows: list[dict[str, Any]], corpus: str, mode: str, reference: str, length: int) -> list[float]:
-    """Each training seed's paired perplexity ratio of ``mode`` to ``reference`` at ``length``."""
-    ref = {r["train_seed"]: r for r in rows
-           if (r["corpus"], r["mode"], r["length"]) == (corpus, reference, length)}
-    out = []
-    for r in rows:
-        if (r["corpus"], r["mode"], r["length"]) != (corpus, mode, length) or r["train_seed"] not in ref:
-            continue
-        b = ref[r["train_seed"]]
-        if b["targets"] == r["targets"]:
-            out.append(math.exp(float(np.mean(np.asarray(r["window_loss"]) - np.asarray(b["window_loss"])))))
-    return out
-
-
 def gap_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """One record per (corpus, sampler, sigma, s, length) of the PLSH modes, sorted by s."""
     reference = results.get("reference")
@@ -55,7 +42,7 @@ def gap_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         m = PLSH_MODE.match(rec["mode"])
         if not m or "ratio_to_reference" not in rec:
             continue
-        per_seed = _seed_ratios(results["rows"], rec["corpus"], rec["mode"], reference, rec["length"])
+        per_seed = rec["seed_ratios"]
         out.append({"corpus": rec["corpus"], "mode": rec["mode"], "s": int(m["s"]), "sampler": m["sampler"],
                     "sigma": m["sigma"], "length": rec["length"], "ratio": rec["ratio_to_reference"],
                     "ratio_ci": rec["ratio_ci"], "seed_ratios": per_seed,

@@ -81,8 +81,10 @@ def summarize(rows: list[dict[str, Any]], reference: str | None, ci_level: float
         paired = [(r, ref[r["train_seed"]]) for r in rs if r["train_seed"] in ref
                   and ref[r["train_seed"]]["targets"] == r["targets"]]
         if paired and mode != reference:
-            diff = np.mean([np.asarray(a["window_loss"]) - np.asarray(b["window_loss"]) for a, b in paired], axis=0)
+            per_seed = [np.asarray(a["window_loss"]) - np.asarray(b["window_loss"]) for a, b in paired]
+            diff = np.mean(per_seed, axis=0)
             c = mean_ci(diff, level=ci_level)
+            rec["seed_ratios"] = [math.exp(float(d.mean())) for d in per_seed]  # each training seed's own ratio
             rec["ratio_to_reference"] = math.exp(c["mean"])
             rec["ratio_ci"] = [math.exp(c["low"]), math.exp(c["high"])] if c["n"] > 1 else [math.nan, math.nan]
             rec["ratio_seeds"] = len(paired)
