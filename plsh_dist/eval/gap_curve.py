@@ -24,7 +24,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 __all__ = ["gap_rows", "format_gap", "plot_gap", "PLSH_MODE"]
 
@@ -89,32 +88,23 @@ def format_gap(results: dict[str, Any], target: float = 1.03) -> str:
 
 def plot_gap(results: dict[str, Any], path: str | Path, target: float = 1.03) -> Path | None:
     """``gap.png``: ratio to the reference against s (log), one line per (sampler, sigma, length),
-    error bars = std of the per-seed ratios; the target as a dashed line."""
+    error bars = std of the per-seed ratios; 1 and the target as dashed guides."""
+    from plsh_dist.eval.plots import Series, line_plot
+
     rows = gap_rows(results)
     if len({r["s"] for r in rows}) < 2:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    corpora = list(dict.fromkeys(r["corpus"] for r in rows))
-    fig, axes = plt.subplots(1, len(corpora), figsize=(6.5 * len(corpora), 4.5), squeeze=False)
-    for ax, corpus in zip(axes[0], corpora):
+    panels = []
+    for corpus in dict.fromkeys(r["corpus"] for r in rows):
         sub = [r for r in rows if r["corpus"] == corpus]
-        for i, key in enumerate(dict.fromkeys((r["sampler"], r["sigma"], r["length"]) for r in sub)):
+        series = []
+        for key in dict.fromkeys((r["sampler"], r["sigma"], r["length"]) for r in sub):
             pts = sorted((r for r in sub if (r["sampler"], r["sigma"], r["length"]) == key), key=lambda r: r["s"])
-            ax.errorbar([p["s"] for p in pts], [p["ratio"] for p in pts], yerr=[p["seed_std"] for p in pts],
-                        marker="o", capsize=3, color=matplotlib.colormaps["tab20"](i % 20),
-                        label=f"{key[0]}, sigma {key[1]}, L={key[2]}")
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.axhline(target, color="grey", linestyle="--", linewidth=0.8, label=f"target {target:g}")
-        ax.set_xscale("log")
-        ax.set_xlabel("hash samples s (training and evaluation)")
-        ax.set_ylabel(f"perplexity / {results['reference']} (paired)")
-        ax.set_title(f"{corpus}: trained at L={results['train_len']}")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+            series.append(Series(f"{key[0]}, sigma {key[1]}, L={key[2]}", [p["s"] for p in pts],
+                                 [p["ratio"] for p in pts], yerr=[p["seed_std"] for p in pts]))
+        span = [min(r["s"] for r in sub), max(r["s"] for r in sub)]
+        series += [Series("ALiBi", span, [1.0, 1.0], style="k-"),
+                   Series(f"target {target:g}", span, [target, target], style="--", kwargs={"color": "grey"})]
+        panels.append((f"{corpus}: trained at L={results['train_len']}", series))
+    return line_plot(path, panels, xlabel="hash samples s (training and evaluation)",
+                     ylabel=f"perplexity / {results['reference']} (paired)", logx=True, logy=False)
