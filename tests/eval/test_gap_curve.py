@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from launchers import replicate
-from plsh_dist.eval.gap_curve import format_gap, gap_rows, plot_gap
+from plsh_dist.eval.gap_curve import format_gap, gap_rows, plot_gap, seeds_needed, verdict
 from plsh_dist.eval.replication import summarize
 
 WINDOWS = 6
@@ -43,18 +43,43 @@ def test_ratios_and_seed_spread_are_the_paired_ones(results):
     assert s8["ratio"] == pytest.approx(math.exp(0.06))  # mean over seeds of the paired differences
     assert s8["seed_ratios"] == pytest.approx([math.exp(0.05), math.exp(0.07)])
     assert s8["seed_max"] == pytest.approx(math.exp(0.07))
-    assert s8["seed_std"] == pytest.approx(np.std([math.exp(0.05), math.exp(0.07)], ddof=1))
+    sd = np.std([0.05, 0.07], ddof=1)
+    assert s8["seed_log_sd"] == pytest.approx(sd)
+    half = 12.706 * sd / math.sqrt(2)  # t quantile, 1 degree of freedom
+    assert s8["seed_ci"] == pytest.approx([math.exp(0.06 - half), math.exp(0.06 + half)], rel=1e-4)
     assert s8["sampler"] == "strat" and s8["sigma"] == "h"
 
 
-def test_the_table_flags_the_target_on_the_mean_and_on_every_seed(results):
-    text = format_gap(results, target=1.016)
-    line8 = next(line for line in text.splitlines() if line.startswith("| 8 |"))
-    line100 = next(line for line in text.splitlines() if line.startswith("| 100 |"))
-    assert line8.endswith("| no / no |")
-    assert line100.endswith("| yes / no |")  # the mean exp(0.015) is within 1.016, the second seed exp(0.02) not
-    wide = format_gap(results, target=1.03)
-    assert next(line for line in wide.splitlines() if line.startswith("| 100 |")).endswith("| yes / yes |")
+def test_the_verdict_reads_the_seed_interval():
+    assert verdict([1.01, 1.02], 1.03) == "within"
+    assert verdict([1.04, 1.10], 1.03) == "outside"
+    assert verdict([0.99, 1.05], 1.03) == "unresolved"
+    assert verdict([math.nan, math.nan], 1.03) == "unresolved"  # one seed: nothing is shown
+
+
+def test_seeds_needed_grows_with_the_spread_and_the_tightness():
+    assert seeds_needed(0.1, 1.03) == math.ceil((1.96 * 0.1 / math.log(1.03)) ** 2)  # 44 at 10% spread
+    assert seeds_needed(0.2, 1.03) > seeds_needed(0.1, 1.03) > seeds_needed(0.1, 1.10)
+    assert seeds_needed(math.nan, 1.03) is None
+
+
+def _line(text, s):
+    return next(line for line in text.splitlines() if line.startswith(f"| {s} |"))
+
+
+def test_the_table_says_within_outside_or_unresolved(results):
+    # Two seeds: t(1) = 12.7 makes every interval wide, so nothing is shown either way ...
+    text = format_gap(results, target=1.03)
+    assert "| unresolved |" in _line(text, 8) and "| unresolved |" in _line(text, 100)
+    # ... unless the seeds agree closely: offsets 0.05 / 0.0502 put s = 8 outside 1.03, s = 100 within 1.06.
+    rows = []
+    for length in (64, 128):
+        for seed, (a, b) in enumerate(((0.05, 0.010), (0.0502, 0.0102))):
+            rows += [_row("alibi_h", seed, length, 0.0), _row("plsh_s8_strat_h", seed, length, a),
+                     _row("plsh_s100_strat_h", seed, length, b)]
+    tight = {"reference": "alibi_h", "train_len": 64, "rows": rows, "summary": summarize(rows, "alibi_h")}
+    assert "| outside |" in _line(format_gap(tight, target=1.03), 8)
+    assert "| within |" in _line(format_gap(tight, target=1.06), 100)
 
 
 def test_no_reference_or_no_plsh_gives_nothing(results, tmp_path):
