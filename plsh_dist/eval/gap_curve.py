@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
 from pathlib import Path
 from typing import Any, Sequence
 

@@ -90,8 +90,8 @@ def summarize(rows: list[dict[str, Any]], reference: str | None, ci_level: float
             rec["seed_ratios"] = [math.exp(x) for x in seed_log]
             rec["ratio_to_reference"] = math.exp(c["mean"])
             rec["ratio_ci"] = [math.exp(c["low"]), math.exp(c["high"])] if c["n"] > 1 else [math.nan, math.nan]
-            # Separately trained models decorrelate (the pairing by seed does not survive training
-            # chaos), so the honest interval of the ratio is over seeds, not over windows.
+            # Separately trained models decorrelate (the pairing by seed survives training only in
+            # part), so the honest interval of the ratio is over seeds, not over windows.
             sc = mean_ci(seed_log, level=ci_level)
             rec["ratio_seed_ci"] = [math.exp(sc["low"]), math.exp(sc["high"])] if sc["n"] > 1 else [math.nan] * 2
             rec["seed_log_sd"] = statistics.stdev(seed_log) if len(seed_log) > 1 else math.nan
