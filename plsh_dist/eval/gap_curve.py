@@ -49,8 +49,7 @@ def gap_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"corpus": rec["corpus"], "mode": rec["mode"], "s": int(m["s"]), "sampler": m["sampler"],
                     "sigma": m["sigma"], "length": rec["length"], "ratio": rec["ratio_to_reference"],
                     "ratio_ci": rec["ratio_ci"], "seed_ratios": per_seed,
-                    "seed_ci": rec.get("ratio_seed_ci", [math.nan, math.nan]),
-                    "seed_log_sd": rec.get("seed_log_sd", math.nan),
+                    "seed_ci": rec["ratio_seed_ci"], "seed_log_sd": rec["seed_log_sd"],
                     "seed_max": max(per_seed) if per_seed else math.nan})
     return sorted(out, key=lambda r: (r["corpus"], r["sampler"], r["sigma"], r["s"], r["length"]))
 

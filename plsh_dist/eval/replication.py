@@ -93,7 +93,7 @@ def summarize(rows: list[dict[str, Any]], reference: str | None, ci_level: float
             # Separately trained models decorrelate (the pairing by seed survives training only in
             # part), so the honest interval of the ratio is over seeds, not over windows.
             sc = mean_ci(seed_log, level=ci_level)
-            rec["ratio_seed_ci"] = [math.exp(sc["low"]), math.exp(sc["high"])] if sc["n"] > 1 else [math.nan] * 2
+            rec["ratio_seed_ci"] = [math.exp(sc["low"]), math.exp(sc["high"])]  # NaN with one seed
             rec["seed_log_sd"] = statistics.stdev(seed_log) if len(seed_log) > 1 else math.nan
             rec["ratio_seeds"] = len(paired)
         out.append(rec)
@@ -153,7 +153,7 @@ def format_report(results: dict[str, Any]) -> str:
                     else:
                         lo, hi = r["ratio_ci"]
                         text = f"{r['ratio_to_reference']:.3f} [{lo:.3f}, {hi:.3f}]"
-                        slo, shi = r.get("ratio_seed_ci", (math.nan, math.nan))
+                        slo, shi = r["ratio_seed_ci"]
                         if math.isfinite(slo) and math.isfinite(shi):
                             text += f" {{{slo:.3f}, {shi:.3f}}}"
                         cells.append(text)
