@@ -2,7 +2,10 @@
 
     python launchers/approx_error.py --sigma 4,16,64 --seq-len 1024 \
         --samples 1,2,4,...,1024 --seeds 5 --sampler iid,stratified --out runs/approx \
-        [--checkpoint DIR]
+        [--truncated] [--checkpoint DIR]
+
+--truncated adds exact ALiBi truncated at the window of each s's cost,
+w = ceil((ln s + 0.58) sigma), beside the samplers.
 
 Writes results.json, table.md and PNG plots to --out; prints a summary.
 """
@@ -24,11 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", default="1,2,4,...,1024", help="increasing s; '...' continues the ratio")
     p.add_argument("--seeds", type=int, default=5, help="hashes per point for the mask error")
     p.add_argument("--output-seeds", type=int, default=2, help="hashes per point for the output error")
-    p.add_argument("--sampler", default="iid,stratified", help="iid and/or stratified")
+    p.add_argument("--sampler", default="iid,stratified",
+                   help="comma-separated samplers: iid, stratified, stratified_ramp, stratified_ramp_alt")
+    p.add_argument("--truncated", action="store_true",
+                   help="also exact ALiBi truncated at w = ceil((ln s + 0.58) sigma), the one-pass band of s samples")
     p.add_argument("--block-seq-lens", default="256,1024,4096,16384", help="n values for the largest-block curve")
     p.add_argument("--checkpoint", default=None, help="Hugging Face model dir: capture q/k/v from its layers")
     p.add_argument("--layers", default=None, help="checkpoint layers to capture (default first,middle,last)")
-    p.add_argument("--text", default=None, help="text file fed to the checkpoint (default: a stdlib source file)")
+    p.add_argument("--text", default=None,
+                   help="text fed to the checkpoint: a text file or a corpus .jsonl (default: a stdlib source file)")
     p.add_argument("--out", required=True, help="output directory")
     args = p.parse_args(argv)
 
@@ -43,13 +50,19 @@ def main(argv: list[str] | None = None) -> int:
         samples=parse_int_list(args.samples),
         seeds=args.seeds,
         samplers=[x.strip() for x in args.sampler.split(",") if x.strip()],
+        truncated=args.truncated,
         output_seeds=args.output_seeds,
         block_seq_lens=parse_int_list(args.block_seq_lens),
         checkpoint=args.checkpoint,
         layers=parse_int_list(args.layers) if args.layers else None,
     )
     print(f"approx_error: {cfg}")
-    extra = checkpoint_qkv(cfg, args.text) if cfg.checkpoint else []
+    if cfg.checkpoint:
+        from plsh_dist.eval.qkv_capture import checkpoint_qkv
+
+        extra = checkpoint_qkv(cfg.checkpoint, cfg.seq_len, cfg.layers, args.text)
+    else:
+        extra = []
     steps = num_steps(cfg, len(extra))
     start = time.time()
     with tqdm(total=steps, desc="approx_error") as bar:
@@ -62,34 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     for line in summary_lines(results):
         print(line)
     return 0
-
-
-def checkpoint_qkv(cfg, text_path: str | None) -> list:
-    """[(label, (q, k, v))] for the chosen layers of a Hugging Face checkpoint, on real text."""
-    import inspect
-    import os
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import plsh_dist.models  # noqa: F401  registers plsh_dist's exports (model_type qwen3_plsh ...) with Auto*
-    from plsh_dist.eval.qkv_capture import capture_qkv
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model = AutoModelForCausalLM.from_pretrained(cfg.checkpoint, dtype=torch.float32).eval()
-    text = Path(text_path).read_text() if text_path else Path(inspect.getsourcefile(inspect)).read_text()
-    tokenizer_files = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
-    if any((Path(cfg.checkpoint) / f).exists() for f in tokenizer_files):
-        tok = AutoTokenizer.from_pretrained(cfg.checkpoint)
-        ids = tok(text, return_tensors="pt")["input_ids"][:, : cfg.seq_len]
-    else:  # a checkpoint exported without its tokenizer
-        print(f"no tokenizer files in {cfg.checkpoint}; feeding random token ids")
-        ids = torch.randint(0, model.config.vocab_size, (1, cfg.seq_len), generator=torch.Generator().manual_seed(0))
-    if ids.shape[1] < cfg.seq_len:
-        raise ValueError(f"the text has only {ids.shape[1]} tokens, --seq-len is {cfg.seq_len}; pass a longer --text")
-    n_layers = len(model.model.layers)
-    layers = cfg.layers if cfg.layers is not None else sorted({0, n_layers // 2, n_layers - 1})
-    return [(f"layer {i}", qkv) for i, qkv in zip(layers, capture_qkv(model, ids, layers))]
 
 
 if __name__ == "__main__":

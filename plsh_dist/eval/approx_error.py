@@ -8,7 +8,15 @@ Measurements behind the paper's claims (arXiv 2605.09472) and ours:
 - :func:`max_block_size`: the largest block against ``sigma * log(log(n))``;
 - :func:`output_error`: ``||T* - T~||`` of the attention outputs on given
   queries, keys and values (random ones, or captured from a checkpoint with
-  :func:`plsh_dist.eval.qkv_capture.capture_qkv`).
+  :func:`plsh_dist.eval.qkv_capture.capture_qkv`);
+- :func:`truncated_mask_error` and :func:`truncated_output_error`: the same
+  errors of the deterministic baseline at the same cost, exact ALiBi truncated
+  at ``w_h = ceil((ln s + 0.58) sigma_h)`` (entries ``|i - j| >= w_h`` of ``L*``
+  set to 0; :mod:`plsh_dist.eval.equal_cost`).  Records carry
+  ``sampler="truncated"`` so that they sit beside the samplers' curves.
+
+Mask errors are of the full symmetric matrices (non-causal ``L*``, ``M~``);
+output errors are causal unless ``causal=False``.
 
 Cost.  M~ is never built as a stack of ``s`` dense masks.  Buckets are
 monotone, so for ``i <= j`` positions ``i`` and ``j`` collide in sample ``t``
@@ -31,6 +39,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from plsh_dist.eval.equal_cost import equal_cost_window
 from plsh_dist.hashing import PositionalLSH, _as_sigma, block_ends, block_starts
 from plsh_dist.ops.gqa import repeat_kv
 from plsh_dist.ops.reference import alibi_weights, dense_attention
@@ -44,6 +53,10 @@ __all__ = [
     "mask_error",
     "max_block_size",
     "output_error",
+    "TRUNCATED",
+    "truncated_weights",
+    "truncated_mask_error",
+    "truncated_output_error",
     "samples_to_match",
     "fit_loglog_slope",
 ]
@@ -347,6 +360,85 @@ def output_error(
     return [{"s": s, "sampler": sampler, "seeds": len(seeds), "T": T, "heads": Hq,
              **_summary("rel_fro", per_s[s]["rel_fro"]), **_summary("max", per_s[s]["max"])}
             for s in samples]
+
+
+# ---------------------------------------------------------------------------
+# The deterministic baseline at the same cost: truncated ALiBi.
+# ---------------------------------------------------------------------------
+
+#: ``sampler`` of the truncated-ALiBi records (not a sampler of the hash).
+TRUNCATED = "truncated"
+
+
+def truncated_weights(sigma, n: int, window: torch.Tensor) -> torch.Tensor:
+    """``L*`` with the entries ``|i - j| >= w_h`` set to 0, float64 (H, n, n).
+
+    Args:
+        sigma: float or Tensor[H]; window: LongTensor[H] (or [1]), one window per head.
+    """
+    sig = _as_sigma(sigma)
+    window = torch.as_tensor(window, dtype=torch.long).reshape(-1)
+    if window.numel() != sig.numel() or bool((window < 1).any()):
+        raise ValueError(f"window must hold one int >= 1 per head ({sig.numel()}), got {window.tolist()}")
+    positions = torch.arange(n)
+    dist = (positions[:, None] - positions[None, :]).abs()  # (n, n)
+    keep = dist[None] < window[:, None, None]  # (H, n, n)
+    return alibi_weights(1.0 / sig, positions) * keep
+
+
+def truncated_mask_error(sigma: float, n: int, samples: Sequence[int], spectral: bool = True) -> list[dict]:
+    """``||L* - L*_w||`` (spectral and max norm) for the window of each ``s``, one scalar ``sigma``.
+
+    ``w = ceil((ln s + 0.58) sigma)``.  Deterministic, so one "seed" and std 0;
+    the records have :func:`mask_error`'s keys plus ``window``.  The max norm is
+    ``exp(-w / sigma)`` exactly while ``w < n`` (the largest dropped entry).
+    """
+    samples = _check_samples(samples)
+    target = alibi_weights(torch.tensor([1.0 / sigma], dtype=torch.float64), torch.arange(n))[0]
+    records = []
+    for s in samples:
+        window = equal_cost_window(float(sigma), s)
+        diff = target - truncated_weights(float(sigma), n, window)[0]
+        rec = {"sigma": float(sigma), "n": n, "s": s, "sampler": TRUNCATED, "window": int(window), "seeds": 1,
+               "bound": paper_bound(sigma, n, s), **_summary("max", [float(diff.abs().max())])}
+        if spectral:
+            rec.update(_summary("spectral", [symmetric_spectral_norm(diff)]))
+        records.append(rec)
+    return records
+
+
+def truncated_output_error(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sigma,
+    samples: Sequence[int],
+    causal: bool = True,
+    softmax_scale: float | None = None,
+) -> list[dict]:
+    """``||T* - T_w||`` of exact ALiBi and ALiBi truncated at the window of each ``s``.
+
+    Arguments and records as :func:`output_error` (``sampler="truncated"``, one
+    "seed", std 0), plus ``window``: the per-head windows
+    ``w_h = ceil((ln s + 0.58) sigma_h)``.
+    """
+    B, T, Hq, D = q.shape
+    sig = _as_sigma(sigma)
+    if sig.numel() not in (1, Hq):
+        raise ValueError(f"sigma has {sig.numel()} entries; give a float or one per query head ({Hq})")
+    samples = _check_samples(samples)
+    attn = _CachedAttention(q, k, v, causal, softmax_scale)
+    exact = attn(alibi_weights(1.0 / sig, torch.arange(T)))
+    exact_norm = float(exact.norm())
+    records = []
+    for s in samples:
+        window = equal_cost_window(sig, s)
+        err = exact - attn(truncated_weights(sig, T, window))
+        records.append({"s": s, "sampler": TRUNCATED, "seeds": 1, "T": T, "heads": Hq,
+                        "window": window.tolist() if window.numel() > 1 else int(window),
+                        **_summary("rel_fro", [float(err.norm()) / exact_norm]),
+                        **_summary("max", [float(err.abs().max())])})
+    return records
 
 
 # ---------------------------------------------------------------------------

@@ -14,16 +14,21 @@ from typing import Callable
 import torch
 
 from plsh_dist.eval.approx_error import (
+    TRUNCATED,
     fit_loglog_slope,
     mask_error,
     max_block_size,
     output_error,
     samples_to_match,
+    truncated_mask_error,
+    truncated_output_error,
 )
 from plsh_dist.eval.plots import Series, line_plot
+from plsh_dist.hashing import SAMPLERS as HASH_SAMPLERS
 
 __all__ = ["ApproxErrorConfig", "parse_int_list", "num_steps", "run_study", "save", "write_table", "write_plots", "summary_lines"]
 
+#: The default samplers, and the pair whose sample counts are matched (``match_at``).
 SAMPLERS = ("iid", "stratified")
 
 
@@ -40,7 +45,11 @@ class ApproxErrorConfig:
     seeds: int = 5
     """Independent hashes per point for the mask error (mean and std)."""
     samplers: list[str] = field(default_factory=lambda: list(SAMPLERS))
-    """'iid' (the paper's) and/or 'stratified' (ours, lower variance)."""
+    """Samplers of :class:`plsh_dist.hashing.PositionalLSH`: 'iid' (the paper's), 'stratified'
+    and the stratified ramps (ours, lower variance)."""
+    truncated: bool = False
+    """Also measure the deterministic baseline at each s's cost: exact ALiBi truncated at
+    ``w = ceil((ln s + 0.58) sigma)`` (records and columns ``"truncated"``)."""
     output_seeds: int = 2
     """Hashes per point for the output error (dense attention is the costly part)."""
     block_seq_lens: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384])
@@ -66,9 +75,9 @@ class ApproxErrorConfig:
                              "e.g. --samples 1,2,4,...,1024")
         if self.seeds < 1 or self.output_seeds < 1:
             raise ValueError(f"seeds and output_seeds must be >= 1, got {self.seeds}, {self.output_seeds}")
-        bad = [s for s in self.samplers if s not in SAMPLERS]
+        bad = [s for s in self.samplers if s not in HASH_SAMPLERS]
         if bad or not self.samplers:
-            raise ValueError(f"samplers must be among {SAMPLERS}, got {self.samplers}")
+            raise ValueError(f"samplers must be among {HASH_SAMPLERS}, got {self.samplers}")
         if any(n < 3 for n in self.block_seq_lens):
             raise ValueError(f"block_seq_lens must be >= 3, got {self.block_seq_lens}")
 
@@ -93,7 +102,13 @@ def parse_int_list(text: str) -> list[int]:
 
 def num_steps(cfg: ApproxErrorConfig, num_extra_qkv: int = 0) -> int:
     """Progress ticks of :func:`run_study` (for a progress bar's total)."""
-    return len(cfg.sigma) * (len(cfg.samplers) * (2 + num_extra_qkv) + 1)
+    entries = len(cfg.samplers) + int(cfg.truncated)
+    return len(cfg.sigma) * (entries * (2 + num_extra_qkv) + 1)
+
+
+def _entries(cfg: dict) -> list[str]:
+    """The samplers, then ``"truncated"`` when measured (``cfg``: a saved config): the columns."""
+    return [*cfg["samplers"], *([TRUNCATED] if cfg.get("truncated", False) else [])]
 
 
 def run_study(cfg: ApproxErrorConfig, extra_qkv: list[tuple[str, tuple]] = (),
@@ -113,6 +128,9 @@ def run_study(cfg: ApproxErrorConfig, extra_qkv: list[tuple[str, tuple]] = (),
         for sampler in cfg.samplers:
             results["mask"] += mask_error(sigma, cfg.seq_len, cfg.samples, cfg.seeds, sampler)
             tick(f"mask sigma={sigma:g} {sampler}")
+        if cfg.truncated:
+            results["mask"] += truncated_mask_error(sigma, cfg.seq_len, cfg.samples)
+            tick(f"mask sigma={sigma:g} {TRUNCATED}")
     for sigma in cfg.sigma:
         for n in cfg.block_seq_lens:
             for s in sorted({1, cfg.samples[-1]}):
@@ -124,6 +142,10 @@ def run_study(cfg: ApproxErrorConfig, extra_qkv: list[tuple[str, tuple]] = (),
                 for rec in output_error(q, k, v, sigma, cfg.samples, cfg.output_seeds, sampler):
                     results["output"].append({"source": label, "sigma": sigma, **rec})
                 tick(f"output {label} sigma={sigma:g} {sampler}")
+            if cfg.truncated:
+                for rec in truncated_output_error(q, k, v, sigma, cfg.samples):
+                    results["output"].append({"source": label, "sigma": sigma, **rec})
+                tick(f"output {label} sigma={sigma:g} {TRUNCATED}")
     results["summary"] = _summarise(cfg, results)
     return results
 
@@ -161,13 +183,13 @@ def write_table(results: dict, path: Path) -> None:
     cfg = results["config"]
     lines = [f"# Approximation error of positional LSH (n = {cfg['seq_len']}, {cfg['seeds']} seeds)", ""]
     lines += ["## ||L* - M~|| versus s (mean +- std over seeds)", ""]
-    samplers = cfg["samplers"]
-    head = "| sigma | s | " + " | ".join(f"{s} max | {s} spectral" for s in samplers) + " | paper bound |"
-    lines += [head, "|" + "---|" * (3 + 2 * len(samplers))]
+    samplers, entries = cfg["samplers"], _entries(cfg)
+    head = "| sigma | s | " + " | ".join(f"{s} max | {s} spectral" for s in entries) + " | paper bound |"
+    lines += [head, "|" + "---|" * (3 + 2 * len(entries))]
     for sigma in cfg["sigma"]:
         for i, s in enumerate(cfg["samples"]):
             cells = []
-            for sampler in samplers:
+            for sampler in entries:
                 r = _curve(results, sigma, sampler)[i]
                 cells += [f"{r['max_mean']:.4f} +- {r['max_std']:.4f}", f"{r['spectral_mean']:.3f} +- {r['spectral_std']:.3f}"]
             bound = _curve(results, sigma, samplers[0])[i]["bound"]
@@ -205,7 +227,7 @@ def write_plots(results: dict, out: Path) -> list[Path]:
     panels = []
     for sigma in cfg["sigma"]:
         series = []
-        for sampler in cfg["samplers"]:
+        for sampler in _entries(cfg):
             c = _curve(results, sigma, sampler)
             xs = [r["s"] for r in c]
             series.append(Series(f"{sampler} spectral", xs, [r["spectral_mean"] for r in c], [r["spectral_std"] for r in c]))
@@ -246,7 +268,7 @@ def write_plots(results: dict, out: Path) -> list[Path]:
     for source in dict.fromkeys(r["source"] for r in results["output"]):
         series = []
         for sigma in cfg["sigma"]:
-            for sampler in cfg["samplers"]:
+            for sampler in _entries(cfg):
                 c = [r for r in results["output"] if r["source"] == source and r["sigma"] == sigma and r["sampler"] == sampler]
                 series.append(Series(f"sigma {sigma:g} {sampler}", [r["s"] for r in c], [r["rel_fro_mean"] for r in c],
                                      style="-o" if sampler == "iid" else "--s"))

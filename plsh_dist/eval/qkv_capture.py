@@ -14,11 +14,13 @@ Legend: B batch, T tokens, H heads (query or key/value), D head dim.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Sequence
 
 import torch
 
-__all__ = ["capture_qkv"]
+__all__ = ["capture_qkv", "checkpoint_qkv", "read_text"]
 
 
 def capture_qkv(
@@ -80,3 +82,49 @@ def capture_qkv(
                 k = attn.k_norm(k)
             out.append((q, k, v))
     return out
+
+
+def read_text(path: str | Path | None) -> str:
+    """The text of a plain file, or of a corpus ``.jsonl`` (``{"text": ...}`` per line, documents
+    joined by a blank line); None: the standard library's ``inspect.py`` (every machine has it)."""
+    if path is None:
+        import inspect
+
+        return Path(inspect.getsourcefile(inspect)).read_text()
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        with path.open() as f:
+            return "\n\n".join(json.loads(line)["text"] for line in f if line.strip())
+    return path.read_text()
+
+
+def checkpoint_qkv(
+    checkpoint: str | Path, seq_len: int, layers: Sequence[int] | None = None, text_path: str | Path | None = None
+) -> list[tuple[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
+    """``[(f"layer {i}", (q, k, v)), ...]`` of a Hugging Face checkpoint on real text, fp32.
+
+    The first ``seq_len`` tokens of :func:`read_text` ``(text_path)``, tokenised by the
+    checkpoint's own tokenizer (random token ids, with a message, when it was exported
+    without one).  ``layers``: default first, middle and last.
+    """
+    import os
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import plsh_dist.models  # noqa: F401  registers plsh_dist's exports (model_type qwen3_plsh ...) with Auto*
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    text = read_text(text_path)
+    tokenizer_files = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+    if any((Path(checkpoint) / f).exists() for f in tokenizer_files):
+        tok = AutoTokenizer.from_pretrained(checkpoint)
+        ids = tok(text, return_tensors="pt")["input_ids"][:, :seq_len]
+    else:  # a checkpoint exported without its tokenizer
+        print(f"no tokenizer files in {checkpoint}; feeding random token ids")
+        ids = torch.randint(0, model.config.vocab_size, (1, seq_len), generator=torch.Generator().manual_seed(0))
+    if ids.shape[1] < seq_len:
+        raise ValueError(f"the text has only {ids.shape[1]} tokens, seq_len is {seq_len}; give a longer text")
+    n_layers = len(model.model.layers)
+    layers = list(layers) if layers is not None else sorted({0, n_layers // 2, n_layers - 1})
+    return [(f"layer {i}", qkv) for i, qkv in zip(layers, capture_qkv(model, ids, layers))]

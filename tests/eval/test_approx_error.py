@@ -18,7 +18,11 @@ from plsh_dist.eval.approx_error import (
     psi_sigma,
     samples_to_match,
     symmetric_spectral_norm,
+    truncated_mask_error,
+    truncated_output_error,
+    truncated_weights,
 )
+from plsh_dist.eval.equal_cost import equal_cost_window
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.reference import alibi_weights, dense_attention
 
@@ -136,3 +140,69 @@ def test_max_block_size_agrees_with_buckets():
     lengths = [torch.unique_consecutive(row, return_counts=True)[1] for row in b]
     assert rec["largest_values"] == [float(max(int(x.max()) for x in lengths))]
     assert rec["mean_block"] == pytest.approx(n * s / sum(x.numel() for x in lengths))
+
+
+def test_truncated_weights_drop_exactly_the_far_entries():
+    sigma = torch.tensor([2.0, 7.0])
+    w = truncated_weights(sigma, 40, torch.tensor([3, 11]))
+    full = alibi_weights(1.0 / sigma.double(), torch.arange(40))
+    dist = (torch.arange(40)[:, None] - torch.arange(40)[None, :]).abs()
+    for h, window in enumerate((3, 11)):
+        assert torch.equal(w[h][dist < window], full[h][dist < window])
+        assert bool((w[h][dist >= window] == 0).all())
+    # The scalar-window path of the dense reference (sliding-window ALiBi) is the same matrix.
+    assert torch.equal(truncated_weights(7.0, 40, torch.tensor([11]))[0],
+                       alibi_weights(torch.tensor([1 / 7.0], dtype=torch.float64), torch.arange(40), window=11)[0])
+    with pytest.raises(ValueError, match="one int >= 1 per head"):
+        truncated_weights(sigma, 40, torch.tensor([3]))
+
+
+def test_truncated_mask_error_is_the_largest_dropped_weight():
+    """Max norm: ``exp(-w / sigma)``, the weight at distance w (analytic; equal to rounding).
+    Spectral norm: Lanczos against a dense SVD."""
+    n = 300
+    for sigma in (4.0, 16.0):
+        recs = truncated_mask_error(sigma, n, [4, 8, 20])
+        for r in recs:
+            w = int(equal_cost_window(sigma, r["s"]))
+            assert r["window"] == w and r["sampler"] == "truncated"
+            assert r["max_mean"] == pytest.approx(math.exp(-w / sigma), rel=1e-12) and r["max_std"] == 0
+            # e^{-w / sigma} <= e^{-c} with c = ln s + 0.58: a weight below e^{-c} is what is dropped.
+            assert r["max_mean"] <= math.exp(-(math.log(r["s"]) + 0.58)) * (1 + 1e-12)
+            diff = alibi_weights(torch.tensor([1 / sigma], dtype=torch.float64), torch.arange(n))[0]
+            diff = diff * ((torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs() >= w)
+            assert r["spectral_mean"] == pytest.approx(float(torch.linalg.matrix_norm(diff, ord=2)), rel=1e-9)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_truncated_output_error_against_brute_force(causal):
+    """Per-head windows, grouped-query attention: the entry equals softmax attention with the
+    ALiBi bias ``-|i - j| / sigma_h`` and ``-inf`` outside the window, computed as logits."""
+    torch.manual_seed(1)
+    B, T, Hq, Hkv, D = 2, 70, 4, 2, 8
+    q, k, v = torch.randn(B, T, Hq, D), torch.randn(B, T, Hkv, D), torch.randn(B, T, Hkv, D)
+    sigma = torch.tensor([1.5, 3.0, 6.0, 12.0])
+    recs = truncated_output_error(q, k, v, sigma, [2, 8], causal=causal)
+    pos = torch.arange(T)
+    dist = (pos[:, None] - pos[None, :]).abs().to(torch.float64)
+    q64, k64, v64 = (x.to(torch.float64) for x in (q, k, v))
+    k64, v64 = k64.repeat_interleave(Hq // Hkv, dim=2), v64.repeat_interleave(Hq // Hkv, dim=2)
+    logits = torch.einsum("bihd,bjhd->bhij", q64, k64) * D**-0.5
+
+    def attend(window):  # window: None (exact ALiBi) or LongTensor[Hq]
+        bias = -dist[None] / sigma.double()[:, None, None]  # (Hq, T, T)
+        if window is not None:
+            bias = bias.masked_fill(dist[None] >= window[:, None, None], float("-inf"))
+        if causal:
+            bias = bias.masked_fill(pos[None, :] > pos[:, None], float("-inf"))
+        probs = torch.softmax(logits + bias[None], dim=-1)
+        return torch.einsum("bhij,bjhd->bihd", probs, v64)
+
+    exact = attend(None)
+    for r in recs:
+        window = equal_cost_window(sigma, r["s"])
+        assert r["window"] == window.tolist()
+        err = exact - attend(window)
+        assert r["rel_fro_mean"] == pytest.approx(float(err.norm() / exact.norm()), rel=1e-9)
+        assert r["max_mean"] == pytest.approx(float(err.abs().max()), rel=1e-9)
+    assert recs[0]["rel_fro_mean"] > recs[1]["rel_fro_mean"] > 0  # a wider window errs less

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 from pathlib import Path
 
@@ -45,12 +46,18 @@ def test_launcher_writes_results(tmp_path):
     out = tmp_path / "out"
     rc = _launcher().main(["--sigma", "2,6", "--seq-len", "64", "--samples", "1,2,4,...,64", "--seeds", "2",
                            "--output-seeds", "1", "--block-seq-lens", "64,256", "--checkpoint", str(tmp_path / "ckpt"),
-                           "--out", str(out)])
+                           "--truncated", "--out", str(out)])
     assert rc == 0
     for name in ("results.json", "table.md", "error_vs_s.png", "blocks.png", "iid_vs_stratified.png", "output_error.png"):
         assert (out / name).stat().st_size > 0, name
     res = json.loads((out / "results.json").read_text())
-    assert len(res["mask"]) == 2 * 2 * 7  # sigma x sampler x s
+    assert len(res["mask"]) == 2 * 3 * 7  # sigma x (2 samplers + truncated) x s
     assert {r["source"] for r in res["output"]} == {"random", "layer 0", "layer 1"}
+    assert len([r for r in res["output"] if r["sampler"] == "truncated"]) == 3 * 2 * 7  # source x sigma x s
+    trunc = [r for r in res["mask"] if r["sampler"] == "truncated" and r["sigma"] == 6.0 and r["s"] == 8]
+    assert trunc[0]["window"] == 16 and trunc[0]["max_mean"] == pytest.approx(math.exp(-16 / 6.0))
     assert all(row["iid_bound_holds"] and row["stratified_bound_holds"] for row in res["summary"]["per_sigma"])
     assert "| 6 | 64 |" in (out / "table.md").read_text()
+    assert "truncated max | truncated spectral" in (out / "table.md").read_text()
+    with pytest.raises(ValueError, match="samplers"):
+        ApproxErrorConfig(samplers=["truncated"])  # an entry of its own (truncated=True), not a sampler
