@@ -21,8 +21,9 @@ n = number of positions.
 
 from __future__ import annotations
 
+import importlib
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -33,14 +34,68 @@ __all__ = [
     "alibi_slopes",
     "PositionalLSH",
     "FixedBlocks",
-    "SAMPLERS",
+    "SamplerDraw",
+    "register_sampler",
+    "get_sampler",
+    "sampler_names",
+    "counter_uniform",
+    "gamma2_ppf",
     "cu_seqlens_from_buckets",
     "block_starts",
     "block_ends",
 ]
 
-#: Samplers of :class:`PositionalLSH` (``sampler=``).
-SAMPLERS = ("iid", "stratified", "stratified_ramp", "stratified_ramp_alt")
+#: A sampler: ``draw(lsh, t, h) -> (gamma, unit_shift)``. ``t``, ``h``: int ndarray[s, H] of
+#: sample and head indices; returns float64 ndarray[s, H] each: the pitches in units of sigma
+#: (every sample's marginal must be Gamma(2, 1)) and the shifts in units of the pitch (U[0, 1)
+#: given the pitch). Draw from :func:`counter_uniform` with ``lsh.seed`` so the masks stay a
+#: pure function of (seed, sample, head); streams 0-8 are taken.
+SamplerDraw = Callable[["PositionalLSH", np.ndarray, np.ndarray], "tuple[np.ndarray, np.ndarray]"]
+
+#: Samplers of :class:`PositionalLSH` (``sampler=``) by name; see :func:`register_sampler`.
+_SAMPLERS: dict[str, SamplerDraw] = {}
+
+#: Samplers that live outside the package (the project's sampler studies), by the module whose
+#: import registers them. A config or checkpoint that names one still loads wherever that module
+#: imports (a clone with the repository root on PYTHONPATH); the package never needs it otherwise.
+EXTERNAL_SAMPLERS = {"stratified_ramp": "experiments.samplers", "stratified_ramp_alt": "experiments.samplers"}
+
+
+def register_sampler(name: str, draw: SamplerDraw) -> None:
+    """Make ``sampler=name`` draw its pitches and shifts with ``draw`` (see :data:`SamplerDraw`).
+
+    Registering a name twice with the same function is a no-op (a module imported twice);
+    with another function it is an error, so a name always means one set of masks.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"sampler name must be a non-empty str, got {name!r}")
+    if _SAMPLERS.get(name, draw) is not draw:
+        raise ValueError(f"sampler {name!r} is already registered with another draw function")
+    _SAMPLERS[name] = draw
+
+
+def sampler_names() -> tuple[str, ...]:
+    """Every sampler name a config may give: registered ones and :data:`EXTERNAL_SAMPLERS`."""
+    return tuple(dict.fromkeys([*_SAMPLERS, *EXTERNAL_SAMPLERS]))
+
+
+def get_sampler(name: str, field: str = "sampler") -> SamplerDraw:
+    """The draw function of sampler ``name``, importing its module first if it lives outside
+    the package; a ValueError naming ``field`` (the config key) and the fix otherwise."""
+    if not isinstance(name, str) or name not in _SAMPLERS and name not in EXTERNAL_SAMPLERS:
+        raise ValueError(f"{field} must be one of {sampler_names()}, got {name!r}")
+    if name not in _SAMPLERS:
+        module = EXTERNAL_SAMPLERS[name]
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(
+                f"{field} {name!r} is an experimental sampler, registered by {module} (experiments/ at the "
+                f"repository root), which cannot be imported here ({exc}); run from a clone of the repository "
+                f"with its root on PYTHONPATH (the Makefile exports it), or choose 'iid' or 'stratified'") from exc
+        if name not in _SAMPLERS:
+            raise ValueError(f"{field} {name!r}: importing {module} did not register it")
+    return _SAMPLERS[name]
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
     """ALiBi slopes of Press et al. (2022), Tensor[H] float32.
@@ -113,27 +168,19 @@ class PositionalLSH:
         num_samples: ``s``, the number of masks averaged.
         seed: any int; the masks are a pure function of (seed, sample, head,
             position).
-        sampler: ``"iid"`` (the paper's estimator) or ``"stratified"``:
-            ``round(sqrt(s))`` groups of samples each share one stratified
-            pitch quantile and take equally spaced shifts; every sample's
-            marginal is still exactly Gamma(2, sigma) x Uniform[0, delta), so
-            M~ stays unbiased while its variance drops (the max-norm error of
-            iid at s = 64 is reached at s ~ 14-18).
-            ``"stratified_ramp"``: the same shared-pitch groups, fewer of
-            them with sizes growing with the pitch quantile and antithetic
-            pitch jitter (see :meth:`_ramp_unit_draws`); unbiased likewise.
-            ``"stratified_ramp_alt"``: the ramp's groups, sizes and shifts, but
-            one pitch jitter for all groups, alternating ``v, 1 - v`` between
-            neighbouring strata (see :meth:`_ramp_unit_draws`); unbiased
-            likewise.
+        sampler: how the ``s`` pitches and shifts are drawn. ``"iid"`` (the
+            paper's estimator) or ``"stratified"`` (:func:`_stratified_draws`:
+            shared-pitch groups with stratified pitches and equally spaced
+            shifts; every sample's marginal is still Gamma(2, sigma) x
+            Uniform[0, delta), so M~ stays unbiased while its max-norm error
+            drops). Other names come from :func:`register_sampler`.
     """
 
     def __init__(self, sigma, num_samples: int, seed: int = 0, sampler: str = "iid"):
         self.sigma = _as_sigma(sigma)
         if not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
-        if sampler not in SAMPLERS:
-            raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+        get_sampler(sampler)
         self.num_samples = num_samples
         self.seed = int(seed)
         self.sampler = sampler
@@ -147,136 +194,14 @@ class PositionalLSH:
     def _draw(self) -> tuple[torch.Tensor, torch.Tensor]:
         s, H = self.num_samples, self.num_heads
         t, h = np.meshgrid(np.arange(s), np.arange(H), indexing="ij")
-        if self.sampler == "iid":
-            a = counter_uniform(self.seed, t, h, 0)
-            b = counter_uniform(self.seed, t, h, 1)
-            c = counter_uniform(self.seed, t, h, 2)
-            # Gamma(2, 1) = sum of two Exp(1).
-            gamma = -np.log(a) - np.log(b)
-        elif self.sampler == "stratified_ramp":
-            gamma, c = self._ramp_unit_draws(t, h)
-        elif self.sampler == "stratified_ramp_alt":
-            gamma, c = self._ramp_unit_draws(t, h, jitter="alternate")
-        else:
-            gamma, c = self._stratified_unit_draws(t, h)
+        gamma, c = self._unit_draws(t, h)
         pitch = torch.from_numpy(gamma) * self.sigma[None, :]
         shift = torch.from_numpy(c) * pitch
         return pitch, shift
 
-    def _stratified_unit_draws(self, t: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Grouped, stratified Gamma(2, 1) draws and unit shifts, ndarray[s, H] each.
-
-        Independent stratification of pitch and shift barely helps: for a pair
-        ``(i, j)`` the shift's collision window sits at ``frac(i / delta)``,
-        which moves with every pitch, so stratified shifts of different
-        pitches do not cancel (measured: max-norm error at s = 16 within 3% of
-        i.i.d.).  Shifts only cancel under a shared pitch.  So:
-
-        - the ``s`` samples form ``G = round(sqrt(s))`` groups of consecutive
-          samples, sizes ``k_g`` as even as possible (``s // G`` or one more);
-        - group ``g`` of head ``h`` takes one pitch quantile from stratum
-          ``perm_h(g)`` of ``G`` equal strata, uniformly jittered inside it;
-        - its ``k_g`` samples share that pitch and take the equally spaced unit
-          shifts ``frac(c_g + m / k_g)``, ``m < k_g``, ``c_g ~ U(0, 1)``: the
-          collision fraction of a pair is then ``max(0, 1 - d / delta)`` up
-          to one ``1 / k_g`` step, whatever ``i``.
-
-        Each sample's marginal is exact: with ``perm_h`` a uniform random
-        permutation the quantile is U(0, 1), and ``frac(c_g + m / k_g)`` is
-        U(0, 1) independently of it, so every sample is Gamma(2, sigma) x
-        Uniform[0, delta) and E[M~] = L* exactly.  ``G ~ k ~ sqrt(s)`` balances
-        the pitch part (falls with ``G``) against the shift part (falls with
-        ``k``); measured best among k in {2..32} at s = 16 and 64.
-        """
-        s = self.num_samples
-        num_groups = max(1, round(math.sqrt(s)))
-        # Sizes as even as possible (differ by at most one): the first
-        # ``s % G`` groups hold ``s // G + 1`` samples, the others ``s // G``.
-        sizes = np.full(num_groups, s // num_groups)
-        sizes[: s % num_groups] += 1
-        first = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        group = np.searchsorted(first, t, side="right") - 1  # (s, H)
-        member = t - first[group]
-        group_size = sizes[group]
-        g, hg = np.meshgrid(np.arange(num_groups), h[0], indexing="ij")  # (G, H)
-        stratum = np.argsort(counter_uniform(self.seed, g, hg, 5), axis=0)
-        quantile = (stratum + counter_uniform(self.seed, g, hg, 3)) / num_groups
-        base_shift = counter_uniform(self.seed, g, hg, 4)
-        # x - floor(x) is exact for x in [0, 2), so the shift stays in [0, 1).
-        unit_shift = np.mod(base_shift[group, h] + member / group_size, 1.0)
-        return _gamma2_ppf(quantile)[group, h], unit_shift
-
-    def _ramp_unit_draws(self, t: np.ndarray, h: np.ndarray, jitter: str = "mirror") -> tuple[np.ndarray, np.ndarray]:
-        """Ramped, antithetic stratified Gamma(2, 1) draws and unit shifts, ndarray[s, H] each.
-
-        Why: with ``k`` equally spaced shifts under one pitch, a group's
-        collision fraction of a pair is off by ``(B - f) / k``, ``B`` a coin
-        and ``f`` the fractional part of ``k (1 - d / delta)``; weighted by
-        its share ``k / s`` of the samples, each group adds ``(B - f) / s``
-        whatever its size.  Over ``n`` positions some pair sees every group's
-        error with the same sign, so the max-norm error of the shift part is
-        about ``0.75 G / s``: fewer groups help, while the pitch part (a
-        ``G``-point quadrature of ``E[max(0, 1 - d / delta)]``) wants more.
-        So, against :meth:`_stratified_unit_draws`:
-
-        - ``G = round(0.75 sqrt(s))`` groups (fewer), sizes ``k_g``
-          proportional to ``g + 1`` (a ramp: more shifts under the larger
-          pitches), each at least 1;
-        - group ``g`` owns the pitch-quantile stratum
-          ``[K_g / s, (K_g + k_g) / s)`` (``K_g`` = samples in the groups
-          before it), the width of its share of the samples;
-        - the jitters of groups ``g`` and ``G - 1 - g`` are antithetic
-          (``v`` and ``1 - v`` inside their strata; the collision fraction
-          is monotone in the pitch, so their errors partly cancel);
-        - each group's ``k_g`` samples share that pitch and take the equally
-          spaced unit shifts ``frac(c_g + m / k_g)``;
-        - which sample falls in which group's slot is a uniform random
-          permutation per head.
-
-        Unbiased: given its stratum a group's quantile is uniform there (``v``
-        and ``1 - v`` are both U(0, 1)), and its shifts are U(0, 1) given the
-        pitch, so ``E[M~] = sum_g (k_g / s) E[M | stratum g] = L*``; with the
-        random slot each sample's own marginal is exactly Gamma(2, sigma) x
-        Uniform[0, delta) too.  The sizes and ``0.75`` are measured choices
-        (``launchers/sampler_ratio.py``).
-
-        ``jitter="alternate"`` (sampler ``"stratified_ramp_alt"``) replaces the
-        mirror pairs by antithetic *neighbours*: one ``v ~ U(0, 1)`` per head
-        for all groups, group ``g`` at ``v`` for even ``g`` and ``1 - v`` for
-        odd ``g``.  The collision fraction ``max(0, 1 - d / delta)`` has
-        nearly the same slope in the quantile over two adjacent strata, so
-        their first-order jitter errors cancel, while the mirror pair
-        ``g, G - 1 - g`` sits where the slopes differ most.  Still unbiased
-        by the same argument: each group's ``v`` or ``1 - v`` is U(0, 1), so
-        its quantile is uniform in its stratum, and the shifts are U(0, 1)
-        given the pitch; the groups' jitters are dependent, which stratified
-        sampling allows (``E[M~]`` is a sum of per-group expectations).
-        Measured (n = 1024, 20 seeds): about 1.1x fewer samples than the
-        mirror jitter at sigma >= 8 (``results/sampler/``).
-        """
-        if jitter not in ("mirror", "alternate"):
-            raise ValueError(f"jitter must be 'mirror' or 'alternate', got {jitter!r}")
-        s = self.num_samples
-        num_groups = max(1, round(0.75 * math.sqrt(s)))
-        sizes = _ramp_sizes(s, num_groups)
-        first = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        g, hg = np.meshgrid(np.arange(num_groups), h[0], indexing="ij")  # (G, H)
-        if jitter == "alternate":
-            v = counter_uniform(self.seed, np.zeros_like(g), hg, 6)  # one v per head, (G, H)
-            v = np.where(g % 2 == 1, 1.0 - v, v)
-        else:
-            mirror = num_groups - 1 - g
-            v = counter_uniform(self.seed, np.minimum(g, mirror), hg, 6)
-            v = np.where(g > mirror, 1.0 - v, v)
-        quantile = (first[g] + sizes[g] * v) / s
-        base_shift = counter_uniform(self.seed, g, hg, 7)
-        # slot[t, h]: rank of sample t among the head's s uniforms, a uniform random permutation.
-        slot = np.argsort(np.argsort(counter_uniform(self.seed, t, h, 8), axis=0, kind="stable"), axis=0,
-                          kind="stable")
-        group = np.searchsorted(first, slot, side="right") - 1
-        member = slot - first[group]
-        unit_shift = np.mod(base_shift[group, h] + member / sizes[group], 1.0)
-        return _gamma2_ppf(quantile)[group, h], unit_shift
+    def _unit_draws(self, t: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Unit pitches and shifts, ndarray[s, H] each, from the sampler (see :data:`SamplerDraw`)."""
+        return get_sampler(self.sampler)(self, t, h)
 
     # -- buckets and blocks -------------------------------------------------
 
@@ -420,20 +345,7 @@ def block_ends(buckets: torch.Tensor) -> torch.Tensor:
     return (torch.searchsorted(flat, flat, right=True) - 1).reshape(buckets.shape)
 
 
-def _ramp_sizes(s: int, num_groups: int) -> np.ndarray:
-    """Group sizes of the "stratified_ramp" sampler: proportional to 1, 2, ..., G,
-    rounded by largest remainder to integers >= 1 that sum to ``s`` (``G <= s``)."""
-    weight = np.arange(1, num_groups + 1, dtype=np.float64)
-    raw = s * weight / weight.sum()
-    sizes = np.maximum(1, np.floor(raw)).astype(np.int64)
-    while sizes.sum() < s:
-        sizes[np.argmax(raw - sizes)] += 1
-    while sizes.sum() > s:
-        sizes[np.argmax(np.where(sizes > 1, sizes - raw, -np.inf))] -= 1
-    return sizes
-
-
-def _gamma2_ppf(q: np.ndarray) -> np.ndarray:
+def gamma2_ppf(q: np.ndarray) -> np.ndarray:
     """Inverse CDF of Gamma(2, 1): solve 1 - (1 + x) e^{-x} = q by Newton, float64."""
     q = np.clip(q, 1e-300, 1.0 - 1e-16)
     # Start from the exponential tail / small-x expansion, then polish.
@@ -463,3 +375,64 @@ def _gamma2_cdf(x: np.ndarray) -> np.ndarray:
     for k in range(3, 23):
         series, term = series + term, term * xs / k
     return np.where(x < 1.0, np.exp(-xs) * series, -np.expm1(-x) - x * np.exp(-x))
+
+
+# ---------------------------------------------------------------------------
+# Samplers: (lsh, t, h) -> (unit pitch, unit shift), ndarray[s, H] each.
+# ---------------------------------------------------------------------------
+
+
+def _iid_draws(lsh: PositionalLSH, t: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The paper's estimator: every (sample, head) draws its own pitch and shift (streams 0-2)."""
+    a = counter_uniform(lsh.seed, t, h, 0)
+    b = counter_uniform(lsh.seed, t, h, 1)
+    c = counter_uniform(lsh.seed, t, h, 2)
+    # Gamma(2, 1) = sum of two Exp(1).
+    return -np.log(a) - np.log(b), c
+
+
+def _stratified_draws(lsh: PositionalLSH, t: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Grouped, stratified Gamma(2, 1) draws and unit shifts (streams 3-5).
+
+    Why groups: for a pair ``(i, j)`` the shift's collision window sits at
+    ``frac(i / delta)``, which moves with every pitch, so stratified shifts
+    of different pitches do not cancel; shifts only cancel under a shared
+    pitch. So:
+
+    - the ``s`` samples form ``G = round(sqrt(s))`` groups of consecutive
+      samples, sizes ``k_g`` as even as possible (``s // G`` or one more);
+    - group ``g`` of head ``h`` takes one pitch quantile from stratum
+      ``perm_h(g)`` of ``G`` equal strata, uniformly jittered inside it;
+    - its ``k_g`` samples share that pitch and take the equally spaced unit
+      shifts ``frac(c_g + m / k_g)``, ``m < k_g``, ``c_g ~ U(0, 1)``: the
+      collision fraction of a pair is then ``max(0, 1 - d / delta)`` up
+      to one ``1 / k_g`` step, whatever ``i``.
+
+    Each sample's marginal is exact: with ``perm_h`` a uniform random
+    permutation the quantile is U(0, 1), and ``frac(c_g + m / k_g)`` is
+    U(0, 1) independently of it, so every sample is Gamma(2, sigma) x
+    Uniform[0, delta) and E[M~] = L* exactly. ``G ~ k ~ sqrt(s)`` balances
+    the pitch part of the error (falls with ``G``) against the shift part
+    (falls with ``k``).
+    """
+    s = lsh.num_samples
+    num_groups = max(1, round(math.sqrt(s)))
+    # Sizes as even as possible (differ by at most one): the first
+    # ``s % G`` groups hold ``s // G + 1`` samples, the others ``s // G``.
+    sizes = np.full(num_groups, s // num_groups)
+    sizes[: s % num_groups] += 1
+    first = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    group = np.searchsorted(first, t, side="right") - 1  # (s, H)
+    member = t - first[group]
+    group_size = sizes[group]
+    g, hg = np.meshgrid(np.arange(num_groups), h[0], indexing="ij")  # (G, H)
+    stratum = np.argsort(counter_uniform(lsh.seed, g, hg, 5), axis=0)
+    quantile = (stratum + counter_uniform(lsh.seed, g, hg, 3)) / num_groups
+    base_shift = counter_uniform(lsh.seed, g, hg, 4)
+    # x - floor(x) is exact for x in [0, 2), so the shift stays in [0, 1).
+    unit_shift = np.mod(base_shift[group, h] + member / group_size, 1.0)
+    return gamma2_ppf(quantile)[group, h], unit_shift
+
+
+register_sampler("iid", _iid_draws)
+register_sampler("stratified", _stratified_draws)

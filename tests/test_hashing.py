@@ -129,3 +129,58 @@ def test_alibi_slopes_match_published_formula(n):
 def test_bad_hash_arguments_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         PositionalLSH(**kwargs)
+
+
+# -- the sampler registry -------------------------------------------------------
+
+
+def _antithetic_iid(lsh, t, h):
+    """A toy sampler for the registry tests: i.i.d. pitches, antithetic shifts of pairs of samples."""
+    import numpy as np
+
+    from plsh_dist.hashing import counter_uniform
+
+    a, b = counter_uniform(lsh.seed, t, h, 0), counter_uniform(lsh.seed, t, h, 1)
+    c = counter_uniform(lsh.seed, t // 2, h, 2)
+    return -np.log(a) - np.log(b), np.where(t % 2 == 1, 1.0 - c, c)
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """The module's registries, restored after the test."""
+    from plsh_dist import hashing
+
+    monkeypatch.setattr(hashing, "_SAMPLERS", dict(hashing._SAMPLERS))
+    monkeypatch.setattr(hashing, "EXTERNAL_SAMPLERS", dict(hashing.EXTERNAL_SAMPLERS))
+    return hashing
+
+
+def test_a_registered_sampler_draws_the_masks(registry):
+    registry.register_sampler("antithetic_iid", _antithetic_iid)
+    registry.register_sampler("antithetic_iid", _antithetic_iid)  # a module imported twice: no-op
+    lsh = PositionalLSH(8.0, 6, seed=5, sampler="antithetic_iid")
+    iid = PositionalLSH(8.0, 6, seed=5)
+    assert torch.equal(lsh.pitch, iid.pitch)  # same pitch streams
+    unit = lsh.shift / lsh.pitch
+    assert torch.allclose(unit[0::2] + unit[1::2], torch.ones_like(unit[0::2]), rtol=0, atol=1e-12)
+    assert "antithetic_iid" in registry.sampler_names()
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register_sampler("antithetic_iid", lambda lsh, t, h: _antithetic_iid(lsh, t, h))
+
+
+def test_an_external_sampler_that_cannot_be_imported_names_the_fix(registry, monkeypatch):
+    """What a config naming an experimental sampler meets where experiments/ is not importable."""
+    import sys
+
+    from plsh_dist.models import AttentionConfig
+
+    registry._SAMPLERS.pop("stratified_ramp", None)
+    monkeypatch.setitem(sys.modules, "experiments.samplers", None)  # import fails as if absent
+    with pytest.raises(ValueError, match=r"attention.sampler 'stratified_ramp' is an experimental sampler.*"
+                                         r"experiments.samplers.*PYTHONPATH.*'iid' or 'stratified'"):
+        AttentionConfig(sampler="stratified_ramp")
+    registry.EXTERNAL_SAMPLERS["silent"] = "plsh_dist.splitmix"  # imports, registers nothing
+    with pytest.raises(ValueError, match="did not register it"):
+        PositionalLSH(1.0, 2, sampler="silent")
+    with pytest.raises(ValueError, match=r"sampler must be one of \('iid', 'stratified'"):
+        PositionalLSH(1.0, 2, sampler=["iid"])

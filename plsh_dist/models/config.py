@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plsh_dist.config_check import check_field_types, did_you_mean
-from plsh_dist.hashing import SAMPLERS
+from plsh_dist.hashing import get_sampler
 from plsh_dist.models.presets import PRESET_TABLES
 from plsh_dist.ops.backends import BACKENDS, METHODS
 
@@ -79,12 +79,13 @@ class AttentionConfig:
     layer) only, fixed for the whole run (they are step 0's masks)."""
 
     sampler: str = "iid"
-    """``"iid"`` (the paper's estimator) or a stratified sampler (``"stratified"``,
-    ``"stratified_ramp"``, ``"stratified_ramp_alt"``: same expectation, lower
-    max-norm error of the mask); see :class:`plsh_dist.hashing.PositionalLSH`.
+    """``"iid"`` (the paper's estimator) or ``"stratified"`` (same expectation,
+    lower max-norm error of the mask); see :class:`plsh_dist.hashing.PositionalLSH`.
+    The experimental ``"stratified_ramp"`` / ``"stratified_ramp_alt"`` load from
+    ``experiments/samplers.py`` (a clone with its root on PYTHONPATH).
     Train with ``"iid"``: the stratified samplers resolve the kernel's tail with
     few distinct pitches, and their training gradients are further from exact
-    ALiBi's from s = 20 on (README, "Quality on prose")."""
+    ALiBi's from s = 20 on (``results/grad_fidelity``)."""
 
     backend: str = "auto"
     """Block-attention backend of the hash ops: ``"auto"`` (flash-attn varlen
@@ -126,8 +127,7 @@ class AttentionConfig:
             raise ValueError(f"attention.window must be an int >= 1 (tokens), got {self.window!r}")
         if not isinstance(self.fixed_masks, bool):
             raise ValueError(f"attention.fixed_masks must be true or false, got {self.fixed_masks!r}")
-        if self.sampler not in SAMPLERS:
-            raise ValueError(f"attention.sampler must be one of {SAMPLERS}, got {self.sampler!r}")
+        get_sampler(self.sampler, "attention.sampler")
         if self.backend not in BACKENDS:
             raise ValueError(f"attention.backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.method not in METHODS:
