@@ -24,7 +24,7 @@ from plsh_dist.eval.approx_error import (
     truncated_output_error,
 )
 from plsh_dist.eval.plots import Series, line_plot
-from plsh_dist.hashing import SAMPLERS as HASH_SAMPLERS
+from plsh_dist.hashing import get_sampler
 
 __all__ = ["ApproxErrorConfig", "parse_int_list", "num_steps", "run_study", "save", "write_table", "write_plots", "summary_lines"]
 
@@ -75,9 +75,10 @@ class ApproxErrorConfig:
                              "e.g. --samples 1,2,4,...,1024")
         if self.seeds < 1 or self.output_seeds < 1:
             raise ValueError(f"seeds and output_seeds must be >= 1, got {self.seeds}, {self.output_seeds}")
-        bad = [s for s in self.samplers if s not in HASH_SAMPLERS]
-        if bad or not self.samplers:
-            raise ValueError(f"samplers must be among {HASH_SAMPLERS}, got {self.samplers}")
+        if not self.samplers:
+            raise ValueError("samplers must not be empty; e.g. --samplers iid,stratified")
+        for sampler in self.samplers:
+            get_sampler(sampler, "samplers")
         if any(n < 3 for n in self.block_seq_lens):
             raise ValueError(f"block_seq_lens must be >= 3, got {self.block_seq_lens}")
 
