@@ -1,4 +1,4 @@
-"""Report of the CPU-scale replication (``launchers/replicate.py``): every trained model
+"""Report of the CPU-scale replication (``experiments/replicate.py``): every trained model
 (corpus x mode x training seed) evaluated in its own attention mode at several
 multiples of its train length, on the same target tokens at every length.
 
@@ -13,7 +13,7 @@ more than their windows do). Writes ``replication.json`` (settings, per-run trai
 summary, every row with its window losses), ``replication.md`` and
 ``replication.png`` (perplexity vs context length, one panel per corpus,
 error bars = std over training seeds), and with PLSH modes ``gap.md`` /
-``gap.png``: the ratio to the reference against s (:mod:`plsh_dist.eval.gap_curve`).
+``gap.png``: the ratio to the reference against s (:mod:`experiments.gap_curve`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from experiments.gap_curve import format_gap, plot_gap
 from plsh_dist.eval.checkpoint_loading import load_for_eval
 from plsh_dist.eval.eval_data import load_eval_tokens
 from plsh_dist.eval.extrapolation import evaluate_model
-from plsh_dist.eval.gap_curve import format_gap, plot_gap
 from plsh_dist.eval.modes import parse_modes
 from plsh_dist.eval.scoring import mean_ci
 
@@ -203,7 +203,7 @@ def replicate_report(runs_dir: str | Path, corpora: Sequence[str], modes: Sequen
 
 
 def write_gap(results: dict[str, Any], out: Path) -> None:
-    """``gap.md`` and ``gap.png`` (:mod:`plsh_dist.eval.gap_curve`) when the grid has the reference and PLSH modes."""
+    """``gap.md`` and ``gap.png`` (:mod:`experiments.gap_curve`) when the grid has the reference and PLSH modes."""
     text = format_gap(results)
     if text:
         (out / "gap.md").write_text(text)

@@ -1,19 +1,29 @@
 """How many fewer samples does a sampler need than i.i.d. for the same max-norm error?
 
+    python experiments/sampler_ratio.py --sigma 4,16,64 --seq-len 1024 --seeds 20 \
+        --sampler stratified,stratified_ramp --samples 8,10,...,32 --out results/sampler
+
 For each sigma: the i.i.d. estimator's mean max-norm error ``||L* - M~||_max``
-at ``s = match_at`` (64: the issue's target) over ``seeds`` hashes, then each
+at ``s = match_at`` (64: the design target) over ``seeds`` hashes, then each
 sampler's mean error over a ladder of ``s``; the ``s`` at which a sampler's
 curve first reaches the i.i.d. level (log-log interpolation,
 :func:`plsh_dist.eval.approx_error.samples_to_match`) gives the ratio
-``match_at / s``.  ``launchers/sampler_ratio.py`` runs it and writes the table.
+``match_at / s``. The command writes ratios.json and ratios.md to ``--out`` and
+prints the table.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 import time
+from pathlib import Path
 from typing import Sequence
 
-from plsh_dist.eval.approx_error import mask_error, samples_to_match
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
+
+from plsh_dist.eval.approx_error import mask_error, samples_to_match  # noqa: E402
 
 __all__ = ["sampler_ratios", "format_ratios"]
 
@@ -51,3 +61,33 @@ def format_ratios(res: dict) -> str:
             cells.append(f"{s:.1f} ({r[f'{name}_ratio']:.2f}x fewer)" if s else "not reached")
         out.append(f"| {r['sigma']:g} | {r['iid_level']:.4f} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sigma", default="4,16,64")
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--sampler", default="stratified,stratified_ramp")
+    p.add_argument("--samples", default="8,10,12,14,16,18,20,22,24,28,32", help="ladder of s for the samplers")
+    p.add_argument("--match-at", type=int, default=64, help="the i.i.d. s whose error is to be matched")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(1)
+    res = sampler_ratios([float(x) for x in args.sigma.split(",")], args.seq_len,
+                         [x.strip() for x in args.sampler.split(",") if x.strip()],
+                         [int(x) for x in args.samples.split(",")], args.seeds, args.match_at)
+    res["command"] = "python experiments/sampler_ratio.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ratios.json").write_text(json.dumps(res, indent=1) + "\n")
+    (out / "ratios.md").write_text(format_ratios(res))
+    print(format_ratios(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

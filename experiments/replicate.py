@@ -1,7 +1,7 @@
 """CPU-scale replication of the paper's length-extrapolation protocol.
 
-    python launchers/replicate.py --out runs/replication --results results/replication          # the full grid
-    python launchers/replicate.py --smoke --out runs/replicate_smoke --results runs/replicate_smoke/results
+    python experiments/replicate.py --out runs/replication --results results/replication          # the full grid
+    python experiments/replicate.py --smoke --out runs/replicate_smoke --results runs/replicate_smoke/results
 
 Every model is trained by ``launchers/pretrain.py`` (the quickstart's code
 path, one process) from ``configs/quickstart.toml`` with the same overrides
@@ -34,12 +34,7 @@ Budget (``BUDGETS``; the full grid is 18 modes x 3 seeds x 2 corpora = 108
 runs): the tiny Qwen3 (hidden 128, 4 layers, 4 heads), train length 128,
 micro-batch 4, 100 steps (51,200 tokens per run), evaluation at 128-1024
 tokens on 8 windows of K = 64 scored tokens, 2 hash seeds; two runs at a
-time (``--jobs 2``, one thread each). Measured on a quiet 2-core machine: the
-108 runs in 20 min 43 s (training 1022 s, evaluation 209 s), within the
-90-minute target. The quality budget of ``results/quality_gap`` (train
-length 256, 300 steps x 8 sequences: 12x these tokens per run; 32 windows)
-takes about 100-200 s of training per run; PLSH one pass at s = 400 is the
-slowest (160-300 s).
+time (``--jobs 2``, one thread each). Wall times: experiments/README.md.
 ``--samples`` chooses the PLSH modes' s values. ``--smoke``: 3 modes x 1 seed x the
 code corpus, 4 steps at length 32, for tests (about 80 s).
 
@@ -143,7 +138,7 @@ def _settings(args: argparse.Namespace) -> dict:
     for key in ("config", "out", "results", "prose_dir", "code_dir"):
         path = Path(out[key]).resolve()
         out[key] = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else out[key]
-    out["command"] = "python launchers/replicate.py " + " ".join(sys.argv[1:])
+    out["command"] = "python experiments/replicate.py " + " ".join(sys.argv[1:])
     return out
 
 
@@ -243,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from plsh_dist.eval.replication import replicate_report
+    from experiments.replication import replicate_report
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     lengths = [round(float(m) * args.train_len) for m in args.multiples.split(",")]

@@ -1,6 +1,6 @@
 """The PLSH-to-exact-ALiBi gap against the number of hash samples s.
 
-From a replication report (``plsh_dist.eval.replication``), every mode named
+From a replication report (``experiments.replication``), every mode named
 ``plsh_s{s}_{sampler}_{sigma}`` gives one point per context length: its
 perplexity ratio to the reference mode (exact ALiBi), paired over the same
 windows and training seeds, with
@@ -10,14 +10,13 @@ windows and training seeds, with
   ``exp(mean_w (loss_mode - loss_ref))`` (``seed_ratios`` of the summary), its
   t interval over seeds (``ratio_seed_ci``) and max.
 
-Separately trained models decorrelate: at the budgets measured here a seed's
-paired ratio varies by about 10% (``seed_log_sd`` ~ 0.1 nats) while the
-windows' interval is a few percent wide. So the target is judged on the seed
-interval, in three states: *within* (its upper end <= target), *outside* (its
+Separately trained models decorrelate, so a seed's paired ratio varies far
+more than the windows' interval is wide (``results/quality_gap_seeds``). The
+target is therefore judged on the seed interval, in three states: *within* (its upper end <= target), *outside* (its
 lower end > target) or *unresolved*, with the number of seeds a +-(target - 1)
 interval would need at the observed spread, ``(1.96 sd / ln target)^2``.
 
-``launchers/replicate.py`` writes ``gap.md`` and ``gap.png`` with it when the
+``experiments/replicate.py`` writes ``gap.md`` and ``gap.png`` with it when the
 grid holds the reference and PLSH modes at two or more s.
 """
 
@@ -31,7 +30,7 @@ from typing import Any, Sequence
 
 __all__ = ["gap_rows", "format_gap", "plot_gap", "verdict", "seeds_needed", "PLSH_MODE"]
 
-#: ``plsh_s{s}_{sampler}_{sigma}``: the PLSH mode names of ``launchers/replicate.py``.
+#: ``plsh_s{s}_{sampler}_{sigma}``: the PLSH mode names of ``experiments/replicate.py``.
 PLSH_MODE = re.compile(r"^plsh_s(?P<s>\d+)_(?P<sampler>[a-z]+)_(?P<sigma>[a-z]+)$")
 
 

@@ -1,13 +1,13 @@
 """Halo traffic at scale: PLSH's SP halo from the real hash vs ring attention and Ulysses, and host planning time.
 
-    python launchers/sim_halo.py --seq-len 128k,1M,4M --sp 8,64,256 --samples 8,100 --sigma per-head,256 \
+    python experiments/sim_halo.py --seq-len 128k,1M,4M --sp 8,64,256 --samples 8,100 --sigma per-head,256 \
         --out results/halo_sim [--repeats 3] [--no-timing] [--from-json results/halo_sim/halo_sim.json]
 
 For every (T, P, sigma, s): the forward bytes each rank receives per layer
 (mean over ranks and layers, and the worst rank of the worst layer) from the
 hash each of the 28 layers of Qwen3-0.6B draws at step 0, next to ring
 attention's and Ulysses' bytes per rank for the same shapes (formulas in
-``plsh_dist/plan/halo_sim.py``), and the host planning time per forward of
+``experiments/halo_sim.py``), and the host planning time per forward of
 the last rank (CPU time of one thread, median of ``--repeats``). Writes
 ``halo_sim.json``, ``halo_sim.md`` and ``halo_sim.png`` under ``--out``.
 """
@@ -56,7 +56,7 @@ def run(args) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from plsh_dist.plan.halo_sim import QWEN3_0_6B, planning_time, ring_bytes, simulate_halo, ulysses_bytes
+    from experiments.halo_sim import QWEN3_0_6B, planning_time, ring_bytes, simulate_halo, ulysses_bytes
 
     shape = QWEN3_0_6B
     records = []

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from launchers import replicate
-from plsh_dist.eval.gap_curve import format_gap, gap_rows, plot_gap, seeds_needed, verdict
-from plsh_dist.eval.replication import summarize
+from experiments import replicate
+from experiments.gap_curve import format_gap, gap_rows, plot_gap, seeds_needed, verdict
+from experiments.replication import summarize
 
 WINDOWS = 6
 
@@ -93,7 +93,7 @@ def test_the_plot_is_written(results, tmp_path):
 
 
 def test_replicate_mode_names_parse_as_plsh_points():
-    from plsh_dist.eval.gap_curve import PLSH_MODE
+    from experiments.gap_curve import PLSH_MODE
 
     names = [m for m in replicate._modes(samples=(8, 400)) if m.startswith("plsh")]
     assert names and all(PLSH_MODE.match(m) for m in names)

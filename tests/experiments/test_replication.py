@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launchers import replicate
-from plsh_dist.eval.replication import format_report, replication_lengths, summarize
+from experiments import replicate
+from experiments.replication import format_report, replication_lengths, summarize
 
 
 def test_the_protocol_grid():

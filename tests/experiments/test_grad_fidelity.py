@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from plsh_dist.eval.grad_fidelity import fixed_batch, format_fidelity, gradient_fidelity, loss_and_grad
+from experiments.grad_fidelity import fixed_batch, format_fidelity, gradient_fidelity, loss_and_grad
 from plsh_dist.models import AttentionConfig, AttentionRuntime, build_model, presets
 
 

@@ -10,10 +10,10 @@ import torch.multiprocessing as mp
 
 from plsh_dist.distributed.halo import HaloPlan, plsh_needs
 from plsh_dist.distributed.sp_layout import SPLayout
-from plsh_dist.plan.halo_sim import (QWEN3_0_6B, AttentionShape, halo_pairs, layer_hash, ring_bytes,
+from experiments.halo_sim import (QWEN3_0_6B, AttentionShape, halo_pairs, layer_hash, ring_bytes,
                                      simulate_halo, ulysses_bytes)
 from plsh_dist.plan.halo_traffic import sp_traffic
-from tests.plan import halo_sim_worker
+from tests.experiments import halo_sim_worker
 
 
 @pytest.mark.parametrize("sigma,s,P,tokens,offset", [
@@ -75,7 +75,7 @@ def test_ring_and_ulysses_by_hand():
 
 
 def test_planning_time_small():
-    from plsh_dist.plan.halo_sim import planning_time
+    from experiments.halo_sim import planning_time
 
     shape = AttentionShape(q_heads=16, kv_heads=8, head_dim=128, dtype_bytes=2, layers=2)
     pt = planning_time(4096, 4, None, 4, shape, repeats=1, varlen_max_elements=4 * 16 * 256)

@@ -1,4 +1,4 @@
-"""Worker processes for tests/plan/test_halo_sim.py (spawned, gloo): a real
+"""Worker processes for tests/experiments/test_halo_sim.py (spawned, gloo): a real
 sequence-parallel PLSH forward + backward per rank, whose ``comm_stats``
 must equal the simulation's bytes for that rank."""
 
@@ -13,7 +13,7 @@ from plsh_dist.distributed.comm_stats import comm_stats, reset_comm_stats
 from plsh_dist.distributed.sp import SequenceParallelAttention
 from plsh_dist.distributed.sp_chunks import sp_chunk, sp_positions
 from plsh_dist.models.attention import head_scales
-from plsh_dist.plan.halo_sim import AttentionShape, halo_pairs, layer_hash
+from experiments.halo_sim import AttentionShape, halo_pairs, layer_hash
 
 B, T = 2, 240
 SHAPE = AttentionShape(q_heads=4, kv_heads=2, head_dim=8, dtype_bytes=4, layers=1)  # fp32 inputs
