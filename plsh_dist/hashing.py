@@ -97,6 +97,7 @@ def get_sampler(name: str, field: str = "sampler") -> SamplerDraw:
             raise ValueError(f"{field} {name!r}: importing {module} did not register it")
     return _SAMPLERS[name]
 
+
 def alibi_slopes(num_heads: int) -> torch.Tensor:
     """ALiBi slopes of Press et al. (2022), Tensor[H] float32.
 

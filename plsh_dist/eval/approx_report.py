@@ -63,7 +63,7 @@ class ApproxErrorConfig:
     layers: list[int] | None = None
     """Checkpoint layers to capture (default: first, middle, last)."""
     match_at: int = 64
-    """s of the i.i.d. error that the stratified sampler must reach (the issue's target)."""
+    """s of the i.i.d. error that the stratified sampler must reach (the design target)."""
 
     def __post_init__(self):
         if not self.sigma or any(not (s > 0 and math.isfinite(s)) for s in self.sigma):
