@@ -337,7 +337,10 @@ def output_error(
         samples, seeds, sampler: as in :func:`mask_error`.
     Returns:
         One record per ``s``: relative Frobenius error ``||T* - T~||_F / ||T*||_F``
-        and max error ``max |T* - T~|``, mean and std over seeds.
+        and max error ``max |T* - T~|``, mean and std over seeds; and
+        ``rel_fro_batch_mean`` / ``_std``, the relative error of each batch
+        element alone (a batch may stack sources, e.g. layers: the masks are
+        drawn once for all of them).
 
     T~ is dense attention with ``M~`` as the weights, which is what the
     positional LSH operator computes (its tests compare against exactly that).
@@ -350,16 +353,27 @@ def output_error(
     seeds = _check_seeds(seeds)
     attn = _CachedAttention(q, k, v, causal, softmax_scale)
     exact = attn(alibi_weights(1.0 / sig, torch.arange(T)))
-    exact_norm = float(exact.norm())
-    per_s: dict[int, dict[str, list[float]]] = {s: {"rel_fro": [], "max": []} for s in samples}
+    per_s: dict[int, list[dict]] = {s: [] for s in samples}
     for seed in seeds:
         for s, approx_mask in averaged_masks(sig, T, samples, seed, sampler):
-            err = exact - attn(approx_mask)
-            per_s[s]["rel_fro"].append(float(err.norm()) / exact_norm)
-            per_s[s]["max"].append(float(err.abs().max()))
-    return [{"s": s, "sampler": sampler, "seeds": len(seeds), "T": T, "heads": Hq,
-             **_summary("rel_fro", per_s[s]["rel_fro"]), **_summary("max", per_s[s]["max"])}
+            per_s[s].append(_output_errors(exact, attn(approx_mask)))
+    return [{"s": s, "sampler": sampler, "seeds": len(seeds), "T": T, "heads": Hq, **_output_summary(per_s[s])}
             for s in samples]
+
+
+def _output_errors(exact: torch.Tensor, approx: torch.Tensor) -> dict:
+    """Relative Frobenius error (all, and per batch element) and max error of (B, T, H, D) outputs."""
+    err = exact - approx
+    per_batch = err.flatten(1).norm(dim=1) / exact.flatten(1).norm(dim=1)
+    return {"rel_fro": float(err.norm() / exact.norm()), "max": float(err.abs().max()), "batch": per_batch}
+
+
+def _output_summary(errors: list[dict]) -> dict:
+    """Mean and std over seeds of :func:`_output_errors`' values."""
+    batch = torch.stack([e["batch"] for e in errors])  # (seeds, B)
+    std = batch.std(dim=0) if len(errors) > 1 else torch.zeros(batch.shape[1], dtype=batch.dtype)
+    return {**_summary("rel_fro", [e["rel_fro"] for e in errors]), **_summary("max", [e["max"] for e in errors]),
+            "rel_fro_batch_mean": batch.mean(dim=0).tolist(), "rel_fro_batch_std": std.tolist()}
 
 
 # ---------------------------------------------------------------------------
@@ -386,18 +400,22 @@ def truncated_weights(sigma, n: int, window: torch.Tensor) -> torch.Tensor:
     return alibi_weights(1.0 / sig, positions) * keep
 
 
-def truncated_mask_error(sigma: float, n: int, samples: Sequence[int], spectral: bool = True) -> list[dict]:
+def truncated_mask_error(
+    sigma: float, n: int, samples: Sequence[int], spectral: bool = True, windows: Sequence[int] | None = None
+) -> list[dict]:
     """``||L* - L*_w||`` (spectral and max norm) for the window of each ``s``, one scalar ``sigma``.
 
-    ``w = ceil((ln s + 0.58) sigma)``.  Deterministic, so one "seed" and std 0;
-    the records have :func:`mask_error`'s keys plus ``window``.  The max norm is
+    ``w = ceil((ln s + 0.58) sigma)``, or ``windows[i]`` for ``samples[i]`` (e.g. a
+    sampler's measured band).  Deterministic, so one "seed" and std 0; the
+    records have :func:`mask_error`'s keys plus ``window``.  The max norm is
     ``exp(-w / sigma)`` exactly while ``w < n`` (the largest dropped entry).
     """
     samples = _check_samples(samples)
+    windows = _check_windows(windows, samples)
     target = alibi_weights(torch.tensor([1.0 / sigma], dtype=torch.float64), torch.arange(n))[0]
     records = []
-    for s in samples:
-        window = equal_cost_window(float(sigma), s)
+    for s, given in zip(samples, windows):
+        window = equal_cost_window(float(sigma), s) if given is None else torch.tensor([given])
         diff = target - truncated_weights(float(sigma), n, window)[0]
         rec = {"sigma": float(sigma), "n": n, "s": s, "sampler": TRUNCATED, "window": int(window), "seeds": 1,
                "bound": paper_bound(sigma, n, s), **_summary("max", [float(diff.abs().max())])}
@@ -415,29 +433,30 @@ def truncated_output_error(
     samples: Sequence[int],
     causal: bool = True,
     softmax_scale: float | None = None,
+    windows: Sequence[int] | None = None,
 ) -> list[dict]:
     """``||T* - T_w||`` of exact ALiBi and ALiBi truncated at the window of each ``s``.
 
     Arguments and records as :func:`output_error` (``sampler="truncated"``, one
     "seed", std 0), plus ``window``: the per-head windows
-    ``w_h = ceil((ln s + 0.58) sigma_h)``.
+    ``w_h = ceil((ln s + 0.58) sigma_h)``, or ``windows[i]`` (one int for every
+    head) for ``samples[i]``.
     """
     B, T, Hq, D = q.shape
     sig = _as_sigma(sigma)
     if sig.numel() not in (1, Hq):
         raise ValueError(f"sigma has {sig.numel()} entries; give a float or one per query head ({Hq})")
     samples = _check_samples(samples)
+    windows = _check_windows(windows, samples)
     attn = _CachedAttention(q, k, v, causal, softmax_scale)
     exact = attn(alibi_weights(1.0 / sig, torch.arange(T)))
-    exact_norm = float(exact.norm())
     records = []
-    for s in samples:
-        window = equal_cost_window(sig, s)
-        err = exact - attn(truncated_weights(sig, T, window))
+    for s, given in zip(samples, windows):
+        window = equal_cost_window(sig, s) if given is None else torch.full((sig.numel(),), given)
+        errors = _output_errors(exact, attn(truncated_weights(sig, T, window)))
         records.append({"s": s, "sampler": TRUNCATED, "seeds": 1, "T": T, "heads": Hq,
                         "window": window.tolist() if window.numel() > 1 else int(window),
-                        **_summary("rel_fro", [float(err.norm()) / exact_norm]),
-                        **_summary("max", [float(err.abs().max())])})
+                        **_output_summary([errors])})
     return records
 
 
@@ -490,6 +509,15 @@ def _check_samples(samples: Sequence[int]) -> list[int]:
     if not samples or any(s < 1 for s in samples) or samples != sorted(set(samples)):
         raise ValueError(f"samples must be strictly increasing ints >= 1, got {samples}")
     return samples
+
+
+def _check_windows(windows: Sequence[int] | None, samples: list[int]) -> list[int | None]:
+    if windows is None:
+        return [None] * len(samples)
+    windows = [int(w) for w in windows]
+    if len(windows) != len(samples) or any(w < 1 for w in windows):
+        raise ValueError(f"windows must be one int >= 1 per s ({len(samples)}), got {windows}")
+    return windows
 
 
 def _check_seeds(seeds: Sequence[int] | int) -> list[int]:

@@ -107,6 +107,7 @@ def test_output_error_shrinks_with_samples():
     exact = dense_attention(q, k, v, alibi_weights(torch.tensor([1 / 6.0], dtype=torch.float64), torch.arange(96)))
     approx = dense_attention(q, k, v, PositionalLSH(6.0, 16, 5).averaged_mask(torch.arange(96)))
     assert rec["rel_fro_mean"] == pytest.approx(float((exact - approx).norm() / exact.norm()), rel=1e-10)
+    assert rec["rel_fro_batch_mean"] == [pytest.approx(rec["rel_fro_mean"], rel=1e-12)]  # B = 1
     with pytest.raises(ValueError, match="one per query head"):
         output_error(q, k, v, torch.tensor([1.0, 2.0, 3.0]), [1], 1)
 
@@ -172,6 +173,8 @@ def test_truncated_mask_error_is_the_largest_dropped_weight():
             diff = alibi_weights(torch.tensor([1 / sigma], dtype=torch.float64), torch.arange(n))[0]
             diff = diff * ((torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs() >= w)
             assert r["spectral_mean"] == pytest.approx(float(torch.linalg.matrix_norm(diff, ord=2)), rel=1e-9)
+    (given,) = truncated_mask_error(4.0, n, [8], spectral=False, windows=[5])
+    assert given["window"] == 5 and given["max_mean"] == pytest.approx(math.exp(-5 / 4.0), rel=1e-12)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -205,4 +208,13 @@ def test_truncated_output_error_against_brute_force(causal):
         err = exact - attend(window)
         assert r["rel_fro_mean"] == pytest.approx(float(err.norm() / exact.norm()), rel=1e-9)
         assert r["max_mean"] == pytest.approx(float(err.abs().max()), rel=1e-9)
+        for b in range(B):  # each batch element alone
+            want = float(err[b].norm() / exact[b].norm())
+            assert r["rel_fro_batch_mean"][b] == pytest.approx(want, rel=1e-9) and r["rel_fro_batch_std"][b] == 0
     assert recs[0]["rel_fro_mean"] > recs[1]["rel_fro_mean"] > 0  # a wider window errs less
+    # Windows given explicitly (one for every head): the same as the rule's where they agree.
+    (given,) = truncated_output_error(q, k, v, 6.0, [8], causal=causal, windows=[int(equal_cost_window(6.0, 8))])
+    (rule,) = truncated_output_error(q, k, v, 6.0, [8], causal=causal)
+    assert given["rel_fro_mean"] == rule["rel_fro_mean"] and given["window"] == rule["window"]
+    with pytest.raises(ValueError, match="one int >= 1 per s"):
+        truncated_output_error(q, k, v, 6.0, [8], windows=[3, 4])
