@@ -1,6 +1,6 @@
-"""Truncated ALiBi against positional LSH at equal cost: approximation error (issue 26, part 2).
+"""Truncated ALiBi against positional LSH at equal cost: approximation error.
 
-    python experiments/truncated_alibi/study.py --checkpoint runs/quality_gap/prose/alibi_h/seed0/final \
+    python experiments/truncated_alibi.py --checkpoint runs/quality_gap/prose/alibi_h/seed0/final \
         --text data_cache/jargon_corpus/val.jsonl --out results/truncated_alibi
 
 At ``s`` samples, positional LSH in one pass attends about ``sigma (ln s + 0.58)``
@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a clone without installing
 
 IID = "iid"
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _command(argv: list[str] | None) -> str:
     args = sys.argv[1:] if argv is None else argv
-    return "python experiments/truncated_alibi/study.py " + " ".join(shlex.quote(a) for a in args)
+    return "python experiments/truncated_alibi.py " + " ".join(shlex.quote(a) for a in args)
 
 
 def _truncated_label(sampler: str | None) -> str:
