@@ -394,10 +394,7 @@ def truncated_weights(sigma, n: int, window: torch.Tensor) -> torch.Tensor:
     window = torch.as_tensor(window, dtype=torch.long).reshape(-1)
     if window.numel() != sig.numel() or bool((window < 1).any()):
         raise ValueError(f"window must hold one int >= 1 per head ({sig.numel()}), got {window.tolist()}")
-    positions = torch.arange(n)
-    dist = (positions[:, None] - positions[None, :]).abs()  # (n, n)
-    keep = dist[None] < window[:, None, None]  # (H, n, n)
-    return alibi_weights(1.0 / sig, positions) * keep
+    return alibi_weights(1.0 / sig, torch.arange(n), window=window)
 
 
 def truncated_mask_error(

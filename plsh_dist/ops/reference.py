@@ -54,16 +54,18 @@ def dense_attention(
 
 
 def alibi_weights(
-    slopes: torch.Tensor, positions: torch.Tensor, window: int | None = None
+    slopes: torch.Tensor, positions: torch.Tensor, window: int | torch.Tensor | None = None
 ) -> torch.Tensor:
     """ALiBi's multiplicative weights ``exp(-m_h |p_i - p_j|)``, float64 (H, T, T).
 
-    With ``window``, keys more than ``window - 1`` positions before (or after)
-    the query get weight 0 (sliding-window ALiBi).
+    With ``window`` (an int for every head, or a LongTensor[H] with one per
+    head), keys ``window_h`` or more positions before (or after) the query get
+    weight 0 (sliding-window, or truncated, ALiBi).
     """
     p = positions.to(torch.float64)
     dist = (p[:, None] - p[None, :]).abs()
     w = torch.exp(-slopes.to(torch.float64)[:, None, None] * dist[None])
     if window is not None:
-        w = w * (dist < window).to(torch.float64)[None]
+        window = torch.as_tensor(window, dtype=torch.float64).reshape(-1, 1, 1)  # (H or 1, 1, 1)
+        w = w * (dist[None] < window).to(torch.float64)
     return w
