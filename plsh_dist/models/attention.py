@@ -49,6 +49,7 @@ from torch import nn
 from plsh_dist import ops as local_ops
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
 from plsh_dist.ops import decode as decode_ops
+from plsh_dist.ops.backends import choose_path
 from plsh_dist.models.config import AttentionConfig
 from plsh_dist.models.runtime import AttentionRuntime
 from plsh_dist.ops.documents import cu_seqlens_from_position_ids
@@ -282,7 +283,8 @@ def _decode(cfg: AttentionConfig, runtime: AttentionRuntime, ops, layer: int, q:
         raise ValueError(f"unknown attention bias {cfg.bias!r}")  # unreachable: AttentionConfig checks it
     seed = runtime.layer_seed(layer, cfg.fixed_masks) if cfg.bias == "plsh" else None
     lsh = _decode_hash(cfg.bias, cfg.sigma, Hq, cfg.num_samples, seed, cfg.sampler)
-    return decode_ops.block_decode(q, k, v, q_pos, k_pos, lsh, scale=scale)
+    path = choose_path(cfg.backend, cfg.method, q.device, q.dtype, lsh.num_samples, decoding=True)
+    return path.forward(q, k, v, q_pos, k_pos, lsh, scale=scale)
 
 
 @functools.lru_cache(maxsize=256)

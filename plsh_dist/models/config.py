@@ -97,7 +97,7 @@ class AttentionConfig:
     (s block attentions merged by log-sum-exp; cost grows like s), ``"onepass"``
     (one attention with the bias ``log c_ij``, c_ij the number of samples in
     which i and j share a block; cost grows like log s) or ``"auto"`` (the
-    faster for the device, see :func:`plsh_dist.ops.backends.resolve_method`).
+    faster for the device: the table of :mod:`plsh_dist.ops.backends`).
     Same hash seeds and blocks either way, so a run's masks do not depend on it;
     the outputs agree to rounding."""
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from plsh_dist.ops.dense import dense_bwd, dense_fwd
-from plsh_dist.ops.documents import flat_documents, flatten_rows, unflatten_lse, unflatten_rows
+from plsh_dist.ops.documents import flat_documents, on_flat_row
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.merge import accum_dtype
 from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_for
@@ -248,10 +248,9 @@ def _alibi_documents(q, k, v, slopes, positions, causal, window, softmax_scale, 
     seen = longest if window is None else min(longest, 2 * window)
     chunk = chunk_size or default_chunk_size(q.shape[2], seen)
     pos = docs.virtual_positions
-    out, lse = AlibiAttentionFunction.apply(*(flatten_rows(x) for x in (q, k, v)), pos, pos, slopes, causal, window,
-                                            scale, chunk, (docs.ids, docs.ids))
-    out = unflatten_rows(out, B)
-    return (out, unflatten_lse(lse, B)) if return_lse else out
+    out, lse = on_flat_row(AlibiAttentionFunction.apply, q, k, v, pos, pos, slopes, causal, window, scale, chunk,
+                           (docs.ids, docs.ids))
+    return (out, lse) if return_lse else out
 
 
 def causal_attention(

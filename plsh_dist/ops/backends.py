@@ -1,34 +1,87 @@
-"""The one backend vocabulary: what a user asks for, and what then runs.
+"""The one table: how PLSH is computed, for a user's ``backend`` / ``method`` and the tensors at hand.
 
-``Backend`` is the user's choice (``backend=`` of the ops, ``[attention].backend``
-of a run config); :func:`resolve_backend` turns it, for the tensors at hand,
-into an :class:`Impl`: a *layout* (how the blocks are laid out for the
-kernel) and a :class:`Kernel` (what computes them).
+:func:`choose_path` maps (backend, method, device, dtype, s) to one *path*, a
+small frozen object holding the forward and backward of one way to compute
+the estimator. It is the only place that chooses; nothing downstream tests
+the backend, the method or the device again.
 
-    backend       CPU (or CUDA fp32 / fp64)        CUDA fp16 / bf16
-    "auto"        padded + auto (aten or math)     varlen + flash_attn if installed, else varlen + aten
-    "torch"       padded + auto                    varlen + aten
-    "math"        padded + math                    padded + math
-    "flash_attn"  error                            varlen + flash_attn (error if not installed)
+    path                 file                 what it computes
+    PaddedPerSample      plsh_padded.py       s block attentions on padded blocks, merged by log-sum-exp
+    VarlenPerSample      plsh_varlen.py       s varlen calls (flash-attn, aten or the CPU reference), merged
+    OnePass              plsh_onepass.py      one attention with the bias log c_ij, query chunks on dense calls
+    DecodeOnePass        decode.py            a KV-cache step in the one-pass form (forward only)
 
-Layouts: ``padded`` pads every block of one (sample, head) to the longest and
-runs one batched dense call (:mod:`.padded_blocks`); ``varlen`` makes every
-block one sequence of a varlen call over all heads and batch rows
-(:mod:`.plsh_varlen`). Nothing here touches CUDA at import time.
+What each backend gives (``method="auto"`` picks the first row of the backend
+whose "auto" column holds; ``backend="auto"`` tries the backends in table
+order, ``math`` excepted):
+
+    backend      method      applies to               path                          auto when
+    flash_attn   per_sample  flash-attn installed     VarlenPerSample(FLASH_ATTN)   always
+    flash_attn   onepass     flash-attn installed     OnePass(AUTO)                 never
+    torch        per_sample  CUDA fp16/bf16           VarlenPerSample(ATEN)         always
+    torch        onepass     CUDA fp16/bf16           OnePass(AUTO)                 never
+    torch        onepass     anything                 OnePass(AUTO)                 s >= 2
+    torch        per_sample  anything                 PaddedPerSample(AUTO)         always
+    math         onepass     anything                 OnePass(MATH)                 s >= 2
+    math         per_sample  anything                 PaddedPerSample(MATH)         always
+    (decoding)   any         anything                 DecodeOnePass()
+
+One pass is the default on the padded (CPU) path from s = 2 on, where the
+attention benchmark measures it faster (README, "Attention operator"); with
+s = 1 the two are the same attention; on the CUDA varlen rows per sample is
+the default until a one-pass GPU kernel exists (an explicit
+``method="onepass"`` there runs the device-generic one pass on explicit
+matmuls). An explicit backend whose rows do not apply is an error naming
+what it needs.
+
+A path has ``onepass`` (bool) and:
+
+- ``forward(q, k, v, lsh, positions, *, causal, scale, docs=None) -> (out, lse, plan)``:
+  q (B, T, Hq, D), k, v (B, T, Hkv, D), positions CPU LongTensor[T], docs the
+  :class:`~plsh_dist.ops.documents.Documents` of a batch-1 call; out in q's
+  dtype, lse (B, Hq, T) fp32 (fp64 for fp64); ``plan`` is whatever the
+  backward needs from the forward besides the saved tensors (None when it
+  recomputes everything, the varlen calls and their LSE layout otherwise);
+- ``backward(dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, plan=None)
+  -> (dq, dk, dv)`` with the forward's ``plan``.
+
+(:class:`~plsh_dist.ops.decode.DecodeOnePass` has a forward of its own shape and no backward.)
+
+How to add a path (a fused GPU kernel, say):
+
+1. write its forward and backward as pure functions in one new file of
+   ``plsh_dist/ops/``, and in that file a frozen dataclass with ``onepass`` and the
+   ``forward`` / ``backward`` methods above (see ``OnePass`` in ``plsh_onepass.py``:
+   a dozen lines); import nothing that needs a GPU at module import;
+2. add its name to :class:`Backend` (``backend=`` and ``[attention].backend``
+   accept it from then on);
+3. add one :class:`Row` to ``TABLE``: its backend, the method it computes,
+   a predicate ``(device, dtype) -> bool`` saying where it runs, the path, when
+   ``method="auto"`` picks it, and what it needs (the error an explicit
+   ``backend=`` gets where it does not apply). Its place in ``TABLE`` is its
+   priority for ``backend="auto"``.
+
+Nothing here touches CUDA at import time.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from plsh_dist.ops.decode import DecodeOnePass
+from plsh_dist.ops.dense import DenseKernel
+from plsh_dist.ops.plsh_onepass import OnePass
+from plsh_dist.ops.plsh_padded import PaddedPerSample
+from plsh_dist.ops.plsh_varlen import VarlenPerSample
+from plsh_dist.ops.varlen_kernels import VarlenKernel, cuda_half, flash_attn_available, flash_attn_module
+
 __all__ = [
-    "Backend", "BACKENDS", "Method", "METHODS", "Kernel", "Impl", "VARLEN_REFERENCE", "resolve_backend",
-    "resolve_method", "flash_attn_available", "flash_attn_module",
+    "Backend", "BACKENDS", "Method", "METHODS", "Row", "TABLE", "choose_path", "VARLEN_REFERENCE",
+    "flash_attn_available", "flash_attn_module", "DenseKernel", "VarlenKernel",
 ]
 
 
@@ -36,7 +89,8 @@ class Backend(str, enum.Enum):
     """What the user asks for."""
 
     AUTO = "auto"
-    """flash-attn varlen when installed and the tensors suit it, else ``torch``."""
+    """The first backend of the table that applies (flash-attn varlen when installed and
+    the tensors suit it, else ``torch``)."""
     TORCH = "torch"
     """PyTorch's own kernels: padded blocks on the CPU, aten varlen flash on CUDA fp16/bf16."""
     MATH = "math"
@@ -53,7 +107,7 @@ class Method(str, enum.Enum):
     """How PLSH computes its estimator (both give the same numbers up to rounding)."""
 
     AUTO = "auto"
-    """The faster of the two for the device and sizes (:func:`resolve_method`)."""
+    """The faster of the two for the device and sizes (the table's "auto" column)."""
     ONEPASS = "onepass"
     """One attention with integer weights ``c_ij`` (bias ``log c_ij``): cost grows like log s."""
     PER_SAMPLE = "per_sample"
@@ -64,92 +118,99 @@ class Method(str, enum.Enum):
 METHODS = tuple(m.value for m in Method)
 
 
-class Kernel(str, enum.Enum):
-    """What computes one dense (padded) or varlen attention call."""
+def _anywhere(device: torch.device, dtype: torch.dtype) -> bool:
+    return True
 
-    AUTO = "auto"
-    """Padded layout: aten's flash-attention-for-CPU, or ``math`` for blocks of
-    at most :data:`plsh_dist.ops.dense.MATH_MAX_LEN` keys (chosen per call)."""
-    MATH = "math"
-    """Explicit matmuls (any device/dtype; memory O(queries x keys) per call)."""
-    ATEN = "aten"
-    """PyTorch's flash kernels: ``_scaled_dot_product_flash_attention_for_cpu``
-    (padded, CPU) or ``_flash_attention_forward/_backward`` (varlen, CUDA)."""
-    FLASH_ATTN = "flash_attn"
-    """flash-attn's ``_flash_attn_varlen_forward/_backward``."""
-    REFERENCE = "reference"
-    """The varlen layout on padded explicit matmuls, any device: lets the CPU
-    tests run everything around the CUDA kernels."""
+
+def _always(num_samples: int) -> bool:
+    return True
+
+
+def _never(num_samples: int) -> bool:
+    return False
+
+
+def _two_or_more(num_samples: int) -> bool:
+    return num_samples >= 2
 
 
 @dataclass(frozen=True)
-class Impl:
-    """A resolved backend: block layout and kernel, and whether PLSH runs in one pass."""
+class Row:
+    """One row of the table.
 
-    varlen: bool
-    kernel: Kernel
-    onepass: bool = False
-    """One attention with the bias ``log c_ij`` (:mod:`plsh_dist.ops.plsh_onepass`)
-    instead of s block attentions merged by log-sum-exp; set by :func:`resolve_method`."""
+    Attributes:
+        backend: the backend that offers this path.
+        method: what the path computes (``ONEPASS`` or ``PER_SAMPLE``).
+        applies: ``(device, dtype) -> bool``, where the path runs.
+        path: the path object.
+        auto: ``num_samples -> bool``, whether ``method="auto"`` picks this row.
+        needs: what ``applies`` asks for, said when an explicit ``backend=`` finds none of
+            its rows applying (empty for rows that apply anywhere).
+        in_auto: whether ``backend="auto"`` may pick this row.
+    """
 
-
-@functools.lru_cache(maxsize=1)
-def flash_attn_module():
-    """flash-attn's ``flash_attn_interface`` module, or None when it cannot be imported."""
-    try:
-        from flash_attn import flash_attn_interface  # noqa: PLC0415 (optional GPU extra)
-    except Exception:  # ImportError, or a CUDA build mismatch raising at import
-        return None
-    return flash_attn_interface
-
-
-def flash_attn_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """True when flash-attn is installed and supports tensors of this device/dtype."""
-    return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and flash_attn_module() is not None
+    backend: Backend
+    method: Method
+    applies: Callable[[torch.device, torch.dtype], bool]
+    path: object
+    auto: Callable[[int], bool] = _always
+    needs: str = ""
+    in_auto: bool = True
 
 
-def resolve_backend(backend: str | Backend, device: torch.device, dtype: torch.dtype) -> Impl:
-    """Map the user's ``backend`` to the implementation for tensors of ``device``/``dtype``."""
+_FLASH_ATTN_NEEDS = "CUDA tensors in fp16/bf16 and the flash-attn package (pip install 'plsh_dist[gpu]')"
+
+#: The paths, in priority order for ``backend="auto"`` (see the module docstring).
+TABLE: tuple[Row, ...] = (
+    Row(Backend.FLASH_ATTN, Method.PER_SAMPLE, flash_attn_available, VarlenPerSample(VarlenKernel.FLASH_ATTN),
+        needs=_FLASH_ATTN_NEEDS),
+    Row(Backend.FLASH_ATTN, Method.ONEPASS, flash_attn_available, OnePass(DenseKernel.AUTO), auto=_never,
+        needs=_FLASH_ATTN_NEEDS),
+    Row(Backend.TORCH, Method.PER_SAMPLE, cuda_half, VarlenPerSample(VarlenKernel.ATEN)),
+    Row(Backend.TORCH, Method.ONEPASS, cuda_half, OnePass(DenseKernel.AUTO), auto=_never),
+    Row(Backend.TORCH, Method.ONEPASS, _anywhere, OnePass(DenseKernel.AUTO), auto=_two_or_more),
+    Row(Backend.TORCH, Method.PER_SAMPLE, _anywhere, PaddedPerSample(DenseKernel.AUTO)),
+    Row(Backend.MATH, Method.ONEPASS, _anywhere, OnePass(DenseKernel.MATH), auto=_two_or_more, in_auto=False),
+    Row(Backend.MATH, Method.PER_SAMPLE, _anywhere, PaddedPerSample(DenseKernel.MATH), in_auto=False),
+)
+
+#: The forward-only path of a decoding step, for every backend and method (the same
+#: estimator as either method's full forward).
+DECODE = DecodeOnePass()
+
+#: The varlen path on explicit matmuls (CPU tests of the CUDA code path; in no row).
+VARLEN_REFERENCE = VarlenPerSample(VarlenKernel.REFERENCE)
+
+
+def _vocabulary(backend, method) -> tuple[Backend, Method]:
     try:
         backend = Backend(backend)
     except ValueError:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}") from None
-    if backend is Backend.MATH:
-        return Impl(varlen=False, kernel=Kernel.MATH)
-    if backend is Backend.FLASH_ATTN:
-        if not flash_attn_available(device, dtype):
-            raise ValueError(
-                "backend='flash_attn' needs CUDA tensors in fp16/bf16 and the flash-attn package "
-                "(pip install 'plsh_dist[gpu]'); use backend='auto' to fall back to torch"
-            )
-        return Impl(varlen=True, kernel=Kernel.FLASH_ATTN)
-    if backend is Backend.AUTO and flash_attn_available(device, dtype):
-        return Impl(varlen=True, kernel=Kernel.FLASH_ATTN)
-    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
-        return Impl(varlen=True, kernel=Kernel.ATEN)
-    return Impl(varlen=False, kernel=Kernel.AUTO)
-
-
-#: Runs the varlen path on explicit matmuls (CPU tests of the CUDA code path).
-VARLEN_REFERENCE = Impl(varlen=True, kernel=Kernel.REFERENCE)
-
-
-def resolve_method(method: str | Method, impl: Impl, num_samples: int) -> Impl:
-    """``impl`` with ``onepass`` set for the user's PLSH ``method``.
-
-    ``auto``: one pass on the padded (CPU) path from s = 2 on, where the
-    attention benchmark measures it faster (README, "Attention operator");
-    per sample with s = 1 (the two are the same attention) and on the CUDA
-    varlen path, whose one-pass kernel is not written yet (an explicit
-    ``method="onepass"`` there runs the device-generic one-pass on explicit
-    matmuls).
-    """
     try:
         method = Method(method)
     except ValueError:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}") from None
-    if method is Method.AUTO:
-        onepass = num_samples >= 2 and not impl.varlen
-    else:
-        onepass = method is Method.ONEPASS
-    return dataclasses.replace(impl, onepass=onepass)
+    return backend, method
+
+
+def choose_path(backend: str | Backend, method: str | Method, device: torch.device, dtype: torch.dtype,
+                num_samples: int, *, decoding: bool = False):
+    """The path that computes PLSH for tensors of ``device`` / ``dtype`` with ``num_samples`` samples.
+
+    ``decoding``: a KV-cache step (queries against cached keys, forward only).
+    ValueErrors name ``backend`` or ``method`` and the fix.
+    """
+    backend, method = _vocabulary(backend, method)
+    if decoding:
+        return DECODE
+    rows = [r for r in TABLE if (r.in_auto if backend is Backend.AUTO else r.backend is backend)]
+    offered = [r for r in rows if method is Method.AUTO or r.method is method]
+    for row in offered:
+        if row.applies(device, dtype) and (method is not Method.AUTO or row.auto(num_samples)):
+            return row.path
+    needs = next((r.needs for r in offered if r.needs), "")
+    if needs:
+        raise ValueError(f"backend={backend.value!r} needs {needs}; use backend='auto' to fall back to torch")
+    raise ValueError(f"backend={backend.value!r} has no method={method.value!r} path for {device.type} "
+                     f"{dtype}; use method='auto'")

@@ -14,11 +14,12 @@ sequence, up to rounding:
   of samples whose block holding ``i`` also holds ``j``, and attends with the
   bias ``log c_ij`` over its band of keys (from the earliest block start
   ``min_t first_t(i)`` to ``i``: about ``sigma * (ln s + 0.58)`` keys per hash
-  head). The block starts come from the hash itself
-  (:meth:`PositionalLSH.block_bounds`, O(s) per query), so the masks are those
-  of the same ``(seed, sample, head, position)`` as a full forward's, whichever
-  method (per sample or one pass) that forward used: the two compute the same
-  estimator.
+  head). Block starts and counts are the one-pass path's own
+  (:mod:`plsh_dist.ops.band`), so the masks are those of the same
+  ``(seed, sample, head, position)`` as a full forward's, whichever method (per
+  sample or one pass) that forward used: the two compute the same estimator.
+  This is the forward-only path :class:`DecodeOnePass` of the table
+  (:func:`plsh_dist.ops.backends.choose_path` with ``decoding=True``).
 
 The keys are taken to be the whole sequence: a band reaching before
 ``k_pos[0]`` stops there, as a full forward over the cached tokens would.
@@ -31,14 +32,18 @@ D head dim, s samples, C queries of one chunk, K keys of one chunk.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.alibi import alibi_forward, check_slopes
+from plsh_dist.ops.band import block_firsts, log_count_bias
 from plsh_dist.ops.dense import dense_fwd
 from plsh_dist.ops.gqa import repeat_kv
+from plsh_dist.ops.head_groups import head_groups
 
-__all__ = ["alibi_decode", "causal_decode", "block_decode", "check_decode_inputs"]
+__all__ = ["alibi_decode", "causal_decode", "block_decode", "check_decode_inputs", "DecodeOnePass"]
 
 #: Queries per chunk (a decoding step has one; a chunked prefill may have many).
 _CHUNK = 64
@@ -88,30 +93,6 @@ def causal_decode(q, k, v, q_pos, k_pos, *, scale: float | None = None):
     return alibi_decode(q, k, v, q_pos, k_pos, slopes=torch.zeros(q.shape[2]), scale=scale)
 
 
-def _block_starts(lsh: PositionalLSH, q_pos: torch.Tensor) -> torch.Tensor:
-    """First position of the block holding each query, LongTensor (Hh, Tq, s), every hash
-    head at once: the hash's own bucket and block-start rules (bit for bit those of
-    :meth:`PositionalLSH.block_bounds`), broadcast over the queries."""
-    s, Hh = lsh.shift.shape
-    p = q_pos[:, None, None].expand(-1, s, Hh)
-    return lsh.bucket_start(lsh.bucket_of(p)).permute(2, 0, 1).contiguous()
-
-
-def _count_bias(first_HCs: torch.Tensor, qp: torch.Tensor, kp: torch.Tensor, dtype) -> torch.Tensor:
-    """``log c`` (Hh, C, K) of C queries at ``qp`` against keys at ``kp`` (``-inf`` where
-    c = 0): +1 at each of a query's s block starts, -s just after the query, summed
-    cumulatively along the keys (small integers: exact in float)."""
-    Hh, C, s = first_HCs.shape
-    K = kp.numel()
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
-    hist = torch.zeros(Hh, C, K + 1, dtype=acc)
-    hist.scatter_add_(2, torch.searchsorted(kp, first_HCs), torch.ones(Hh, C, s, dtype=acc))
-    stop = torch.searchsorted(kp, qp, right=True)[None, :, None].expand(Hh, C, 1)
-    hist.scatter_add_(2, stop, torch.full((Hh, C, 1), -float(s), dtype=acc))
-    c = hist.cumsum_(dim=2)[..., :K]
-    return torch.where(c > 0.5, c.clamp(min=1.0).log(), float("-inf")).to(dtype)
-
-
 @torch.no_grad()
 def block_decode(q, k, v, q_pos, k_pos, lsh: PositionalLSH, *, scale: float | None = None):
     """PLSH (or fixed-blocks) rows of the queries in the one-pass form: out (B, Tq, Hq, D).
@@ -127,11 +108,9 @@ def block_decode(q, k, v, q_pos, k_pos, lsh: PositionalLSH, *, scale: float | No
     """
     q_pos, k_pos = check_decode_inputs(q, k, v, q_pos, k_pos)
     B, Tq, Hq, D = q.shape
-    g = Hq // k.shape[2]
-    if lsh.num_heads not in (1, Hq):
-        raise ValueError(f"sigma must be a float or a Tensor[Hq] with Hq={Hq} entries, got {lsh.num_heads} entries")
+    g = head_groups(lsh, Hq, k.shape[2]).kv_repeat  # all heads in one call: only the check and g matter here
     scale = D ** -0.5 if scale is None else float(scale)
-    first = _block_starts(lsh, q_pos)  # (Hh, Tq, s) positions
+    first = block_firsts(lsh, q_pos)  # (Hh, Tq, s) positions
     out = torch.empty_like(q)
     for i0 in range(0, Tq, _CHUNK):
         i1 = min(Tq, i0 + _CHUNK)
@@ -139,8 +118,24 @@ def block_decode(q, k, v, q_pos, k_pos, lsh: PositionalLSH, *, scale: float | No
         # block starts are monotone in position: the chunk's first query reaches furthest back
         k0 = int(torch.searchsorted(k_pos, first[:, i0].min()))
         k1 = int(torch.searchsorted(k_pos, qp[-1], right=True))
-        bias = _count_bias(first[:, i0:i1], qp, k_pos[k0:k1], q.dtype).to(q.device)  # (Hh, C, K)
+        kp = k_pos[k0:k1]
+        first_c = first[:, i0:i1]
+        stop = torch.searchsorted(kp, qp, right=True)[None, :, None].expand(first_c.shape[0], -1, 1)
+        bias = log_count_bias(torch.searchsorted(kp, first_c), stop, float(lsh.num_samples), kp.numel(),
+                              q.dtype).to(q.device)  # (Hh, C, K)
         k_c, v_c = (repeat_kv(x[:, k0:k1], g).transpose(1, 2) for x in (k, v))  # (B, Hq, K, D)
         o, _ = dense_fwd(q[:, i0:i1].transpose(1, 2), k_c, v_c, causal=False, scale=scale, bias=bias[None])
         out[:, i0:i1] = o.transpose(1, 2)
     return out
+
+
+@dataclass(frozen=True)
+class DecodeOnePass:
+    """Forward-only path of a KV-cache step: the one-pass form over each query's band
+    (:func:`block_decode`), whatever method the full forward uses."""
+
+    onepass = True
+
+    def forward(self, q, k, v, q_pos, k_pos, lsh: PositionalLSH, *, scale: float | None = None):
+        """out (B, Tq, Hq, D): the queries' rows of the full causal op (see :func:`block_decode`)."""
+        return block_decode(q, k, v, q_pos, k_pos, lsh, scale=scale)

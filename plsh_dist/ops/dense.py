@@ -9,7 +9,7 @@ backward without storing anything per part.
 Layout legend (this file only): N batch of sequences, H heads, Lq / Lk
 query / key length, D head dim; tensors are (N, H, L, D), lse is (N, H, Lq).
 
-Two kernels with one signature (:class:`~plsh_dist.ops.backends.Kernel`):
+Two kernels with one signature (:class:`DenseKernel`):
 
 - ``ATEN``: PyTorch's flash-attention-for-CPU kernels
   (``_scaled_dot_product_flash_attention_for_cpu`` and its ``_backward``),
@@ -17,19 +17,33 @@ Two kernels with one signature (:class:`~plsh_dist.ops.backends.Kernel`):
 - ``MATH``: explicit matmuls, for any device and dtype (CUDA without
   flash-attn). Memory O(N * H * Lq * Lk): only for short blocks or chunks.
 
-``AUTO`` (or None) picks one per call with :func:`kernel_for`.
+``AUTO`` (or None) picks one per call with :func:`kernel_for`, by the call's
+key length: a size rule inside the chosen path, not a choice of path
+(that is :func:`plsh_dist.ops.backends.choose_path`'s alone).
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 
 import torch
 
-from plsh_dist.ops.backends import Kernel
 from plsh_dist.ops.merge import accum_dtype
 
-__all__ = ["dense_fwd", "dense_bwd", "kernel_for"]
+__all__ = ["DenseKernel", "dense_fwd", "dense_bwd", "kernel_for"]
+
+
+class DenseKernel(str, enum.Enum):
+    """What computes one dense attention call (padded blocks, or query chunks against a key range)."""
+
+    AUTO = "auto"
+    """aten's flash-attention-for-CPU, or ``MATH`` for at most :data:`MATH_MAX_LEN`
+    keys or off the CPU (chosen per call by :func:`kernel_for`)."""
+    MATH = "math"
+    """Explicit matmuls (any device/dtype; memory O(queries x keys) per call)."""
+    ATEN = "aten"
+    """``_scaled_dot_product_flash_attention_for_cpu`` and its ``_backward``."""
 
 _ATEN_CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
@@ -40,15 +54,15 @@ _ATEN_CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 MATH_MAX_LEN = 32
 
 
-def kernel_for(device: torch.device, dtype: torch.dtype, key_len: int | None = None) -> Kernel:
+def kernel_for(device: torch.device, dtype: torch.dtype, key_len: int | None = None) -> DenseKernel:
     """The kernel for tensors on ``device`` of ``dtype`` and key length: ``ATEN`` or ``MATH``."""
     if device.type != "cpu" or dtype not in _ATEN_CPU_DTYPES:
-        return Kernel.MATH
-    return Kernel.MATH if key_len is not None and key_len <= MATH_MAX_LEN else Kernel.ATEN
+        return DenseKernel.MATH
+    return DenseKernel.MATH if key_len is not None and key_len <= MATH_MAX_LEN else DenseKernel.ATEN
 
 
-def _pick(kernel: Kernel | None, q: torch.Tensor, k: torch.Tensor) -> Kernel:
-    return kernel_for(q.device, q.dtype, k.shape[-2]) if kernel in (None, Kernel.AUTO) else kernel
+def _pick(kernel: DenseKernel | None, q: torch.Tensor, k: torch.Tensor) -> DenseKernel:
+    return kernel_for(q.device, q.dtype, k.shape[-2]) if kernel in (None, DenseKernel.AUTO) else kernel
 
 
 def dense_fwd(
@@ -59,7 +73,7 @@ def dense_fwd(
     causal: bool,
     scale: float,
     bias: torch.Tensor | None = None,
-    kernel: Kernel | None = None,
+    kernel: DenseKernel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention forward.
 
@@ -71,7 +85,7 @@ def dense_fwd(
     Returns:
         out (N, H, Lq, D) in q's dtype, lse (N, H, Lq) in fp32 (fp64 for fp64 input).
     """
-    if _pick(kernel, q, k) == Kernel.ATEN:
+    if _pick(kernel, q, k) == DenseKernel.ATEN:
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, causal, attn_mask=bias, scale=scale
         )
@@ -94,7 +108,7 @@ def dense_bwd(
     causal: bool,
     scale: float,
     bias: torch.Tensor | None = None,
-    kernel: Kernel | None = None,
+    kernel: DenseKernel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Softmax attention backward with a given ``(out, lse)``.
 
@@ -105,7 +119,7 @@ def dense_bwd(
 
     Shapes as in :func:`dense_fwd`; returns dq, dk, dv in the inputs' dtype.
     """
-    if _pick(kernel, q, k) == Kernel.ATEN:
+    if _pick(kernel, q, k) == DenseKernel.ATEN:
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dout, q, k, v, out, lse.to(accum_dtype(q.dtype)), 0.0, causal, attn_mask=bias, scale=scale
         )

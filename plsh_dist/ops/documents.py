@@ -36,7 +36,7 @@ import torch
 
 __all__ = [
     "Documents", "check_cu_seqlens", "cu_seqlens_from_position_ids", "flat_documents", "flatten_lse", "flatten_rows",
-    "unflatten_rows", "unflatten_lse",
+    "unflatten_rows", "unflatten_lse", "on_flat_row", "backward_on_flat_row",
 ]
 
 
@@ -211,3 +211,20 @@ def unflatten_lse(lse_1Hn: torch.Tensor, batch: int) -> torch.Tensor:
     H = lse_1Hn.shape[1]
     return lse_1Hn.reshape(H, batch, -1).transpose(0, 1).contiguous()
 
+
+
+def on_flat_row(fn, q, k, v, *args, **kwargs):
+    """``fn(q, k, v, *args, **kwargs) -> (out, lse, *rest)`` on the flat row of (B, T) inputs:
+    q, k, v (B, T, H, D) go in as (1, B * T, H, D); returns out (B, T, Hq, D), lse (B, Hq, T)
+    and ``rest`` unchanged. The one place a call with documents is flattened (PLSH, ALiBi, SP)."""
+    B = q.shape[0]
+    out, lse, *rest = fn(*(flatten_rows(x) for x in (q, k, v)), *args, **kwargs)
+    return (unflatten_rows(out, B), unflatten_lse(lse, B), *rest)
+
+
+def backward_on_flat_row(fn, dout, q, k, v, out, lse, *args, **kwargs):
+    """``fn(dout, q, k, v, out, lse, *args, **kwargs) -> grads`` on the flat row, as
+    :func:`on_flat_row`: (B, T, H, D) tensors and lse (B, Hq, T) in, each grad back to (B, T, H, D)."""
+    B = q.shape[0]
+    grads = fn(*(flatten_rows(x) for x in (dout, q, k, v, out)), flatten_lse(lse), *args, **kwargs)
+    return tuple(unflatten_rows(g, B) for g in grads)

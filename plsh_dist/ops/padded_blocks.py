@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from plsh_dist.ops.backends import Kernel
 from plsh_dist.ops.block_layout import BlockLayout, GroupedLayout
-from plsh_dist.ops.dense import dense_bwd, dense_fwd
+from plsh_dist.ops.dense import DenseKernel, dense_bwd, dense_fwd
 
 __all__ = ["block_fwd", "block_bwd"]
 
@@ -37,7 +36,7 @@ def block_fwd(
     *,
     causal: bool,
     scale: float,
-    kernel: Kernel | None = None,
+    kernel: DenseKernel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Blockwise attention. Returns out (B, n, G, D) in q's dtype and lse (B, G, n).
 
@@ -70,7 +69,7 @@ def block_bwd(
     *,
     causal: bool,
     scale: float,
-    kernel: Kernel | None = None,
+    kernel: DenseKernel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of :func:`block_fwd` given the merged ``out`` and ``lse``.
 

@@ -51,15 +51,16 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from plsh_dist.hashing import PositionalLSH
-from plsh_dist.ops.dense import dense_bwd, dense_fwd
+from plsh_dist.ops.band import log_count_bias
+from plsh_dist.ops.dense import DenseKernel, dense_bwd, dense_fwd
 from plsh_dist.ops.documents import Documents
-from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
+from plsh_dist.ops.gqa import sum_kv_repeats
+from plsh_dist.ops.head_groups import group_inputs, head_groups
 from plsh_dist.ops.merge import accum_dtype
 
-__all__ = ["onepass_forward", "onepass_backward", "chunk_size_for_band", "count_bias"]
+__all__ = ["OnePass", "onepass_forward", "onepass_backward", "chunk_size_for_band", "count_bias"]
 
 #: Elements of one call's (Hc * B, G, C, K) logits plus its per-sample block
 #: bounds ((s, G * C) int64 tables, a few at a time: counted as 16 elements per
@@ -187,36 +188,17 @@ def _calls(lsh: PositionalLSH, head: int, positions: torch.Tensor, causal: bool,
 
 def count_bias(call: _Call, lsh: PositionalLSH, head: int, positions: torch.Tensor, causal: bool,
                dtype: torch.dtype, docs: Documents | None = None) -> torch.Tensor:
-    """Additive bias ``log c_ij`` of one call, (G, 1, C, K) in ``dtype`` (``-inf`` where c = 0).
-
-    ``c_ij = #{t : first_t(i) <= j < end_t(i)}``, and causally ``end_t(i) = i + 1``
-    for every sample. Each query's row gets +1 at its s block starts and -1
-    at its s block ends (causal: -s once, just after the query); the
-    cumulative sum along the keys is then exactly c (small integers are
-    exact in float), and its logarithm the bias. Per call that is O(C s)
-    scattered values and a few passes over the (C, K) table, whatever s:
-    sorting the starts or comparing bucket ids costs more (measured).
-    """
+    """Additive bias ``log c_ij`` of one call, (G, 1, C, K) in ``dtype`` (``-inf`` where c = 0):
+    :func:`plsh_dist.ops.band.log_count_bias` of the call's queries' block bounds."""
     G, C = call.q_idx.shape
-    K = call.k_idx.shape[1]
     s = lsh.num_samples
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
     first, end = _token_bounds(lsh, head, positions, call.q_idx.flatten(), causal, docs)  # (s, G * C)
     rel = (first.view(s, G, C) - call.k0[None, :, None]).permute(1, 2, 0)  # (G, C, s) in [0, K)
-    hist = torch.zeros(G, C, K, dtype=acc)
-    hist.scatter_add_(2, rel, torch.ones(rel.shape, dtype=acc))
     if causal:  # every sample's block is cut just after the query
         stop, weight = (call.q_idx - call.k0[:, None] + 1)[..., None], float(s)  # (G, C, 1)
     else:
         stop, weight = (end.view(s, G, C) - call.k0[None, :, None]).permute(1, 2, 0), 1.0
-    # a block that ends past the call's last key needs no decrement
-    hist.scatter_add_(2, stop.clamp(max=K - 1), torch.where(stop < K, -weight, 0.0).to(acc))
-    # log 0 = -inf for keys outside every block, but log of 0 takes a slow path
-    # (measured 10x the time of log 0.5), so the zeros become 0.5 first: below
-    # log 1 = 0, they are the negative entries afterwards, set to -inf in one
-    # in-place pass (threshold_: no boolean mask).
-    bias = hist.cumsum_(dim=2).clamp_(min=0.5).log_()
-    return F.threshold_(bias, -0.5, float("-inf")).to(dtype)[:, None]
+    return log_count_bias(rel, stop, weight, call.k_idx.shape[1], dtype)[:, None]
 
 
 def _gather_queries(x_BnHD: torch.Tensor, call: _Call, zero_pads: bool = False) -> torch.Tensor:
@@ -261,21 +243,18 @@ def _add_keys(dst_BnHD: torch.Tensor, x_GNKD: torch.Tensor, call: _Call) -> None
 
 def _head_plans(lsh: PositionalLSH, positions: torch.Tensor, causal: bool, B: int, Hq: int, Hkv: int,
                 docs: Documents | None):
-    """Per hash head: (hash head, query heads, kv head or None, its calls). A shared hash
-    serves every query head at once (kv repeated), a per-head hash one query head and its
-    kv head. Forward and backward plan alike (the plan is cheap: O(s) per chunk)."""
-    if lsh.num_heads == 1:
-        heads, heads_batch = [(0, slice(0, Hq), None)], B * Hq
-    else:
-        g = Hq // Hkv
-        heads, heads_batch = [(h, slice(h, h + 1), h // g) for h in range(Hq)], B
-    for h, hq, kv in heads:
-        yield h, hq, kv, _calls(lsh, h, positions, causal, heads_batch, docs)
+    """Per hash head: (its :class:`~plsh_dist.ops.head_groups.HeadGroup`, its calls). Forward
+    and backward plan alike: the plan is cheap (O(s) per chunk), and keeping it between them
+    would hold O(n) indices per hash head and layer."""
+    heads = head_groups(lsh, Hq, Hkv)
+    heads_batch = B * (Hq if heads.shared else 1)
+    for g in heads.groups:
+        yield g, _calls(lsh, g.hash_head, positions, causal, heads_batch, docs)
 
 
-def onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, scale: float, kernel=None,
-                    docs: Documents | None = None):
-    """One-pass PLSH forward (same contract as ``plsh_forward``).
+def onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, scale: float,
+                    kernel: DenseKernel = DenseKernel.AUTO, docs: Documents | None = None):
+    """One-pass PLSH forward.
 
     q: (B, n, Hq, D); k, v: (B, n, Hkv, D); positions CPU LongTensor[n], increasing
     (within each document of ``docs``, a batch-1 call's documents).
@@ -285,12 +264,12 @@ def onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, cau
     Hkv = k.shape[2]
     out = torch.empty_like(q)
     lse = torch.empty(B, n, Hq, 1, dtype=accum_dtype(q.dtype), device=q.device)  # heads-last, like out
-    for h, hq, kv, calls in _head_plans(lsh, positions, causal, B, Hq, Hkv, docs):
-        q_h, k_h, v_h = _head_inputs(q, k, v, hq, kv)
-        out_h = out[:, :, hq]
-        lse_h = lse[:, :, hq]
+    for g, calls in _head_plans(lsh, positions, causal, B, Hq, Hkv, docs):
+        q_h, k_h, v_h = group_inputs(q, k, v, g)
+        out_h = out[:, :, g.q_heads]
+        lse_h = lse[:, :, g.q_heads]
         for call in calls:
-            bias = count_bias(call, lsh, h, positions, causal, q.dtype, docs).to(q.device)
+            bias = count_bias(call, lsh, g.hash_head, positions, causal, q.dtype, docs).to(q.device)
             o, l = dense_fwd(_gather_queries(q_h, call), _gather_keys(k_h, call), _gather_keys(v_h, call),
                              causal=False, scale=scale, bias=bias, kernel=kernel)
             _scatter_queries(out_h, o, call)
@@ -299,7 +278,7 @@ def onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, cau
 
 
 def onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool,
-                     scale: float, kernel=None, docs: Documents | None = None):
+                     scale: float, kernel: DenseKernel = DenseKernel.AUTO, docs: Documents | None = None):
     """Gradients of :func:`onepass_forward` given the merged ``out`` and ``lse``.
 
     Returns dq (B, n, Hq, D), dk, dv (B, n, Hkv, D) in the inputs' dtype.
@@ -308,35 +287,46 @@ def onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: tor
     Hkv = k.shape[2]
     acc = accum_dtype(q.dtype)
     dq = torch.empty_like(q)
-    shared = lsh.num_heads == 1
-    dk = torch.zeros(B, n, Hq if shared else Hkv, D, dtype=acc, device=q.device)
+    heads = head_groups(lsh, Hq, Hkv)
+    dk = torch.zeros(B, n, Hq if heads.shared else Hkv, D, dtype=acc, device=q.device)
     dv = torch.zeros_like(dk)
     lse_BnH1 = lse.permute(0, 2, 1)[..., None]
-    for h, hq, kv, calls in _head_plans(lsh, positions, causal, B, Hq, Hkv, docs):
-        q_h, k_h, v_h = _head_inputs(q, k, v, hq, kv)
+    for g, calls in _head_plans(lsh, positions, causal, B, Hq, Hkv, docs):
+        q_h, k_h, v_h = group_inputs(q, k, v, g)
         # contiguous once per head: index_select from a strided view costs O(n) per call
-        dout_h, out_h, lse_h = (x[:, :, hq].contiguous() for x in (dout, out, lse_BnH1))
-        kv_slot = hq if shared else slice(kv, kv + 1)
+        dout_h, out_h, lse_h = (x[:, :, g.q_heads].contiguous() for x in (dout, out, lse_BnH1))
+        kv_slot = g.q_heads if heads.shared else slice(g.kv_head, g.kv_head + 1)
         for call in calls:
-            bias = count_bias(call, lsh, h, positions, causal, q.dtype, docs).to(q.device)
+            bias = count_bias(call, lsh, g.hash_head, positions, causal, q.dtype, docs).to(q.device)
             dq_c, dk_c, dv_c = dense_bwd(
                 _gather_queries(dout_h, call, zero_pads=True), _gather_queries(q_h, call), _gather_keys(k_h, call),
                 _gather_keys(v_h, call), _gather_queries(out_h, call), _gather_queries(lse_h, call)[..., 0],
                 causal=False, scale=scale, bias=bias, kernel=kernel,
             )
-            _scatter_queries(dq[:, :, hq], dq_c, call)
+            _scatter_queries(dq[:, :, g.q_heads], dq_c, call)
             _add_keys(dk[:, :, kv_slot], dk_c, call)
             _add_keys(dv[:, :, kv_slot], dv_c, call)
-    if shared:  # kv heads were repeated to the query heads: sum each group back
-        g = Hq // Hkv
-        dk, dv = sum_kv_repeats(dk, g), sum_kv_repeats(dv, g)
+    if heads.shared:  # kv heads were repeated to the query heads: sum each group back
+        dk, dv = sum_kv_repeats(dk, heads.kv_repeat), sum_kv_repeats(dv, heads.kv_repeat)
     return dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
-def _head_inputs(q, k, v, hq: slice, kv: int | None):
-    """q, k, v of one hash head as contiguous (B, n, Hc, D): all heads (kv repeated) or one
-    query head and its kv head (copied once per head: gathers from strided views are slow)."""
-    if kv is None:
-        g = q.shape[2] // k.shape[2]
-        return q.contiguous(), repeat_kv(k, g).contiguous(), repeat_kv(v, g).contiguous()
-    return q[:, :, hq].contiguous(), k[:, :, kv : kv + 1].contiguous(), v[:, :, kv : kv + 1].contiguous()
+@dataclass(frozen=True)
+class OnePass:
+    """Path: the s samples as one attention with the bias ``log c_ij``, in query chunks on dense calls.
+
+    ``kernel``: the dense calls' (``AUTO``: per call by key length; ``MATH``: explicit matmuls).
+    """
+
+    kernel: DenseKernel = DenseKernel.AUTO
+    onepass = True
+
+    def forward(self, q, k, v, lsh, positions, *, causal, scale, docs=None):
+        """``(out, lse, plan)``; the plan is None (the calls are recomputed in backward, see ``_head_plans``)."""
+        return (*onepass_forward(q, k, v, lsh, positions, causal=causal, scale=scale, kernel=self.kernel,
+                                 docs=docs), None)
+
+    def backward(self, dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, plan=None):
+        """``(dq, dk, dv)``."""
+        return onepass_backward(dout, q, k, v, out, lse, lsh, positions, causal=causal, scale=scale,
+                                kernel=self.kernel, docs=docs)

@@ -1,7 +1,7 @@
-"""PLSH forward/backward on the varlen (CUDA) kernels: one call per sample.
+"""PLSH per sample on the varlen (CUDA) kernels: one call per sample (the path
+:class:`VarlenPerSample`).
 
-Same contract as ``plsh_forward`` / ``plsh_backward`` in :mod:`plsh_dist.ops.plsh`
-(which dispatch here for the varlen implementations). Tensors are laid
+Tensors are laid
 out once along the rows axis of :mod:`plsh_dist.ops.varlen_plan` (all heads
 with per-head hashes, all batch rows), so each sample is a single varlen call
 over every head and row, usually one launch (more only past 65535 blocks).
@@ -9,8 +9,9 @@ Samples are merged by log-sum-exp in fp32 in that layout.
 
 Host synchronisation: one per forward, in :func:`plan_samples` (the block
 starts come back to the host because the kernels take the number of blocks
-and ``max_seqlen`` as host integers); the backward reuses the forward's plan
-(``PLSHAttentionFunction`` keeps it), so it never waits.
+and ``max_seqlen`` as host integers). The forward returns its plan
+(:class:`VarlenPlan`: the calls and the kernel's LSE layout) and the backward
+reuses it, so the backward never waits.
 
 Memory: with per-head hashes and GQA (g = Hq / Hkv > 1), k and v are
 repeated to Hq heads in the rows layout (one copy each, not one per sample);
@@ -22,16 +23,31 @@ R rows, Hc heads per row (Hq for a shared hash, 1 per-head).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from plsh_dist.hashing import PositionalLSH
-from plsh_dist.ops.backends import Impl
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
+from plsh_dist.ops.head_groups import head_groups
 from plsh_dist.ops.merge import accum_dtype, merge_into
-from plsh_dist.ops.varlen_kernels import varlen_bwd, varlen_fwd
+from plsh_dist.ops.varlen_kernels import VarlenKernel, varlen_bwd, varlen_fwd
 from plsh_dist.ops.varlen_plan import VarlenChunk, plan_samples
 
-__all__ = ["varlen_plsh_forward", "varlen_plsh_backward"]
+__all__ = ["VarlenPerSample", "VarlenPlan", "varlen_forward", "varlen_backward"]
+
+
+@dataclass(frozen=True)
+class VarlenPlan:
+    """What the backward reuses from the forward.
+
+    Attributes:
+        samples: ``samples[t]`` is sample t's varlen calls (:func:`plan_samples`).
+        lse_padded: whether the kernel gave its LSE padded (its backward wants it so).
+    """
+
+    samples: list[list[VarlenChunk]]
+    lse_padded: bool
 
 
 def _to_rows(x_BTHD: torch.Tensor, per_head: bool, repeat: int = 1) -> torch.Tensor:
@@ -63,29 +79,30 @@ def _lse_to_rows(lse_BHT: torch.Tensor, per_head: bool) -> torch.Tensor:
     return lse_HBT.reshape(1 if per_head else lse_HBT.shape[0], -1).contiguous()
 
 
-def varlen_plsh_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, scale: float,
-                        impl: Impl, plan: list[list[VarlenChunk]] | None = None, docs=None):
-    """Merged block attention over all samples (see ``plsh_forward``).
+def varlen_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, scale: float,
+                   kernel: VarlenKernel, docs=None):
+    """Merged block attention over all samples.
 
     q: (B, T, Hq, D); k, v: (B, T, Hkv, D); positions CPU LongTensor[T].
-    ``plan``: from :func:`plan_samples` (computed here when None).
     ``docs``: documents of a batch-1 call (:mod:`plsh_dist.ops.documents`): blocks are cut there too.
-    Returns out (B, T, Hq, D) in q's dtype and lse (B, Hq, T) fp32 (fp64 for fp64).
+    Returns out (B, T, Hq, D) in q's dtype, lse (B, Hq, T) fp32 (fp64 for fp64) and the
+    :class:`VarlenPlan` for the backward.
     """
     B, T, Hq, D = q.shape
-    per_head = lsh.num_heads > 1
-    g = Hq // k.shape[2]
-    plan = plan if plan is not None else plan_samples(lsh, positions, B, q.device, docs=docs)
+    heads = head_groups(lsh, Hq, k.shape[2])
+    per_head, g = not heads.shared, heads.kv_repeat
+    plan = plan_samples(lsh, positions, B, q.device, docs=docs)  # the op's one host sync
     q_rows = _to_rows(q, per_head)
     k_rows, v_rows = (_to_rows(x, per_head, g) for x in (k, v))
     acc = accum_dtype(q.dtype)
     out_rows = torch.empty(q_rows.shape, dtype=acc, device=q.device)  # merged over samples
     lse_rows = torch.empty(q_rows.shape[1], q_rows.shape[0], dtype=acc, device=q.device)  # (Hc, R)
+    lse_padded = False
     for t, chunks in enumerate(plan):
         for c in chunks:
             a, b = c.row_start, c.row_end
-            o, l = varlen_fwd(q_rows[a:b], k_rows[a:b], v_rows[a:b], c.cu_seqlens, c.max_len,
-                              causal=causal, scale=scale, kernel=impl.kernel)
+            o, l, lse_padded = varlen_fwd(q_rows[a:b], k_rows[a:b], v_rows[a:b], c.cu_seqlens, c.max_len,
+                                          causal=causal, scale=scale, kernel=kernel)
             if t == 0:  # every row lies in one block of every sample: sample 0 fills all rows
                 out_rows[a:b] = o
                 lse_rows[:, a:b] = l
@@ -93,21 +110,19 @@ def varlen_plsh_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *,
                 _, merged_lse = merge_into(out_rows[None, a:b], lse_rows[None, :, a:b], o[None], l[None])
                 lse_rows[:, a:b] = merged_lse[0]
     out = _from_rows(out_rows, B, T, per_head).to(q.dtype)
-    return out, _lse_from_rows(lse_rows, B, T)
+    return out, _lse_from_rows(lse_rows, B, T), VarlenPlan(plan, lse_padded)
 
 
-def varlen_plsh_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool,
-                         scale: float, impl: Impl, plan: list[list[VarlenChunk]] | None = None, docs=None):
-    """Gradients of :func:`varlen_plsh_forward` with the merged ``out`` / ``lse``.
+def varlen_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool,
+                    scale: float, kernel: VarlenKernel, plan: VarlenPlan):
+    """Gradients of :func:`varlen_forward` with the merged ``out`` / ``lse`` and the forward's ``plan``.
 
-    ``plan``: the forward's (recomputed when None).
     Returns dq (B, T, Hq, D), dk, dv (B, T, Hkv, D) in the inputs' dtype.
     """
     B, T, Hq, D = q.shape
     Hkv = k.shape[2]
-    per_head = lsh.num_heads > 1
-    g = Hq // Hkv
-    plan = plan if plan is not None else plan_samples(lsh, positions, B, q.device, docs=docs)
+    heads = head_groups(lsh, Hq, Hkv)
+    per_head, g = not heads.shared, heads.kv_repeat
     q_rows, out_rows, dout_rows = (_to_rows(x, per_head) for x in (q, out.to(q.dtype), dout.to(q.dtype)))
     k_rows, v_rows = (_to_rows(x, per_head, g) for x in (k, v))
     lse_rows = _lse_to_rows(lse, per_head)
@@ -115,12 +130,12 @@ def varlen_plsh_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions:
     dq_rows = torch.zeros(q_rows.shape, dtype=acc, device=q.device)
     dk_rows = torch.zeros(k_rows.shape, dtype=acc, device=q.device)
     dv_rows = torch.zeros(v_rows.shape, dtype=acc, device=q.device)
-    for chunks in plan:
+    for chunks in plan.samples:
         for c in chunks:
             a, b = c.row_start, c.row_end
             dq_c, dk_c, dv_c = varlen_bwd(
                 dout_rows[a:b], q_rows[a:b], k_rows[a:b], v_rows[a:b], out_rows[a:b], lse_rows[:, a:b],
-                c.cu_seqlens, c.max_len, causal=causal, scale=scale, kernel=impl.kernel,
+                c.cu_seqlens, c.max_len, causal=causal, scale=scale, kernel=kernel, lse_padded=plan.lse_padded,
             )
             dq_rows[a:b] += dq_c
             dk_rows[a:b] += dk_c
@@ -132,3 +147,22 @@ def varlen_plsh_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions:
     else:
         dk, dv = (x.view(B, T, Hkv, D) for x in (dk_rows, dv_rows))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+@dataclass(frozen=True)
+class VarlenPerSample:
+    """Path: one varlen call per sample over all heads and rows, merged by log-sum-exp."""
+
+    kernel: VarlenKernel
+    onepass = False
+
+    def forward(self, q, k, v, lsh, positions, *, causal, scale, docs=None):
+        """``(out, lse, plan)``: the plan (:class:`VarlenPlan`) is the backward's."""
+        return varlen_forward(q, k, v, lsh, positions, causal=causal, scale=scale, kernel=self.kernel, docs=docs)
+
+    def backward(self, dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, plan=None):
+        """``(dq, dk, dv)`` with the forward's plan."""
+        if plan is None:
+            raise ValueError("the varlen path's backward needs its forward's plan (the third value forward returns)")
+        return varlen_backward(dout, q, k, v, out, lse, lsh, positions, causal=causal, scale=scale,
+                               kernel=self.kernel, plan=plan)

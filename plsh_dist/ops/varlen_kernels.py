@@ -1,19 +1,24 @@
 """Varlen flash-attention kernels on CUDA (no padding), behind one signature.
 
 The rows and ``cu_seqlens`` of a call come from :mod:`plsh_dist.ops.varlen_plan`:
-every block is one "sequence" of a varlen call. Kernels
-(:class:`~plsh_dist.ops.backends.Kernel`):
+every block is one "sequence" of a varlen call. Kernels (:class:`VarlenKernel`):
 
 - the ``flash_attn`` package (``_flash_attn_varlen_forward/_backward``);
   argument lists differ between 2.5 and 2.6-2.8 (``window_size`` tuple vs
-  ``window_size_left/right``, ``softcap``, returned tuple length) and so does
-  the varlen LSE layout ((H, total) vs padded (nseq, H, max_seqlen)); both are
-  handled by reading the installed function's signature;
+  ``window_size_left/right``, ``softcap``, returned tuple length): handled by
+  reading the installed function's signature;
 - ``ATEN``: PyTorch's own ``aten::_flash_attention_forward/_backward``
   (fp16/bf16 on CUDA), used by ``backend="torch"`` on CUDA;
 - ``REFERENCE``: the same calls on padded explicit matmuls, any device
   (:mod:`plsh_dist.ops.varlen_reference`), so the CPU tests check everything
   around the kernels.
+
+LSE layout: older builds of both libraries return the varlen LSE padded,
+(nseq, H, max_seqlen), newer ones (H, total). :func:`varlen_fwd` always
+returns (H, total) and says which layout the kernel gave; the path keeps that
+in its plan and hands it to :func:`varlen_bwd`, which gives the kernel back
+the layout its forward produced (each library's backward wants its own
+forward's).
 
 Nothing here touches CUDA at import time.
 Legend: R rows (tokens of all sequences), Hc query heads of the call, Hkc
@@ -22,19 +27,46 @@ key/value heads (Hc % Hkc == 0), D head dim.
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
 
 import torch
 
-from plsh_dist.ops.backends import Kernel, flash_attn_module
 from plsh_dist.ops.varlen_reference import reference_bwd, reference_fwd
 
-__all__ = ["varlen_fwd", "varlen_bwd"]
+__all__ = ["VarlenKernel", "varlen_fwd", "varlen_bwd", "flash_attn_module", "flash_attn_available", "cuda_half"]
 
-# Whether this PyTorch's aten varlen forward returned the padded LSE layout
-# (older builds); its backward then wants the same layout back.
-_ATEN_LSE_PADDED = [False]
+
+class VarlenKernel(str, enum.Enum):
+    """What computes one varlen call."""
+
+    FLASH_ATTN = "flash_attn"
+    """flash-attn's ``_flash_attn_varlen_forward/_backward``."""
+    ATEN = "aten"
+    """PyTorch's ``_flash_attention_forward/_backward`` (CUDA fp16/bf16)."""
+    REFERENCE = "reference"
+    """Padded explicit matmuls, any device: lets the CPU tests run everything around the CUDA kernels."""
+
+
+@functools.lru_cache(maxsize=1)
+def flash_attn_module():
+    """flash-attn's ``flash_attn_interface`` module, or None when it cannot be imported."""
+    try:
+        from flash_attn import flash_attn_interface  # noqa: PLC0415 (optional GPU extra)
+    except Exception:  # ImportError, or a CUDA build mismatch raising at import
+        return None
+    return flash_attn_interface
+
+
+def cuda_half(device: torch.device, dtype: torch.dtype) -> bool:
+    """CUDA tensors in fp16/bf16: what the varlen flash kernels accept."""
+    return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+
+
+def flash_attn_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """True when flash-attn is installed and supports tensors of this device/dtype."""
+    return cuda_half(device, dtype) and flash_attn_module() is not None
 
 
 @functools.lru_cache(maxsize=8)
@@ -58,7 +90,7 @@ def _unpad_lse(lse: torch.Tensor, cu: torch.Tensor, total: int) -> torch.Tensor:
     return lse.permute(1, 0, 2)[:, idx]
 
 
-def varlen_fwd(q_RHD, k_RHD, v_RHD, cu_seqlens, max_len: int, *, causal: bool, scale: float, kernel: Kernel):
+def varlen_fwd(q_RHD, k_RHD, v_RHD, cu_seqlens, max_len: int, *, causal: bool, scale: float, kernel: VarlenKernel):
     """Varlen attention over the sequences ``cu_seqlens`` cuts the rows into.
 
     Args:
@@ -68,13 +100,14 @@ def varlen_fwd(q_RHD, k_RHD, v_RHD, cu_seqlens, max_len: int, *, causal: bool, s
         kernel: ``FLASH_ATTN``, ``ATEN`` (PyTorch's CUDA flash kernels) or
             ``REFERENCE`` (padded explicit matmuls on any device; for the CPU tests
             of the row layouts, chunking and merging around the kernels).
-    Returns out (R, Hc, D) in q's dtype and lse (Hc, R) fp32.
+    Returns out (R, Hc, D) in q's dtype, lse (Hc, R) fp32, and whether the kernel gave
+    its LSE padded (:func:`varlen_bwd` then wants it so).
     """
     q, k, v = q_RHD, k_RHD, v_RHD
     cu = cu_seqlens
-    if kernel == Kernel.REFERENCE:
-        return reference_fwd(q, k, v, cu, causal=causal, scale=scale)
-    if kernel == Kernel.FLASH_ATTN:
+    if kernel == VarlenKernel.REFERENCE:
+        return (*reference_fwd(q, k, v, cu, causal=causal, scale=scale), False)
+    if kernel == VarlenKernel.FLASH_ATTN:
         values = dict(
             q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len, max_seqlen_k=max_len,
             dropout_p=0.0, softmax_scale=scale, causal=causal, window_size=(-1, -1), window_size_left=-1,
@@ -86,24 +119,27 @@ def varlen_fwd(q_RHD, k_RHD, v_RHD, cu_seqlens, max_len: int, *, causal: bool, s
         out, lse, *_ = torch.ops.aten._flash_attention_forward(
             q, k, v, cu, cu, max_len, max_len, 0.0, causal, False, scale=scale
         )
-        _ATEN_LSE_PADDED[0] = lse.dim() == 3  # the backward wants the layout the forward gave
-    return out, _unpad_lse(lse, cu, q.shape[0])
+    return out, _unpad_lse(lse, cu, q.shape[0]), lse.dim() == 3
 
 
 def varlen_bwd(dout_RHD, q_RHD, k_RHD, v_RHD, out_RHD, lse_HR, cu_seqlens, max_len: int,
-               *, causal: bool, scale: float, kernel: Kernel):
+               *, causal: bool, scale: float, kernel: VarlenKernel, lse_padded: bool = False):
     """Backward of :func:`varlen_fwd` given the merged ``out`` (R, Hc, D) and ``lse`` (Hc, R).
+
+    ``lse_padded``: what :func:`varlen_fwd` returned for this kernel (the kernel gets its LSE
+    back in that layout).
 
     Returns dq (R, Hc, D), dk, dv (R, Hkc, D) in the inputs' dtype.
     """
     cu = cu_seqlens
     dout, q, k, v, out = (x.contiguous() for x in (dout_RHD, q_RHD, k_RHD, v_RHD, out_RHD))
-    if kernel == Kernel.REFERENCE:
+    if kernel == VarlenKernel.REFERENCE:
         return reference_bwd(dout, q, k, v, out, lse_HR.contiguous(), cu, causal=causal, scale=scale)
     lse = lse_HR.float().contiguous()
-    if kernel == Kernel.FLASH_ATTN:
+    if lse_padded:
+        lse = _repad_lse(lse, cu, max_len)
+    if kernel == VarlenKernel.FLASH_ATTN:
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        lse = _repad_lse_if_needed(flash_attn_module()._flash_attn_varlen_backward, lse, cu, max_len)
         values = dict(
             dout=dout, q=q, k=k, v=v, out=out, softmax_lse=lse, dq=dq, dk=dk, dv=dv, cu_seqlens_q=cu,
             cu_seqlens_k=cu, max_seqlen_q=max_len, max_seqlen_k=max_len, dropout_p=0.0, softmax_scale=scale,
@@ -112,18 +148,11 @@ def varlen_bwd(dout_RHD, q_RHD, k_RHD, v_RHD, out_RHD, lse_HR, cu_seqlens, max_l
         )
         _call(flash_attn_module()._flash_attn_varlen_backward, values)
     else:
-        if _ATEN_LSE_PADDED[0]:
-            lse = _repad_lse(lse, cu, max_len)
         seed = torch.zeros((), dtype=torch.int64, device=q.device)
         dq, dk, dv = torch.ops.aten._flash_attention_backward(
             dout, q, k, v, out, lse, cu, cu, max_len, max_len, 0.0, causal, seed, seed, scale=scale
         )
     return dq, dk, dv
-
-
-def _repad_lse_if_needed(fn, lse_H_total: torch.Tensor, cu: torch.Tensor, max_len: int) -> torch.Tensor:
-    """flash-attn < 2.6 wants the padded (nseq, H, max_seqlen) LSE in its varlen backward."""
-    return lse_H_total if "softcap" in _param_names(fn) else _repad_lse(lse_H_total, cu, max_len)
 
 
 def _repad_lse(lse_H_total: torch.Tensor, cu: torch.Tensor, max_len: int) -> torch.Tensor:

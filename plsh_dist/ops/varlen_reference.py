@@ -1,4 +1,4 @@
-"""The varlen kernel signature on padded explicit matmuls (``Kernel.REFERENCE``).
+"""The varlen kernel signature on padded explicit matmuls (``VarlenKernel.REFERENCE``).
 
 Runs each varlen call as the CPU path would (blocks padded into one batched
 matmul), on any device, so the CPU tests exercise everything the CUDA path
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from plsh_dist.ops.backends import Kernel
 from plsh_dist.ops.block_layout import BlockLayout
+from plsh_dist.ops.dense import DenseKernel
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.padded_blocks import block_bwd, block_fwd
 
@@ -29,7 +29,7 @@ def reference_fwd(q_RHD, k_RHD, v_RHD, cu, *, causal: bool, scale: float):
     """As ``varlen_fwd``: out (R, Hc, D), lse (Hc, R)."""
     g = q_RHD.shape[1] // k_RHD.shape[1]
     k, v = (repeat_kv(x, g, dim=1)[None] for x in (k_RHD, v_RHD))
-    out, lse = block_fwd(q_RHD[None], k, v, _layout(cu), causal=causal, scale=scale, kernel=Kernel.MATH)
+    out, lse = block_fwd(q_RHD[None], k, v, _layout(cu), causal=causal, scale=scale, kernel=DenseKernel.MATH)
     return out[0], lse[0]
 
 
@@ -38,5 +38,5 @@ def reference_bwd(dout_RHD, q_RHD, k_RHD, v_RHD, out_RHD, lse_HR, cu, *, causal:
     g = q_RHD.shape[1] // k_RHD.shape[1]
     k, v = (repeat_kv(x, g, dim=1)[None] for x in (k_RHD, v_RHD))
     dq, dk, dv = block_bwd(dout_RHD[None], q_RHD[None], k, v, out_RHD[None], lse_HR[None], _layout(cu),
-                           causal=causal, scale=scale, kernel=Kernel.MATH)
+                           causal=causal, scale=scale, kernel=DenseKernel.MATH)
     return dq[0], sum_kv_repeats(dk[0], g, dim=1), sum_kv_repeats(dv[0], g, dim=1)

@@ -53,21 +53,23 @@ class AttentionSetup:
 def attention_setup(attn_cfg, num_heads: int, device_type: str, dtype: torch.dtype) -> AttentionSetup:
     """Resolve ``attn_cfg`` (``AttentionConfig``) the way the attention op will for ``device_type``."""
     from plsh_dist.models.attention import head_scales
-    from plsh_dist.ops.backends import Impl, Kernel, resolve_backend, resolve_method
+    from plsh_dist.ops.backends import choose_path
+    from plsh_dist.ops.plsh_varlen import VarlenPerSample
 
     sigma, _ = head_scales(attn_cfg.sigma, num_heads)
     per_head = isinstance(sigma, torch.Tensor)
     sig = tuple(float(x) for x in sigma) if per_head else (float(sigma),) * num_heads
     device = torch.device(device_type)
     try:
-        impl = resolve_backend(attn_cfg.backend, device, dtype)
-    except ValueError:  # flash_attn asked for on a machine without it: plan as if it were there
-        impl = Impl(varlen=True, kernel=Kernel.FLASH_ATTN)
-    impl = resolve_method(attn_cfg.method, impl, attn_cfg.num_samples)
+        path = choose_path(attn_cfg.backend, attn_cfg.method, device, dtype, attn_cfg.num_samples)
+    except ValueError:  # flash_attn asked for on a machine without it: plan as if it were there, where its
+        # rows are torch's CUDA rows with another varlen kernel (the same layout and method)
+        path = choose_path("torch", attn_cfg.method, torch.device("cuda"), torch.bfloat16, attn_cfg.num_samples)
     samples = attn_cfg.num_samples if attn_cfg.bias == "plsh" else 1
     return AttentionSetup(bias=attn_cfg.bias, sigma=sig, per_head_hash=per_head, num_samples=samples,
-                          onepass=impl.onepass and attn_cfg.bias in ("plsh", "fixed_blocks"),
-                          varlen=impl.varlen, window=attn_cfg.window, chunk_size=attn_cfg.chunk_size)
+                          onepass=path.onepass and attn_cfg.bias in ("plsh", "fixed_blocks"),
+                          varlen=isinstance(path, VarlenPerSample), window=attn_cfg.window,
+                          chunk_size=attn_cfg.chunk_size)
 
 
 def _kernel_pairs(T: int, sigma: float, samples: int, onepass: bool) -> float:

@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from plsh_dist.hashing import PositionalLSH, alibi_slopes
-from plsh_dist.ops import plsh_varlen
-from plsh_dist.ops.backends import VARLEN_REFERENCE, resolve_backend
-from plsh_dist.ops.plsh import PLSHAttentionFunction, plsh_forward
+from plsh_dist.ops.backends import VARLEN_REFERENCE, choose_path
+from plsh_dist.ops.plsh import PLSHAttentionFunction
 from plsh_dist.ops.varlen_plan import plan_samples
 from tests.ops.test_plsh_attention import _check_against_reference, _qkv
 
@@ -37,8 +36,9 @@ def test_varlen_path_equals_padded_path_in_fp32():
     q, k, v = _qkv(1, 300, 8, 2, 16, torch.float32, seed=2)
     lsh = PositionalLSH(alibi_slopes(8).reciprocal(), 4, seed=3)
     pos = torch.arange(300)
-    a, la = plsh_varlen.varlen_plsh_forward(q, k, v, lsh, pos, causal=True, scale=0.25, impl=VARLEN_REFERENCE)
-    b, lb = plsh_forward(q, k, v, lsh, pos, causal=True, scale=0.25, impl=resolve_backend("torch", q.device, q.dtype))
+    a, la, _ = VARLEN_REFERENCE.forward(q, k, v, lsh, pos, causal=True, scale=0.25)
+    padded = choose_path("torch", "per_sample", q.device, q.dtype, lsh.num_samples)
+    b, lb, _ = padded.forward(q, k, v, lsh, pos, causal=True, scale=0.25)
     torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)  # fp32 sums in another order
     torch.testing.assert_close(la, lb, atol=2e-5, rtol=2e-5)
 

@@ -88,6 +88,6 @@ class SequenceParallelAttention:
                                     softmax_scale=scale, cu_seqlens=cu_seqlens)
 
     def _blocks(self, q, k, v, lsh, positions, causal, softmax_scale, backend, method, cu_seqlens):
-        pos, scale, impl, _ = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method)
-        return SPBlockAttention.apply(q, k, v, lsh, pos, causal, scale, impl, self.group, cu_seqlens)
+        pos, scale, path, _ = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method)
+        return SPBlockAttention.apply(q, k, v, lsh, pos, causal, scale, path, self.group, cu_seqlens)
 

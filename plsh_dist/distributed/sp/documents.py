@@ -24,8 +24,7 @@ import torch
 
 from plsh_dist.distributed.sp_layout import SPLayout
 from plsh_dist.ops.alibi import alibi_backward, alibi_forward
-from plsh_dist.ops.documents import (Documents, check_cu_seqlens, flatten_lse, flatten_rows, unflatten_lse,
-                                     unflatten_rows)
+from plsh_dist.ops.documents import Documents, backward_on_flat_row, check_cu_seqlens, on_flat_row
 
 __all__ = ["SPDocuments", "documents_crc", "alibi_rows_forward", "alibi_rows_backward"]
 
@@ -103,19 +102,13 @@ def alibi_rows_forward(q, k, v, q_pos, k_pos, slopes, docs: SPDocuments | None, 
     document's keys only)."""
     if docs is None:
         return alibi_forward(q, k, v, q_pos, k_pos, slopes, **kw)
-    B = q.shape[0]
     vq, vk, ids = _alibi_flat(docs, q_pos, k_pos)
-    out, lse = alibi_forward(*(flatten_rows(x) for x in (q, k, v)), vq, vk, slopes, docs=ids, **kw)
-    return unflatten_rows(out, B), unflatten_lse(lse, B)
+    return on_flat_row(alibi_forward, q, k, v, vq, vk, slopes, docs=ids, **kw)
 
 
 def alibi_rows_backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, docs: SPDocuments | None, **kw):
     """Gradients of :func:`alibi_rows_forward`; lse (B, Hq, Tq)."""
     if docs is None:
         return alibi_backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, **kw)
-    B = q.shape[0]
     vq, vk, ids = _alibi_flat(docs, q_pos, k_pos)
-    lse_flat = flatten_lse(lse)
-    grads = alibi_backward(*(flatten_rows(x) for x in (dout, q, k, v, out)), lse_flat, vq, vk, slopes, docs=ids,
-                           **kw)
-    return tuple(unflatten_rows(g, B) for g in grads)
+    return backward_on_flat_row(alibi_backward, dout, q, k, v, out, lse, vq, vk, slopes, docs=ids, **kw)
