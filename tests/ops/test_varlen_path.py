@@ -1,6 +1,6 @@
 """The CUDA varlen path (row layouts, per-sample calls, chunking, merging) on CPU.
 
-The kernels are swapped for ``Kernel.REFERENCE`` (padded explicit matmuls), so everything around the flash-attention calls is checked here
+The kernels are swapped for ``VarlenKernel.REFERENCE`` (padded explicit matmuls), so everything around the flash-attention calls is checked here
 against the dense fp64 reference; the kernels themselves are checked on a GPU
 (tests/ops/test_cuda_backends.py).
 """
