@@ -6,6 +6,11 @@ against the key range they can see, with the bias ``-m_h |p_i - p_j|`` built
 per chunk: memory O(T * chunk * H) instead of O(T^2 * H), also in backward
 (which recomputes each chunk from the saved out and lse).
 
+The window may differ per head (truncated ALiBi: ``w_h = ceil(c * sigma_h)``
+drops only weights below ``e^-c``): each group of heads that share a window
+runs on its own, in chunks sized by that window, so a narrow head does not pay
+for a wide one's key range.
+
 Single process only: sequence parallelism (:mod:`plsh_dist.distributed.sp`)
 calls ``alibi_forward`` / ``alibi_backward`` on its gathered keys or halo.
 
@@ -26,8 +31,10 @@ from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_f
 
 __all__ = [
     "alibi_attention", "causal_attention", "alibi_forward", "alibi_backward", "default_chunk_size",
-    "check_alibi_attention", "AlibiAttentionFunction",
+    "window_chunk_size", "check_window", "window_groups", "widest_window", "check_alibi_attention",
+    "AlibiAttentionFunction",
 ]
+
 
 # Bias bytes per chunk: Hq * C * K * 4 stays below this.
 _CHUNK_BIAS_BYTES = 64 * 2**20
@@ -37,6 +44,58 @@ def default_chunk_size(num_heads: int, num_keys: int) -> int:
     """Largest multiple of 16 in [16, 1024] with the chunk's bias under 64 MiB."""
     c = _CHUNK_BIAS_BYTES // (4 * num_heads * max(num_keys, 1))
     return int(min(1024, max(16, c - c % 16)))
+
+
+def window_chunk_size(num_heads: int, window: int, num_keys: int) -> int:
+    """Queries per chunk for heads of window ``w``: a multiple of 16, at least 64 and ``w``
+    (a chunk of C queries reads about C + w keys for w useful ones; fewer, smaller
+    chunks cost more in per-call overhead than they save), within the memory bound of
+    :func:`default_chunk_size`."""
+    want = max(64, -(-window // 16) * 16)
+    return min(want, default_chunk_size(num_heads, min(num_keys, want + 2 * window)))
+
+
+def check_window(window, num_heads: int):
+    """``window`` -> None, an int >= 1, or a tuple of Hq ints >= 1 (per head; an int when all agree).
+
+    Accepts None, an int, or a sequence / 1-D integer tensor with one window per query head.
+    """
+    if window is None or isinstance(window, bool):
+        if window is not None:
+            raise ValueError(f"window must be a positive int, one per head, or None, got {window!r}")
+        return None
+    if isinstance(window, int):
+        if window < 1:
+            raise ValueError(f"window must be a positive int or None, got {window!r}")
+        return window
+    if isinstance(window, torch.Tensor):
+        if window.dim() != 1 or window.is_floating_point() or window.is_complex():
+            raise ValueError(f"window as a tensor must be a 1-D integer LongTensor[Hq], got {window.dtype} "
+                             f"of shape {tuple(window.shape)}")
+        window = window.tolist()
+    try:
+        per_head = tuple(int(w) for w in window)
+        if any(w != x for w, x in zip(per_head, window)):
+            raise TypeError
+    except TypeError:
+        raise ValueError(f"window must be a positive int, one int per head, or None, got {window!r}") from None
+    if len(per_head) != num_heads or min(per_head) < 1:
+        raise ValueError(f"window must hold one int >= 1 per query head ({num_heads}), got {list(per_head)}")
+    return per_head[0] if len(set(per_head)) == 1 else per_head
+
+
+def window_groups(window, num_heads: int) -> list[tuple[int | None, torch.Tensor]]:
+    """``[(w, heads)]``: the query heads (CPU LongTensor) of each distinct window, narrowest
+    first; one group of every head for None or an int."""
+    if not isinstance(window, tuple):
+        return [(window, torch.arange(num_heads))]
+    per_head = torch.tensor(window)
+    return [(int(w), torch.nonzero(per_head == w).flatten()) for w in sorted(set(window))]
+
+
+def widest_window(window) -> int | None:
+    """The largest window of any head (None: unbounded)."""
+    return max(window) if isinstance(window, tuple) else window
 
 
 def _key_range(q_pos, k_pos, i0: int, i1: int, causal: bool, window: int | None, docs=None) -> tuple[int, int]:
@@ -87,6 +146,10 @@ def alibi_forward(q, k, v, q_pos, k_pos, slopes, *, causal, window, scale, chunk
     Args:
         q: (B, Tq, Hq, D); k, v: (B, Tk, Hkv, D); q_pos LongTensor[Tq], k_pos
         LongTensor[Tk] on CPU, increasing; slopes Tensor[Hq].
+        window: None, an int, or a tuple of one int per query head
+            (:func:`check_window`); keys with ``|p_i - p_j| >= window_h`` are hidden.
+        chunk: queries per chunk, or None for each window group's default
+            (:func:`window_chunk_size`, :func:`default_chunk_size` without a window).
         docs: documents, ``(q_doc, k_doc)`` non-decreasing LongTensors [Tq], [Tk]
             of document ids (comparable between queries and keys); a query sees
             the keys of its own document only. With documents the positions are
@@ -95,6 +158,36 @@ def alibi_forward(q, k, v, q_pos, k_pos, slopes, *, causal, window, scale, chunk
     Returns:
         out (B, Tq, Hq, D) in q's dtype, lse (B, Hq, Tq) fp32 (fp64 for fp64).
     """
+    kw = dict(causal=causal, scale=scale, docs=docs)
+    if not isinstance(window, tuple):
+        return _forward(q, k, v, q_pos, k_pos, slopes, window=window, chunk=_chunk(chunk, q, k, window), **kw)
+    B, Tq, Hq, D = q.shape
+    groups = Hq // k.shape[2]
+    out = torch.empty(B, Tq, Hq, D, dtype=q.dtype, device=q.device)
+    lse = torch.empty(B, Hq, Tq, dtype=accum_dtype(q.dtype), device=q.device)
+    for w, heads in window_groups(window, Hq):
+        h, kv = heads.to(q.device), (heads // groups).to(q.device)
+        # each query head with its own key/value head: the group is plain multi-head attention
+        o, l = _forward(q[:, :, h], k[:, :, kv], v[:, :, kv], q_pos, k_pos, slopes[heads], window=w,
+                        chunk=_chunk(chunk, q[:, :, h], k, w, per_head=True), **kw)
+        out[:, :, h] = o
+        lse[:, h] = l
+    return out, lse
+
+
+def _chunk(chunk: int | None, q, k, window: int | None, per_head: bool = False) -> int:
+    """The given chunk, or the default for these heads and this window: the bias bound of
+    :func:`default_chunk_size` for one window shared by every head, and
+    :func:`window_chunk_size` for a group of heads of per-head windows."""
+    if chunk is not None:
+        return chunk
+    if per_head:
+        return window_chunk_size(q.shape[2], window, k.shape[1])
+    return default_chunk_size(q.shape[2], k.shape[1] if window is None else min(k.shape[1], 2 * window))
+
+
+def _forward(q, k, v, q_pos, k_pos, slopes, *, causal, window, scale, chunk, docs=None):
+    """:func:`alibi_forward` with one window (None or an int) for every head."""
     B, Tq, Hq, D = q.shape
     groups = Hq // k.shape[2]
     k_h, v_h = _expand(k, groups), _expand(v, groups)  # (B, Hq, Tk, D)
@@ -117,6 +210,29 @@ def alibi_backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, *, causal, win
 
     Returns dq (B, Tq, Hq, D), dk, dv (B, Tk, Hkv, D) in the inputs' dtype.
     """
+    kw = dict(causal=causal, scale=scale, docs=docs)
+    if not isinstance(window, tuple):
+        return _backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, window=window,
+                         chunk=_chunk(chunk, q, k, window), **kw)
+    Hq = q.shape[2]
+    groups = Hq // k.shape[2]
+    dq = torch.empty_like(q)
+    dk = torch.zeros(k.shape, dtype=accum_dtype(k.dtype), device=k.device)
+    dv = torch.zeros(v.shape, dtype=accum_dtype(v.dtype), device=v.device)
+    for w, heads in window_groups(window, Hq):
+        h, kv = heads.to(q.device), (heads // groups).to(q.device)
+        dq_g, dk_g, dv_g = _backward(dout[:, :, h], q[:, :, h], k[:, :, kv], v[:, :, kv], out[:, :, h], lse[:, h],
+                                     q_pos, k_pos, slopes[heads], window=w,
+                                     chunk=_chunk(chunk, q[:, :, h], k, w, per_head=True), **kw)
+        dq[:, :, h] = dq_g
+        # query heads that share a key/value head add their gradients onto it
+        dk.index_add_(2, kv, dk_g.to(dk.dtype))
+        dv.index_add_(2, kv, dv_g.to(dv.dtype))
+    return dq, dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, *, causal, window, scale, chunk, docs=None):
+    """:func:`alibi_backward` with one window (None or an int) for every head."""
     B, Tq, Hq, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     groups = Hq // Hkv
@@ -183,17 +299,17 @@ def check_slopes(slopes, num_heads: int) -> torch.Tensor:
 def check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale, chunk_size):
     """Validate the arguments of :func:`alibi_attention` (documents aside); ValueErrors name the argument.
 
-    Returns ``(slopes, positions, scale)``: float32 CPU Tensor[Hq], CPU LongTensor[T], float.
+    Returns ``(slopes, positions, scale, window)``: float32 CPU Tensor[Hq], CPU LongTensor[T],
+    float, and the window as :func:`check_window` gives it.
     """
     check_qkv(q, k, v)
     slopes = check_slopes(slopes, q.shape[2])
-    if window is not None and (not isinstance(window, int) or window < 1):
-        raise ValueError(f"window must be a positive int or None, got {window!r}")
+    window = check_window(window, q.shape[2])
     pos = check_positions(positions, q.shape[1], q.device)
     scale = softmax_scale_for(q, softmax_scale)
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
-    return slopes, pos, scale
+    return slopes, pos, scale, window
 
 
 def alibi_attention(
@@ -204,7 +320,7 @@ def alibi_attention(
     slopes,
     positions: torch.Tensor | None = None,
     causal: bool = True,
-    window: int | None = None,
+    window: int | torch.Tensor | None = None,
     softmax_scale: float | None = None,
     chunk_size: int | None = None,
     return_lse: bool = False,
@@ -217,8 +333,11 @@ def alibi_attention(
         slopes: Tensor[Hq] of ALiBi slopes ``m_h`` (``alibi_slopes(Hq)``).
         positions: LongTensor[T] increasing absolute positions (default arange(T)).
         causal: keys after the query are hidden.
-        window: sliding window: keys with ``|p_i - p_j| >= window`` are hidden.
-        chunk_size: queries per chunk (default: bias of a chunk under 64 MiB).
+        window: sliding window: keys with ``|p_i - p_j| >= window_h`` are hidden; an
+            int for every head, or a LongTensor[Hq] (or sequence) with one per head
+            (truncated ALiBi, e.g. ``ceil(c / slopes)``: weights below ``e^-c`` dropped).
+        chunk_size: queries per chunk (default: bias of a chunk under 64 MiB; per-head
+            windows: sized by each head's window, :func:`window_chunk_size`).
         return_lse: also return the log-sum-exp.
         cu_seqlens: packed documents, (num_docs + 1,) offsets over the flattened
             (B, T) batch, as :func:`plsh_dist.ops.plsh_attention`'s: a token
@@ -231,22 +350,24 @@ def alibi_attention(
     if cu_seqlens is not None:
         return _alibi_documents(q, k, v, slopes, positions, causal, window, softmax_scale, chunk_size, return_lse,
                                 cu_seqlens)
-    slopes, pos, scale = check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale, chunk_size)
-    seen = q.shape[1] if window is None else min(q.shape[1], 2 * window)
-    chunk = chunk_size or default_chunk_size(q.shape[2], seen)
-    out, lse = AlibiAttentionFunction.apply(q, k, v, pos, pos, slopes, causal, window, scale, chunk)
+    slopes, pos, scale, window = check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale,
+                                                       chunk_size)
+    out, lse = AlibiAttentionFunction.apply(q, k, v, pos, pos, slopes, causal, window, scale, chunk_size)
     return (out, lse) if return_lse else out
 
 
 def _alibi_documents(q, k, v, slopes, positions, causal, window, softmax_scale, chunk_size, return_lse, cu_seqlens):
     """:func:`alibi_attention` of packed documents: one flat row of B * T tokens, keys
     limited to each query chunk's documents (so no chunk ever sees another row)."""
-    slopes, _, scale = check_alibi_attention(q, k, v, slopes, None, window, softmax_scale, chunk_size)
+    slopes, _, scale, window = check_alibi_attention(q, k, v, slopes, None, window, softmax_scale, chunk_size)
     B, T = q.shape[:2]
     docs = flat_documents(positions, cu_seqlens, B, T)
     longest = int((docs.cu_seqlens[1:] - docs.cu_seqlens[:-1]).max())
-    seen = longest if window is None else min(longest, 2 * window)
-    chunk = chunk_size or default_chunk_size(q.shape[2], seen)
+    if isinstance(window, tuple):
+        chunk = chunk_size  # per window group (alibi_forward)
+    else:
+        seen = longest if window is None else min(longest, 2 * window)
+        chunk = chunk_size or default_chunk_size(q.shape[2], seen)
     pos = docs.virtual_positions
     out, lse = on_flat_row(AlibiAttentionFunction.apply, q, k, v, pos, pos, slopes, causal, window, scale, chunk,
                            (docs.ids, docs.ids))

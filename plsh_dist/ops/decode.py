@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from plsh_dist.hashing import PositionalLSH
-from plsh_dist.ops.alibi import alibi_forward, check_slopes
+from plsh_dist.ops.alibi import alibi_forward, check_slopes, check_window, widest_window
 from plsh_dist.ops.band import block_firsts, log_count_bias
 from plsh_dist.ops.dense import dense_fwd
 from plsh_dist.ops.gqa import repeat_kv
@@ -76,13 +76,17 @@ def check_decode_inputs(q, k, v, q_pos, k_pos) -> tuple[torch.Tensor, torch.Tens
 
 
 @torch.no_grad()
-def alibi_decode(q, k, v, q_pos, k_pos, *, slopes, window: int | None = None, scale: float | None = None):
-    """Exact (``window=None``) or windowed ALiBi rows of the queries: out (B, Tq, Hq, D)."""
+def alibi_decode(q, k, v, q_pos, k_pos, *, slopes, window=None, scale: float | None = None):
+    """Exact (``window=None``) or windowed ALiBi rows of the queries: out (B, Tq, Hq, D).
+
+    ``window``: an int, or one per query head (truncated ALiBi); only the keys within
+    the widest window of the first query are read."""
     q_pos, k_pos = check_decode_inputs(q, k, v, q_pos, k_pos)
     slopes = check_slopes(slopes, q.shape[2])
+    window = check_window(window, q.shape[2])
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if window is not None:  # keys the window hides are never read (nor repeated for GQA)
-        k0 = int(torch.searchsorted(k_pos, int(q_pos[0]) - window + 1))
+        k0 = int(torch.searchsorted(k_pos, int(q_pos[0]) - widest_window(window) + 1))
         k, v, k_pos = k[:, k0:], v[:, k0:], k_pos[k0:]
     out, _ = alibi_forward(q, k, v, q_pos, k_pos, slopes, causal=True, window=window, scale=scale, chunk=_CHUNK)
     return out

@@ -140,14 +140,16 @@ def alibi_cases(rank: int, world: int, group) -> None:
         stats = _run_and_compare(alibi_attention, dtype, 4, 300, group, slopes=slopes, causal=causal)
         itemsize = torch.empty(0, dtype=dtype).element_size()
         assert stats["fwd_recv_bytes"] == (P - 1) * Tl * B * HKV * D * 2 * itemsize, stats  # all-gather
-    for causal in (True, False):
-        window = 70  # longer than a chunk at 4 ranks: the halo spans two ranks
-        stats = _run_and_compare(alibi_attention, torch.float64, 5, 12, group, slopes=slopes, causal=causal,
-                                 window=window)
-        left = min(window - 1, r * Tl)
-        right = 0 if causal else min(window - 1, (P - 1 - r) * Tl)
-        expected = (left + right) * B * HKV * D * 2 * 8
-        assert stats["fwd_recv_bytes"] == expected and stats["bwd_sent_bytes"] == expected, (r, stats, expected)
+    # longer than a chunk at 4 ranks: the halo spans two ranks; per head (truncated ALiBi): the widest
+    for window in (70, torch.tensor([5, 70, 12, 5])):
+        for causal in (True, False):
+            stats = _run_and_compare(alibi_attention, torch.float64, 5, 12, group, slopes=slopes, causal=causal,
+                                     window=window)
+            widest = int(torch.as_tensor(window).max())
+            left = min(widest - 1, r * Tl)
+            right = 0 if causal else min(widest - 1, (P - 1 - r) * Tl)
+            expected = (left + right) * B * HKV * D * 2 * 8
+            assert stats["fwd_recv_bytes"] == expected and stats["bwd_sent_bytes"] == expected, (r, stats, expected)
     _run_and_compare(causal_attention, torch.float64, 6, 0, group)
 
 
@@ -180,6 +182,8 @@ def error_cases(rank: int, world: int, group) -> None:
     expect("'hash' differs", lambda: sp.plsh_attention(q, q, q, positions=pos, **{**kw, "seed": rank}))
     expect("'window' differs", lambda: sp.alibi_attention(q, q, q, slopes=alibi_slopes(2), positions=pos,
                                                           window=5 + rank))
+    expect("'window' differs", lambda: sp.alibi_attention(q, q, q, slopes=alibi_slopes(2), positions=pos,
+                                                          window=torch.tensor([3, 5 + rank])))
     whole = 12 * world
     cu = torch.tensor([0, 5 + rank, whole])  # a document layout that differs between ranks
     expect("'documents' differs", lambda: sp.plsh_attention(q, q, q, positions=pos, cu_seqlens=cu, **kw))
@@ -252,6 +256,8 @@ def document_cases(rank: int, world: int, group) -> None:
         _run_and_compare(alibi_attention, torch.float64, 11, 30, group, slopes=slopes, causal=causal, cu_seqlens=cu)
         _run_and_compare(alibi_attention, torch.float64, 12, 30, group, slopes=slopes, causal=causal, window=70,
                          cu_seqlens=cu)
+        _run_and_compare(alibi_attention, torch.float64, 12, 30, group, slopes=slopes, causal=causal,
+                         window=torch.tensor([9, 70, 3, 9]), cu_seqlens=cu)
     _run_and_compare(causal_attention, torch.float64, 13, 0, group, cu_seqlens=cu)
 
 

@@ -5,7 +5,7 @@ import torch
 
 from plsh_dist.hashing import alibi_slopes
 from plsh_dist.ops import alibi_attention, causal_attention
-from plsh_dist.ops.alibi import default_chunk_size
+from plsh_dist.ops.alibi import default_chunk_size, window_chunk_size
 from plsh_dist.ops.reference import alibi_weights, dense_attention
 from tests.tolerances import for_dtype
 
@@ -32,6 +32,46 @@ def test_alibi_matches_dense_reference(dtype, causal, window, chunk):
     torch.testing.assert_close(out.double(), ref, **tol)
     for a, b in zip(torch.autograd.grad(out, (q, k, v), g.to(dtype)), torch.autograd.grad(ref, (q, k, v), g)):
         torch.testing.assert_close(a.double(), b.double(), **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("chunk", [None, 16])
+def test_per_head_windows_match_dense_reference(dtype, causal, chunk):
+    """Truncated ALiBi: one window per head (two heads share one, GQA groups mix windows),
+    outputs and gradients against the dense fp64 reference."""
+    Hq, T = 4, 150
+    q, k, v = _qkv(2, T, Hq, 2, 8, dtype, seed=3)
+    slopes = alibi_slopes(Hq)
+    window = torch.tensor([5, 70, 5, 23])
+    positions = torch.arange(T) + 17
+    out = alibi_attention(q, k, v, slopes=slopes, positions=positions, causal=causal, window=window, chunk_size=chunk)
+    ref = dense_attention(q, k, v, alibi_weights(slopes, positions, window), causal=causal)
+    g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    tol = for_dtype(dtype)
+    torch.testing.assert_close(out.double(), ref, **tol)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g.to(dtype)), torch.autograd.grad(ref, (q, k, v), g)):
+        torch.testing.assert_close(a.double(), b.double(), **tol)
+
+
+def test_per_head_windows_equal_one_head_at_a_time():
+    """Each head of a per-head call is the single-window call of that head (the same chunks)."""
+    q, k, v = _qkv(1, 90, 4, 2, 8, torch.float64, seed=4)
+    slopes, window = alibi_slopes(4), [3, 40, 12, 40]
+    out, lse = alibi_attention(q, k, v, slopes=slopes, window=window, chunk_size=32, return_lse=True)
+    for h in range(4):
+        o, l = alibi_attention(q[:, :, h : h + 1], k[:, :, h // 2 : h // 2 + 1], v[:, :, h // 2 : h // 2 + 1],
+                               slopes=slopes[h : h + 1], window=window[h], chunk_size=32, return_lse=True)
+        assert torch.equal(out[:, :, h : h + 1], o) and torch.equal(lse[:, h : h + 1], l)
+    # one window in every entry is the shared-window call
+    same = alibi_attention(q, k, v, slopes=slopes, window=torch.full((4,), 12), chunk_size=32)
+    assert torch.equal(same, alibi_attention(q, k, v, slopes=slopes, window=12, chunk_size=32))
+
+
+def test_window_chunk_size():
+    assert window_chunk_size(1, 8, 10**6) == 64
+    assert window_chunk_size(1, 100, 10**6) == 112  # a multiple of 16 covering the window
+    assert window_chunk_size(64, 4000, 10**7) * 64 * (window_chunk_size(64, 4000, 10**7) + 8000) * 4 <= 64 * 2**20
 
 
 def test_window_one_is_self_attention():
@@ -71,6 +111,10 @@ def test_causal_attention_matches_reference(causal):
         (dict(slopes=torch.ones(3)), "slopes"),
         (dict(slopes=-torch.ones(4)), "slopes"),
         (dict(window=0), "window"),
+        (dict(window=torch.tensor([3, 4])), "one int >= 1 per query head"),
+        (dict(window=torch.tensor([3, 0, 4, 4])), "one int >= 1 per query head"),
+        (dict(window=torch.tensor([3.0, 4.0, 4.0, 4.0])), "integer"),
+        (dict(window=2.5), "window"),
         (dict(chunk_size=0), "chunk_size"),
         (dict(positions=torch.arange(3)), "positions"),
     ],

@@ -52,7 +52,7 @@ def test_fixed_blocks_decode_equals_full_forward(per_head):
     _assert_rows(lambda *a: block_decode(*a, FixedBlocks(sigma)), full, q, k, v)
 
 
-@pytest.mark.parametrize("window", [None, 9])
+@pytest.mark.parametrize("window", [None, 9, (4, 30, 9, 9)], ids=["exact", "window", "per_head"])
 def test_alibi_decode_equals_full_forward(window):
     q, k, v = _qkv(3)
     slopes = alibi_slopes(HQ)

@@ -50,6 +50,8 @@ MODES = {
     "fixed_blocks_onepass": lambda per_head: (fixed_blocks_attention, dict(sigma=_sigma(per_head), method="onepass")),
     "alibi": lambda per_head: (alibi_attention, dict(slopes=alibi_slopes(HQ), chunk_size=16)),
     "alibi_window": lambda per_head: (alibi_attention, dict(slopes=alibi_slopes(HQ), window=9, chunk_size=16)),
+    "alibi_truncated": lambda per_head: (alibi_attention, dict(slopes=alibi_slopes(HQ),
+                                                               window=torch.tensor([3, 9, 30, 9]))),
     "causal": lambda per_head: (causal_attention, {}),
 }
 

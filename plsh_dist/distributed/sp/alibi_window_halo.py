@@ -7,6 +7,10 @@ than a chunk reaches several ranks). Rows whose window lies inside the chunk
 are computed while the halo is in flight; in backward the edge rows go first
 and their halo gradients travel back while the inner rows compute.
 
+Per-head windows (truncated ALiBi) move one halo, of the widest head's
+``max_h w_h - 1`` positions: every key/value head ships the same positions,
+and narrower heads' rows simply hide the keys beyond their own window.
+
 Legend: B batch, T local tokens, Hq / Hkv query / key-value heads, D head dim, L left halo slots.
 """
 
@@ -17,9 +21,9 @@ import torch
 from plsh_dist.distributed.comm_stats import record_call
 from plsh_dist.distributed.halo import HaloPlan, post_grads, post_kv, window_needs
 from plsh_dist.distributed.sp.documents import SPDocuments, alibi_rows_backward, alibi_rows_forward, documents_crc
-from plsh_dist.distributed.sp.signature import call_signature, slopes_crc
+from plsh_dist.distributed.sp.signature import call_signature, slopes_crc, window_code
 from plsh_dist.distributed.sp_layout import exchange_layout
-from plsh_dist.ops.alibi import default_chunk_size
+from plsh_dist.ops.alibi import default_chunk_size, widest_window
 from plsh_dist.ops.merge import accum_dtype
 
 __all__ = ["SPAlibiWindow"]
@@ -40,14 +44,17 @@ class SPAlibiWindow(torch.autograd.Function):
         B, T, Hq, D = q.shape
         needs_grad = any(ctx.needs_input_grad[:3])
         sig = call_signature("alibi_window", q, k, causal, scale, needs_grad, slopes=slopes_crc(slopes),
-                             window=window, documents=documents_crc(cu_seqlens))
+                             window=window_code(window), documents=documents_crc(cu_seqlens))
         layout = exchange_layout(group, pos, sig)
         record_call()
         docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, layout, B)
-        plan = HaloPlan.build(layout, window_needs(window, layout, k.shape[2], causal, docs))
-        chunk = chunk or default_chunk_size(Hq, min(T + plan.left_pos.numel() + plan.right_pos.numel(), 2 * window))
+        widest = widest_window(window)
+        plan = HaloPlan.build(layout, window_needs(widest, layout, k.shape[2], causal, docs))
+        if not isinstance(window, tuple):  # per-head windows: each window group's own chunk (alibi_forward)
+            chunk = chunk or default_chunk_size(Hq, min(T + plan.left_pos.numel() + plan.right_pos.numel(),
+                                                         2 * window))
         kw = dict(causal=causal, window=window, scale=scale, chunk=chunk)
-        i0, i1 = _window_rows(T, window, causal)
+        i0, i1 = _window_rows(T, widest, causal)
 
         out = torch.empty_like(q)
         lse = torch.empty(B, Hq, T, dtype=accum_dtype(q.dtype), device=q.device)
@@ -74,7 +81,7 @@ class SPAlibiWindow(torch.autograd.Function):
         dout = dout.contiguous()
         pos, slopes, kw = ctx.pos, ctx.slopes, ctx.kw
         T, L = q.shape[1], lk.shape[1]
-        i0, i1 = _window_rows(T, kw["window"], kw["causal"])
+        i0, i1 = _window_rows(T, widest_window(kw["window"]), kw["causal"])
         acc = accum_dtype(q.dtype)
         k_e, v_e = torch.cat([lk, k, rk], dim=1), torch.cat([lv, v, rv], dim=1)
         pos_e = torch.cat([ctx.plan.left_pos, pos, ctx.plan.right_pos])

@@ -12,6 +12,7 @@ algorithm runs:
     plsh_attention, fixed_blocks_attention   halo of keys/values   (plsh_halo.py)
     alibi_attention(window=None)             all-gather K/V        (alibi_allgather.py)
     alibi_attention(window=w)                halo of w - 1         (alibi_window_halo.py)
+                                             (per-head w_h: of max w_h - 1)
     causal_attention                         all-gather, zero slopes
 
 Packed documents: ``cu_seqlens`` are the offsets over the flattened *whole*
@@ -70,10 +71,12 @@ class SequenceParallelAttention:
         return self._blocks(q, k, v, FixedBlocks(sigma), positions, causal, softmax_scale, backend, method,
                             cu_seqlens)
 
-    def alibi_attention(self, q, k, v, *, slopes, positions=None, causal: bool = True, window: int | None = None,
+    def alibi_attention(self, q, k, v, *, slopes, positions=None, causal: bool = True, window=None,
                         softmax_scale: float | None = None, chunk_size: int | None = None, cu_seqlens=None):
-        """:func:`plsh_dist.ops.alibi_attention` of this rank's chunk (exact: all-gather; windowed: halo)."""
-        slopes, pos, scale = check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale, chunk_size)
+        """:func:`plsh_dist.ops.alibi_attention` of this rank's chunk (exact: all-gather; windowed,
+        one window or one per head: a halo of the widest window)."""
+        slopes, pos, scale, window = check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale,
+                                                           chunk_size)
         if window is None:
             return SPAlibiGather.apply(q, k, v, pos, slopes, causal, scale, chunk_size, self.group, cu_seqlens)
         return SPAlibiWindow.apply(q, k, v, pos, slopes, causal, window, scale, chunk_size, self.group, cu_seqlens)

@@ -17,7 +17,7 @@ import torch
 
 from plsh_dist.distributed.sp_layout import dtype_code
 
-__all__ = ["call_signature", "slopes_crc"]
+__all__ = ["call_signature", "slopes_crc", "window_code"]
 
 _OPS = {"plsh": 1, "alibi_gather": 2, "alibi_window": 3}
 
@@ -37,3 +37,11 @@ def call_signature(op: str, q, k, causal: bool, scale: float, needs_grad: bool, 
 def slopes_crc(slopes: torch.Tensor) -> int:
     """CRC32 of the ALiBi slopes (float32 bytes): equal iff ranks use the same slopes."""
     return zlib.crc32(slopes.to(torch.float32).numpy().tobytes())
+
+
+def window_code(window: int | tuple[int, ...]) -> int:
+    """A window as one int: itself, or for per-head windows ``-1 - CRC32`` of their int64
+    bytes (negative, so never equal to a shared window)."""
+    if isinstance(window, tuple):
+        return -1 - zlib.crc32(torch.tensor(window, dtype=torch.int64).numpy().tobytes())
+    return int(window)
