@@ -1,0 +1,289 @@
+"""The one-pass estimator as one fused Triton kernel, forward and backward.
+
+``out = softmax(q k^T scale + bias) v`` over banded tiles
+(:mod:`plsh_dist.ops.triton_onepass_kernels`), with the bias
+
+- ``log c_ij`` of a :class:`~plsh_dist.hashing.PositionalLSH` (PLSH one pass,
+  DESIGN.md 2b-2c; fixed blocks are the one-sample hash of pitch ``2 sigma``),
+  counted inside each tile from the hash's pitch and shift: no count table,
+  nothing of size s x n, no host synchronisation;
+- or exact ALiBi inside a per-head window (:class:`~plsh_dist.ops.tile_bands.WindowBias`).
+
+Each query tile visits only the key tiles of its band
+(:func:`~plsh_dist.ops.tile_bands.query_tile_bands`), each key tile in backward
+only the query tiles whose band meets it. Backward: one kernel for dK/dV
+(each program sums the query heads of its GQA group, so no atomics: the
+result is deterministic) and one for dQ, from the saved ``out`` and ``lse``
+as flash attention's backward.
+
+On CUDA tensors the kernels are compiled; on CPU tensors they run under
+Triton's interpreter (numpy; fp32 and fp16 inputs: its ``tl.dot`` is wrong
+for bf16), which needs ``TRITON_INTERPRET=1`` set before ``triton`` is
+imported (Triton decorates its own library at import).
+
+Legend: B batch, n tokens, Hq / Hkv query / key-value heads, D head dim,
+s samples, Hh bias heads (1 shared, Hq per head).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from plsh_dist.hashing import PositionalLSH
+from plsh_dist.ops.documents import Documents
+from plsh_dist.ops.tile_bands import (BWD_TILES, FWD_TILES, CountBias, TokenLayout, WindowBias, key_tile_bands,
+                                      num_tiles, query_tile_bands, tile_config)
+
+__all__ = ["triton_status", "interpreting", "kernels", "banded_forward", "banded_backward", "triton_onepass_forward",
+           "triton_onepass_backward", "alibi_window_attention", "count_matrix", "BandedAttentionFunction"]
+
+LOG2E = 1.4426950408889634
+
+
+@functools.lru_cache(maxsize=1)
+def triton_status() -> str | None:
+    """None when Triton can be imported, else one line saying why not."""
+    try:
+        import triton  # noqa: F401, PLC0415 (optional: pip install triton)
+    except Exception as err:  # ImportError, or a broken install raising at import
+        return f"triton is not importable ({type(err).__name__}: {err}); pip install 'triton>=3.6'"
+    return None
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1`` was set
+    before ``triton`` was imported: its own library functions are decorated at import)."""
+    from triton import knobs  # noqa: PLC0415
+
+    return bool(knobs.runtime.interpret)
+
+
+@functools.lru_cache(maxsize=1)
+def kernels():
+    """The kernels module (compiled, or interpreted under ``TRITON_INTERPRET=1``)."""
+    why = triton_status()
+    if why is not None:
+        raise RuntimeError(f"the Triton kernel needs Triton: {why}")
+    from plsh_dist.ops import triton_onepass_kernels  # noqa: PLC0415
+
+    if interpreting():
+        _interpreter_numpy_compat()
+    return triton_onepass_kernels
+
+
+def _interpreter_numpy_compat() -> None:
+    """Triton's interpreter (3.6) turns a scalar into a 1-element array and ``int()``s it for
+    ``range()``; numpy >= 2.4 refuses ``int()`` of a 1-d array. Give the interpreter's
+    tensors an ``__index__`` that takes the element (no change where numpy still accepts it)."""
+    import numpy as np  # noqa: PLC0415
+    from triton.runtime import interpreter  # noqa: PLC0415
+
+    try:
+        int(np.zeros(1, dtype=np.int64))
+        return
+    except TypeError:
+        pass
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_plsh_compat", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    patched._plsh_compat = True
+    interpreter._patch_lang_tensor = patched
+
+
+def _launch(device: torch.device):
+    """The kernels module for tensors on ``device``; CPU tensors need the interpreter."""
+    mod = kernels()
+    if device.type != "cuda" and not interpreting():
+        raise ValueError(
+            f"the Triton kernel on {device.type} tensors runs under Triton's interpreter: set "
+            "TRITON_INTERPRET=1 before the process imports triton, or pass CUDA tensors"
+        )
+    return mod
+
+
+def _bias_args(bias, device):
+    """(MODE, Pitch, Shift, Sigma, Window, s) kernel arguments; unused ones get a dummy tensor."""
+    dummy = torch.zeros(1, dtype=torch.float64, device=device)
+    if isinstance(bias, CountBias):
+        return 0, bias.pitch, bias.shift, dummy.float(), dummy.long(), bias.num_samples
+    return 1, dummy, dummy, bias.sigma, bias.window, 1
+
+
+def _check(q, k, v, layout: TokenLayout, bias):
+    B, n, Hq, D = q.shape
+    if layout.n != n:
+        raise ValueError(f"positions must have one entry per token: {layout.n} for n={n}")
+    if layout.doc is not None and B != 1:
+        raise ValueError(f"documents run as one flat row (B=1), got B={B}: flatten the rows first "
+                         "(plsh_dist.ops.documents.flatten_rows)")
+    if bias.num_heads not in (1, Hq):
+        raise ValueError(f"the bias has {bias.num_heads} heads; it needs 1 (shared) or Hq={Hq}")
+    if D not in (16, 32, 64, 128):
+        raise ValueError(f"head_dim must be 16, 32, 64 or 128 for the Triton kernel, got {D}")
+    if any(x.stride(-1) != 1 for x in (q, k, v)):
+        raise ValueError("q, k, v need a unit stride on the head dim (call .contiguous())")
+
+
+def banded_forward(q, k, v, bias, layout: TokenLayout, *, causal: bool, scale: float):
+    """Forward of ``softmax(q k^T scale + bias) v``.
+
+    q: (B, n, Hq, D); k, v: (B, n, Hkv, D); bias: CountBias or WindowBias on q's device.
+    Returns out (B, n, Hq, D) in q's dtype and lse (B, Hq, n) fp32 (flash-attn's layout).
+    """
+    _check(q, k, v, layout, bias)
+    B, n, Hq, D = q.shape
+    Hkv = k.shape[2]
+    cfg = tile_config(FWD_TILES, D)
+    lo, hi = query_tile_bands(bias, layout, cfg.block_m, cfg.block_n, causal)
+    out = torch.empty_like(q)
+    lse = torch.empty(B, Hq, n, dtype=torch.float32, device=q.device)
+    mode, pitch, shift, sigma, window, s = _bias_args(bias, q.device)
+    mod = _launch(q.device)
+    grid = (num_tiles(n, cfg.block_m), B * Hq)
+    mod.onepass_fwd_kernel[grid](
+        q, k, v, out, lse, layout.positions, _doc(layout), pitch, shift, sigma, window, lo, hi,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+        n, Hq, Hq // Hkv, bias.num_heads, s, grid[0], scale * LOG2E,
+        HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, MODE=mode, CAUSAL=causal,
+        HAS_DOCS=layout.doc is not None, PER_HEAD=bias.num_heads > 1, IEEE=q.dtype == torch.float32,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out, lse
+
+
+def banded_backward(dout, q, k, v, out, lse, bias, layout: TokenLayout, *, causal: bool, scale: float):
+    """Gradients of :func:`banded_forward` from its ``out`` and ``lse``.
+
+    Returns dq (B, n, Hq, D), dk, dv (B, n, Hkv, D) in the inputs' dtypes.
+    """
+    _check(q, k, v, layout, bias)
+    B, n, Hq, D = q.shape
+    Hkv = k.shape[2]
+    cfg = tile_config(BWD_TILES, D)
+    dout = dout.contiguous() if dout.stride(-1) != 1 else dout
+    # D_i = rowsum(dO o O), fp32 (B, Hq, n) like lse
+    delta = (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
+    lse = lse.float().contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    mode, pitch, shift, sigma, window, s = _bias_args(bias, q.device)
+    mod = _launch(q.device)
+    common = dict(HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, MODE=mode, CAUSAL=causal,
+                  HAS_DOCS=layout.doc is not None, PER_HEAD=bias.num_heads > 1, IEEE=q.dtype == torch.float32,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
+    k_lo, k_hi = key_tile_bands(bias, layout, cfg.block_m, cfg.block_n, causal)
+    q_lo, q_hi = query_tile_bands(bias, layout, cfg.block_m, cfg.block_n, causal)
+    nk, nq = num_tiles(n, cfg.block_n), num_tiles(n, cfg.block_m)
+    mod.onepass_bwd_dkdv_kernel[(nk, B * Hkv)](
+        q, k, v, dout, lse, delta, dk, dv, layout.positions, _doc(layout), pitch, shift, sigma, window,
+        k_lo, k_hi, *strides, *dk.stride()[:3], *dv.stride()[:3],
+        n, Hq, Hkv, Hq // Hkv, bias.num_heads, s, nk, scale, scale * LOG2E, **common,
+    )
+    mod.onepass_bwd_dq_kernel[(nq, B * Hq)](
+        q, k, v, dout, lse, delta, dq, layout.positions, _doc(layout), pitch, shift, sigma, window,
+        q_lo, q_hi, *strides, *dq.stride()[:3],
+        n, Hq, Hq // Hkv, bias.num_heads, s, nq, scale, scale * LOG2E, **common,
+    )
+    return dq, dk, dv
+
+
+def _doc(layout: TokenLayout) -> torch.Tensor:
+    """Document ids for the kernel (a dummy when there are none: never read)."""
+    return layout.doc if layout.doc is not None else layout.positions
+
+
+# -- PLSH: the contract of plsh_dist.ops.plsh_onepass ---------------------------------------------
+
+
+def triton_onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, scale: float,
+                           docs: Documents | None = None):
+    """One-pass PLSH forward on the Triton kernel (contract of ``onepass_forward``).
+
+    q: (B, n, Hq, D); k, v: (B, n, Hkv, D); positions CPU LongTensor[n] (within each
+    document of ``docs``, a batch-1 call's documents). Returns out (B, n, Hq, D) in
+    q's dtype, lse (B, Hq, n) fp32.
+    """
+    layout = TokenLayout.build(positions, q.device, docs)
+    return banded_forward(q, k, v, CountBias.of(lsh, q.device), layout, causal=causal, scale=scale)
+
+
+def triton_onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool,
+                            scale: float, docs: Documents | None = None):
+    """Gradients of :func:`triton_onepass_forward`: dq (B, n, Hq, D), dk, dv (B, n, Hkv, D)."""
+    layout = TokenLayout.build(positions, q.device, docs)
+    return banded_backward(dout, q, k, v, out, lse, CountBias.of(lsh, q.device), layout, causal=causal,
+                           scale=scale)
+
+
+class BandedAttentionFunction(torch.autograd.Function):
+    """Autograd over :func:`banded_forward`: saves q, k, v, out, lse. Returns (out, lse);
+    lse is not differentiable."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, layout, causal, scale):
+        out, lse = banded_forward(q, k, v, bias, layout, causal=causal, scale=scale)
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.bias, ctx.layout, ctx.causal, ctx.scale = bias, layout, causal, scale
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = banded_backward(dout, q, k, v, out, lse, ctx.bias, ctx.layout, causal=ctx.causal,
+                                     scale=ctx.scale)
+        return dq, dk, dv, None, None, None, None
+
+
+def alibi_window_attention(q, k, v, *, sigma, window, positions: torch.Tensor | None = None, causal: bool = True,
+                           softmax_scale: float | None = None, docs: Documents | None = None):
+    """Exact ALiBi inside a per-head window on the banded kernel, differentiable.
+
+    ``out_i = softmax_j(q_i . k_j scale - |p_i - p_j| / sigma_h) v`` over keys with
+    ``|p_i - p_j| < window_h`` (and ``j <= i`` when causal); each head visits only
+    the key tiles of its own window.
+
+    Args:
+        q: (B, n, Hq, D); k, v: (B, n, Hkv, D).
+        sigma: float or Tensor[Hq] (``1 / slope_h``); window: int or Tensor[Hq] >= 1.
+        positions: CPU LongTensor[n] increasing (default arange(n)).
+        docs: documents of a batch-1 call (keys of other documents are hidden).
+    Returns:
+        out (B, n, Hq, D) in q's dtype, lse (B, Hq, n) fp32.
+    """
+    n = q.shape[1]
+    positions = torch.arange(n) if positions is None else positions
+    sig = torch.as_tensor(sigma, dtype=torch.float32).reshape(-1)
+    win = torch.as_tensor(window, dtype=torch.int64).reshape(-1)
+    if sig.numel() != win.numel():  # one of them shared: repeat it to the other's heads
+        H = max(sig.numel(), win.numel())
+        sig, win = sig.expand(H).contiguous(), win.expand(H).contiguous()
+    bias = WindowBias.of(sig, win, q.device)
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    layout = TokenLayout.build(positions, q.device, docs)
+    return BandedAttentionFunction.apply(q, k, v, bias, layout, causal, scale)
+
+
+def count_matrix(lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, docs: Documents | None = None,
+                 block: int = 32) -> torch.Tensor:
+    """The kernels' ``c_ij``, int32 (Hh, n, n), 0 where hidden, from the same device code
+    as every kernel (tests: O(n^2)). Runs on CPU under the interpreter."""
+    device = torch.device("cpu")
+    layout = TokenLayout.build(positions, device, docs)
+    bias = CountBias.of(lsh, device)
+    n, H = layout.n, bias.num_heads
+    out = torch.zeros(H, n, n, dtype=torch.int32)
+    mod = _launch(device)
+    mod.count_tile_kernel[(math.ceil(n / block), math.ceil(n / block), H)](
+        out, layout.positions, _doc(layout), bias.pitch, bias.shift, n, H, bias.num_samples,
+        BLOCK_M=block, BLOCK_N=block, CAUSAL=causal, HAS_DOCS=layout.doc is not None,
+    )
+    return out
