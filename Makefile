@@ -18,12 +18,15 @@ export PYTHONPATH := $(CURDIR)
 venv: $(STAMP)
 
 # torch==2.13.0 first (a CPU wheel; anything unpinned may pull gigabytes of
-# CUDA), then deepspeed without build isolation (its setup imports torch),
-# then the package with its extras.
+# CUDA), then Triton 3.6.x (the GPU machine's: the kernel's CPU interpreter
+# tests and sm_90 / sm_80 compiles; the CPU torch wheel does not bring it),
+# then deepspeed without build isolation (its setup imports torch), then the
+# package with its extras.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet "triton==3.6.*"
 	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --no-build-isolation "deepspeed>=0.14"
 	$(PY) -m pip install --quiet --no-build-isolation -e ".[train,dev]"
 	touch $(STAMP)

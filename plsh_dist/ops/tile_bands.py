@@ -33,7 +33,7 @@ import torch
 
 from plsh_dist.hashing import PositionalLSH, _bucket
 
-__all__ = ["TileConfig", "FWD_TILES", "BWD_TILES", "tile_config", "TokenLayout", "CountBias", "WindowBias",
+__all__ = ["TileConfig", "TILES", "tiles_for", "TokenLayout", "CountBias", "WindowBias",
            "query_tile_bands", "key_tile_bands", "bucket_start_nosync", "num_tiles"]
 
 
@@ -47,19 +47,31 @@ class TileConfig:
     num_stages: int
 
 
-#: Shipped forward tiles per head dim (every entry is compiled for sm_90 and sm_80 by the tests).
-FWD_TILES = {64: TileConfig(128, 64, 4, 3), 128: TileConfig(128, 64, 8, 3)}
-#: Shipped backward tiles per head dim (the dK/dV and the dQ kernels share one shape).
-BWD_TILES = {64: TileConfig(64, 64, 4, 2), 128: TileConfig(64, 64, 8, 2)}
+#: Shipped tiles, (compute capability major, head dim) -> (forward, backward); the backward's
+#: dK/dV and dQ kernels share one shape. The largest that compile without register spills
+#: (``launchers/triton_compile_table.py``, ``results/triton/compile.md``): the count's
+#: float64 block bounds per query row and sample cost registers beyond plain flash attention.
+TILES = {
+    (9, 64): (TileConfig(128, 32, 8, 2), TileConfig(32, 64, 8, 2)),
+    (9, 128): (TileConfig(64, 32, 8, 2), TileConfig(32, 32, 8, 2)),
+    (8, 64): (TileConfig(64, 32, 8, 2), TileConfig(32, 32, 8, 2)),
+    (8, 128): (TileConfig(32, 32, 8, 2), TileConfig(32, 32, 8, 2)),
+}
+#: Architectures the tiles are shipped for (Hopper, Ampere); newer ones use Hopper's.
+ARCHS = (9, 8)
+HEAD_DIMS = (64, 128)
 
 
-def tile_config(table: dict[int, TileConfig], head_dim: int) -> TileConfig:
-    """The shipped tile of ``table`` for ``head_dim`` (the smallest shipped dim >= it)."""
-    dims = sorted(d for d in table if d >= head_dim)
+def tiles_for(head_dim: int, arch: int = 9) -> tuple[TileConfig, TileConfig]:
+    """(forward, backward) tiles for ``head_dim`` (the smallest shipped dim >= it) on compute
+    capability major ``arch`` (9 and above: Hopper's; the CPU interpreter uses Hopper's too)."""
+    dims = [d for d in HEAD_DIMS if d >= head_dim]
     if not dims:
-        raise ValueError(f"head_dim={head_dim} is above the Triton kernel's largest ({max(table)}); "
-                         "use method='per_sample' or backend='torch'")
-    return table[dims[0]]
+        raise ValueError(f"head_dim={head_dim} is above the Triton kernel's largest ({max(HEAD_DIMS)}); "
+                         "use method='per_sample' or another backend")
+    if arch < min(ARCHS):
+        raise ValueError(f"the Triton kernel is built for compute capability >= {min(ARCHS)}.0, got {arch}.x")
+    return TILES[(min(arch, max(ARCHS)), dims[0])]
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,7 @@ class TokenLayout:
         virtual: LongTensor[n], strictly increasing: positions plus a per-document constant
             (:attr:`plsh_dist.ops.documents.Documents.virtual_positions`), so a position
             maps to a token by ``searchsorted``.
+        kernel_positions: IntTensor[n], the positions as the kernels read them (int32).
         doc: IntTensor[n] document index of every token, or None (one document).
         doc_first, doc_end: LongTensor[n], first token and one past the last of each
             token's document, or None.
@@ -78,6 +91,7 @@ class TokenLayout:
 
     positions: torch.Tensor
     virtual: torch.Tensor
+    kernel_positions: torch.Tensor
     doc: torch.Tensor | None = None
     doc_first: torch.Tensor | None = None
     doc_end: torch.Tensor | None = None
@@ -87,10 +101,14 @@ class TokenLayout:
         """From CPU positions (LongTensor[n], increasing within each document) and optional
         :class:`~plsh_dist.ops.documents.Documents` of the same row."""
         put = lambda x: x.to(device, torch.int64, non_blocking=True)  # noqa: E731
+        pos = positions if docs is None else docs.positions
+        if pos.numel() and int(pos.max()) >= 2**31:  # CPU positions: no device sync
+            raise ValueError(f"positions must be below 2^31 for the Triton kernel, got {int(pos.max())}")
         if docs is None:
             pos = put(positions)
-            return cls(pos, pos)
-        return cls(put(docs.positions), put(docs.virtual_positions), put(docs.ids).to(torch.int32),
+            return cls(pos, pos, pos.to(torch.int32))
+        pos = put(docs.positions)
+        return cls(pos, put(docs.virtual_positions), pos.to(torch.int32), put(docs.ids).to(torch.int32),
                    put(docs.first), put(docs.end))
 
     @property

@@ -34,8 +34,8 @@ import torch
 
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
-from plsh_dist.ops.tile_bands import (BWD_TILES, FWD_TILES, CountBias, TokenLayout, WindowBias, key_tile_bands,
-                                      num_tiles, query_tile_bands, tile_config)
+from plsh_dist.ops.tile_bands import (CountBias, TokenLayout, WindowBias, key_tile_bands, num_tiles,
+                                      query_tile_bands, tiles_for)
 
 __all__ = ["triton_status", "interpreting", "kernels", "banded_forward", "banded_backward", "triton_onepass_forward",
            "triton_onepass_backward", "alibi_window_attention", "count_matrix", "BandedAttentionFunction"]
@@ -54,16 +54,18 @@ def triton_status() -> str | None:
 
 
 def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1`` was set
-    before ``triton`` was imported: its own library functions are decorated at import)."""
-    from triton import knobs  # noqa: PLC0415
+    """True when Triton runs kernels in its CPU interpreter: ``TRITON_INTERPRET=1`` was set
+    before ``triton`` was imported (Triton decorates its own library at import, so the
+    variable set later does not switch it)."""
+    import triton.language as tl  # noqa: PLC0415
+    from triton.runtime.jit import JITFunction  # noqa: PLC0415
 
-    return bool(knobs.runtime.interpret)
+    return not isinstance(tl.standard.zeros, JITFunction)
 
 
 @functools.lru_cache(maxsize=1)
 def kernels():
-    """The kernels module (compiled, or interpreted under ``TRITON_INTERPRET=1``)."""
+    """The kernels module (compiled, or interpreted when :func:`interpreting`)."""
     why = triton_status()
     if why is not None:
         raise RuntimeError(f"the Triton kernel needs Triton: {why}")
@@ -109,6 +111,11 @@ def _launch(device: torch.device):
     return mod
 
 
+def _arch(device: torch.device) -> int:
+    """Compute capability major of ``device`` (9, Hopper's tiles, on the CPU interpreter)."""
+    return torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 9
+
+
 def _bias_args(bias, device):
     """(MODE, Pitch, Shift, Sigma, Window, s) kernel arguments; unused ones get a dummy tensor."""
     dummy = torch.zeros(1, dtype=torch.float64, device=device)
@@ -141,7 +148,7 @@ def banded_forward(q, k, v, bias, layout: TokenLayout, *, causal: bool, scale: f
     _check(q, k, v, layout, bias)
     B, n, Hq, D = q.shape
     Hkv = k.shape[2]
-    cfg = tile_config(FWD_TILES, D)
+    cfg = tiles_for(D, _arch(q.device))[0]
     lo, hi = query_tile_bands(bias, layout, cfg.block_m, cfg.block_n, causal)
     out = torch.empty_like(q)
     lse = torch.empty(B, Hq, n, dtype=torch.float32, device=q.device)
@@ -149,7 +156,7 @@ def banded_forward(q, k, v, bias, layout: TokenLayout, *, causal: bool, scale: f
     mod = _launch(q.device)
     grid = (num_tiles(n, cfg.block_m), B * Hq)
     mod.onepass_fwd_kernel[grid](
-        q, k, v, out, lse, layout.positions, _doc(layout), pitch, shift, sigma, window, lo, hi,
+        q, k, v, out, lse, layout.kernel_positions, _doc(layout), pitch, shift, sigma, window, lo, hi,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
         n, Hq, Hq // Hkv, bias.num_heads, s, grid[0], scale * LOG2E,
         HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, MODE=mode, CAUSAL=causal,
@@ -167,7 +174,7 @@ def banded_backward(dout, q, k, v, out, lse, bias, layout: TokenLayout, *, causa
     _check(q, k, v, layout, bias)
     B, n, Hq, D = q.shape
     Hkv = k.shape[2]
-    cfg = tile_config(BWD_TILES, D)
+    cfg = tiles_for(D, _arch(q.device))[1]
     dout = dout.contiguous() if dout.stride(-1) != 1 else dout
     # D_i = rowsum(dO o O), fp32 (B, Hq, n) like lse
     delta = (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
@@ -183,12 +190,12 @@ def banded_backward(dout, q, k, v, out, lse, bias, layout: TokenLayout, *, causa
     q_lo, q_hi = query_tile_bands(bias, layout, cfg.block_m, cfg.block_n, causal)
     nk, nq = num_tiles(n, cfg.block_n), num_tiles(n, cfg.block_m)
     mod.onepass_bwd_dkdv_kernel[(nk, B * Hkv)](
-        q, k, v, dout, lse, delta, dk, dv, layout.positions, _doc(layout), pitch, shift, sigma, window,
+        q, k, v, dout, lse, delta, dk, dv, layout.kernel_positions, _doc(layout), pitch, shift, sigma, window,
         k_lo, k_hi, *strides, *dk.stride()[:3], *dv.stride()[:3],
         n, Hq, Hkv, Hq // Hkv, bias.num_heads, s, nk, scale, scale * LOG2E, **common,
     )
     mod.onepass_bwd_dq_kernel[(nq, B * Hq)](
-        q, k, v, dout, lse, delta, dq, layout.positions, _doc(layout), pitch, shift, sigma, window,
+        q, k, v, dout, lse, delta, dq, layout.kernel_positions, _doc(layout), pitch, shift, sigma, window,
         q_lo, q_hi, *strides, *dq.stride()[:3],
         n, Hq, Hq // Hkv, bias.num_heads, s, nq, scale, scale * LOG2E, **common,
     )
@@ -197,7 +204,7 @@ def banded_backward(dout, q, k, v, out, lse, bias, layout: TokenLayout, *, causa
 
 def _doc(layout: TokenLayout) -> torch.Tensor:
     """Document ids for the kernel (a dummy when there are none: never read)."""
-    return layout.doc if layout.doc is not None else layout.positions
+    return layout.doc if layout.doc is not None else layout.kernel_positions
 
 
 # -- PLSH: the contract of plsh_dist.ops.plsh_onepass ---------------------------------------------
@@ -273,7 +280,7 @@ def alibi_window_attention(q, k, v, *, sigma, window, positions: torch.Tensor | 
 
 
 def count_matrix(lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, docs: Documents | None = None,
-                 block: int = 32) -> torch.Tensor:
+                 block: int = 128) -> torch.Tensor:
     """The kernels' ``c_ij``, int32 (Hh, n, n), 0 where hidden, from the same device code
     as every kernel (tests: O(n^2)). Runs on CPU under the interpreter."""
     device = torch.device("cpu")
@@ -283,7 +290,7 @@ def count_matrix(lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, d
     out = torch.zeros(H, n, n, dtype=torch.int32)
     mod = _launch(device)
     mod.count_tile_kernel[(math.ceil(n / block), math.ceil(n / block), H)](
-        out, layout.positions, _doc(layout), bias.pitch, bias.shift, n, H, bias.num_samples,
+        out, layout.kernel_positions, _doc(layout), bias.pitch, bias.shift, n, H, bias.num_samples,
         BLOCK_M=block, BLOCK_N=block, CAUSAL=causal, HAS_DOCS=layout.doc is not None,
     )
     return out

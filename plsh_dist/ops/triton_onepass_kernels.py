@@ -9,7 +9,7 @@ Bias of one (query tile, key tile), :func:`_bias_tile` (shared by every kernel):
 - ``MODE == 0``, count: ``log2 c_ij``, ``c_ij = #{t : bucket_t(p_i) == bucket_t(p_j)}``
   with ``bucket = floor((p - shift) / pitch)`` in float64, the exact arithmetic
   of :func:`plsh_dist.hashing._bucket` (IEEE division, ``div.rn.f64`` on the GPU),
-  so the kernel's blocks are the hash's bit for bit;
+  so the kernel's blocks are the hash's bit for bit (:func:`_count_tile`);
 - ``MODE == 1``, ALiBi window: ``-|p_i - p_j| / sigma_h * log2(e)`` where
   ``|p_i - p_j| < window_h``.
 
@@ -19,7 +19,7 @@ produces no NaN (its running max stays ``-inf`` and exponentials use 0).
 
 Layouts: q, dq, out, dout (B, n, Hq, D); k, v, dk, dv (B, n, Hkv, D), any
 strides with a unit last one; lse and delta (B, Hq, n) fp32; positions
-int64[n]; documents int32[n]; pitch, shift float64[s, Hh]; sigma
+int32[n] (below 2^31); documents int32[n]; pitch, shift float64[s, Hh]; sigma
 float32[Hh], window int64[Hh]; bands int32[Hh, tiles].
 """
 
@@ -30,8 +30,8 @@ import triton.language as tl
 
 __all__ = ["onepass_fwd_kernel", "onepass_bwd_dkdv_kernel", "onepass_bwd_dq_kernel", "count_tile_kernel"]
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -46,35 +46,65 @@ def _visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL: tl.constexpr, HAS_D
 
 
 @triton.jit
-def _count_tile(offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples, Pitch, Shift,
+def _bucket(p, pitch, shift):
+    """:func:`plsh_dist.hashing._bucket` (float64 positions in, float64 integers out)."""
+    return tl.floor((p - shift) / pitch)
+
+
+@triton.jit
+def _bucket_start(b, pitch, shift):
+    """Smallest integer position whose bucket is >= ``b`` (float64), as
+    :func:`plsh_dist.hashing._bucket_start`: the float estimate is off by at most one
+    position, and each round steps it towards the hash's own rule."""
+    c = tl.ceil(shift + b * pitch)
+    for _ in tl.static_range(2):
+        c = tl.where(_bucket(c - 1.0, pitch, shift) >= b, c - 1.0, c)
+        c = tl.where(_bucket(c, pitch, shift) < b, c + 1.0, c)
+    return c
+
+
+@triton.jit
+def _count_tile(anchor, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples, Pitch, Shift,
                 CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr):
-    """(BM, BN) int32 ``c_ij`` (0 where hidden): samples whose bucket holds both positions,
-    ``floor((p - shift) / pitch)`` in float64 as :func:`plsh_dist.hashing._bucket`."""
+    """(BM, BN) int32 ``c_ij`` (0 where hidden): the samples whose block of ``p_i`` holds ``p_j``.
+
+    ``anchor``: the tile's scores ``q k^T`` (any (BM, BN) tensor); the count starts from
+    it, so the compiler lays the count out as the scores (the MMA layout: a few query rows
+    per thread) instead of a blocked layout holding 32 rows per thread, whose float64
+    work per row spilled registers (measured with ``launchers/triton_compile_table.py``).
+
+    Per sample, each query row's block ``[start, end)`` comes from the hash's float64
+    arithmetic (:func:`_bucket_start`), then the keys are integer compares: bucket(p_j)
+    == bucket(p_i) exactly when start <= p_j < end (buckets are monotone in position).
+    Causally ``p_j <= p_i < end`` already, so only the start is compared."""
     pq = pos_m.to(tl.float64)
-    pk = pos_n.to(tl.float64)
-    count = tl.zeros([offs_m.shape[0], offs_n.shape[0]], dtype=tl.int32)
+    count = (anchor * 0.0).to(tl.int32)  # zeros in the anchor's layout
     for t in range(0, num_samples):
         pitch = tl.load(Pitch + t * num_hh + hh)
         shift = tl.load(Shift + t * num_hh + hh)
-        bq = tl.floor((pq - shift) / pitch)
-        bk = tl.floor((pk - shift) / pitch)
-        count += (bq[:, None] == bk[None, :]).to(tl.int32)
+        b = _bucket(pq, pitch, shift)
+        start = _bucket_start(b, pitch, shift).to(tl.int32)
+        inside = pos_n[None, :] >= start[:, None]
+        if not CAUSAL:
+            end = _bucket_start(b + 1.0, pitch, shift).to(tl.int32)
+            inside = inside & (pos_n[None, :] < end[:, None])
+        count += inside.to(tl.int32)
     return tl.where(_visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL, HAS_DOCS), count, 0)
 
 
 @triton.jit
-def _bias_tile(offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples,
+def _bias_tile(anchor, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples,
                Pitch, Shift, Sigma, Window,
                MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr):
     """(BM, BN) additive bias in log2 units, ``-inf`` where hidden (module doc)."""
     if MODE == 0:
-        count = _count_tile(offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples,
+        count = _count_tile(anchor, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples,
                             Pitch, Shift, CAUSAL, HAS_DOCS)
         visible = count > 0
         bias = tl.log2(tl.maximum(count, 1).to(tl.float32))
     else:
         dist = tl.abs(pos_m[:, None] - pos_n[None, :])
-        visible = _visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL, HAS_DOCS) & (dist < tl.load(Window + hh))
+        visible = _visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL, HAS_DOCS) & (dist < tl.load(Window + hh).to(tl.int32))
         bias = dist.to(tl.float32) * (-LOG2E / tl.load(Sigma + hh))
     return tl.where(visible, bias, float("-inf"))
 
@@ -106,8 +136,9 @@ def onepass_fwd_kernel(
     offs_m = m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     in_m = offs_m < n_tokens
-    rows = offs_m.to(tl.int64)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qt + offs_d[None, :],
+    row0 = (m * BLOCK_M).to(tl.int64)  # tile offsets: int64 scalar base, int32 within the tile
+    rel_m = tl.arange(0, BLOCK_M)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + row0 * stride_qt + rel_m[:, None] * stride_qt + offs_d[None, :],
                 mask=in_m[:, None], other=0.0)
     pos_m = tl.load(Pos + offs_m, mask=in_m, other=0)
     doc_m = tl.load(Doc + offs_m, mask=in_m, other=-1) if HAS_DOCS else offs_m
@@ -119,17 +150,21 @@ def onepass_fwd_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     K_h = K + b * stride_kb + kvh * stride_kh
     V_h = V + b * stride_vb + kvh * stride_vh
+    rel_n = tl.arange(0, BLOCK_N)
     for nt in range(lo, hi):
-        offs_n = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_n = nt * BLOCK_N + rel_n
         in_n = offs_n < n_tokens
-        cols = offs_n.to(tl.int64)
-        k = tl.load(K_h + cols[:, None] * stride_kt + offs_d[None, :], mask=in_n[:, None], other=0.0)
-        v = tl.load(V_h + cols[:, None] * stride_vt + offs_d[None, :], mask=in_n[:, None], other=0.0)
+        col0 = tl.cast(nt, tl.int64) * BLOCK_N
+        k = tl.load(K_h + col0 * stride_kt + rel_n[:, None] * stride_kt + offs_d[None, :], mask=in_n[:, None],
+                    other=0.0)
+        v = tl.load(V_h + col0 * stride_vt + rel_n[:, None] * stride_vt + offs_d[None, :], mask=in_n[:, None],
+                    other=0.0)
         pos_n = tl.load(Pos + offs_n, mask=in_n, other=0)
         doc_n = tl.load(Doc + offs_n, mask=in_n, other=-2) if HAS_DOCS else offs_n
-        bias = _bias_tile(offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples,
+        qk = _dot(q, tl.trans(k), IEEE)
+        bias = _bias_tile(qk, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples,
                           Pitch, Shift, Sigma, Window, MODE, CAUSAL, HAS_DOCS)
-        s = _dot(q, tl.trans(k), IEEE) * scale_log2 + bias
+        s = qk * scale_log2 + bias
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all hidden so far: exp2(-inf) = 0, not NaN
         p = tl.exp2(s - m_use[:, None])
@@ -139,7 +174,7 @@ def onepass_fwd_kernel(
         m_i = m_new
     l_use = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_use[:, None]
-    tl.store(Out + b * stride_ob + h * stride_oh + rows[:, None] * stride_ot + offs_d[None, :],
+    tl.store(Out + b * stride_ob + h * stride_oh + row0 * stride_ot + rel_m[:, None] * stride_ot + offs_d[None, :],
              out.to(Out.dtype.element_ty), mask=in_m[:, None])
     lse = (m_i + tl.log2(l_use)) * LN2
     tl.store(Lse + (b * num_q_heads + h) * n_tokens + offs_m, lse, mask=in_m)
@@ -163,15 +198,17 @@ def onepass_bwd_dkdv_kernel(
     offs_n = nt * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     in_n = offs_n < n_tokens
-    cols = offs_n.to(tl.int64)
-    k = tl.load(K + b * stride_kb + kvh * stride_kh + cols[:, None] * stride_kt + offs_d[None, :],
+    col0 = tl.cast(nt, tl.int64) * BLOCK_N  # tile offsets: int64 scalar base, int32 within the tile
+    rel_n = tl.arange(0, BLOCK_N)
+    k = tl.load(K + b * stride_kb + kvh * stride_kh + col0 * stride_kt + rel_n[:, None] * stride_kt + offs_d[None, :],
                 mask=in_n[:, None], other=0.0)
-    v = tl.load(V + b * stride_vb + kvh * stride_vh + cols[:, None] * stride_vt + offs_d[None, :],
+    v = tl.load(V + b * stride_vb + kvh * stride_vh + col0 * stride_vt + rel_n[:, None] * stride_vt + offs_d[None, :],
                 mask=in_n[:, None], other=0.0)
     pos_n = tl.load(Pos + offs_n, mask=in_n, other=0)
     doc_n = tl.load(Doc + offs_n, mask=in_n, other=-2) if HAS_DOCS else offs_n
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    rel_m = tl.arange(0, BLOCK_M)
     for g in range(0, group):
         h = kvh * group + g
         hh = h if PER_HEAD else 0
@@ -181,28 +218,31 @@ def onepass_bwd_dkdv_kernel(
         DO_h = DO + b * stride_dob + h * stride_doh
         row_h = (b * num_q_heads + h) * n_tokens
         for mt in range(lo, hi):
-            offs_m = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_m = mt * BLOCK_M + rel_m
             in_m = offs_m < n_tokens
-            rows = offs_m.to(tl.int64)
-            q = tl.load(Q_h + rows[:, None] * stride_qt + offs_d[None, :], mask=in_m[:, None], other=0.0)
-            do = tl.load(DO_h + rows[:, None] * stride_dot + offs_d[None, :], mask=in_m[:, None], other=0.0)
+            row0 = tl.cast(mt, tl.int64) * BLOCK_M
+            q = tl.load(Q_h + row0 * stride_qt + rel_m[:, None] * stride_qt + offs_d[None, :], mask=in_m[:, None],
+                        other=0.0)
+            do = tl.load(DO_h + row0 * stride_dot + rel_m[:, None] * stride_dot + offs_d[None, :],
+                         mask=in_m[:, None], other=0.0)
             lse2 = tl.load(Lse + row_h + offs_m, mask=in_m, other=0.0) * LOG2E
             delta = tl.load(Delta + row_h + offs_m, mask=in_m, other=0.0)
             pos_m = tl.load(Pos + offs_m, mask=in_m, other=0)
             doc_m = tl.load(Doc + offs_m, mask=in_m, other=-1) if HAS_DOCS else offs_m
-            bias = _bias_tile(offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples,
+            qk = _dot(q, tl.trans(k), IEEE)
+            bias = _bias_tile(qk, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples,
                               Pitch, Shift, Sigma, Window, MODE, CAUSAL, HAS_DOCS)
-            s = _dot(q, tl.trans(k), IEEE) * scale_log2 + bias
+            s = qk * scale_log2 + bias
             p = tl.exp2(s - lse2[:, None])  # (BM, BN); 0 where hidden
             dv += _dot(tl.trans(p.to(do.dtype)), do, IEEE)
             dp = _dot(do, tl.trans(v), IEEE)
             ds = p * (dp - delta[:, None])
             dk += _dot(tl.trans(ds.to(q.dtype)), q, IEEE)
     dk = dk * scale
-    tl.store(DK + b * stride_dkb + kvh * stride_dkh + cols[:, None] * stride_dkt + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=in_n[:, None])
-    tl.store(DV + b * stride_dvb + kvh * stride_dvh + cols[:, None] * stride_dvt + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=in_n[:, None])
+    tl.store(DK + b * stride_dkb + kvh * stride_dkh + col0 * stride_dkt + rel_n[:, None] * stride_dkt
+             + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=in_n[:, None])
+    tl.store(DV + b * stride_dvb + kvh * stride_dvh + col0 * stride_dvt + rel_n[:, None] * stride_dvt
+             + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=in_n[:, None])
 
 
 @triton.jit
@@ -224,11 +264,12 @@ def onepass_bwd_dq_kernel(
     offs_m = m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     in_m = offs_m < n_tokens
-    rows = offs_m.to(tl.int64)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qt + offs_d[None, :],
+    row0 = (m * BLOCK_M).to(tl.int64)  # tile offsets: int64 scalar base, int32 within the tile
+    rel_m = tl.arange(0, BLOCK_M)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + row0 * stride_qt + rel_m[:, None] * stride_qt + offs_d[None, :],
                 mask=in_m[:, None], other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_dot + offs_d[None, :],
-                 mask=in_m[:, None], other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + row0 * stride_dot + rel_m[:, None] * stride_dot
+                 + offs_d[None, :], mask=in_m[:, None], other=0.0)
     row_h = (b * num_q_heads + h) * n_tokens
     lse2 = tl.load(Lse + row_h + offs_m, mask=in_m, other=0.0) * LOG2E
     delta = tl.load(Delta + row_h + offs_m, mask=in_m, other=0.0)
@@ -239,23 +280,27 @@ def onepass_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     K_h = K + b * stride_kb + kvh * stride_kh
     V_h = V + b * stride_vb + kvh * stride_vh
+    rel_n = tl.arange(0, BLOCK_N)
     for nt in range(lo, hi):
-        offs_n = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_n = nt * BLOCK_N + rel_n
         in_n = offs_n < n_tokens
-        cols = offs_n.to(tl.int64)
-        k = tl.load(K_h + cols[:, None] * stride_kt + offs_d[None, :], mask=in_n[:, None], other=0.0)
-        v = tl.load(V_h + cols[:, None] * stride_vt + offs_d[None, :], mask=in_n[:, None], other=0.0)
+        col0 = tl.cast(nt, tl.int64) * BLOCK_N
+        k = tl.load(K_h + col0 * stride_kt + rel_n[:, None] * stride_kt + offs_d[None, :], mask=in_n[:, None],
+                    other=0.0)
+        v = tl.load(V_h + col0 * stride_vt + rel_n[:, None] * stride_vt + offs_d[None, :], mask=in_n[:, None],
+                    other=0.0)
         pos_n = tl.load(Pos + offs_n, mask=in_n, other=0)
         doc_n = tl.load(Doc + offs_n, mask=in_n, other=-2) if HAS_DOCS else offs_n
-        bias = _bias_tile(offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples,
+        qk = _dot(q, tl.trans(k), IEEE)
+        bias = _bias_tile(qk, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples,
                           Pitch, Shift, Sigma, Window, MODE, CAUSAL, HAS_DOCS)
-        s = _dot(q, tl.trans(k), IEEE) * scale_log2 + bias
+        s = qk * scale_log2 + bias
         p = tl.exp2(s - lse2[:, None])
         dp = _dot(do, tl.trans(v), IEEE)
         ds = p * (dp - delta[:, None])
         dq += _dot(ds.to(k.dtype), k, IEEE)
     dq = dq * scale
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqt + offs_d[None, :],
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + row0 * stride_dqt + rel_m[:, None] * stride_dqt + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=in_m[:, None])
 
 
@@ -275,7 +320,8 @@ def count_tile_kernel(Out, Pos, Doc, Pitch, Shift, n_tokens, num_hh, num_samples
     pos_n = tl.load(Pos + offs_n, mask=in_n, other=0)
     doc_m = tl.load(Doc + offs_m, mask=in_m, other=-1) if HAS_DOCS else offs_m
     doc_n = tl.load(Doc + offs_n, mask=in_n, other=-2) if HAS_DOCS else offs_n
-    count = _count_tile(offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples, Pitch, Shift,
-                        CAUSAL, HAS_DOCS)
+    anchor = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    count = _count_tile(anchor, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples, Pitch,
+                        Shift, CAUSAL, HAS_DOCS)
     ptr = Out + hh.to(tl.int64) * n_tokens * n_tokens + offs_m.to(tl.int64)[:, None] * n_tokens + offs_n[None, :]
     tl.store(ptr, count, mask=in_m[:, None] & in_n[None, :])
