@@ -30,25 +30,14 @@ import math
 import torch
 
 from plsh_dist.hashing import PositionalLSH, _as_sigma
+from plsh_dist.ops.alibi import EQUAL_COST_OFFSET, equal_cost_c, truncation_windows
 
 __all__ = ["EQUAL_COST_OFFSET", "equal_cost_c", "equal_cost_window", "window_keys", "band_keys", "iid_band_keys"]
-
-#: ``c = ln s + EQUAL_COST_OFFSET``: Euler's constant (0.5772...) rounded, the
-#: continuous limit of ``H_s - ln s``; :func:`iid_band_keys` gives the exact band.
-EQUAL_COST_OFFSET = 0.58
-
-
-def equal_cost_c(num_samples: int) -> float:
-    """``c = ln s + 0.58``: the window, in units of sigma, of ``s`` samples' one-pass band."""
-    if not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
-    return math.log(num_samples) + EQUAL_COST_OFFSET
 
 
 def equal_cost_window(sigma, num_samples: int) -> torch.Tensor:
     """``w_h = ceil(c * sigma_h)`` with ``c = equal_cost_c(s)``, LongTensor[H] (H = 1 for a float sigma)."""
-    sig = _as_sigma(sigma)
-    return torch.ceil(equal_cost_c(num_samples) * sig).to(torch.long)
+    return truncation_windows(equal_cost_c(num_samples), _as_sigma(sigma))
 
 
 def window_keys(window: int, causal: bool = True) -> int:

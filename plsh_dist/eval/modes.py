@@ -1,6 +1,6 @@
 """Attention modes of an evaluation, parsed from a command-line spec.
 
-    "plsh:s=8,plsh:s=32,alibi,fixed,window:512,none"
+    "plsh:s=8,plsh:s=32,alibi,fixed,window:512,truncated:s=8,none"
 
 One comma-separated item per mode; options follow the mode name after colons:
 
@@ -8,6 +8,8 @@ One comma-separated item per mode; options follow the mode name after colons:
     alibi[:sigma=X]                                  exact ALiBi (chunked)
     fixed[:sigma=X]                                  fixed blocks (also "fixed_blocks")
     window:W  or  window:w=W                         exact ALiBi on a W-token window
+    truncated[:s=N | :c=X][:sigma=X]                 exact ALiBi on ceil(c sigma_h) tokens per head,
+                                                     c = X, or ln N + 0.58 (PLSH's cost at s = N)
     none                                             no bias
     any mode may add  :rope=true|false
 
@@ -27,16 +29,17 @@ from plsh_dist.models import AttentionConfig
 __all__ = ["EvalMode", "parse_modes", "attention_for"]
 
 _BIAS_OF = {"plsh": "plsh", "alibi": "alibi", "fixed": "fixed_blocks", "fixed_blocks": "fixed_blocks",
-            "window": "window", "none": "none"}
+            "window": "window", "truncated": "truncated", "none": "none"}
 #: option name in a spec -> AttentionConfig field
 _OPTION_FIELD = {"s": "num_samples", "num_samples": "num_samples", "sigma": "sigma", "sampler": "sampler",
-                 "w": "window", "window": "window", "rope": "rope", "chunk": "chunk_size"}
+                 "w": "window", "window": "window", "rope": "rope", "chunk": "chunk_size", "c": "truncate_c"}
 _INT_FIELDS = ("num_samples", "window", "chunk_size")
 _VALID_OPTIONS = {
     "plsh": ("s", "num_samples", "sigma", "sampler", "rope"),
     "alibi": ("sigma", "rope", "chunk"),
     "fixed_blocks": ("sigma", "rope"),
     "window": ("w", "window", "sigma", "rope", "chunk"),
+    "truncated": ("s", "num_samples", "c", "sigma", "rope", "chunk"),
     "none": ("rope",),
 }
 
@@ -62,7 +65,7 @@ def _parse_value(field_name: str, raw: str, item: str) -> Any:
     try:
         if field_name in _INT_FIELDS:
             return int(raw)
-        if field_name == "sigma":
+        if field_name in ("sigma", "truncate_c"):
             return float(raw)
         if field_name == "rope":
             if raw.lower() not in ("true", "false", "1", "0"):
@@ -102,6 +105,11 @@ def parse_modes(spec: str) -> list[EvalMode]:
             overrides[name] = _parse_value(name, raw, item)
         if bias == "window" and "window" not in overrides:
             raise ValueError(f"mode {item!r}: a window mode needs its width, e.g. window:512")
+        if bias == "truncated":
+            if "num_samples" in overrides and "truncate_c" in overrides:
+                raise ValueError(f"mode {item!r}: give s (c = ln s + 0.58) or c, not both")
+            if "num_samples" in overrides:
+                overrides["truncate_c"] = None  # c from s, whatever the checkpoint's truncate_c
         # Build once to run AttentionConfig's own checks on the values.
         attention_for(EvalMode(item, bias, overrides), AttentionConfig())
         if item in seen:

@@ -49,12 +49,13 @@ from torch import nn
 from plsh_dist import ops as local_ops
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
 from plsh_dist.ops import decode as decode_ops
+from plsh_dist.ops.alibi import truncation_windows
 from plsh_dist.ops.backends import choose_path
 from plsh_dist.models.config import AttentionConfig
 from plsh_dist.models.runtime import AttentionRuntime
 from plsh_dist.ops.documents import cu_seqlens_from_position_ids
 
-__all__ = ["IMPLEMENTATION", "register", "plsh_dist_attention", "no_dense_mask", "head_scales"]
+__all__ = ["IMPLEMENTATION", "register", "plsh_dist_attention", "no_dense_mask", "head_scales", "alibi_window"]
 
 #: Name under which transformers finds our attention (``config._attn_implementation``).
 IMPLEMENTATION = "plsh_dist"
@@ -82,6 +83,24 @@ def head_scales(sigma: float | None, num_heads: int):
         slopes = torch.full((num_heads,), 1.0 / sigma, dtype=torch.float32)
         sig = float(sigma)
     return sig, slopes
+
+
+def alibi_window(cfg: AttentionConfig, num_heads: int):
+    """The key window of the exact-ALiBi biases: None (``"alibi"``), ``cfg.window`` (``"window"``),
+    or ``"truncated"``'s windows ``ceil(c * sigma_h)`` (an int for a constant sigma, else a
+    tuple of one per head)."""
+    if cfg.bias == "window":
+        return cfg.window
+    if cfg.bias != "truncated":
+        return None
+    return _truncation_window(cfg.truncation_c(), cfg.sigma, num_heads)
+
+
+@functools.lru_cache(maxsize=64)
+def _truncation_window(c: float, sigma: float | None, num_heads: int):
+    sig, _ = head_scales(sigma, num_heads)
+    windows = truncation_windows(c, sig).tolist()
+    return windows[0] if len(set(windows)) == 1 else tuple(windows)
 
 
 def _layout(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, B: int, T: int,
@@ -145,10 +164,10 @@ def _dispatch(
         common["cu_seqlens"] = cu_seqlens
     if cfg.bias == "none":
         return ops.causal_attention(q, k, v, **common)
-    if cfg.bias in ("alibi", "window"):
+    if cfg.bias in ("alibi", "window", "truncated"):
         _, slopes = head_scales(cfg.sigma, q.shape[2])
-        window = cfg.window if cfg.bias == "window" else None
-        return ops.alibi_attention(q, k, v, slopes=slopes, window=window, chunk_size=cfg.chunk_size, **common)
+        return ops.alibi_attention(q, k, v, slopes=slopes, window=alibi_window(cfg, q.shape[2]),
+                                   chunk_size=cfg.chunk_size, **common)
     sigma, _ = head_scales(cfg.sigma, q.shape[2])
     if cfg.bias == "plsh":
         seed = runtime.layer_seed(layer, cfg.fixed_masks)
@@ -275,10 +294,10 @@ def _decode(cfg: AttentionConfig, runtime: AttentionRuntime, ops, layer: int, q:
     k_pos = torch.arange(K) + (int(q_pos[-1]) - K + 1)
     if cfg.bias == "none":
         return decode_ops.causal_decode(q, k, v, q_pos, k_pos, scale=scale)
-    if cfg.bias in ("alibi", "window"):
+    if cfg.bias in ("alibi", "window", "truncated"):
         _, slopes = head_scales(cfg.sigma, Hq)
-        window = cfg.window if cfg.bias == "window" else None
-        return decode_ops.alibi_decode(q, k, v, q_pos, k_pos, slopes=slopes, window=window, scale=scale)
+        return decode_ops.alibi_decode(q, k, v, q_pos, k_pos, slopes=slopes, window=alibi_window(cfg, Hq),
+                                       scale=scale)
     if cfg.bias not in ("plsh", "fixed_blocks"):
         raise ValueError(f"unknown attention bias {cfg.bias!r}")  # unreachable: AttentionConfig checks it
     seed = runtime.layer_seed(layer, cfg.fixed_masks) if cfg.bias == "plsh" else None

@@ -14,18 +14,20 @@ config maps onto them one section each.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from plsh_dist.config_check import check_field_types, did_you_mean
 from plsh_dist.hashing import get_sampler
 from plsh_dist.models.presets import PRESET_TABLES
+from plsh_dist.ops.alibi import equal_cost_c
 from plsh_dist.ops.backends import BACKENDS, METHODS
 
 __all__ = ["AttentionConfig", "ModelConfig", "BIASES", "FAMILIES", "presets"]
 
 #: Positional bias modes understood by the attention function.
-BIASES = ("none", "alibi", "plsh", "fixed_blocks", "window")
+BIASES = ("none", "alibi", "plsh", "fixed_blocks", "window", "truncated")
 #: transformers decoder families we build (all share the AttentionInterface path).
 FAMILIES = ("qwen3", "llama", "mistral")
 
@@ -53,7 +55,9 @@ class AttentionConfig:
     """Positional bias: ``"none"`` (plain causal attention; positions only via
     rope), ``"alibi"`` (exact ALiBi), ``"plsh"`` (positional-LSH estimate of
     ALiBi), ``"fixed_blocks"`` (the paper's fixed-blocks baseline: pitch
-    2*sigma, one sample) or ``"window"`` (exact ALiBi on a sliding window)."""
+    2*sigma, one sample), ``"window"`` (exact ALiBi on a sliding window) or
+    ``"truncated"`` (exact ALiBi on a window per head, ``w_h = ceil(c * sigma_h)``:
+    the weights below ``e^-c`` dropped; see ``truncate_c``)."""
 
     rope: bool = False
     """Rotate q and k with the model's rotary embedding. ALiBi-style biases
@@ -72,6 +76,12 @@ class AttentionConfig:
     window: int = 512
     """Key window of ``"window"``: a query sees keys less than ``window``
     positions back (itself included)."""
+
+    truncate_c: float | None = None
+    """``c`` of ``"truncated"``: head h sees keys less than ``ceil(c * sigma_h)``
+    positions away, dropping ALiBi weights below ``e^-c``. ``None``: ``ln s + 0.58``
+    with ``s = num_samples``, the window that costs what PLSH's one-pass band of s
+    samples costs (``results/truncated_alibi``)."""
 
     fixed_masks: bool = False
     """``False`` (default): every forward draws fresh hash masks, seeded by
@@ -106,7 +116,8 @@ class AttentionConfig:
     ``None`` lets the op choose."""
 
     def __post_init__(self) -> None:
-        check_field_types(self, "attention", {"sigma": 256.0, "chunk_size": 1024})  # examples for None defaults
+        check_field_types(self, "attention", {"sigma": 256.0, "chunk_size": 1024,  # examples for None defaults
+                                              "truncate_c": 2.66})
         if self.bias not in BIASES:
             raise ValueError(f"attention.bias must be one of {BIASES}, got {self.bias!r}")
         if not isinstance(self.rope, bool):
@@ -125,6 +136,13 @@ class AttentionConfig:
             self.sigma = float(self.sigma)
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"attention.window must be an int >= 1 (tokens), got {self.window!r}")
+        if self.truncate_c is not None:
+            if isinstance(self.truncate_c, bool) or not isinstance(self.truncate_c, (int, float)) or not (
+                    self.truncate_c > 0 and math.isfinite(self.truncate_c)):
+                raise ValueError(f"attention.truncate_c must be a float > 0 (the window in units of sigma), got "
+                                 f"{self.truncate_c!r}; e.g. truncate_c = 2.66 (= ln 8 + 0.58, PLSH's cost at s = 8)"
+                                 ", or leave it out for ln(num_samples) + 0.58")
+            self.truncate_c = float(self.truncate_c)
         if not isinstance(self.fixed_masks, bool):
             raise ValueError(f"attention.fixed_masks must be true or false, got {self.fixed_masks!r}")
         get_sampler(self.sampler, "attention.sampler")
@@ -136,6 +154,10 @@ class AttentionConfig:
             isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size < 1
         ):
             raise ValueError(f"attention.chunk_size must be an int >= 1 or None, got {self.chunk_size!r}")
+
+    def truncation_c(self) -> float:
+        """``c`` of ``"truncated"``: ``truncate_c``, or ``ln(num_samples) + 0.58`` when unset."""
+        return self.truncate_c if self.truncate_c is not None else equal_cost_c(self.num_samples)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -20,6 +20,8 @@ heads, D head dim, C chunk of queries, K keys seen by a chunk.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -32,8 +34,32 @@ from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_f
 __all__ = [
     "alibi_attention", "causal_attention", "alibi_forward", "alibi_backward", "default_chunk_size",
     "window_chunk_size", "check_window", "window_groups", "widest_window", "check_alibi_attention",
-    "AlibiAttentionFunction",
+    "AlibiAttentionFunction", "EQUAL_COST_OFFSET", "equal_cost_c", "truncation_windows",
 ]
+
+#: ``c = ln s + EQUAL_COST_OFFSET``: truncated ALiBi at ``w_h = ceil(c sigma_h)`` attends as many
+#: keys per query as positional LSH's one-pass band of s samples (about ``sigma H_s``, the mean
+#: of the largest of s Exp(sigma) block reaches; 0.58 is Euler's constant, the large-s limit of
+#: ``H_s - ln s``; measured: ``plsh_dist/eval/equal_cost.py``).
+EQUAL_COST_OFFSET = 0.58
+
+
+def equal_cost_c(num_samples: int) -> float:
+    """``c = ln s + 0.58``: the window, in units of sigma, of ``s`` samples' one-pass band."""
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+    return math.log(num_samples) + EQUAL_COST_OFFSET
+
+
+def truncation_windows(c: float, sigma) -> torch.Tensor:
+    """Truncated ALiBi's windows ``w_h = ceil(c * sigma_h)``, LongTensor[H] (H = 1 for a float
+    sigma): the weights ``exp(-|i - j| / sigma_h)`` it drops are below ``e^-c``."""
+    if isinstance(c, bool) or not isinstance(c, (int, float)) or not (c > 0 and math.isfinite(c)):
+        raise ValueError(f"c must be a finite float > 0 (the window in units of sigma), got {c!r}")
+    sig = torch.as_tensor(sigma, dtype=torch.float64).reshape(-1)
+    if sig.numel() == 0 or not bool(torch.isfinite(sig).all()) or bool((sig <= 0).any()):
+        raise ValueError(f"sigma must be finite and > 0 for every head, got {sig.tolist()}")
+    return torch.ceil(c * sig).to(torch.long)
 
 
 # Bias bytes per chunk: Hq * C * K * 4 stays below this.

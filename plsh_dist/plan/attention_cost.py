@@ -4,7 +4,8 @@ Pairs per head of one causal sequence of T tokens (expectations over the
 hash, exact for the deterministic masks):
 
 - exact ALiBi / no bias: every key at or before the query, ``T (T + 1) / 2``;
-- window ``w``: ``sum_i min(i + 1, w)``;
+- window ``w``: ``sum_i min(i + 1, w)``; truncated ALiBi: the same with each
+  head's ``w_h = ceil(c sigma_h)``;
 - PLSH per sample: a key ``d`` positions back shares the query's block with
   probability ``exp(-d / sigma_h)`` (the kernel the hash estimates), so each
   of the ``s`` samples costs ``sum_i sum_{d <= i} exp(-d / sigma_h)`` pairs;
@@ -47,12 +48,16 @@ class AttentionSetup:
     varlen: bool
     """CUDA's varlen kernels (one varlen call per sample over all heads)."""
     window: int
+    """Key window of ``"window"``; of ``"truncated"``, the widest head's."""
     chunk_size: int | None
+    head_windows: tuple[int, ...] | None = None
+    """Per query head, ``"truncated"`` only: ``w_h = ceil(c sigma_h)``."""
 
 
 def attention_setup(attn_cfg, num_heads: int, device_type: str, dtype: torch.dtype) -> AttentionSetup:
     """Resolve ``attn_cfg`` (``AttentionConfig``) the way the attention op will for ``device_type``."""
     from plsh_dist.models.attention import head_scales
+    from plsh_dist.ops.alibi import truncation_windows
     from plsh_dist.ops.backends import choose_path
     from plsh_dist.ops.plsh_varlen import VarlenPerSample
 
@@ -66,10 +71,14 @@ def attention_setup(attn_cfg, num_heads: int, device_type: str, dtype: torch.dty
         # rows are torch's CUDA rows with another varlen kernel (the same layout and method)
         path = choose_path("torch", attn_cfg.method, torch.device("cuda"), torch.bfloat16, attn_cfg.num_samples)
     samples = attn_cfg.num_samples if attn_cfg.bias == "plsh" else 1
+    window, head_windows = attn_cfg.window, None
+    if attn_cfg.bias == "truncated":
+        head_windows = tuple(truncation_windows(attn_cfg.truncation_c(), sig).tolist())
+        window = max(head_windows)
     return AttentionSetup(bias=attn_cfg.bias, sigma=sig, per_head_hash=per_head, num_samples=samples,
                           onepass=path.onepass and attn_cfg.bias in ("plsh", "fixed_blocks"),
-                          varlen=isinstance(path, VarlenPerSample), window=attn_cfg.window,
-                          chunk_size=attn_cfg.chunk_size)
+                          varlen=isinstance(path, VarlenPerSample), window=window,
+                          chunk_size=attn_cfg.chunk_size, head_windows=head_windows)
 
 
 def _kernel_pairs(T: int, sigma: float, samples: int, onepass: bool) -> float:
@@ -88,9 +97,9 @@ def pairs_per_head(setup: AttentionSetup, T: int) -> list[float]:
     """Query-key pairs of each query head for one causal sequence of ``T`` tokens (module doc)."""
     if setup.bias in ("none", "alibi"):
         return [T * (T + 1) / 2] * len(setup.sigma)
-    if setup.bias == "window":
-        w = min(setup.window, T)
-        return [w * (w + 1) / 2 + (T - w) * w] * len(setup.sigma)
+    if setup.bias in ("window", "truncated"):
+        windows = setup.head_windows if setup.bias == "truncated" else (setup.window,) * len(setup.sigma)
+        return [min(w, T) * (min(w, T) + 1) / 2 + (T - min(w, T)) * min(w, T) for w in windows]
     if setup.bias == "fixed_blocks":
         out = []
         for sigma in setup.sigma:
@@ -154,7 +163,8 @@ def workspace_cuda(setup: AttentionSetup, batch: int, tokens: int, keys: int, q_
         return Workspace(0, int(b * u * (1 + 2 * kv_per_q) + 4 * u), "counted (flash SDPA)")
     k_exp = b * batch * keys * q_heads * head_dim  # one of k, v expanded to Hq heads
     chunk = setup.chunk_size or default_chunk_size(q_heads, keys)
-    span = min(keys, setup.window) + chunk if setup.bias == "window" else keys
+    # truncated: the widest head's span bounds every window group's
+    span = min(keys, setup.window) + chunk if setup.bias in ("window", "truncated") else keys
     e = q_heads * min(chunk, tokens) * span  # bias elements of one chunk
     per_chunk_fwd = batch * e * (12 + b) + e * (4 + b) + 13 * e // q_heads
     per_chunk_bwd = batch * e * (16 + 2 * b) + e * (4 + b) + 13 * e // q_heads

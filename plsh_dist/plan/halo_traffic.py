@@ -73,7 +73,7 @@ def sp_traffic(setup, attn_cfg, *, run_seed: int, layers: int, sp: int, tokens: 
             recv = [(sp - 1) * tokens * kv_heads] * sp
             slots = [(sp - 1) * tokens] * sp
         else:
-            if setup.bias == "window":
+            if setup.bias in ("window", "truncated"):  # truncated: one halo of the widest window
                 needs = window_needs(setup.window, layouts[0], kv_heads, causal=True)
             else:
                 needs = plsh_needs(_hash(setup, attn_cfg, run_seed, layer), layouts[0], q_heads, kv_heads,
@@ -85,7 +85,7 @@ def sp_traffic(setup, attn_cfg, *, run_seed: int, layers: int, sp: int, tokens: 
         out.append(LayerTraffic(layer=layer, recv_tokens_max=worst, forward_bytes_max=worst * per_token,
                                 forward_bytes_mean=sum(recv) / sp * per_token, backward_bytes_max=worst * per_token,
                                 halo_slots_max=max(slots)))
-        if setup.bias in ("none", "alibi", "window", "fixed_blocks"):  # the same every layer
+        if setup.bias in ("none", "alibi", "window", "truncated", "fixed_blocks"):  # the same every layer
             out.extend(LayerTraffic(layer=i, **{k: v for k, v in vars(out[-1]).items() if k != "layer"})
                        for i in range(1, layers))
             break

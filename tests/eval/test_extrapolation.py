@@ -13,6 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
@@ -92,6 +93,14 @@ def test_parse_modes():
     alibi = attention_for(modes[2], trained)
     assert (alibi.bias, alibi.sigma, alibi.fixed_masks) == ("alibi", 256.0, False)  # sigma kept from training
     assert attention_for(modes[6], trained).sigma == 64.0
+    trunc = parse_modes("truncated:s=20,truncated:c=3.5,truncated")
+    assert [m.overrides for m in trunc] == [{"num_samples": 20, "truncate_c": None}, {"truncate_c": 3.5}, {}]
+    assert attention_for(trunc[0], dataclasses.replace(trained, truncate_c=2.0)).truncation_c() == pytest.approx(
+        math.log(20) + 0.58)
+    assert attention_for(trunc[2], trained).truncation_c() == pytest.approx(math.log(4) + 0.58)
+    for bad, match in [("truncated:s=8:c=2", "not both"), ("truncated:c=-1", "truncate_c"), ("truncated:w=9", "not valid")]:
+        with pytest.raises(ValueError, match=match):
+            parse_modes(bad)
     for bad, match in [("bogus", "unknown mode"), ("plsh:s=0", "num_samples"), ("window", "needs its width"),
                        ("alibi:s=4", "not valid for alibi"), ("plsh:s=x", "not valid"), ("alibi,alibi", "twice"),
                        ("", "empty"), ("plsh:8", "key=value")]:

@@ -1,5 +1,7 @@
 """Dense fp64 reference attention for the model tests (imported by name; not a test file)."""
 
+import math
+
 import torch
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
@@ -23,6 +25,10 @@ def reference_weights(cfg, runtime, layer: int, num_heads: int, positions: torch
         return alibi_weights(slopes, positions)
     if cfg.bias == "window":
         return alibi_weights(slopes, positions, window=cfg.window)
+    if cfg.bias == "truncated":  # w_h = ceil(c sigma_h), c = ln s + 0.58 unless given
+        c = cfg.truncate_c if cfg.truncate_c is not None else math.log(cfg.num_samples) + 0.58
+        sig = sigma.tolist() if isinstance(sigma, torch.Tensor) else [sigma] * num_heads
+        return alibi_weights(slopes, positions, window=torch.tensor([math.ceil(c * x) for x in sig]))
     if cfg.bias == "plsh":
         seed = runtime.layer_seed(layer, cfg.fixed_masks)
         return PositionalLSH(sigma, cfg.num_samples, seed, cfg.sampler).averaged_mask(positions)

@@ -18,6 +18,7 @@ MODES = [
     AttentionConfig(bias="none", rope=True),
     AttentionConfig(bias="alibi"),
     AttentionConfig(bias="window", window=7),  # keys beyond the window are ignored
+    AttentionConfig(bias="truncated", truncate_c=1.0),  # per-head windows 4, 16, 64, 256
     AttentionConfig(bias="plsh", num_samples=4),  # per-head sigma 4, 16, 64, 256
     AttentionConfig(bias="plsh", num_samples=3, sigma=3.0, sampler="stratified", method="per_sample"),
     AttentionConfig(bias="plsh", num_samples=8, sigma=2.5, method="onepass"),

@@ -21,6 +21,8 @@ MODES = [
     AttentionConfig(bias="alibi"),
     AttentionConfig(bias="alibi", sigma=8.0, chunk_size=16),
     AttentionConfig(bias="window", window=12),
+    AttentionConfig(bias="truncated", truncate_c=1.5),  # per-head windows 6, 24, 96, 384
+    AttentionConfig(bias="truncated", sigma=8.0, num_samples=2),  # c = ln 2 + 0.58: w = 11 on every head
     AttentionConfig(bias="plsh", num_samples=4),  # per-head sigma 4, 16, 64, 256
     AttentionConfig(bias="plsh", num_samples=3, sigma=6.0, sampler="stratified"),
     AttentionConfig(bias="plsh", num_samples=2, fixed_masks=True),

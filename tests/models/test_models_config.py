@@ -26,12 +26,26 @@ from plsh_dist.models import (
         (dict(method="fast"), "attention.method"),
         (dict(backend="cuda"), "attention.backend"),
         (dict(chunk_size=0), "attention.chunk_size"),
+        (dict(truncate_c=0.0), "attention.truncate_c"),
+        (dict(truncate_c=float("inf")), "attention.truncate_c"),
+        (dict(truncate_c="wide"), r"\[attention\]\.truncate_c"),
         (dict(rope="yes"), r"\[attention\]\.rope"),  # the generic type check's wording
     ],
 )
 def test_attention_config_rejects(kwargs, field):
     with pytest.raises(ValueError, match=field):
         AttentionConfig(**kwargs)
+
+
+def test_truncated_c_defaults_to_plsh_cost():
+    """``truncate_c`` unset: ln(num_samples) + 0.58, the one-pass band of num_samples samples."""
+    import math
+
+    assert AttentionConfig(bias="truncated").truncation_c() == pytest.approx(math.log(8) + 0.58)
+    assert AttentionConfig(bias="truncated", num_samples=20).truncation_c() == pytest.approx(math.log(20) + 0.58)
+    assert AttentionConfig(bias="truncated", truncate_c=3).truncation_c() == 3.0
+    cfg = AttentionConfig(bias="truncated", truncate_c=2.5)
+    assert AttentionConfig.from_dict(cfg.to_dict()) == cfg
 
 
 @pytest.mark.parametrize(

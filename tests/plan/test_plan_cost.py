@@ -63,6 +63,20 @@ def test_plsh_pair_expectation_matches_the_real_blocks(method):
     assert sum(draws) / len(draws) == pytest.approx(expected, rel=0.06)
 
 
+def test_truncated_pairs_and_halo_follow_each_heads_window():
+    """Truncated ALiBi: head h attends min(i + 1, w_h) keys, w_h = ceil(c sigma_h) (sigma 4..256 at
+    c = 1.5: 6, 24, 96, 384); the SP halo is the widest window's."""
+    attn = AttentionConfig(bias="truncated", truncate_c=1.5)
+    setup = attention_setup(attn, 4, "cpu", torch.float32)
+    assert setup.head_windows == (6, 24, 96, 384) and setup.window == 384
+    T = 1000
+    i = torch.arange(T)
+    assert pairs_per_head(setup, T) == [float(torch.clamp(i + 1, max=w).sum()) for w in (6, 24, 96, 384)]
+    traffic = sp_traffic(setup, attn, run_seed=0, layers=2, sp=4, tokens=512, batch=1, q_heads=4, kv_heads=2,
+                         head_dim=32, b=2)
+    assert len(traffic) == 2 and traffic[0].recv_tokens_max == 383 * 2  # 383 positions before, both kv heads
+
+
 def test_sp_traffic_is_the_need_of_each_layers_real_hash():
     cfg = load_config(None, ["--model.preset=tiny", "--data.seq_len=2048", "--parallel.sp_size=4",
                              "--attention.num_samples=3", "--run.seed=5", "--data.micro_batch_size=2"])
