@@ -6,6 +6,7 @@ the estimator. It is the only place that chooses; nothing downstream tests
 the backend, the method or the device again.
 
     path                 file                 what it computes
+    TritonOnePass        triton_onepass.py    one attention with the bias log c_ij, one fused Triton kernel
     PaddedPerSample      plsh_padded.py       s block attentions on padded blocks, merged by log-sum-exp
     VarlenPerSample      plsh_varlen.py       s varlen calls (flash-attn, aten or the CPU reference), merged
     OnePass              plsh_onepass.py      one attention with the bias log c_ij, query chunks on dense calls
@@ -16,6 +17,8 @@ whose "auto" column holds; ``backend="auto"`` tries the backends in table
 order, ``math`` excepted):
 
     backend      method      applies to               path                          auto when
+    triton       onepass     CUDA (sm >= 80), triton  TritonOnePass()               always
+    triton       onepass     CPU under the interpreter TritonOnePass()              (explicit backend only)
     flash_attn   per_sample  flash-attn installed     VarlenPerSample(FLASH_ATTN)   always
     flash_attn   onepass     flash-attn installed     OnePass(AUTO)                 never
     torch        per_sample  CUDA fp16/bf16           VarlenPerSample(ATEN)         always
@@ -26,13 +29,17 @@ order, ``math`` excepted):
     math         per_sample  anything                 PaddedPerSample(MATH)         always
     (decoding)   any         anything                 DecodeOnePass()
 
-One pass is the default on the padded (CPU) path from s = 2 on, where the
-attention benchmark measures it faster (README, "Attention operator"); with
-s = 1 the two are the same attention; on the CUDA varlen rows per sample is
-the default until a one-pass GPU kernel exists (an explicit
-``method="onepass"`` there runs the device-generic one pass on explicit
-matmuls). An explicit backend whose rows do not apply is an error naming
-what it needs.
+On CUDA with Triton importable the fused one-pass kernel comes first: it
+visits only the tiles of each query tile's band (cost grows like log s); where
+Triton is missing the log says so once and the rows below it run. One pass
+is the default on the padded (CPU) path from s = 2 on, where the attention
+benchmark measures it faster (README, "Attention operator"); with s = 1 the
+two are the same attention; on the CUDA varlen rows per sample is the
+default (an explicit ``method="onepass"`` there runs the device-generic one
+pass on explicit matmuls). ``backend="triton"`` on CPU tensors runs the
+kernel under Triton's interpreter (``TRITON_INTERPRET=1`` set before triton
+is imported; tests). An explicit backend whose rows do not apply is an error
+naming what it needs.
 
 A path has ``onepass`` (bool) and:
 
@@ -77,6 +84,7 @@ from plsh_dist.ops.dense import DenseKernel
 from plsh_dist.ops.plsh_onepass import OnePass
 from plsh_dist.ops.plsh_padded import PaddedPerSample
 from plsh_dist.ops.plsh_varlen import VarlenPerSample
+from plsh_dist.ops.triton_onepass import TritonOnePass, triton_cuda, triton_interpreter
 from plsh_dist.ops.varlen_kernels import VarlenKernel, cuda_half, flash_attn_available, flash_attn_module
 
 __all__ = [
@@ -97,6 +105,9 @@ class Backend(str, enum.Enum):
     """Explicit matmuls on padded blocks: any device and dtype."""
     FLASH_ATTN = "flash_attn"
     """The flash-attn package's varlen kernels (CUDA fp16/bf16 only)."""
+    TRITON = "triton"
+    """The fused one-pass Triton kernel (CUDA, compute capability >= 8.0; CPU tensors under
+    Triton's interpreter)."""
 
 
 #: The values ``backend=`` accepts, in documentation order.
@@ -159,9 +170,14 @@ class Row:
 
 
 _FLASH_ATTN_NEEDS = "CUDA tensors in fp16/bf16 and the flash-attn package (pip install 'plsh_dist[gpu]')"
+_TRITON_NEEDS = ("the triton package (pip install 'triton>=3.6') and CUDA tensors of compute capability >= 8.0 "
+                 "in fp16/bf16/fp32, or CPU tensors in fp32/fp16 with TRITON_INTERPRET=1 set before triton is "
+                 "imported")
 
 #: The paths, in priority order for ``backend="auto"`` (see the module docstring).
 TABLE: tuple[Row, ...] = (
+    Row(Backend.TRITON, Method.ONEPASS, triton_cuda, TritonOnePass(), needs=_TRITON_NEEDS),
+    Row(Backend.TRITON, Method.ONEPASS, triton_interpreter, TritonOnePass(), needs=_TRITON_NEEDS, in_auto=False),
     Row(Backend.FLASH_ATTN, Method.PER_SAMPLE, flash_attn_available, VarlenPerSample(VarlenKernel.FLASH_ATTN),
         needs=_FLASH_ATTN_NEEDS),
     Row(Backend.FLASH_ATTN, Method.ONEPASS, flash_attn_available, OnePass(DenseKernel.AUTO), auto=_never,

@@ -28,7 +28,9 @@ s samples, Hh bias heads (1 shared, Hq per head).
 from __future__ import annotations
 
 import functools
+import logging
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -37,10 +39,11 @@ from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.tile_bands import (CountBias, TokenLayout, WindowBias, key_tile_bands, num_tiles,
                                       query_tile_bands, tiles_for)
 
-__all__ = ["triton_status", "interpreting", "kernels", "banded_forward", "banded_backward", "triton_onepass_forward",
+__all__ = ["TritonOnePass", "triton_cuda", "triton_interpreter", "triton_status", "interpreting", "kernels", "banded_forward", "banded_backward", "triton_onepass_forward",
            "triton_onepass_backward", "alibi_window_attention", "count_matrix", "BandedAttentionFunction"]
 
 LOG2E = 1.4426950408889634
+_log = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=1)
@@ -207,7 +210,7 @@ def _doc(layout: TokenLayout) -> torch.Tensor:
     return layout.doc if layout.doc is not None else layout.kernel_positions
 
 
-# -- PLSH: the contract of plsh_dist.ops.plsh_onepass ---------------------------------------------
+# -- PLSH: the contract of plsh_dist.ops.plsh_onepass, and the dispatch table's path ------------
 
 
 def triton_onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, scale: float,
@@ -228,6 +231,53 @@ def triton_onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positio
     layout = TokenLayout.build(positions, q.device, docs)
     return banded_backward(dout, q, k, v, out, lse, CountBias.of(lsh, q.device), layout, causal=causal,
                            scale=scale)
+
+
+@dataclass(frozen=True)
+class TritonOnePass:
+    """Path (:mod:`plsh_dist.ops.backends`): the one-pass estimator on the fused Triton kernel."""
+
+    onepass = True
+
+    def forward(self, q, k, v, lsh, positions, *, causal, scale, docs=None):
+        """``(out, lse, plan)``; no plan (the backward recomputes the counts from the hash)."""
+        return (*triton_onepass_forward(q, k, v, lsh, positions, causal=causal, scale=scale, docs=docs), None)
+
+    def backward(self, dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, plan=None):
+        """``(dq, dk, dv)``."""
+        return triton_onepass_backward(dout, q, k, v, out, lse, lsh, positions, causal=causal, scale=scale,
+                                       docs=docs)
+
+
+#: dtypes the kernel takes (fp32 accumulation; fp32 inputs use IEEE fp32 products).
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def triton_cuda(device: torch.device, dtype: torch.dtype) -> bool:
+    """Where the compiled kernel runs: CUDA tensors, Triton importable, compute capability
+    >= 8.0 (not checked without a CUDA runtime: a plan for a GPU machine made elsewhere).
+    Says once in the log why not, where the kernel is what is missing."""
+    if device.type != "cuda" or dtype not in _DTYPES:
+        return False
+    why = triton_status()
+    if why is not None:
+        _say_once(f"PLSH on CUDA runs without the fused Triton kernel: {why}")
+        return False
+    if torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] < 8:
+        _say_once("PLSH on CUDA runs without the fused Triton kernel: it needs compute capability >= 8.0")
+        return False
+    return True
+
+
+def triton_interpreter(device: torch.device, dtype: torch.dtype) -> bool:
+    """Where the kernel runs under Triton's CPU interpreter (tests: ``backend="triton"`` only)."""
+    return device.type == "cpu" and dtype in (torch.float16, torch.float32) and triton_status() is None \
+        and interpreting()
+
+
+@functools.lru_cache(maxsize=8)
+def _say_once(message: str) -> None:
+    _log.warning(message)
 
 
 class BandedAttentionFunction(torch.autograd.Function):

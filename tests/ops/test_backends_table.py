@@ -4,17 +4,30 @@ gets the path the README promises, or an error naming what it needs. Choosing to
 import pytest
 import torch
 
-from plsh_dist.ops import backends, varlen_kernels
+from plsh_dist.ops import backends, triton_onepass, varlen_kernels
 from plsh_dist.ops.backends import TABLE, Backend, Method, choose_path
 from plsh_dist.ops.decode import DecodeOnePass
 from plsh_dist.ops.dense import DenseKernel
 from plsh_dist.ops.plsh_onepass import OnePass
 from plsh_dist.ops.plsh_padded import PaddedPerSample
 from plsh_dist.ops.plsh_varlen import VarlenPerSample
+from plsh_dist.ops.triton_onepass import TritonOnePass
 from plsh_dist.ops.varlen_kernels import VarlenKernel
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 BF16, FP32 = torch.bfloat16, torch.float32
+
+
+@pytest.fixture(autouse=True)
+def triton_missing(monkeypatch):
+    """By default the rows as on a machine without Triton (the tests below that want it say so)."""
+    monkeypatch.setattr(triton_onepass, "triton_status", lambda: "triton is not importable (test)")
+
+
+@pytest.fixture
+def triton_installed(monkeypatch):
+    monkeypatch.setattr(triton_onepass, "triton_status", lambda: None)
+    monkeypatch.setattr(triton_onepass, "interpreting", lambda: True)
 
 
 @pytest.fixture
@@ -44,6 +57,30 @@ def test_flash_attn_rows(flash_attn_installed):
     assert choose_path("flash_attn", "onepass", CUDA, BF16, 8) == OnePass(DenseKernel.AUTO)
     assert choose_path("torch", "auto", CUDA, BF16, 8) == VarlenPerSample(VarlenKernel.ATEN)
     assert choose_path("auto", "auto", CPU, FP32, 8) == OnePass(DenseKernel.AUTO)
+
+
+def test_triton_rows(triton_installed, flash_attn_installed):
+    """On CUDA the fused kernel comes first (also before flash-attn) for every s; on CPU only an
+    explicit backend="triton" runs it (under the interpreter)."""
+    for s in (1, 8, 100):
+        assert choose_path("auto", "auto", CUDA, BF16, s) == TritonOnePass()
+    assert choose_path("auto", "auto", CUDA, FP32, 8) == TritonOnePass()
+    assert choose_path("triton", "onepass", CPU, FP32, 8) == TritonOnePass()
+    assert choose_path("auto", "auto", CPU, FP32, 8) == OnePass(DenseKernel.AUTO)
+    assert choose_path("auto", "per_sample", CUDA, BF16, 8) == VarlenPerSample(VarlenKernel.FLASH_ATTN)
+    with pytest.raises(ValueError, match="has no method='per_sample'"):
+        choose_path("triton", "per_sample", CUDA, BF16, 8)
+
+
+def test_without_triton_the_current_path_runs_and_the_log_says_why(caplog):
+    triton_onepass._say_once.cache_clear()
+    with caplog.at_level("WARNING"):
+        assert choose_path("auto", "auto", CUDA, BF16, 8) == VarlenPerSample(VarlenKernel.ATEN)
+        assert choose_path("auto", "auto", CUDA, BF16, 8) == VarlenPerSample(VarlenKernel.ATEN)
+    lines = [r.getMessage() for r in caplog.records if "Triton kernel" in r.getMessage()]
+    assert len(lines) == 1 and "triton is not importable" in lines[0] and "\n" not in lines[0]
+    with pytest.raises(ValueError, match="backend='triton' needs the triton package"):
+        choose_path("triton", "auto", CUDA, BF16, 8)
 
 
 def test_explicit_backend_that_does_not_apply_says_what_it_needs():
