@@ -98,9 +98,11 @@ class AttentionConfig:
     ALiBi's from s = 20 on (``results/grad_fidelity``)."""
 
     backend: str = "auto"
-    """Block-attention backend of the hash ops: ``"auto"`` (flash-attn varlen
-    when available, else torch), ``"torch"``, ``"math"`` (explicit matmuls,
-    any device) or ``"flash_attn"`` (CUDA + flash-attn only)."""
+    """Block-attention backend of the hash ops: ``"auto"`` (on CUDA the fused
+    Triton kernel when Triton is importable, else flash-attn varlen when
+    available, else torch), ``"torch"``, ``"math"`` (explicit matmuls, any
+    device), ``"flash_attn"`` (CUDA + flash-attn only) or ``"triton"`` (the
+    fused one-pass kernel)."""
 
     method: str = "auto"
     """How ``"plsh"`` and ``"fixed_blocks"`` compute the estimator: ``"per_sample"``
