@@ -5,7 +5,9 @@
 
 Methods: PLSH per sample (``plsh_s{4,8,20}``: s block attentions merged by
 log-sum-exp) and in one pass (``onepass_s{4,8,20,64,100}``: one attention with
-the bias log c_ij), fixed blocks, windowed exact ALiBi, exact ALiBi in query
+the bias log c_ij), truncated ALiBi at the one pass's cost (``truncated_s{8,20}``:
+exact ALiBi on ``ceil((ln s + 0.58) sigma_h)`` keys per head), fixed blocks,
+windowed exact ALiBi, exact ALiBi in query
 chunks, dense ALiBi with a float bias through SDPA (while the (H, T, T) bias
 fits), and causal SDPA without any bias (the exact-attention floor). H = 8,
 D = 64, per-head sigma = 1 / slope, fp32, batch 1, one thread by default.
@@ -33,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 METHODS = ["plsh_s4", "plsh_s8", "plsh_s20", "onepass_s4", "onepass_s8", "onepass_s20", "onepass_s64",
-           "onepass_s100", "fixed_blocks", "window_alibi", "alibi_chunked", "alibi_dense_sdpa", "sdpa_causal"]
+           "onepass_s100", "truncated_s8", "truncated_s20", "fixed_blocks", "window_alibi", "alibi_chunked",
+           "alibi_dense_sdpa", "sdpa_causal"]
 EXACT = {"alibi_chunked", "alibi_dense_sdpa", "sdpa_causal"}
 
 
@@ -43,6 +46,7 @@ def _attention_fn(method: str, num_heads: int, window: int):
 
     from plsh_dist.hashing import alibi_slopes
     from plsh_dist.ops import alibi_attention, fixed_blocks_attention, plsh_attention
+    from plsh_dist.ops.alibi import equal_cost_c, truncation_windows
 
     slopes = alibi_slopes(num_heads)
     sigma = slopes.reciprocal()
@@ -50,6 +54,9 @@ def _attention_fn(method: str, num_heads: int, window: int):
         if method.startswith(prefix):
             s = int(method[len(prefix):])
             return lambda q, k, v: plsh_attention(q, k, v, sigma=sigma, num_samples=s, seed=0, method=how)
+    if method.startswith("truncated_s"):
+        window = truncation_windows(equal_cost_c(int(method[len("truncated_s"):])), sigma)
+        return lambda q, k, v: alibi_attention(q, k, v, slopes=slopes, window=window)
     if method == "fixed_blocks":
         return lambda q, k, v: fixed_blocks_attention(q, k, v, sigma=sigma)
     if method == "window_alibi":

@@ -25,6 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from plsh_dist.ops.alibi_band import band_chunk, banded_backward, banded_forward, interior_rows
 from plsh_dist.ops.dense import dense_bwd, dense_fwd
 from plsh_dist.ops.documents import flat_documents, on_flat_row
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
@@ -157,6 +158,13 @@ def _bias(q_pos, k_pos, slopes, causal: bool, window: int | None, dtype, device,
     return bias.masked_fill(hidden[None], float("-inf")).to(dtype)[None]
 
 
+def _chunks(ranges: list[tuple[int, int]], chunk: int):
+    """``(i0, i1)`` query chunks of at most ``chunk`` rows covering each range."""
+    for r0, r1 in ranges:
+        for i0 in range(r0, r1, chunk):
+            yield i0, min(r1, i0 + chunk)
+
+
 def _chunk_docs(docs, i0: int, i1: int, k0: int, k1: int):
     return None if docs is None else (docs[0][i0:i1], docs[1][k0:k1])
 
@@ -212,6 +220,29 @@ def _chunk(chunk: int | None, q, k, window: int | None, per_head: bool = False) 
     return default_chunk_size(q.shape[2], k.shape[1] if window is None else min(k.shape[1], 2 * window))
 
 
+def _band(q_pos, k_pos, slopes, causal, window, docs, dtype, device):
+    """The interior of a windowed call on contiguous positions (:mod:`plsh_dist.ops.alibi_band`):
+    ``(a, b, chunk, bias)``, or None when the loop computes every row."""
+    T = q_pos.numel()
+    if window is None or docs is not None or T != k_pos.numel() or T < 2:
+        return None
+    if int(q_pos[-1]) - int(q_pos[0]) != T - 1 or not torch.equal(q_pos, k_pos):
+        return None  # gapped positions, or queries that are not the keys (decoding, SP halos)
+    chunk = band_chunk(window)
+    a, b = interior_rows(T, window, causal, chunk)
+    if a == b:
+        return None
+    keys = chunk + (window - 1) * (1 if causal else 2)
+    # relative positions: query r of a chunk at r + w - 1, its keys at 0 .. K - 1
+    bias = _bias(torch.arange(chunk) + window - 1, torch.arange(keys), slopes, causal, window, dtype, device)
+    return a, b, chunk, bias
+
+
+def _loop_rows(Tq: int, band) -> list[tuple[int, int]]:
+    """Row ranges the chunk loop computes: all of them, or those around the band's interior."""
+    return [(0, Tq)] if band is None else [(0, band[0]), (band[1], Tq)]
+
+
 def _forward(q, k, v, q_pos, k_pos, slopes, *, causal, window, scale, chunk, docs=None):
     """:func:`alibi_forward` with one window (None or an int) for every head."""
     B, Tq, Hq, D = q.shape
@@ -220,8 +251,12 @@ def _forward(q, k, v, q_pos, k_pos, slopes, *, causal, window, scale, chunk, doc
     q_h = q.transpose(1, 2)
     out = torch.empty(B, Hq, Tq, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, Hq, Tq, dtype=accum_dtype(q.dtype), device=q.device)
-    for i0 in range(0, Tq, chunk):
-        i1 = min(Tq, i0 + chunk)
+    band = _band(q_pos, k_pos, slopes, causal, window, docs, q.dtype, q.device)
+    if band is not None:
+        a, b, band_c, bias = band
+        out[:, :, a:b], lse[:, :, a:b] = banded_forward(q_h, k_h, v_h, bias, a=a, b=b, causal=causal, window=window,
+                                                        scale=scale, chunk=band_c)
+    for i0, i1 in _chunks(_loop_rows(Tq, band), chunk):
         k0, k1 = _key_range(q_pos, k_pos, i0, i1, causal, window, docs)
         bias = _bias(q_pos[i0:i1], k_pos[k0:k1], slopes, causal, window, q.dtype, q.device,
                      _chunk_docs(docs, i0, i1, k0, k1))
@@ -268,8 +303,12 @@ def _backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, *, causal, window, 
     dq = torch.empty(B, Hq, Tq, D, dtype=q.dtype, device=q.device)
     dk = torch.zeros(B, Hq, Tk, D, dtype=acc, device=q.device)
     dv = torch.zeros(B, Hq, Tk, D, dtype=acc, device=q.device)
-    for i0 in range(0, Tq, chunk):
-        i1 = min(Tq, i0 + chunk)
+    band = _band(q_pos, k_pos, slopes, causal, window, docs, q.dtype, q.device)
+    if band is not None:
+        a, b, band_c, bias = band
+        dq[:, :, a:b] = banded_backward(dout_h, q_h, k_h, v_h, out_h, lse, bias, a=a, b=b, causal=causal,
+                                        window=window, scale=scale, chunk=band_c, dk=dk, dv=dv)
+    for i0, i1 in _chunks(_loop_rows(Tq, band), chunk):
         k0, k1 = _key_range(q_pos, k_pos, i0, i1, causal, window, docs)
         bias = _bias(q_pos[i0:i1], k_pos[k0:k1], slopes, causal, window, q.dtype, q.device,
                      _chunk_docs(docs, i0, i1, k0, k1))

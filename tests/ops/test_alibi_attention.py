@@ -68,6 +68,37 @@ def test_per_head_windows_equal_one_head_at_a_time():
     assert torch.equal(same, alibi_attention(q, k, v, slopes=slopes, window=12, chunk_size=32))
 
 
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("call_elements", [None, 5000])
+def test_banded_interior_matches_dense_reference(causal, call_elements, monkeypatch):
+    """Contiguous positions: the interior chunks run stacked (ops/alibi_band.py), the ends in the
+    loop; one call or many (a tiny call budget), GQA, windows 1, 3, 40 and one wider than T."""
+    from plsh_dist.ops import alibi_band
+
+    if call_elements is not None:
+        monkeypatch.setattr(alibi_band, "_CALL_ELEMENTS", call_elements)
+    Hq, T = 4, 300
+    q, k, v = _qkv(2, T, Hq, 2, 8, torch.float64, seed=8)
+    slopes = alibi_slopes(Hq)
+    window = torch.tensor([1, 3, 40, 400])
+    assert alibi_band.interior_rows(T, 40, causal, alibi_band.band_chunk(40)) != (0, 0)  # the band is used
+    out = alibi_attention(q, k, v, slopes=slopes, causal=causal, window=window)
+    ref = dense_attention(q, k, v, alibi_weights(slopes, torch.arange(T), window), causal=causal)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
+    g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+def test_interior_rows():
+    from plsh_dist.ops.alibi_band import interior_rows
+
+    # causal w = 10, C = 16: chunk 1 ([16, 32), keys from 7) is the first whose keys start >= 0
+    assert interior_rows(100, 10, True, 16) == (16, 96)
+    assert interior_rows(100, 10, False, 16) == (16, 80)  # keys up to i + 9 stay below 100
+    assert interior_rows(20, 10, True, 16) == (0, 0)
+
+
 def test_window_chunk_size():
     assert window_chunk_size(1, 8, 10**6) == 64
     assert window_chunk_size(1, 100, 10**6) == 112  # a multiple of 16 covering the window
