@@ -11,13 +11,18 @@ Layout under ``out_dir/checkpoints``::
         trainer_state.json      step, consumed sequences, last metrics
         manifest.json           size + SHA-256 of every file above
     step_00000200.partial/      a save in progress, or one a crash interrupted: ignored
+    abandoned/step_00000300/    newer than the step a run resumed from: set aside, never counted
+    damaged/step_00000050/      failed its manifest when pruning: set aside, never counted
 
 Publishing is atomic: everything is written into ``<tag>.partial``, flushed
 to disk (fsync), then the directory is renamed to ``<tag>`` and only then
 ``latest`` is replaced (tmp file + rename). A kill at any moment leaves the
 previous checkpoint complete and ``latest`` pointing at a complete tag; a
 half-written directory never carries a tag's name. Old tags are deleted by
-renaming them to ``<tag>.deleting`` first, for the same reason.
+renaming them to ``<tag>.deleting`` first, for the same reason. Which tags
+stay (``[checkpoint].keep_last`` of the run's own line, valid ones only) is
+``checkpoint_line``'s job: pruning never leaves a run without its newest
+valid checkpoint.
 
 Resuming checks the manifest, then reads every file with
 ``torch.load(weights_only=True)`` (``checkpoint_io``): no arbitrary unpickling,
@@ -32,7 +37,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -41,27 +45,17 @@ import torch.distributed as dist
 
 from plsh_dist.train.checkpoint_files import MANIFEST, fsync_dir, verify_manifest, write_manifest, write_text_atomic
 from plsh_dist.train.checkpoint_io import CheckpointLoadError, install_safe_loader
+from plsh_dist.train.checkpoint_line import (
+    DELETING_SUFFIX, PARTIAL_SUFFIX, checkpoint_root, complete_tags, prune, remove_tag, set_aside_newer, tag_for_step,
+    unfinished,
+)
 from plsh_dist.train.config import RunConfig, write_resolved
 from plsh_dist.train.faults import maybe_fail
 
 __all__ = ["checkpoint_root", "tag_for_step", "complete_tags", "find_resume", "save_checkpoint", "load_checkpoint",
-           "CheckpointLoadError", "PARTIAL_SUFFIX"]
+           "set_aside_newer", "CheckpointLoadError", "PARTIAL_SUFFIX"]
 
 logger = logging.getLogger(__name__)
-
-PARTIAL_SUFFIX = ".partial"
-"""Suffix of a tag directory still being written (or left by a crash)."""
-_DELETING_SUFFIX = ".deleting"
-_TAG = re.compile(r"^step_(\d{8})$")
-_UNFINISHED = re.compile(r"^step_\d{8}(\.partial|\.deleting)$")
-
-
-def checkpoint_root(out_dir: str | Path) -> Path:
-    return Path(out_dir) / "checkpoints"
-
-
-def tag_for_step(step: int) -> str:
-    return f"step_{step:08d}"
 
 
 def _rank() -> int:
@@ -71,19 +65,6 @@ def _rank() -> int:
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-
-
-def complete_tags(root: str | Path) -> list[str]:
-    """Published tags under ``root`` (oldest first); partial/deleting dirs are not tags."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir()
-                  if p.is_dir() and _TAG.match(p.name) and (p / "trainer_state.json").is_file())
-
-
-def _unfinished(root: Path) -> list[Path]:
-    return sorted(p for p in root.iterdir() if p.is_dir() and _UNFINISHED.match(p.name)) if root.is_dir() else []
 
 
 def find_resume(resume: str, out_dir: str | Path) -> tuple[Path, str] | None:
@@ -98,10 +79,10 @@ def find_resume(resume: str, out_dir: str | Path) -> tuple[Path, str] | None:
         return None
     if resume == "auto":
         root = checkpoint_root(out_dir)
-        unfinished = _unfinished(root)
-        if unfinished:
+        left = unfinished(root)
+        if left:
             logger.warning("ignoring %d incomplete checkpoint dir(s) left by an interrupted save or delete: %s",
-                           len(unfinished), ", ".join(str(p) for p in unfinished))
+                           len(left), ", ".join(str(p) for p in left))
         complete = complete_tags(root)
         if not complete:
             return None
@@ -113,7 +94,7 @@ def find_resume(resume: str, out_dir: str | Path) -> tuple[Path, str] | None:
                        latest, named, complete[-1])
         return root, complete[-1]
     path = Path(resume)
-    if path.name.endswith((PARTIAL_SUFFIX, _DELETING_SUFFIX)):
+    if path.name.endswith((PARTIAL_SUFFIX, DELETING_SUFFIX)):
         raise ValueError(f"[checkpoint].resume = {resume!r} is an unfinished checkpoint (its save or delete was "
                          f"interrupted) and cannot be trusted; use one without the suffix, \"auto\" or \"never\"")
     if not (path / "trainer_state.json").is_file():
@@ -124,30 +105,28 @@ def find_resume(resume: str, out_dir: str | Path) -> tuple[Path, str] | None:
     return path.parent, path.name
 
 
-def _remove(path: Path) -> None:
-    """Delete a tag so that no half-deleted directory keeps a tag's name."""
-    doomed = path.with_name(path.name + _DELETING_SUFFIX)
-    os.replace(path, doomed)
-    shutil.rmtree(doomed, ignore_errors=True)
-
-
 def _publish(root: Path, partial: Path, tag: str) -> None:
     """Rank 0: rename the finished ``partial`` dir to ``tag``, then point ``latest`` at it."""
     final = root / tag
     if final.exists():  # saved again after resuming from an earlier tag
-        _remove(final)
+        remove_tag(final)
     os.replace(partial, final)
     fsync_dir(root)
     write_text_atomic(root / "latest", tag)  # DeepSpeed's pointer format: the bare tag
 
 
-def save_checkpoint(engine, cfg: RunConfig, step: int, state: dict[str, Any], tokenizer_path: str | Path) -> Path:
+def save_checkpoint(engine, cfg: RunConfig, step: int, state: dict[str, Any], tokenizer_path: str | Path,
+                    valid_tags: set[str] | None = None) -> Path:
     """Collective: every rank must call it. Returns the published tag directory.
 
     Order (each step durable before the next): DeepSpeed writes its shards into
     ``<tag>.partial``; rank 0 adds config, tokenizer and trainer state; all
     ranks hash + fsync the files into ``manifest.json``; rank 0 renames the
-    directory to ``<tag>``, then replaces ``latest``, then prunes old tags.
+    directory to ``<tag>``, then replaces ``latest``; then old tags are pruned
+    (``checkpoint_line.prune``: the newest ``keep_last`` valid ones stay).
+
+    ``valid_tags``: tags this process wrote or verified (the training session
+    keeps it across saves so older tags are hashed once); the new tag is added.
     """
     root = checkpoint_root(cfg.run.out_dir)
     tag = tag_for_step(step)
@@ -155,7 +134,7 @@ def save_checkpoint(engine, cfg: RunConfig, step: int, state: dict[str, Any], to
     rank = _rank()
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
-        for stale in _unfinished(root):  # left by a crash; nobody else writes here now
+        for stale in unfinished(root):  # left by a crash; nobody else writes here now
             shutil.rmtree(stale, ignore_errors=True)
     _barrier()
     engine.save_checkpoint(str(root), tag=partial.name, client_state={"trainer_state": state}, save_latest=False)
@@ -170,10 +149,10 @@ def save_checkpoint(engine, cfg: RunConfig, step: int, state: dict[str, Any], to
     _barrier()
     if rank == 0:
         _publish(root, partial, tag)
-        keep = cfg.checkpoint.keep_last
-        if keep > 0:
-            for old in complete_tags(root)[:-keep]:
-                _remove(root / old)
+    _barrier()
+    valid_tags = set() if valid_tags is None else valid_tags
+    valid_tags.add(tag)
+    prune(root, cfg.checkpoint.keep_last, valid_tags, step)
     _barrier()
     return root / tag
 
@@ -198,7 +177,8 @@ def load_checkpoint(engine, load_dir: Path, tag: str) -> dict[str, Any]:
     if (tag_dir / MANIFEST).is_file():
         problems = verify_manifest(tag_dir)
         if problems:
-            raise CheckpointLoadError(f"checkpoint {tag_dir} is damaged: {'; '.join(problems)}. {advice}")
+            raise CheckpointLoadError(f"checkpoint {tag_dir} is damaged: {'; '.join(problems)}. {advice}",
+                                      every_rank=True)  # verify_manifest gives every rank the same verdict
     elif _rank() == 0:
         logger.warning("%s has no %s (written before checksums existed): its files are not verified", tag_dir,
                        MANIFEST)

@@ -46,7 +46,15 @@ def safe_globals() -> list[type]:
 
 
 class CheckpointLoadError(RuntimeError):
-    """A checkpoint file could not be read safely; the message names the file and the way out."""
+    """A checkpoint file could not be read safely; the message names the file and the way out.
+
+    ``every_rank``: every rank raises it alike (the collective manifest check),
+    rather than only the rank that read the file (refusal.py prints it once).
+    """
+
+    def __init__(self, message: str, *, every_rank: bool = False):
+        super().__init__(message)
+        self.every_rank = every_rank
 
 
 def safe_torch_load(path: str | Path, map_location: Any = "cpu", *, advice: str = "") -> Any:

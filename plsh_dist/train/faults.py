@@ -12,8 +12,12 @@ every rank). Format: ``ACTION:RANK:STEP[:WHERE]``
   counted as ``done``) at which it fails;
 - WHERE: ``after_step`` (default: after that step's checkpoint, if any),
   ``in_checkpoint`` (after DeepSpeed wrote its shards, before the checkpoint
-  is published) or ``in_step`` (inside the optimizer step, after its
-  backward passes, before its results are all-reduced).
+  is published), ``in_prune`` (the checkpoint of STEP is published, before
+  older tags are moved or deleted), ``in_set_aside`` (a run resumed at STEP,
+  0 for a fresh one, has pointed ``latest`` at the tag it continues, before
+  it moves newer tags aside: checkpoint_line.py) or ``in_step`` (inside the
+  optimizer step, after its backward passes, before its results are
+  all-reduced).
 
 Example: ``PLSH_FAULT=kill:1:3`` kills rank 1 right after step 3;
 ``PLSH_FAULT=sigterm:1:3:in_step`` sends rank 1 SIGTERM during step 3.
@@ -28,7 +32,7 @@ import time
 __all__ = ["maybe_fail"]
 
 _ACTIONS = ("kill", "raise", "hang", "sigterm", "sigusr1")
-_PLACES = ("after_step", "in_checkpoint", "in_step")
+_PLACES = ("after_step", "in_checkpoint", "in_prune", "in_set_aside", "in_step")
 
 
 def _parse(spec: str) -> tuple[str, int, int, str]:
