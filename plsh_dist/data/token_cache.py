@@ -98,6 +98,7 @@ def build_token_stream(
     """
     report = BadDataReport() if report is None else report
     out = Path(out_dir)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
     eos = np.array([tokenizer.eos_id], dtype=dtype)
@@ -122,18 +123,26 @@ def build_token_stream(
             num_tokens += len(ids) + 1
             num_docs += 1
 
-    with open(tmp, "wb") as f:
-        batch: list = []
-        for text in documents:
-            batch.append(text)
-            if len(batch) == _ENCODE_BATCH:
+    try:
+        with open(tmp, "wb") as f:
+            batch: list = []
+            for text in documents:  # the source raises ValueError for unusable data (e.g. only empty files)
+                batch.append(text)
+                if len(batch) == _ENCODE_BATCH:
+                    flush(batch, f)
+                    batch = []
+            if batch:
                 flush(batch, f)
-                batch = []
-        if batch:
-            flush(batch, f)
-    if num_docs == 0:
-        tmp.unlink()
-        raise ValueError(f"no document survived the checks; {report.summary('data')}")
+        if num_docs == 0:
+            raise ValueError(f"no document survived the checks; {report.summary('data')}")
+    except BaseException:  # a failed build leaves nothing behind: no tmp file, no empty cache dir
+        tmp.unlink(missing_ok=True)
+        if created:
+            try:
+                out.rmdir()
+            except OSError:  # not empty: something else lives there
+                pass
+        raise
     report.kept += num_docs
     os.replace(tmp, bin_path)
     meta = {
