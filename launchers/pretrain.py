@@ -8,9 +8,12 @@ runs one process. The launcher's ``--local_rank`` is accepted (LOCAL_RANK env wi
 Also runs under torchrun (``torchrun --nproc_per_node 2 launchers/pretrain.py ...``,
 multi-node with ``--nnodes/--node_rank/--master_addr``).
 
-Exit codes: 0 done; 1 this rank failed (``rank R failed: ...`` on stderr and in
-``<out_dir>/failures/rank_R.txt``); 2 config error; 3 stopped because a peer rank
-failed or a collective timed out ([parallel].timeout_s); 75 preempted: SIGTERM or
+Exit codes (docs/training.md): 0 done; 1 this rank failed, a bug or a crash
+(``rank R failed: ...`` with the traceback on stderr and in
+``<out_dir>/failures/rank_R.txt``); 2 the input was refused (``config error:``,
+``data error:``, ``resume error:`` or ``checkpoint error:`` and one message, no
+traceback, nothing written: plsh_dist/train/refusal.py); 3 stopped because a peer
+rank failed or a collective timed out ([parallel].timeout_s); 75 preempted: SIGTERM or
 SIGUSR1 reached a rank, every rank finished the current step and the checkpoint
 of that step was written (``preempted at step N ...``; run the same command again,
 ``--resume auto`` is the default; [checkpoint].save_on_signal, plsh_dist/train/preemption.py);
@@ -42,12 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     from plsh_dist.train import load_config, train
     from plsh_dist.train.failure import run_reporting_failures
     from plsh_dist.train.preemption import EXIT_PREEMPTED, ignore_stop_signals
+    from plsh_dist.train.refusal import EXIT_REFUSED
 
     try:
-        cfg = load_config(args.config, overrides)  # all checks happen here, before any work
+        cfg = load_config(args.config, overrides)  # the checks that need no process group, before any work
     except ValueError as exc:
         print(f"config error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_REFUSED
 
     def run() -> int:
         result = train(cfg)
@@ -57,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_PREEMPTED
 
     # A failing rank prints "rank R failed: ..." and writes <out_dir>/failures/rank_R.txt;
-    # ranks that only lost a peer print one line; both exit non-zero (failure.py).
+    # ranks that only lost a peer print one line; both exit non-zero (failure.py). A refusal
+    # found once the world is known (layout, data, resume, checkpoint) exits 2 with one message.
     return run_reporting_failures(run, rank=int(os.environ.get("RANK", "0")), out_dir=cfg.run.out_dir)
 
 

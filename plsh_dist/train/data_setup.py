@@ -8,18 +8,37 @@ import torch
 import torch.distributed as dist
 
 from plsh_dist.data import DataConfig, PreparedData, TokenizerConfig, build_loader, prepare_data
+from plsh_dist.train.refusal import RunRefused, refusing
 
 __all__ = ["prepare", "DataPipeline"]
 
 
 def prepare(data: DataConfig, tokenizer: TokenizerConfig) -> PreparedData:
     """Corpus, tokenizer and token caches; rank 0 builds them first, the others
-    then only open the caches (no duplicate tokenizer training or tokenising)."""
+    then only open the caches (no duplicate tokenizer training or tokenising).
+
+    Bad data (an empty file, no usable document: the data package's
+    ``ValueError``) refuses the run on every rank alike: rank 0 shares its
+    verdict with the others, so the message is printed once (refusal.py).
+    """
     rank = dist.get_rank() if dist.is_initialized() else 0
-    prepared = prepare_data(data, tokenizer) if rank == 0 else None
+    prepared, refusal = None, None
+    if rank == 0:
+        try:
+            prepared = prepare_data(data, tokenizer)
+        except ValueError as exc:
+            refusal = exc
     if dist.is_initialized():
-        dist.barrier()
-    return prepared if prepared is not None else prepare_data(data, tokenizer)
+        verdict = [str(refusal) if refusal is not None else None]
+        dist.broadcast_object_list(verdict, src=0)  # also the barrier: the others wait for rank 0's caches
+        if verdict[0] is not None and rank != 0:
+            raise RunRefused("data", verdict[0])
+    if refusal is not None:
+        raise RunRefused("data", str(refusal)) from refusal
+    if prepared is not None:
+        return prepared
+    with refusing("data", every_rank=False):  # only this rank fails to open the caches rank 0 built
+        return prepare_data(data, tokenizer)
 
 
 class DataPipeline:

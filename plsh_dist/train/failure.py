@@ -1,6 +1,9 @@
 """What a rank does when training fails: say once who failed and why, then exit non-zero.
 
-Two kinds of error reach a rank's top level, and they need different messages:
+A refusal of the user's input (``RunRefused``: config, data, resume,
+checkpoint; refusal.py) is no failure: one ``<kind> error: ...`` message, no
+traceback, no failure file, exit code ``EXIT_REFUSED`` (2). Two kinds of
+error reach a rank's top level, and they need different messages:
 
 - **its own error** (a bug, out of memory, bad data, an injected ``PLSH_FAULT``):
   one block ``rank R failed: <ExcType>: <message>`` plus the traceback on
@@ -28,8 +31,10 @@ import traceback
 from pathlib import Path
 from typing import Callable, NoReturn
 
+from plsh_dist.train.refusal import EXIT_REFUSED, RunRefused, refusal_message
+
 __all__ = [
-    "EXIT_OWN_ERROR", "EXIT_PEER_FAILED", "EXIT_INTERRUPTED",
+    "EXIT_OWN_ERROR", "EXIT_REFUSED", "EXIT_PEER_FAILED", "EXIT_INTERRUPTED",
     "is_peer_failure", "report_failure", "run_reporting_failures",
 ]
 
@@ -143,6 +148,11 @@ def run_reporting_failures(fn: Callable[[], int], *, rank: int, out_dir: str | P
         # Ctrl-C reaches every rank: not a failure to write up, just stop.
         print(f"rank {rank}: interrupted", file=sys.stderr)
         _exit_now(EXIT_INTERRUPTED)
+    except RunRefused as refused:  # the user's input, not a crash: one message, nothing written
+        message = refusal_message(refused, rank)
+        if message is not None:
+            print(message, file=sys.stderr, flush=True)
+        _exit_now(EXIT_REFUSED)
     except Exception as exc:  # noqa: BLE001 - every failure must be reported
         code = report_failure(exc, rank, out_dir)
         if code == EXIT_PEER_FAILED:

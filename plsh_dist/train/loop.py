@@ -54,7 +54,9 @@ from plsh_dist.distributed import ParallelDims, default_backend
 from plsh_dist.distributed.comm_stats import comm_stats
 from plsh_dist.distributed.ports import free_port
 from plsh_dist.perplexity import perplexity
-from plsh_dist.train.checkpoint import find_resume, load_checkpoint, save_checkpoint
+from plsh_dist.train.checkpoint import (
+    CheckpointLoadError, checkpoint_root, find_resume, load_checkpoint, save_checkpoint, set_aside_newer,
+)
 from plsh_dist.train.config import RunConfig, write_resolved
 from plsh_dist.train.data_setup import DataPipeline, prepare
 from plsh_dist.train.deepspeed_config import deepspeed_config, resolve_precision
@@ -65,6 +67,7 @@ from plsh_dist.train.losses import forward_sums
 from plsh_dist.train.metrics_log import MetricsLogger, memory_mb, mfu, startup_summary
 from plsh_dist.train.optim import build_optimizer, build_scheduler
 from plsh_dist.train.preemption import StopRequest, handle_stop_signals, preempted_line
+from plsh_dist.train.refusal import RunRefused, refusing
 from plsh_dist.train.resume_check import check_resume_config
 from plsh_dist.train.validation import validation_loss
 
@@ -181,6 +184,10 @@ class TrainSession:
     """Halo bytes this process had sent + received when the last step ended."""
     stop: StopRequest = field(default_factory=StopRequest)
     """Set by the SIGTERM / SIGUSR1 handler ``train`` installs; read at the end of each step."""
+    valid_tags: set[str] = field(default_factory=set)
+    """Checkpoint tags of this run known valid (written, or verified on resume): pruning hashes the others once."""
+    checkpoints_written: int = 0
+    """Checkpoints this ``train`` call saved (for the closing outputs line)."""
 
     @property
     def out_dir(self) -> Path:
@@ -195,31 +202,43 @@ class TrainSession:
 def setup(cfg: RunConfig) -> TrainSession:
     """Device, process groups, data, model, DeepSpeed engine, resume and logger; collective.
 
-    Writes the resolved config to ``out_dir`` (rank 0) and prints the start-up summary.
+    Every check of the user's input comes first and refuses the run
+    (``RunRefused``: config, resume choice, data, checkpoint; exit 2) with
+    nothing written to ``out_dir``. Once the run is accepted (``_accept``),
+    rank 0 writes the resolved config and sets aside the checkpoints of an
+    abandoned line; then the logger opens metrics.jsonl and the start-up
+    summary is printed.
     """
     from plsh_dist.models import AttentionRuntime
 
-    device = resolve_device(cfg.run.device)
+    with refusing("config"):
+        device = resolve_device(cfg.run.device)
     init_distributed(device, cfg.parallel.timeout_s)
     world, rank = dist.get_world_size(), dist.get_rank()
-    cfg.validate(world_size=world)
+    with refusing("config"):
+        cfg.validate(world_size=world)
+        precision = resolve_precision(cfg.deepspeed, device.type)
+    with refusing("resume"):  # before the data: a refused resume costs no tokenising
+        resume = find_resume(cfg.checkpoint.resume, Path(cfg.run.out_dir))
+        if resume is not None:
+            check_resume_config(cfg, resume[0] / resume[1])
     dims = ParallelDims(world, cfg.parallel.sp_size)
     # DP groups go unused: DeepSpeed reduces gradients over the whole world (module doc).
     sp_group = dims.build_groups(timeout=timedelta(seconds=cfg.parallel.timeout_s))[0]
-    precision = resolve_precision(cfg.deepspeed, device.type)
 
-    prepared = prepare(cfg.data, cfg.tokenizer)
-    cfg.check_tokenizer_vocab(prepared.tokenizer.vocab_size)  # a tokenizer trained or replaced since load_config
-    model_cfg, attn_cfg = cfg.model_configs()
-    if rank == 0:
-        write_resolved(cfg, cfg.run.out_dir)
-    data = DataPipeline(prepared, cfg.data, dp_rank=dims.dp_rank(rank), dp_size=dims.dp_size,
-                        sp_rank=dims.sp_rank(rank), sp_size=dims.sp_size)
+    prepared = prepare(cfg.data, cfg.tokenizer)  # refuses bad data on every rank alike
+    with refusing("config"):
+        cfg.check_tokenizer_vocab(prepared.tokenizer.vocab_size)  # a tokenizer trained or replaced since load_config
+        model_cfg, attn_cfg = cfg.model_configs()
+    with refusing("data"):  # e.g. a corpus too small for one global batch
+        data = DataPipeline(prepared, cfg.data, dp_rank=dims.dp_rank(rank), dp_size=dims.dp_size,
+                            sp_rank=dims.sp_rank(rank), sp_size=dims.sp_size)
 
     torch.manual_seed(cfg.run.seed)  # identical init on every rank
     runtime = AttentionRuntime(run_seed=cfg.run.seed)
     engine, n_params = _build_engine(cfg, model_cfg, attn_cfg, runtime, sp_group, device)
-    start_step, resume = _resume(cfg, engine, data)
+    start_step, valid_tags = _resume(cfg, engine, data, resume)
+    _accept(cfg, rank, start_step)
 
     log = MetricsLogger(cfg.run.out_dir, enabled=rank == 0, tensorboard=cfg.logging.tensorboard,
                         progress=cfg.logging.progress, total_steps=cfg.run.max_steps, initial_step=start_step)
@@ -228,7 +247,8 @@ def setup(cfg: RunConfig) -> TrainSession:
     log.truncate_after(start_step)
     session = TrainSession(cfg=cfg, device=device, rank=rank, world=world, dims=dims, sp_group=sp_group,
                            precision=precision, model_cfg=model_cfg, attn_cfg=attn_cfg, data=data, runtime=runtime,
-                           engine=engine, n_params=n_params, start_step=start_step, resume=resume, log=log)
+                           engine=engine, n_params=n_params, start_step=start_step, resume=resume, log=log,
+                           valid_tags=valid_tags)
     log.print(startup_summary(_summary(session)))
     return session
 
@@ -259,18 +279,33 @@ def _build_engine(cfg: RunConfig, model_cfg: ModelConfig, attn_cfg: AttentionCon
     return engine, n_params
 
 
-def _resume(cfg: RunConfig, engine, data: DataPipeline) -> tuple[int, tuple[Path, str] | None]:
-    """Load the checkpoint ``[checkpoint].resume`` names, if any, and position the
-    data after its step -> ``(start_step, (root, tag) or None)``."""
-    start_step = 0
-    resume = find_resume(cfg.checkpoint.resume, Path(cfg.run.out_dir))
+def _resume(cfg: RunConfig, engine, data: DataPipeline, resume: tuple[Path, str] | None
+            ) -> tuple[int, set[str]]:
+    """Load the checkpoint ``resume`` names (``find_resume``), if any, and position the data
+    after its step -> ``(start_step, tags of this run's checkpoint dir known valid)``.
+
+    A damaged or unsafe checkpoint refuses the run (``RunRefused("checkpoint")``)."""
+    start_step, valid_tags = 0, set()
     if resume is not None:
-        check_resume_config(cfg, resume[0] / resume[1])
-        state = load_checkpoint(engine, *resume)
+        try:
+            state = load_checkpoint(engine, *resume)
+        except CheckpointLoadError as exc:
+            raise RunRefused("checkpoint", str(exc), every_rank=exc.every_rank) from exc
         start_step = int(state["step"])
+        if resume[0].resolve() == checkpoint_root(cfg.run.out_dir).resolve():
+            valid_tags.add(resume[1])  # its manifest was just checked
     # Replay exactly the batches a continuous run would see.
     data.skip_to(start_step * cfg.optim.grad_accum_steps)
-    return start_step, resume
+    return start_step, valid_tags
+
+
+def _accept(cfg: RunConfig, rank: int, start_step: int) -> None:
+    """The run is accepted: rank 0 writes its record (the resolved config) and moves the
+    checkpoints newer than ``start_step`` (an abandoned line, checkpoint_line.py) aside; collective."""
+    if rank == 0:
+        write_resolved(cfg, cfg.run.out_dir)
+        set_aside_newer(checkpoint_root(cfg.run.out_dir), start_step, rank)
+    dist.barrier()
 
 
 def _summary(s: TrainSession) -> dict[str, str]:
@@ -386,7 +421,8 @@ def _log_step(s: TrainSession, done: int, stats: StepStats, tokens_per_s: float)
 def _save_checkpoint(s: TrainSession, step: int, loss: float | None) -> Path:
     """Checkpoint after optimizer step ``step``; collective. Returns the published tag directory."""
     trainer_state = {"step": step, "consumed_micro_batches": step * s.cfg.optim.grad_accum_steps, "loss": loss}
-    return save_checkpoint(s.engine, s.cfg, step, trainer_state, s.cfg.tokenizer.model_path)
+    s.checkpoints_written += 1
+    return save_checkpoint(s.engine, s.cfg, step, trainer_state, s.cfg.tokenizer.model_path, s.valid_tags)
 
 
 def _stop_ranks(s: TrainSession) -> int:
@@ -414,6 +450,18 @@ def _finish(s: TrainSession, result: TrainResult) -> None:
     _save_checkpoint(s, done, result.losses[-1] if result.losses else None)
     if cfg.checkpoint.export_safetensors:
         result.final_dir = str(_export(s))
+
+
+def _outputs_line(s: TrainSession, result: TrainResult) -> str:
+    """The closing line: the out_dir and what this call wrote there, nothing it did not."""
+    written = ["metrics.jsonl"]
+    if s.cfg.logging.tensorboard:
+        written.append("tensorboard/")
+    if s.checkpoints_written:
+        written.append("checkpoints/")
+    if result.final_dir:
+        written.append("final/")
+    return f"outputs: {s.out_dir} ({', '.join(written)})"
 
 
 # --- the loop --------------------------------------------------------------------------
@@ -475,6 +523,6 @@ def _train_loop(s: TrainSession, stop_after: int | None) -> TrainResult:
 
     if s.start_step < max_steps or s.resume is None:
         _finish(s, result)
-    s.log.print(f"outputs: {s.out_dir} (metrics.jsonl, tensorboard/, checkpoints/, final/)")
+    s.log.print(_outputs_line(s, result))
     s.log.close()
     return result

@@ -1,0 +1,120 @@
+"""Exit codes through ``launchers/pretrain.py``: a refused input exits 2 with one message; a bug exits 1.
+
+The table these tests pin is docs/training.md's ("Exit codes"). A refusal
+prints ``<kind> error: <message>`` exactly once, no traceback, writes no
+``failures/rank_N.txt`` and changes nothing on disk: an out_dir that did not
+exist is not created, one that did keeps every byte (the run's record,
+``config.resolved.*``, included), and a failed token-cache build leaves no
+file behind. One process (plain ``python``) unless the test says otherwise;
+the cases that train or start two ranks are slow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from plsh_dist.train.checkpoint import tag_for_step
+from plsh_dist.train.config import load_config, write_resolved
+from tests.train.conftest import base_overrides
+from tests.train.launcher_runs import PRETRAIN, Finished, deepspeed_cmd, empty_config, launcher_env, run
+
+_TIMEOUT_S = 300  # one process on 2 busy cores: ~15-60 s; a hang fails the test
+
+
+def _launch(tmp_path: Path, overrides: list[str], name: str, **env: str) -> Finished:
+    cmd = [sys.executable, str(PRETRAIN), "--config", str(empty_config(tmp_path)), *overrides]
+    return run(cmd, launcher_env(**env), tmp_path / "logs", name, _TIMEOUT_S)
+
+
+def _snapshot(directory: Path) -> dict[str, str]:
+    """Every file under ``directory`` with its SHA-256 (directories too, as "dir")."""
+    if not directory.exists():
+        return {}
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(directory.rglob("*"))}
+
+
+def assert_refused(proc: Finished, kind: str, expected: str, out_dir: Path) -> None:
+    """Exit 2, ``<kind> error: ...expected...`` once, no traceback, no failure file."""
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2, f"exit {proc.returncode}, expected 2:\n{text[-3000:]}"
+    assert text.count(f"{kind} error: ") == 1, text[-3000:]
+    assert text.count(expected) == 1, f"{expected!r} not printed exactly once:\n{text[-3000:]}"
+    assert "Traceback" not in text, text[-3000:]
+    assert not (out_dir / "failures").exists()
+
+
+def test_sp_size_larger_than_the_world_exits_2(tiny_data, tmp_path):
+    """The quickstart config (sp_size = 2) run as one plain process."""
+    out = tmp_path / "run"
+    proc = _launch(tmp_path, base_overrides(tiny_data, out, "--parallel.sp_size=2"), "sp_size")
+    assert_refused(proc, "config", "[parallel].sp_size=2 does not divide world_size=1", out)
+    assert not out.exists()
+
+
+def test_seq_len_not_divisible_by_sp_size_exits_2(tiny_data, tmp_path):
+    out = tmp_path / "run"
+    proc = _launch(tmp_path, base_overrides(tiny_data, out, "--parallel.sp_size=2", "--data.seq_len=129"), "seq_len")
+    assert_refused(proc, "config", "[data].seq_len=129 is not divisible by [parallel].sp_size=2", out)
+    assert not out.exists()
+
+
+def test_empty_data_file_exits_2_and_leaves_no_cache_file(tiny_data, tmp_path):
+    out, cache, empty = tmp_path / "run", tmp_path / "cache", tmp_path / "empty.txt"
+    empty.write_text("")
+    overrides = base_overrides(tiny_data, out, f"--data.train_files=['{empty}']", f"--data.cache_dir={cache}")
+    proc = _launch(tmp_path, overrides, "empty_data")
+    assert_refused(proc, "data", f"no usable data file among ['{empty}']", out)
+    assert not out.exists()
+    assert [p for p in cache.rglob("*") if p.is_file()] == []  # no 0-byte tokens.bin.tmp
+    assert not cache.exists() or list(cache.iterdir()) == []  # nor an empty cache entry
+
+
+def _checkpoint_of(config_overrides: list[str], out: Path, step: int) -> None:
+    """A run's record and a checkpoint tag as a run with ``config_overrides`` leaves them
+    (the refusal comes before any weight is read, so no shard is needed)."""
+    cfg = load_config(None, config_overrides)
+    write_resolved(cfg, out)
+    tag_dir = out / "checkpoints" / tag_for_step(step)
+    write_resolved(cfg, tag_dir)
+    (tag_dir / "trainer_state.json").write_text(json.dumps({"step": step}))
+    (out / "checkpoints" / "latest").write_text(tag_for_step(step))
+    (out / "metrics.jsonl").write_text(json.dumps({"step": step, "loss": 5.0}) + "\n")
+
+
+def test_resume_config_mismatch_exits_2_and_changes_nothing_on_disk(tiny_data, tmp_path):
+    out = tmp_path / "run"
+    _checkpoint_of(base_overrides(tiny_data, out, "--model.num_layers=3"), out, step=2)
+    before = _snapshot(out)
+    proc = _launch(tmp_path, base_overrides(tiny_data, out, "--checkpoint.resume=auto"), "resume_mismatch")
+    assert_refused(proc, "resume", "[model].num_layers: checkpoint 3, this config 2", out)
+    assert _snapshot(out) == before  # config.resolved.* still describe the checkpoint's run
+
+
+@pytest.mark.slow
+def test_a_bug_exits_1_with_its_traceback_and_failure_file(tiny_data, tmp_path):
+    """Not a refusal: an error raised inside training (here an injected one)."""
+    out = tmp_path / "run"
+    proc = _launch(tmp_path, base_overrides(tiny_data, out, "--run.max_steps=1"), "bug",
+                   PLSH_FAULT="raise:0:1:in_step")
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text[-3000:]
+    assert "rank 0 failed: RuntimeError: injected fault" in text and "Traceback" in text
+    assert (out / "failures" / "rank_0.txt").is_file()
+
+
+@pytest.mark.slow
+def test_two_ranks_refuse_empty_data_with_one_message(tiny_data, tmp_path):
+    """Rank 0 builds the cache and shares its verdict: both ranks exit 2, rank 0 alone prints."""
+    out, cache, empty = tmp_path / "run", tmp_path / "cache", tmp_path / "empty.txt"
+    empty.write_text("")
+    overrides = base_overrides(tiny_data, out, f"--data.train_files=['{empty}']", f"--data.cache_dir={cache}")
+    proc = run(deepspeed_cmd(2, empty_config(tmp_path), overrides), launcher_env(), tmp_path / "logs", "two_ranks",
+               _TIMEOUT_S)
+    assert_refused(proc, "data", f"no usable data file among ['{empty}']", out)
+    assert not out.exists() and [p for p in cache.rglob("*") if p.is_file()] == []
