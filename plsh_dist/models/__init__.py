@@ -15,7 +15,9 @@ with transformers, and plsh_dist's model types (:mod:`plsh_dist.models.hf_config
 - ``set_attention_ops(model, ops)``: which ops compute the attention (SP binds its own);
 - ``AttentionRuntime`` (run seed, step, micro-step), ``get_runtime(model)``,
   ``hash_seed(run_seed, step, micro_step, layer)``;
-- ``count_parameters(model, exclude_embeddings=False)``.
+- ``count_parameters(model, exclude_embeddings=False)``;
+- ``window_cache(model)``: a KV cache keeping only the keys a ``"window"`` /
+  ``"truncated"`` mode reads.
 """
 
 from plsh_dist.models.attention import IMPLEMENTATION
@@ -31,6 +33,7 @@ from plsh_dist.models.build import (
 from plsh_dist.models.config import BIASES, FAMILIES, AttentionConfig, ModelConfig, presets
 from plsh_dist.models.rope import rope_enabled, set_rope
 from plsh_dist.models.runtime import AttentionRuntime, hash_seed
+from plsh_dist.models.window_cache import window_cache
 from plsh_dist.models import hf_config  # noqa: E402  registers qwen3_plsh / llama_plsh / mistral_plsh
 
 __all__ = [
@@ -52,4 +55,5 @@ __all__ = [
     "rope_enabled",
     "AttentionRuntime",
     "hash_seed",
+    "window_cache",
 ]

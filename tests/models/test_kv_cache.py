@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from plsh_dist.models import AttentionConfig, AttentionRuntime, build_model, get_runtime, presets, set_attention_mode
+from plsh_dist.models import (AttentionConfig, AttentionRuntime, build_model, get_runtime, presets,
+                              set_attention_mode, window_cache)
 from tests.tolerances import FP64
 
 PROMPT, NEW = 5, 19  # a 5-token prefill, then 19 single-token steps: 24 positions
@@ -50,6 +51,33 @@ def test_cached_decoding_equals_one_full_forward(model, attn):
             steps.append(model(input_ids=ids[:, t : t + 1], cache=cache, use_cache=True).logits)
     assert cache.get_seq_length() == PROMPT + NEW
     torch.testing.assert_close(torch.cat(steps, dim=1), full, **FP64)
+
+
+@pytest.mark.parametrize("attn", [AttentionConfig(bias="truncated", truncate_c=0.25),  # windows 1, 4, 16, 64
+                                  AttentionConfig(bias="window", window=7)], ids=["truncated", "window"])
+def test_window_cache_keeps_only_the_window(model, attn):
+    """window_cache keeps the last w - 1 tokens per layer (w the widest head's window); decoding
+    with it, also 3 tokens at a time, gives one full forward's logits."""
+    set_attention_mode(model, attn, AttentionRuntime(run_seed=13))
+    widest = 64 if attn.bias == "truncated" else 7
+    n = widest + 30
+    ids = _ids(n, seed=4)
+    with torch.no_grad():
+        full = model(input_ids=ids, use_cache=False).logits
+        cache = window_cache(model)
+        steps = [model(input_ids=ids[:, :PROMPT], cache=cache, use_cache=True).logits]
+        for t in range(PROMPT, n, 3):
+            steps.append(model(input_ids=ids[:, t : t + 3], cache=cache, use_cache=True).logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, **FP64)
+    kept = cache.layers[0].keys.shape[-2]
+    assert kept == min(n, widest - 1), kept
+    assert cache.get_seq_length() == n
+
+
+def test_window_cache_refuses_unbounded_modes(model):
+    set_attention_mode(model, AttentionConfig(bias="alibi"))
+    with pytest.raises(ValueError, match="no key window"):
+        window_cache(model)
 
 
 def test_multi_token_steps_and_position_offset(model):
