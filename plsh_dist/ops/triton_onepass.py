@@ -179,8 +179,11 @@ def banded_backward(dout, q, k, v, out, lse, bias, layout: TokenLayout, *, causa
     Hkv = k.shape[2]
     cfg = tiles_for(D, _arch(q.device))[1]
     dout = dout.contiguous() if dout.stride(-1) != 1 else dout
-    # D_i = rowsum(dO o O), fp32 (B, Hq, n) like lse
-    delta = (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
+    # D_i = rowsum(dO o O), fp32 (B, Hq, n) like lse; one head at a time keeps the fp32
+    # temporaries at 1/Hq of a q-sized tensor
+    delta = torch.empty(B, Hq, n, dtype=torch.float32, device=q.device)
+    for h in range(Hq):
+        delta[:, h] = (dout[:, :, h].float() * out[:, :, h].float()).sum(-1)
     lse = lse.float().contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     mode, pitch, shift, sigma, window, s = _bias_args(bias, q.device)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["AttentionSetup", "attention_setup", "pairs_per_head", "attention_flops", "workspace_cuda",
+__all__ = ["AttentionSetup", "attention_setup", "pairs_per_head", "attention_flops", "fused_tiles", "workspace_cuda",
            "probe_workspace_cpu", "Workspace"]
 
 @dataclass(frozen=True)
@@ -52,6 +52,10 @@ class AttentionSetup:
     chunk_size: int | None
     head_windows: tuple[int, ...] | None = None
     """Per query head, ``"truncated"`` only: ``w_h = ceil(c sigma_h)``."""
+    fused: bool = False
+    """PLSH / fixed blocks on the fused Triton kernel (CUDA with Triton): its cost is the
+    tiles it visits (:mod:`plsh_dist.plan.kernel_tiles`), not the pairs of the band."""
+    sampler: str = "iid"
 
 
 def attention_setup(attn_cfg, num_heads: int, device_type: str, dtype: torch.dtype) -> AttentionSetup:
@@ -60,6 +64,7 @@ def attention_setup(attn_cfg, num_heads: int, device_type: str, dtype: torch.dty
     from plsh_dist.ops.alibi import truncation_windows
     from plsh_dist.ops.backends import choose_path
     from plsh_dist.ops.plsh_varlen import VarlenPerSample
+    from plsh_dist.ops.triton_onepass import TritonOnePass
 
     sigma, _ = head_scales(attn_cfg.sigma, num_heads)
     per_head = isinstance(sigma, torch.Tensor)
@@ -78,6 +83,8 @@ def attention_setup(attn_cfg, num_heads: int, device_type: str, dtype: torch.dty
     return AttentionSetup(bias=attn_cfg.bias, sigma=sig, per_head_hash=per_head, num_samples=samples,
                           onepass=path.onepass and attn_cfg.bias in ("plsh", "fixed_blocks"),
                           varlen=isinstance(path, VarlenPerSample), window=window,
+                          fused=isinstance(path, TritonOnePass) and attn_cfg.bias in ("plsh", "fixed_blocks"),
+                          sampler=attn_cfg.sampler,
                           chunk_size=attn_cfg.chunk_size, head_windows=head_windows)
 
 
@@ -111,9 +118,31 @@ def pairs_per_head(setup: AttentionSetup, T: int) -> list[float]:
 
 
 def attention_flops(setup: AttentionSetup, seq_len: int, head_dim: int, checkpointing: bool) -> float:
-    """Forward + backward attention FLOPs of one sequence of ``seq_len`` tokens, all heads."""
+    """Forward + backward attention FLOPs of one sequence of ``seq_len`` tokens, all heads.
+
+    The fused kernel computes whole tiles: its forward's score area at ``4 D`` per
+    entry (q.k and p.v; checkpointing repeats it), its backward's at ``7 D`` per
+    entry of each of its two kernels' areas (dK/dV: q.k, dp, dv, dk; dQ: q.k, dp,
+    dq; ``14 D`` per score over both).
+    """
+    if setup.fused:
+        tiles = fused_tiles(setup, seq_len, head_dim)
+        return head_dim * ((4 + (4 if checkpointing else 0)) * tiles.forward_area + 7 * tiles.backward_area)
     per_pair = (4 + 10 + (4 if checkpointing else 0)) * head_dim
     return per_pair * sum(pairs_per_head(setup, seq_len))
+
+
+def fused_tiles(setup: AttentionSetup, seq_len: int, head_dim: int):
+    """:class:`~plsh_dist.plan.kernel_tiles.KernelTiles` of the fused kernel for ``setup``'s hash
+    (seed 0; the tiles of other seeds differ by a few percent) on Hopper's tiles."""
+    from plsh_dist.hashing import FixedBlocks, PositionalLSH
+    from plsh_dist.plan.kernel_tiles import kernel_tiles
+
+    heads = len(setup.sigma)
+    sigma = torch.tensor(setup.sigma, dtype=torch.float64) if setup.per_head_hash else setup.sigma[0]
+    lsh = FixedBlocks(sigma) if setup.bias == "fixed_blocks" else \
+        PositionalLSH(sigma, setup.num_samples, seed=0, sampler=setup.sampler)
+    return kernel_tiles(lsh, seq_len, heads, head_dim=head_dim)
 
 
 @dataclass(frozen=True)
@@ -134,6 +163,9 @@ def workspace_cuda(setup: AttentionSetup, batch: int, tokens: int, keys: int, q_
     (tokens, plus the halo / the gathered sequence under SP).
     u = B x tokens x Hq x D elements (one q-sized tensor):
 
+    - PLSH / fixed blocks on the fused Triton kernel (``triton_onepass.py``): forward
+      only the band limits (4 int32 per query tile and head); backward dq, dk, dv,
+      the fp32 row sums ``D`` (``u / D``) and one head's fp32 temporaries for them;
     - PLSH / fixed blocks, varlen per sample (``plsh_varlen.py``): forward
       copies q, k, v into the rows layout (k, v repeated to Hq heads with a
       per-head hash), an fp32 merged output, one sample's output, and the
@@ -150,6 +182,10 @@ def workspace_cuda(setup: AttentionSetup, batch: int, tokens: int, keys: int, q_
 
     u = batch * tokens * q_heads * head_dim
     kv_per_q = kv_heads / q_heads
+    if setup.fused:
+        bands = 4 * 4 * batch * q_heads * math.ceil(keys / 32)
+        bwd = b * u * (1 + 2 * kv_per_q) + 4 * u / head_dim + 12 * u / q_heads + bands
+        return Workspace(bands, int(bwd), "counted (fused Triton kernel)")
     if setup.bias in ("plsh", "fixed_blocks"):
         rep = 1.0 if setup.per_head_hash else kv_per_q
         rows = b * u * (1 + 2 * rep)

@@ -1,0 +1,96 @@
+"""Tiles each PLSH path computes, device-independent: the fused Triton kernel against the
+per-sample varlen path and the causal flash floor.
+
+- fused kernel: the key tiles of every query tile's band, counted by
+  :func:`plsh_dist.ops.tile_bands.query_tile_bands`, the function the kernel's
+  launcher builds its loop bounds with (a test holds the two together); its
+  tiles are :data:`plsh_dist.ops.tile_bands.TILES`' (Hopper's by default), so
+  the comparison is in score area, ``FLASH_TILE x FLASH_TILE`` equivalents;
+- per-sample varlen: every block of every (sample, head) is one sequence of a
+  flash call, cut in ``FLASH_TILE x FLASH_TILE`` tiles from the block's own start
+  (causal: the triangle of tiles), from the real block lengths of the hash;
+- causal flash floor: one causal flash attention of T tokens per head.
+
+One sequence of T tokens, positions ``0..T-1``; per query head (a shared hash
+serves every head). Legend: s samples, Hq query heads, D head dim.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from plsh_dist.hashing import PositionalLSH
+from plsh_dist.ops.tile_bands import (CountBias, TileConfig, TokenLayout, key_tile_bands, query_tile_bands,
+                                      tiles_for)
+
+__all__ = ["FLASH_TILE", "KernelTiles", "kernel_tiles", "per_sample_tiles", "floor_tiles"]
+
+#: Tile edge of the flash kernels the other paths run (flash-attn 2's 128 x 128 forward tile).
+FLASH_TILE = 128
+
+
+@dataclass(frozen=True)
+class KernelTiles:
+    """Tiles of the fused kernel, summed over the query heads of one sequence.
+
+    Attributes:
+        forward: (query tile, key tile) pairs the forward visits (its own tile shape).
+        forward_area: score entries those tiles cover (the forward's computed q.k pairs).
+        backward_area: score entries of the dK/dV kernel's tiles plus the dQ kernel's.
+    """
+
+    forward: int
+    forward_area: int
+    backward_area: int
+
+    @property
+    def flash_equivalent(self) -> float:
+        """Forward area in ``FLASH_TILE x FLASH_TILE`` tiles."""
+        return self.forward_area / FLASH_TILE**2
+
+
+def kernel_tiles(lsh: PositionalLSH, T: int, num_q_heads: int, *, head_dim: int = 128, arch: int = 9,
+                 causal: bool = True, tiles: tuple[TileConfig, TileConfig] | None = None) -> KernelTiles:
+    """Tiles the fused kernel visits for one sequence of ``T`` tokens (module doc).
+
+    ``tiles``: (forward, backward) tile shapes instead of the shipped ones for
+    ``head_dim`` / ``arch`` (what another tiling would visit).
+    """
+    device = torch.device("cpu")
+    layout = TokenLayout.build(torch.arange(T), device)
+    bias = CountBias.of(lsh, device)
+    heads_per_hash = num_q_heads // bias.num_heads
+    fwd, bwd = tiles if tiles is not None else tiles_for(head_dim, arch)
+    lo, hi = query_tile_bands(bias, layout, fwd.block_m, fwd.block_n, causal)
+    forward = int((hi - lo).long().sum()) * heads_per_hash
+    k_lo, k_hi = key_tile_bands(bias, layout, bwd.block_m, bwd.block_n, causal)
+    q_lo, q_hi = query_tile_bands(bias, layout, bwd.block_m, bwd.block_n, causal)
+    backward = (int((k_hi - k_lo).long().sum()) + int((q_hi - q_lo).long().sum())) * heads_per_hash
+    return KernelTiles(forward, forward * fwd.block_m * fwd.block_n, backward * bwd.block_m * bwd.block_n)
+
+
+def _block_tiles(lengths: torch.Tensor, causal: bool) -> int:
+    m = torch.div(lengths + FLASH_TILE - 1, FLASH_TILE, rounding_mode="floor")
+    return int((m * (m + 1) // 2).sum()) if causal else int((m * m).sum())
+
+
+def per_sample_tiles(lsh: PositionalLSH, T: int, num_q_heads: int, *, causal: bool = True) -> int:
+    """Flash tiles of the per-sample varlen path: every block of every (sample, head) one
+    sequence, from the hash's real block lengths (one (sample, head) at a time: O(T) memory)."""
+    positions = torch.arange(T)
+    heads_per_hash = num_q_heads // lsh.num_heads
+    total = 0
+    for t in range(lsh.num_samples):
+        b = lsh.sample_buckets(positions, t)  # (Hh, T)
+        for h in range(b.shape[0]):
+            total += _block_tiles(torch.bincount(b[h] - b[h, 0]), causal)
+    return total * heads_per_hash
+
+
+def floor_tiles(T: int, num_q_heads: int) -> int:
+    """Flash tiles of one causal attention over ``T`` tokens, all heads."""
+    m = math.ceil(T / FLASH_TILE)
+    return num_q_heads * m * (m + 1) // 2

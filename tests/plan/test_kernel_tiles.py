@@ -1,0 +1,90 @@
+"""The fused kernel's cost model (plsh_dist/plan/kernel_tiles.py): its tile counts are the
+tiles that hold a non-zero count of the real hash, the kernel's launcher builds its loops from
+the same band function, and the per-sample / floor counts are the flash tiles of real blocks."""
+
+import math
+
+import pytest
+import torch
+
+from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
+from plsh_dist.models import AttentionConfig
+from plsh_dist.ops.tile_bands import tiles_for
+from plsh_dist.plan.attention_cost import attention_flops, attention_setup, fused_tiles
+from plsh_dist.plan.kernel_tiles import FLASH_TILE, floor_tiles, kernel_tiles, per_sample_tiles
+
+torch.set_num_threads(1)
+SIGMA = alibi_slopes(4).double().reciprocal() * 8  # 2.8 .. 32 tokens
+
+
+def _nonzero_tiles(lsh, T, bm, bn) -> int:
+    """(query tile, key tile) pairs holding a key that shares a block with a query (causal), per head."""
+    b = lsh.buckets(torch.arange(T))  # (s, Hh, T)
+    same = (b[:, :, :, None] == b[:, :, None, :]).any(0) & torch.ones(T, T, dtype=torch.bool).tril()
+    nq, nk = math.ceil(T / bm), math.ceil(T / bn)
+    pad = torch.zeros(same.shape[0], nq * bm, nk * bn, dtype=torch.bool)
+    pad[:, :T, :T] = same
+    return int(pad.view(-1, nq, bm, nk, bn).any(dim=(2, 4)).sum())
+
+
+@pytest.mark.parametrize("sampler", ["iid", "stratified"])
+def test_kernel_tiles_are_the_tiles_with_a_count(sampler):
+    T, lsh = 300, PositionalLSH(SIGMA, 8, seed=4, sampler=sampler)
+    fwd, bwd = tiles_for(128)
+    got = kernel_tiles(lsh, T, 4, head_dim=128)
+    assert got.forward == _nonzero_tiles(lsh, T, fwd.block_m, fwd.block_n)
+    assert got.forward_area == got.forward * fwd.block_m * fwd.block_n
+    # backward: the dQ kernel's pairs plus the dK/dV kernel's (the same set, seen from the keys)
+    assert got.backward_area == 2 * _nonzero_tiles(lsh, T, bwd.block_m, bwd.block_n) * bwd.block_m * bwd.block_n
+    shared = PositionalLSH(6.0, 3, seed=1)
+    assert kernel_tiles(shared, T, 4).forward == 4 * _nonzero_tiles(shared, T, fwd.block_m, fwd.block_n)
+
+
+def test_the_kernel_loops_over_the_counted_tiles(monkeypatch):
+    """The launcher's band (its kernel's loop bounds) is the cost model's."""
+    pytest.importorskip("triton")
+    from plsh_dist.ops import triton_onepass
+
+    if not triton_onepass.interpreting():
+        pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1 before triton is imported)")
+    seen = []
+    real = triton_onepass.query_tile_bands
+
+    def spy(*args, **kwargs):
+        lo, hi = real(*args, **kwargs)
+        seen.append(int((hi - lo).long().sum()))
+        return lo, hi
+
+    monkeypatch.setattr(triton_onepass, "query_tile_bands", spy)
+    T, lsh = 200, PositionalLSH(SIGMA, 4, seed=2)
+    q, k, v = (torch.randn(1, T, 4, 128) for _ in range(3))
+    triton_onepass.triton_onepass_forward(q, k, v, lsh, torch.arange(T), causal=True, scale=0.1)
+    assert seen == [kernel_tiles(lsh, T, 4, head_dim=128).forward]
+
+
+def test_per_sample_and_floor_tiles():
+    assert floor_tiles(8192, 16) == 16 * 64 * 65 // 2 == 33280
+    # fixed blocks of 2 * 100 tokens: 5 blocks of 2 x 2 flash tiles (3 causal), on 2 heads
+    assert per_sample_tiles(FixedBlocks(100.0), 1000, 2) == 2 * 5 * 3
+    assert per_sample_tiles(FixedBlocks(100.0), 1000, 2, causal=False) == 2 * 5 * 4
+    lsh = PositionalLSH(SIGMA * 20, 3, seed=0)
+    expected = 0
+    for per_sample in lsh.cu_seqlens(torch.arange(2000)):
+        for cu in per_sample:
+            m = torch.div((cu[1:] - cu[:-1]).long() + FLASH_TILE - 1, FLASH_TILE, rounding_mode="floor")
+            expected += int((m * (m + 1) // 2).sum())
+    assert per_sample_tiles(lsh, 2000, 4) == expected
+
+
+def test_planner_counts_the_fused_kernels_tiles(monkeypatch):
+    from plsh_dist.ops import triton_onepass
+
+    monkeypatch.setattr(triton_onepass, "triton_status", lambda: None)  # a GPU machine with Triton
+    attn = AttentionConfig(bias="plsh", num_samples=8)
+    setup = attention_setup(attn, 4, "cuda", torch.bfloat16)
+    assert setup.fused and setup.onepass and not setup.varlen
+    tiles = fused_tiles(setup, 512, 64)
+    assert attention_flops(setup, 512, 64, False) == 64 * (4 * tiles.forward_area + 7 * tiles.backward_area)
+    assert attention_flops(setup, 512, 64, True) == 64 * (8 * tiles.forward_area + 7 * tiles.backward_area)
+    monkeypatch.setattr(triton_onepass, "triton_status", lambda: "missing")
+    assert not attention_setup(attn, 4, "cuda", torch.bfloat16).fused
