@@ -26,6 +26,7 @@ B, T, OFFSET = 2, 48, 16
 MODES = [
     AttentionConfig(bias="plsh", num_samples=3),  # per-head sigma 4 .. 256: blocks cross chunk borders
     AttentionConfig(bias="window", window=10),
+    AttentionConfig(bias="truncated", truncate_c=0.25),  # per-head windows 1, 4, 16, 64
     AttentionConfig(bias="none", rope=True),
 ]
 
