@@ -1,16 +1,22 @@
 """GPU attention benchmark: PLSH against the exact-attention floor, exact and windowed ALiBi.
 
-    python launchers/bench_attention_gpu.py --out gpu_results/bench      # full grid, ~5 min on one H200
+    python launchers/bench_attention_gpu.py --out gpu_results/bench      # full grid, within --budget-s
     python launchers/bench_attention_gpu.py --lengths 8192 --samples 8   # quick
 
 Forward+backward time (CUDA events, median of ``--repeats`` after warm-up) and
 peak memory above the inputs (``torch.cuda.max_memory_allocated``) at
 T in {8k, 32k, 128k, 512k}, batch 1, H = 16 query and key/value heads,
-D = 128, bf16. Methods:
+D = 128, bf16. Methods, in the order they run at each T (the time budget
+skips the tail):
 
-- ``plsh``: per-head sigma = 1/slope and sigma = 256, s in {4, 8, 16}, on
-  PyTorch's varlen flash kernels (``backend="torch"``) and on flash-attn when
-  installed;
+- ``plsh_triton``: the fused one-pass Triton kernel (``backend="triton"``),
+  per-head sigma = 1/slope and sigma = 256, s in {8, 32, 100};
+- ``alibi_window_triton``: the same kernel's exact-ALiBi-in-a-window bias,
+  one window for all heads (``--window``) and per-head windows
+  ``ceil((ln 8 + 0.58) sigma_h)`` (PLSH s = 8's band);
+- ``plsh_torch`` / ``plsh_flash_attn``: the per-sample varlen path (s block
+  attentions on PyTorch's varlen flash kernels, and on flash-attn when
+  installed), s = 8 only (its host plan alone takes seconds at larger s);
 - ``sdpa_flash_causal``: causal SDPA on the flash backend without bias, the
   exact-attention floor;
 - ``alibi_flash_attn``: flash-attn's exact ALiBi (``alibi_slopes``) when installed;
@@ -20,9 +26,15 @@ D = 128, bf16. Methods:
   compile, ``alibi_chunked`` / ``alibi_window_chunked`` (plsh_dist's query-
   chunked exact ALiBi) stand in and the record says so.
 
-Achieved TFLOP/s counts the attention matmuls actually needed (causal:
-half the square; PLSH: each block's own triangle, summed over heads and
-samples; windowed: the band) at 3.5x the forward's FLOPs for fwd+bwd.
+Two TFLOP/s per case: *useful* counts the scores the method needs (causal:
+half the square; PLSH per sample: each block's own triangle, summed over
+heads and samples; PLSH one pass: the band of keys sharing a block in some
+sample, its expectation over the hash; windowed: the band) at 3.5x the
+forward's FLOPs for fwd+bwd; *visited* counts the tiles the kernels compute
+(the floor's and per-sample's 128 x 128 flash tiles, the Triton kernel's
+own tiles from ``plsh_dist.plan.kernel_tiles``: 4 D per forward score, 14 D
+per backward score over its two kernels). The GPU targets (issue 25) are
+checked at the end of ``results.md``.
 
 On a machine without CUDA it runs the same code on the CPU at toy sizes
 (``--lengths 512 --heads 2 --head-dim 16``), so every path is exercised here.
@@ -47,7 +59,10 @@ import torch  # noqa: E402
 
 from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: E402
 from plsh_dist.ops import alibi_attention, plsh_attention  # noqa: E402
+from plsh_dist.ops.alibi import truncation_windows  # noqa: E402
 from plsh_dist.ops.backends import flash_attn_available  # noqa: E402
+from plsh_dist.ops.triton_onepass import alibi_window_attention, triton_cuda, triton_interpreter  # noqa: E402
+from plsh_dist.plan import kernel_tiles as tiles  # noqa: E402
 
 FWD_BWD = 3.5  # backward ~2.5x forward matmul FLOPs
 
@@ -105,6 +120,27 @@ def plsh_flops(sigma, s: int, T: int, H: int, D: int) -> float:
     return FWD_BWD * 4 * D * heads_per_hash * total
 
 
+def onepass_band_flops(sigma, s: int, T: int, H: int, D: int) -> float:
+    """The one-pass band's scores (keys sharing the query's block in at least one sample, causal;
+    the expectation over the hash, ``plsh_dist.plan.attention_cost``), all heads."""
+    from plsh_dist.plan.attention_cost import AttentionSetup, pairs_per_head
+
+    sig = tuple(float(x) for x in sigma) if isinstance(sigma, torch.Tensor) else (float(sigma),) * H
+    setup = AttentionSetup(bias="plsh", sigma=sig, per_head_hash=True, num_samples=s, onepass=True, varlen=False,
+                           window=0, chunk_size=None)
+    return FWD_BWD * 4 * D * sum(pairs_per_head(setup, T))
+
+
+def kernel_visited_flops(k: "tiles.KernelTiles", D: int) -> float:
+    """What the fused kernel computes: 4 D per forward score, 7 D per score of each backward kernel."""
+    return D * (4 * k.forward_area + 7 * k.backward_area)
+
+
+def flash_visited_flops(num_tiles: int, D: int) -> float:
+    """128 x 128 flash tiles, forward + backward (3.5x the forward's 4 D per score)."""
+    return FWD_BWD * 4 * D * num_tiles * tiles.FLASH_TILE**2
+
+
 # -- methods ----------------------------------------------------------------------
 
 
@@ -149,16 +185,47 @@ def _sdpa_flash_causal(q, k, v):
     return out.transpose(1, 2)
 
 
+def _triton_runs(device) -> bool:
+    """The Triton kernel runs here: compiled on CUDA, or under the interpreter on CPU."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return (triton_cuda if device.type == "cuda" else triton_interpreter)(device, dtype)
+
+
+def _sigmas(H: int):
+    slopes = alibi_slopes(H)
+    return (("per_head", slopes.double().reciprocal()), ("256", 256.0))
+
+
+def _tag(sigma_name: str) -> str:
+    return "perhead" if sigma_name == "per_head" else "sigma256"
+
+
 def methods(args, T: int, device) -> list[tuple[str, dict, object]]:
-    """(name, settings, fn) for every method of the grid at length T."""
+    """(name, settings, fn) for every method of the grid at length T, in the order they run."""
     H = args.heads
     slopes = alibi_slopes(H)
     out = [("sdpa_flash_causal", {"exact": True}, _sdpa_flash_causal)]
+    if _triton_runs(device):
+        for sigma_name, sigma in _sigmas(H):
+            for s in args.samples:
+                fn = (lambda sg, ss: lambda q, k, v: plsh_attention(
+                    q, k, v, sigma=sg, num_samples=ss, seed=0, backend="triton"))(sigma, s)
+                out.append((f"plsh_triton_{_tag(sigma_name)}_s{s}", {"backend": "triton", "sigma": sigma_name,
+                                                                     "s": s}, fn))
+        per_head_windows = truncation_windows(math.log(8) + 0.58, slopes.double().reciprocal())
+        for name, window in (("alibi_window_triton", args.window), ("alibi_window_triton_perhead", per_head_windows)):
+            fn = (lambda w: lambda q, k, v: alibi_window_attention(
+                q, k, v, sigma=slopes.reciprocal(), window=w)[0])(window)
+            out.append((name, {"exact": False, "window": window if isinstance(window, int) else "per-head",
+                               "windows": torch.as_tensor(window).reshape(-1).tolist()}, fn))
     if flash_attn_available(device, torch.bfloat16):
         from flash_attn import flash_attn_func
 
         out.append(("alibi_flash_attn", {"exact": True},
                     lambda q, k, v: flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes.to(q.device))))
+        out.append(("alibi_window_flash_attn", {"exact": False, "window": args.window},
+                    lambda q, k, v: flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes.to(q.device),
+                                                    window_size=(args.window - 1, 0))))
     for name, window in (("alibi", None), ("alibi_window", args.window)):
         try:
             if not args.flex:
@@ -170,24 +237,35 @@ def methods(args, T: int, device) -> list[tuple[str, dict, object]]:
             out.append((f"{name}_chunked", {"exact": window is None, "window": window,
                                             "flex_error": f"{type(exc).__name__}: {exc}"[:200]}, fn))
     backends = ["torch"] + (["flash_attn"] if flash_attn_available(device, torch.bfloat16) else [])
-    for backend in backends:
-        for sigma_name, sigma in (("per_head", slopes.reciprocal()), ("256", 256.0)):
-            for s in args.samples:
+    for backend in backends:  # the per-sample varlen path, s = 8 (its host plan alone grows with s)
+        for sigma_name, sigma in _sigmas(H):
+            for s in [x for x in args.samples if x <= args.per_sample_max_s]:
                 fn = (lambda sg, ss, bk: lambda q, k, v: plsh_attention(
-                    q, k, v, sigma=sg, num_samples=ss, seed=0, backend=bk))(sigma, s, backend)
-                out.append((f"plsh_{backend}_{'perhead' if sigma_name == 'per_head' else 'sigma256'}_s{s}",
+                    q, k, v, sigma=sg, num_samples=ss, seed=0, backend=bk, method="per_sample"))(sigma, s, backend)
+                out.append((f"plsh_{backend}_{_tag(sigma_name)}_s{s}",
                             {"backend": backend, "sigma": sigma_name, "s": s}, fn))
     return out
 
 
-def flops_for(name: str, settings: dict, T: int, args) -> float:
+def flops_for(name: str, settings: dict, T: int, args) -> tuple[float, float]:
+    """(useful, visited) fwd+bwd FLOPs of one case (module doc)."""
     H, D = args.heads, args.head_dim
     if name.startswith("plsh"):
-        sigma = alibi_slopes(H).reciprocal() if settings["sigma"] == "per_head" else 256.0
-        return plsh_flops(sigma, settings["s"], T, H, D)
+        sigma = dict(_sigmas(H))[settings["sigma"]]
+        lsh = PositionalLSH(sigma, settings["s"], seed=0)
+        if settings["backend"] == "triton":
+            return onepass_band_flops(sigma, settings["s"], T, H, D), \
+                kernel_visited_flops(tiles.kernel_tiles(lsh, T, H, head_dim=D), D)
+        return plsh_flops(sigma, settings["s"], T, H, D), flash_visited_flops(tiles.per_sample_tiles(lsh, T, H), D)
+    if name.startswith("alibi_window_triton"):
+        windows = settings["windows"]
+        useful = sum(window_flops(T, 1, D, w) for w in (windows * H if len(windows) == 1 else windows))
+        k = tiles.window_tiles(alibi_slopes(H).reciprocal(), windows, T, H, head_dim=D)
+        return useful, kernel_visited_flops(k, D)
     if settings.get("window"):
-        return window_flops(T, H, D, settings["window"])
-    return dense_causal_flops(T, H, D)
+        useful = window_flops(T, H, D, settings["window"])
+        return useful, useful
+    return dense_causal_flops(T, H, D), flash_visited_flops(tiles.floor_tiles(T, H), D)
 
 
 def run(args) -> list[dict]:
@@ -200,7 +278,8 @@ def run(args) -> list[dict]:
         q, k, v = (torch.randn(1, T, H, D, generator=g, device=device, dtype=dtype).requires_grad_()
                    for _ in range(3))
         for name, settings, fn in methods(args, T, device):
-            record = {"method": name, "T": T, "H": H, "D": D, "dtype": str(dtype).split(".")[-1], **settings}
+            record = {"method": name, "T": T, "H": H, "D": D, "dtype": str(dtype).split(".")[-1],
+                      "device_type": device.type, **settings}
             if time.time() - t_start > args.budget_s:
                 records.append({**record, "status": "skipped: time budget"})
                 continue
@@ -220,12 +299,14 @@ def run(args) -> list[dict]:
                 print(f"T={T:>7} {name:<34} error {type(exc).__name__}: {exc}", flush=True)
                 continue
             median = statistics.median(times)
-            flops = flops_for(name, settings, T, args)
-            record.update(status="ok", time_s=median, times_s=times, tflops=flops / median / 1e12)
+            useful, visited = flops_for(name, settings, T, args)
+            record.update(status="ok", time_s=median, times_s=times, tflops=useful / median / 1e12,
+                          tflops_visited=visited / median / 1e12)
             if device.type == "cuda":
                 record["peak_mem_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
             records.append(record)
-            print(f"T={T:>7} {name:<34} {median * 1e3:10.2f} ms  {record['tflops']:8.3g} TFLOP/s"
+            print(f"T={T:>7} {name:<34} {median * 1e3:10.2f} ms  {record['tflops']:8.3g} / "
+                  f"{record['tflops_visited']:.3g} TFLOP/s useful / visited"
                   + (f"  {record['peak_mem_mib']:9.0f} MiB" if "peak_mem_mib" in record else ""), flush=True)
         del q, k, v
     _add_ratios(records)
@@ -240,16 +321,44 @@ def _add_ratios(records: list[dict]) -> None:
             r["speedup_vs_floor"] = floor[r["T"]] / r["time_s"]
 
 
+#: Issue 25's GPU targets: the kernel (per-head sigma, s = 8, fwd + bwd) this many times faster
+#: than the causal flash floor at each T, with at least half the floor's TFLOP/s over visited tiles.
+SPEEDUP_TARGETS = {8192: 3.0, 131072: 20.0, 524288: 50.0}
+KERNEL = "plsh_triton_perhead_s8"
+
+
+def targets(records: list[dict]) -> list[tuple[str, str]]:
+    """(target, verdict) for each GPU target: measured and met / not met, or not measured."""
+    ok = {(r["method"], r["T"]): r for r in records if r.get("status") == "ok"}
+    out = []
+    for T, factor in SPEEDUP_TARGETS.items():
+        k, floor = ok.get((KERNEL, T)), ok.get(("sdpa_flash_causal", T))
+        name = f"T={T}: {KERNEL} >= {factor:g}x faster than the causal flash floor"
+        if k is None or floor is None or k.get("device_type") != "cuda":
+            out.append((name, "not measured on a GPU"))
+            continue
+        speed = floor["time_s"] / k["time_s"]
+        out.append((name, f"{speed:.2f}x: {'met' if speed >= factor else 'NOT met'}"))
+        half = k["tflops_visited"] >= 0.5 * floor["tflops_visited"]
+        out.append((f"T={T}: its TFLOP/s over visited tiles >= half the floor's",
+                    f"{k['tflops_visited']:.3g} vs {floor['tflops_visited']:.3g}: {'met' if half else 'NOT met'}"))
+    return out
+
+
 def markdown(records: list[dict], device_name: str) -> str:
-    lines = [f"Device: {device_name}. fwd+bwd, batch 1, median; speedup = causal flash SDPA time / method time.", "",
-             "| T | method | time (ms) | speedup vs floor | TFLOP/s | peak MiB |", "|---|---|---|---|---|---|"]
+    lines = [f"Device: {device_name}. fwd+bwd, batch 1, median; speedup = causal flash SDPA time / method time; "
+             "TFLOP/s over the useful scores and over the tiles the kernels visit.", "",
+             "| T | method | time (ms) | speedup vs floor | TFLOP/s useful | TFLOP/s visited | peak MiB |",
+             "|---|---|---|---|---|---|---|"]
     for r in records:
         if r.get("status") != "ok":
-            lines.append(f"| {r['T']} | {r['method']} | {r.get('status')} | | | |")
+            lines.append(f"| {r['T']} | {r['method']} | {r.get('status')} | | | | |")
             continue
         mem = f"{r['peak_mem_mib']:.0f}" if "peak_mem_mib" in r else "-"
         lines.append(f"| {r['T']} | {r['method']} | {r['time_s'] * 1e3:.2f} | {r.get('speedup_vs_floor', math.nan):.2f}x"
-                     f" | {r['tflops']:.3g} | {mem} |")
+                     f" | {r['tflops']:.3g} | {r['tflops_visited']:.3g} | {mem} |")
+    lines += ["", "GPU targets (issue 25):", "", "| target | result |", "|---|---|"]
+    lines += [f"| {name} | {verdict} |" for name, verdict in targets(records)]
     return "\n".join(lines) + "\n"
 
 
@@ -257,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="gpu_results/bench", help="directory for results.json / results.md")
     p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[8192, 32768, 131072, 524288])
-    p.add_argument("--samples", type=lambda s: [int(x) for x in s.split(",")], default=[4, 8, 16])
+    p.add_argument("--samples", type=lambda s: [int(x) for x in s.split(",")], default=[8, 32, 100])
+    p.add_argument("--per-sample-max-s", type=int, default=8, help="largest s the per-sample varlen path runs")
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--window", type=int, default=4096, help="window of windowed ALiBi (16 x the largest sigma, 256)")
@@ -273,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     device_name = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.cpu else "CPU"
     meta = {"device": device_name, "torch": torch.__version__, "flash_attn": flash_attn_available(
         torch.device("cuda"), torch.bfloat16) if torch.cuda.is_available() else False}
-    (out / "results.json").write_text(json.dumps({"meta": meta, "records": records}, indent=1) + "\n")
+    (out / "results.json").write_text(json.dumps({"meta": meta, "records": records, "targets": targets(records)},
+                                                 indent=1) + "\n")
     (out / "results.md").write_text(markdown(records, device_name))
     print(f"wrote {out / 'results.json'} and {out / 'results.md'}")
     return 0

@@ -333,17 +333,17 @@ def alibi_window_attention(q, k, v, *, sigma, window, positions: torch.Tensor | 
 
 
 def count_matrix(lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, docs: Documents | None = None,
-                 block: int = 128) -> torch.Tensor:
-    """The kernels' ``c_ij``, int32 (Hh, n, n), 0 where hidden, from the same device code
-    as every kernel (tests: O(n^2)). Runs on CPU under the interpreter."""
-    device = torch.device("cpu")
+                 block: int = 128, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The kernels' ``c_ij``, int32 (Hh, n, n) on CPU, 0 where hidden, from the same device code
+    as every kernel (tests: O(n^2)); on CPU under the interpreter, or compiled on CUDA."""
+    device = torch.device(device)
     layout = TokenLayout.build(positions, device, docs)
     bias = CountBias.of(lsh, device)
     n, H = layout.n, bias.num_heads
-    out = torch.zeros(H, n, n, dtype=torch.int32)
+    out = torch.zeros(H, n, n, dtype=torch.int32, device=device)
     mod = _launch(device)
     mod.count_tile_kernel[(math.ceil(n / block), math.ceil(n / block), H)](
         out, layout.kernel_positions, _doc(layout), bias.pitch, bias.shift, n, H, bias.num_samples,
         BLOCK_M=block, BLOCK_N=block, CAUSAL=causal, HAS_DOCS=layout.doc is not None,
     )
-    return out
+    return out.cpu()

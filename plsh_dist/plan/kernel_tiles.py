@@ -23,10 +23,11 @@ from dataclasses import dataclass
 import torch
 
 from plsh_dist.hashing import PositionalLSH
-from plsh_dist.ops.tile_bands import (CountBias, TileConfig, TokenLayout, key_tile_bands, query_tile_bands,
-                                      tiles_for)
+from plsh_dist.ops.tile_bands import (CountBias, TileConfig, TokenLayout, WindowBias, key_tile_bands,
+                                      query_tile_bands, tiles_for)
 
-__all__ = ["FLASH_TILE", "KernelTiles", "kernel_tiles", "per_sample_tiles", "floor_tiles"]
+__all__ = ["FLASH_TILE", "KernelTiles", "kernel_tiles", "window_tiles", "bias_tiles", "per_sample_tiles",
+           "floor_tiles"]
 
 #: Tile edge of the flash kernels the other paths run (flash-attn 2's 128 x 128 forward tile).
 FLASH_TILE = 128
@@ -59,9 +60,26 @@ def kernel_tiles(lsh: PositionalLSH, T: int, num_q_heads: int, *, head_dim: int 
     ``tiles``: (forward, backward) tile shapes instead of the shipped ones for
     ``head_dim`` / ``arch`` (what another tiling would visit).
     """
-    device = torch.device("cpu")
-    layout = TokenLayout.build(torch.arange(T), device)
-    bias = CountBias.of(lsh, device)
+    return bias_tiles(CountBias.of(lsh, torch.device("cpu")), T, num_q_heads, head_dim=head_dim, arch=arch,
+                      causal=causal, tiles=tiles)
+
+
+def window_tiles(sigma, window, T: int, num_q_heads: int, *, head_dim: int = 128, arch: int = 9,
+                 causal: bool = True) -> KernelTiles:
+    """Tiles the kernel visits for exact ALiBi inside per-head windows (``sigma``, ``window``:
+    one entry per head, or one shared)."""
+    sig = torch.as_tensor(sigma, dtype=torch.float32).reshape(-1)
+    win = torch.as_tensor(window, dtype=torch.int64).reshape(-1)
+    H = max(sig.numel(), win.numel())
+    bias = WindowBias.of(sig.expand(H).contiguous(), win.expand(H).contiguous(), torch.device("cpu"))
+    return bias_tiles(bias, T, num_q_heads, head_dim=head_dim, arch=arch, causal=causal)
+
+
+def bias_tiles(bias, T: int, num_q_heads: int, *, head_dim: int = 128, arch: int = 9, causal: bool = True,
+               tiles: tuple[TileConfig, TileConfig] | None = None) -> KernelTiles:
+    """Tiles the kernel visits for ``bias`` (:class:`~plsh_dist.ops.tile_bands.CountBias` or
+    :class:`~plsh_dist.ops.tile_bands.WindowBias` on the CPU) over positions ``0..T-1``."""
+    layout = TokenLayout.build(torch.arange(T), torch.device("cpu"))
     heads_per_hash = num_q_heads // bias.num_heads
     fwd, bwd = tiles if tiles is not None else tiles_for(head_dim, arch)
     lo, hi = query_tile_bands(bias, layout, fwd.block_m, fwd.block_n, causal)

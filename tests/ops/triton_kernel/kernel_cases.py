@@ -6,6 +6,7 @@ Legend: B batch, n tokens, Hq / Hkv query / key-value heads, D head dim, Hh bias
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from plsh_dist.ops.documents import Documents
@@ -60,3 +61,15 @@ def random_qkv(B: int, n: int, Hq: int, Hkv: int, D: int, dtype=torch.float32, s
     q, k, v = (torch.randn(B, n, h, D, generator=g).to(dtype) for h in (Hq, Hkv, Hkv))
     dout = torch.randn(B, n, Hq, D, generator=g).to(dtype)
     return q, k, v, dout
+
+
+def kernel_device() -> torch.device:
+    """Where the kernel runs in these tests: the CPU under Triton's interpreter (``tests/conftest.py``
+    switches it on where there is no CUDA), else the GPU (the compiled kernel: ``make gpu-check``)."""
+    from plsh_dist.ops.triton_onepass import interpreting
+
+    if interpreting():
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    pytest.skip("the Triton kernel needs CUDA, or TRITON_INTERPRET=1 set before triton is imported")

@@ -1,8 +1,9 @@
 """The Triton kernel against the dense fp64 reference: out, lse, dq, dk, dv.
 
 Under Triton's CPU interpreter (``tests/conftest.py``), fp32 inputs (and one fp16
-case; the interpreter's bf16 dot is wrong). Sizes are small: the interpreter runs
-every program one after another in numpy.
+case; the interpreter's bf16 dot is wrong), or compiled on a GPU where there is one
+(then also bf16). Sizes are small: the interpreter runs every program one after
+another in numpy.
 """
 
 import pytest
@@ -15,19 +16,22 @@ from plsh_dist.ops.documents import Documents  # noqa: E402
 from plsh_dist.ops.triton_onepass import (alibi_window_attention, triton_onepass_backward,  # noqa: E402
                                           triton_onepass_forward)
 
-from kernel_cases import brute_counts, dense_reference, random_qkv, window_weights  # noqa: E402
+from kernel_cases import brute_counts, dense_reference, kernel_device, random_qkv, window_weights  # noqa: E402
 
 FP32 = dict(atol=2e-5, rtol=2e-5)
 FP32_GRAD = dict(atol=1e-4, rtol=1e-4)  # four fp32 products per gradient entry
-FP16 = dict(atol=2e-2, rtol=2e-2)
+HALF = {torch.float16: dict(atol=2e-2, rtol=2e-2), torch.bfloat16: dict(atol=1e-1, rtol=5e-2)}  # bf16: GPU only
 PER_HEAD = torch.tensor([0.8, 5.0, 60.0, 700.0], dtype=torch.float64)  # 1-token blocks up to bands of many tiles
 
 
 def _check(q, k, v, dout, lsh, positions, causal, docs=None, tol=FP32, grad_tol=FP32_GRAD):
     scale = q.shape[-1] ** -0.5
-    out, lse = triton_onepass_forward(q, k, v, lsh, positions, causal=causal, scale=scale, docs=docs)
-    dq, dk, dv = triton_onepass_backward(dout, q, k, v, out, lse, lsh, positions, causal=causal, scale=scale,
+    dev = kernel_device()
+    qd, kd, vd, dod = (x.to(dev) for x in (q, k, v, dout))
+    out, lse = triton_onepass_forward(qd, kd, vd, lsh, positions, causal=causal, scale=scale, docs=docs)
+    dq, dk, dv = triton_onepass_backward(dod, qd, kd, vd, out, lse, lsh, positions, causal=causal, scale=scale,
                                          docs=docs)
+    out, lse, dq, dk, dv = (x.cpu() for x in (out, lse, dq, dk, dv))
     counts = brute_counts(lsh, positions, causal, docs)
     ref = dense_reference(q, k, v, counts, scale, dout)
     assert lse.dtype == torch.float32 and lse.shape == (q.shape[0], q.shape[2], q.shape[1])
@@ -73,21 +77,28 @@ def test_documents_with_one_token_documents():
         _check(q, k, v, dout, lsh, docs.positions, causal, docs=docs)
 
 
-def test_fp16_inputs_accumulate_in_fp32():
-    q, k, v, dout = random_qkv(1, 100, 4, 2, 64, dtype=torch.float16, seed=9)
-    _check(q, k, v, dout, PositionalLSH(PER_HEAD, 8, seed=2), torch.arange(100), True, tol=FP16, grad_tol=FP16)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_half_inputs_accumulate_in_fp32(dtype):
+    if dtype == torch.bfloat16 and kernel_device().type == "cpu":
+        pytest.skip("Triton's interpreter computes bf16 dots wrongly (a GPU runs this case)")
+    q, k, v, dout = random_qkv(1, 100, 4, 2, 64, dtype=dtype, seed=9)
+    _check(q, k, v, dout, PositionalLSH(PER_HEAD, 8, seed=2), torch.arange(100), True, tol=HALF[dtype],
+           grad_tol=HALF[dtype])
 
 
 def test_zero_query_rows_add_nothing():
     """The SP halo rows: q = dout = out = lse = 0 rows give finite, zero contributions."""
+    dev = kernel_device()
     q, k, v, dout = random_qkv(1, 96, 2, 2, 64, seed=4)
     lsh = PositionalLSH(torch.tensor([3.0, 50.0]), 8, seed=0)
     pos, scale = torch.arange(96), 64**-0.5
-    out, lse = triton_onepass_forward(q, k, v, lsh, pos, causal=True, scale=scale)
+    out, lse = (x.cpu() for x in triton_onepass_forward(q.to(dev), k.to(dev), v.to(dev), lsh, pos, causal=True,
+                                                        scale=scale))
     halo = 20
     q0, d0, o0, l0 = q.clone(), dout.clone(), out.clone(), lse.clone()
     q0[:, :halo], d0[:, :halo], o0[:, :halo], l0[:, :, :halo] = 0, 0, 0, 0
-    dq, dk, dv = triton_onepass_backward(d0, q0, k, v, o0, l0, lsh, pos, causal=True, scale=scale)
+    dq, dk, dv = (x.cpu() for x in triton_onepass_backward(*(x.to(dev) for x in (d0, q0, k, v, o0, l0)), lsh, pos,
+                                                           causal=True, scale=scale))
     ref = dense_reference(q0, k, v, brute_counts(lsh, pos, True), scale, d0)
     for got, want in zip((dk, dv), ref[3:]):
         torch.testing.assert_close(got.double(), want, **FP32_GRAD)
@@ -100,11 +111,12 @@ def test_windowed_alibi_bias(causal):
     window = torch.tensor([1, 7, 70, 1000])
     cu = torch.tensor([0, 1, 90, 140])
     docs = Documents.from_cu_seqlens(cu, torch.cat([torch.arange(1), torch.arange(89), torch.arange(50)]))
-    q, k, v, dout = random_qkv(1, 140, 4, 2, 64, seed=6)
+    q, k, v, dout = (x.to(kernel_device()) for x in random_qkv(1, 140, 4, 2, 64, seed=6))
     q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
     out, lse = alibi_window_attention(q, k, v, sigma=sigma, window=window, positions=docs.positions, causal=causal,
                                       docs=docs)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    q, k, v, dout, out, lse, dq, dk, dv = (x.detach().cpu() for x in (q, k, v, dout, out, lse, dq, dk, dv))
     ref = dense_reference(q, k, v, window_weights(sigma, window, docs.positions, causal, docs), 64**-0.5, dout)
     for name, got, want in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, dq, dk, dv), ref):
         torch.testing.assert_close(got.detach().double(), want, **(FP32 if name in ("out", "lse") else FP32_GRAD),

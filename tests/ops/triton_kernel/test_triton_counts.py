@@ -3,7 +3,7 @@ from ``PositionalLSH.buckets`` (``torch.equal``) for every shipped sampler and f
 and the tiles it visits are exactly those that hold a non-zero count.
 
 Runs under Triton's CPU interpreter (``tests/conftest.py`` switches it on before triton
-is imported)."""
+is imported), or compiled on a GPU where there is one."""
 
 import pytest
 import torch
@@ -16,7 +16,7 @@ from plsh_dist.ops.tile_bands import (TILES, CountBias, TokenLayout, WindowBias,
                                       query_tile_bands)
 from plsh_dist.ops.triton_onepass import count_matrix  # noqa: E402
 
-from kernel_cases import brute_counts, window_weights  # noqa: E402
+from kernel_cases import brute_counts, kernel_device, window_weights  # noqa: E402
 
 SIGMA = torch.tensor([0.8, 3.0, 40.0, 700.0], dtype=torch.float64)  # per head: 1-token blocks to longer than n
 
@@ -38,17 +38,18 @@ def _documents(n: int) -> Documents:
 def test_count_matrix_equals_hash(sampler, causal):
     lsh = _lsh(sampler)
     positions = 1000 + torch.arange(130)  # an SP rank's chunk: absolute positions offset
-    assert torch.equal(count_matrix(lsh, positions, causal=causal), brute_counts(lsh, positions, causal))
+    got = count_matrix(lsh, positions, causal=causal, device=kernel_device())
+    assert torch.equal(got, brute_counts(lsh, positions, causal))
 
 
 def test_count_matrix_documents_and_gaps():
     lsh = PositionalLSH(SIGMA, 5, seed=3)
     docs = _documents(120)
     for causal in (True, False):
-        got = count_matrix(lsh, docs.positions, causal=causal, docs=docs)
+        got = count_matrix(lsh, docs.positions, causal=causal, docs=docs, device=kernel_device())
         assert torch.equal(got, brute_counts(lsh, docs.positions, causal, docs))
     gapped = torch.cumsum(torch.randint(1, 4, (90,), generator=torch.Generator().manual_seed(0)), 0)
-    assert torch.equal(count_matrix(lsh, gapped, causal=False), brute_counts(lsh, gapped, False))
+    assert torch.equal(count_matrix(lsh, gapped, causal=False, device=kernel_device()), brute_counts(lsh, gapped, False))
 
 
 def _assert_bands_tight(weights: torch.Tensor, bias, layout: TokenLayout, causal: bool):

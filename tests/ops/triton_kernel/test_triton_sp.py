@@ -44,5 +44,6 @@ def _worker(rank: int, world: int, init_file: str) -> None:
 
 
 def test_sp2_with_the_kernel_equals_one_process(tmp_path):
-    assert os.environ.get("TRITON_INTERPRET") == "1"  # the spawned ranks inherit the interpreter
+    if os.environ.get("TRITON_INTERPRET") != "1":  # the spawned ranks inherit the interpreter
+        pytest.skip("CPU ranks run the kernel under Triton's interpreter (TRITON_INTERPRET=1, tests/conftest.py)")
     mp.spawn(_worker, args=(2, str(tmp_path / "rendezvous")), nprocs=2, join=True)
