@@ -113,23 +113,55 @@ def test_tokenizer_gives_the_training_ids(corpus, tmp_path):
 
 
 def test_without_plsh_dist_transformers_refuses(corpus, tmp_path):
-    """Without the import the model type is unknown: a loud error, never RoPE/SDPA weights.
-    (AutoTokenizer then falls back to transformers' own conversion of tokenizer.model,
-    which agrees on ordinary text but not on U+2581 or spelled special tokens.)"""
+    """Without the import and without trust_remote_code: a loud error asking for trust_remote_code=True
+    (not transformers' "out of date" advice), never RoPE/SDPA weights."""
     out = _export(corpus, tmp_path / "final")
     code = textwrap.dedent(f"""
         import transformers
         try:
             transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})
         except ValueError as exc:
-            print("REFUSED", str(exc).splitlines()[0])
+            print("REFUSED", " ".join(str(exc).split()))
         else:
             print("LOADED")
     """)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": "", "HF_MODULES_CACHE": str(tmp_path / "modules")}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
-                         timeout=120)
-    assert res.stdout.startswith("REFUSED") and "qwen3_plsh" in res.stdout, res.stdout + res.stderr
+                         timeout=120, stdin=subprocess.DEVNULL)
+    assert "REFUSED" in res.stdout and "LOADED" not in res.stdout, res.stdout + res.stderr  # (after its y/N prompt)
+    refusal = res.stdout.split("REFUSED", 1)[1]
+    assert "trust_remote_code=True" in refusal and "out of date" not in refusal, refusal
+
+
+def test_trust_remote_code_loads_an_export_with_no_import(corpus, tmp_path):
+    """transformers' auto_map convention: a fresh interpreter that never imports plsh_dist itself gets
+    the same model (logits equal bit for bit) and the same tokenizer ids."""
+    out = _export(corpus, tmp_path / "final")
+    table = json.loads((out / "config.json").read_text())
+    assert table["auto_map"] == {"AutoConfig": "configuration_plsh.Qwen3PlshConfig",
+                                 "AutoModelForCausalLM": "modeling_plsh.Qwen3PlshForCausalLM"}
+    text = "def f(x):\n    return x * 2\n"
+    code = textwrap.dedent(f"""
+        import json, sys, torch, transformers
+        d = {str(out)!r}
+        model = transformers.AutoModelForCausalLM.from_pretrained(d, trust_remote_code=True)
+        tok = transformers.AutoTokenizer.from_pretrained(d, trust_remote_code=True)
+        ids = tok({text!r}, return_tensors="pt").input_ids
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits
+        print(json.dumps({{"ids": ids[0].tolist(), "logits": logits[0, -1].tolist(),
+                           "class": type(model).__name__}}))
+    """)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "HF_MODULES_CACHE": str(tmp_path / "mods")}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=180, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(out))  # after import plsh_dist.models
+    ids = Tokenizer.load(out / "tokenizer.model").encode(text)
+    with torch.no_grad():
+        want = ref(input_ids=torch.tensor([ids])).logits[0, -1].tolist()
+    assert got["class"] == "Qwen3PlshForCausalLM" and got["ids"] == ids and got["logits"] == want
 
 
 def _edit(src: Path, dst: Path, fn) -> Path:
