@@ -1,6 +1,6 @@
 """Plan a run before launching it: per-rank memory, FLOPs per step, SP halo traffic, and whether it fits.
 
-    python launchers/plan.py --config configs/qwen3_0.6b_32k_plsh_sp4.toml [--gpu-memory-gb 80] \
+    python launchers/plan.py --config configs/qwen3_0.6b_32k_plsh_sp4.toml [--gpu-memory-gib 80] \
         [--seq-len 32k] [--sp-size 4] [--world-size 8] [--device cuda|cpu] [--per-layer] [--section.key=value ...]
     python launchers/plan.py --config configs/qwen3_0.6b_*.toml --seq-len 8k,32k,128k,1M --table
     python launchers/plan.py --config configs/debug.toml --device cpu --world-size 1 --measure
@@ -36,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Any --section.key=value overrides the config file.")
     ap.add_argument("--config", nargs="+", required=True, help="TOML run config(s)")
-    ap.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory per device in GiB (default 80)")
+    ap.add_argument("--gpu-memory-gib", type=float, default=None,
+                    help="memory per device in GiB = 2^30 bytes (default 80; an 80 GB H100 has 79.6 GiB usable)")
+    ap.add_argument("--gpu-memory-gb", type=float, default=None, help=argparse.SUPPRESS)  # the old name
     ap.add_argument("--seq-len", default=None, help="comma list of lengths, e.g. 8k,32k (default: the config's)")
     ap.add_argument("--sp-size", type=int, default=None, help="override [parallel].sp_size")
     ap.add_argument("--world-size", type=int, default=8, help="ranks of the job (default 8: one 8-GPU node)")
@@ -55,7 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     extra = list(overrides) + ([f"--parallel.sp_size={args.sp_size}"] if args.sp_size else [])
     if args.device == "cpu":
         extra.append("--run.device=cpu")
-    device_bytes = int(args.gpu_memory_gb * 2**30)
+    if args.gpu_memory_gb is not None:
+        if args.gpu_memory_gib is not None:
+            ap.error("give --gpu-memory-gib only (--gpu-memory-gb is its old name)")
+        print(f"note: --gpu-memory-gb is now --gpu-memory-gib; {args.gpu_memory_gb:g} is read as GiB (2^30 bytes), "
+              "as before", file=sys.stderr)
+        args.gpu_memory_gib = args.gpu_memory_gb
+    device_bytes = int((80.0 if args.gpu_memory_gib is None else args.gpu_memory_gib) * 2**30)
     table = args.table or len(args.config) > 1 or len(lengths) > 1
     if table:
         print("\n".join(table_header()))

@@ -138,9 +138,22 @@ def test_launcher_prints_the_plan_and_refuses_bad_layouts(capsys):
     assert main(["--config", CFG_32K]) == 0
     out = capsys.readouterr().out
     assert "PEAK" in out and "FITS" in out and "SP traffic per layer" in out and "FLOPs per optimizer step" in out
-    assert main(["--config", CFG_32K, "--seq-len", "8k,32k", "--gpu-memory-gb", "80"]) == 0
+    assert main(["--config", CFG_32K, "--seq-len", "8k,32k", "--gpu-memory-gib", "80"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].startswith("| config |") and len(table) == 4
     assert main(["--config", CFG_32K, "--sp-size", "3"]) == 2
     err = capsys.readouterr().err
     assert "[data].seq_len=32768 is not divisible by [parallel].sp_size=3" in err
+
+
+def test_gpu_memory_is_read_as_gib_under_either_flag_name(capsys):
+    """--gpu-memory-gib N means N x 2^30 bytes; the old --gpu-memory-gb is the same, with a one-line note."""
+    from launchers.plan import main
+
+    assert main(["--config", CFG_32K, "--gpu-memory-gib", "40"]) == 0
+    new = capsys.readouterr()
+    assert "of 40.00 GiB GPU" in new.out and new.err == ""
+    assert main(["--config", CFG_32K, "--gpu-memory-gb", "40"]) == 0
+    old = capsys.readouterr()
+    assert old.out == new.out
+    assert old.err.count("\n") == 1 and "--gpu-memory-gib" in old.err and "read as GiB" in old.err
