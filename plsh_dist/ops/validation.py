@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_qkv", "check_positions", "softmax_scale_for"]
+__all__ = ["LAYOUT", "check_qkv", "check_positions", "softmax_scale_for"]
+
+#: What a length mismatch most often means, said where a shape allows the check.
+LAYOUT = ("q, k, v are (batch, seqlen, heads, head_dim); a (batch, heads, seqlen, head_dim) tensor puts its heads "
+          "where seqlen belongs: pass q.transpose(1, 2) (and k, v)")
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -42,6 +46,9 @@ def check_positions(positions: torch.Tensor | None, seqlen: int, device: torch.d
         return torch.arange(seqlen, dtype=torch.int64)
     if not isinstance(positions, torch.Tensor) or positions.dtype not in (torch.int32, torch.int64):
         raise ValueError("positions must be an integer LongTensor[seqlen] of absolute token positions")
+    if positions.shape[-1] != seqlen:  # the one check of the layout positions allow
+        raise ValueError(f"positions has {positions.shape[-1]} positions but q.shape[1] (seqlen) is {seqlen}: "
+                         f"{LAYOUT}; or pass LongTensor[seqlen]")
     if positions.dim() == 2:
         if not bool((positions == positions[:1]).all()):
             raise ValueError("positions (batch, seqlen) must be equal for every batch row; pass a LongTensor[seqlen] "
