@@ -7,11 +7,14 @@
 tag) or an export written before exports described their attention. --out
 (new or empty) gets model.safetensors, config.json (model_type qwen3_plsh ...,
 with the attention mode, sigma, s, sampler, method, rope and the hash-seed
-rule), config.resolved.json, tokenizer.model + tokenizer_config.json. Then:
+rule), config.resolved.json, tokenizer.model + tokenizer_config.json, and the
+modules transformers' trust_remote_code runs (plsh_dist/models/remote_code.py). Then:
 
-    import plsh_dist.models
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    model = AutoModelForCausalLM.from_pretrained(OUT); tok = AutoTokenizer.from_pretrained(OUT)
+    model = AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True)
+    tok = AutoTokenizer.from_pretrained(OUT, trust_remote_code=True)
+
+(or ``import plsh_dist.models`` first and drop trust_remote_code; docs/training.md).
 
 The converter checks that the written export gives the checkpoint's logits
 exactly (fp32) before it reports success.
