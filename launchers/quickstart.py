@@ -87,18 +87,28 @@ def main() -> int:
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [(r["step"], r["loss"]) for r in records if "loss" in r]
     tps = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
+    tokens_per_step = cfg.data.micro_batch_size * cfg.optim.grad_accum_steps * cfg.data.seq_len * (
+        args.nproc // cfg.parallel.sp_size)
     print("\nquickstart summary")
     if losses:
         print(f"  loss          : {losses[0][1]:.3f} (step {losses[0][0]}) -> {losses[-1][1]:.3f} (step {losses[-1][0]})")
+    print(f"  training      : {cfg.run.max_steps} steps x {tokens_per_step:,} tokens in {train_s:.0f} s "
+          f"(the launcher's wall time: start-up, validation, checkpoints and export included)")
     if tps:
-        print(f"  tokens/s      : {sum(tps) / len(tps):.0f} (mean of logged steps)")
+        print(f"  tokens/s      : {sum(tps) / len(tps):,.0f} while stepping (all ranks together: tokens per step / "
+              f"wall time since the previous step ended, mean over the {len(tps)} logged steps)")
     print(f"  val loss/ppl  : {ev['val_loss']:.3f} / {ev['val_ppl']:.1f} ({ev['tokens']:,} held-out tokens)")
-    print(f"  wall time     : training {train_s:.0f} s, total {time.time() - t0:.0f} s")
-    print(f"  extrapolation : {out_dir}/extrapolation/ (results.json, results.md, ppl_vs_length.png)")
+    print(f"  total         : {time.time() - t0:.0f} s (this command: corpus, tokenizer, training, evaluation; "
+          f"not the .venv set-up)")
+    print(f"  extrapolation : {out_dir}/extrapolation/ (results.json, results.md: every scoring and metric, "
+          f"ppl_vs_length.png)")
     print(f"  outputs       : {out_dir}/ metrics.jsonl, tensorboard/ (tensorboard --logdir {out_dir}/tensorboard),")
     print(f"                  checkpoints/, final/ (model.safetensors, config, tokenizer)\n")
-    tables = format_table(extrapolation).split("\n\n")
-    print("\n\n".join(t for t in tables if t.startswith(("**perplexity**", "| mode | L="))))
+    # One table: the last seq_len tokens of each window, the same targets at every length
+    # (the whole-window scoring is in results.md).
+    parts = format_table(extrapolation).split("\n\n")  # [title, table, title, table, ..., long table]
+    title = next(i for i, part in enumerate(parts) if part.startswith("**perplexity** (last"))
+    print(parts[title] + "\n\n" + parts[title + 1])
     return 0
 
 
