@@ -58,24 +58,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a clone without installing
 
+from plsh_dist.models.modes import MODES as ATTENTION_MODES  # noqa: E402  (the one vocabulary of modes)
+
+
+def _trained(bias: str, *overrides: str) -> tuple[list[str], str]:
+    """A trained mode of ``bias``: its attention overrides and its evaluation spec name."""
+    return [f"--attention.bias={bias}", *overrides], ATTENTION_MODES[bias].spec
+
 
 def _modes(stratified: str = "stratified", samples: tuple[int, ...] = (8, 20, 100)) -> dict[str, tuple[list[str], str]]:
     """Trained modes: name -> (attention overrides, evaluation mode spec). ``"{sigma}"`` is
     replaced by the constant sigma; ``samples``: the PLSH modes' s values."""
     modes: dict[str, tuple[list[str], str]] = {
-        "rope": (["--attention.bias=none", "--attention.rope=true"], "none"),
-        "nope": (["--attention.bias=none", "--attention.rope=false"], "none"),
+        "rope": _trained("none", "--attention.rope=true"),
+        "nope": _trained("none", "--attention.rope=false"),
     }
     const = ["--attention.sigma={sigma}"]
     for tag, sig in (("h", []), ("c", const)):
-        modes[f"alibi_{tag}"] = (["--attention.bias=alibi", *sig], "alibi")
-        modes[f"fixed_{tag}"] = (["--attention.bias=fixed_blocks", *sig], "fixed")
+        modes[f"alibi_{tag}"] = _trained("alibi", *sig)
+        modes[f"fixed_{tag}"] = _trained("fixed_blocks", *sig)
     for s in samples:
         for sampler, stag in (("iid", "iid"), (stratified, "strat")):
             for tag, sig in (("h", []), ("c", const)):
-                modes[f"plsh_s{s}_{stag}_{tag}"] = (
-                    ["--attention.bias=plsh", f"--attention.num_samples={s}", "--attention.method=onepass",
-                     f"--attention.sampler={sampler}", *sig], "plsh")
+                modes[f"plsh_s{s}_{stag}_{tag}"] = _trained(
+                    "plsh", f"--attention.num_samples={s}", "--attention.method=onepass",
+                    f"--attention.sampler={sampler}", *sig)
     return modes
 
 

@@ -7,7 +7,7 @@
 For every (mode, length, scoring) the model scores windows of the evaluation
 tokens (``scoring.py``): loss, perplexity, bits per token, top-1 accuracy.
 PLSH modes are evaluated under several hash seeds (``AttentionRuntime(run_seed=seed)``,
-masks refreshed per window with ``set_step(window_index)``) and report mean
+masks refreshed per window with ``runtime.at(window_index)``) and report mean
 and sample std (ddof=1) over seeds; deterministic modes run once.
 
 Like with like: every mode scores the same windows, and with ``align=True``
@@ -174,9 +174,9 @@ def evaluate_model(model, trained_attention, tokens: np.ndarray, lengths: Sequen
                     set_attention_mode(model, attn, runtime)
                     per_window = []
                     for i, w in enumerate(windows):
-                        runtime.set_step(i)  # fresh, reproducible masks per window
-                        per_window.append(_score_window(model, window_tokens(tokens, w), w.score_from, sp_group,
-                                                         document_eos))
+                        with runtime.at(i):  # fresh, reproducible masks per window
+                            per_window.append(_score_window(model, window_tokens(tokens, w), w.score_from,
+                                                             sp_group, document_eos))
                         if bar is not None:
                             bar.set_postfix_str(f"{mode.name} L={L} {scoring}")
                             bar.update(1)

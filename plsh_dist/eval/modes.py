@@ -25,23 +25,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plsh_dist.models import AttentionConfig
+from plsh_dist.models.modes import MODES
 
 __all__ = ["EvalMode", "parse_modes", "attention_for"]
 
-_BIAS_OF = {"plsh": "plsh", "alibi": "alibi", "fixed": "fixed_blocks", "fixed_blocks": "fixed_blocks",
-            "window": "window", "truncated": "truncated", "none": "none"}
+#: spec name -> AttentionConfig.bias (the vocabulary is :data:`plsh_dist.models.modes.MODES`)
+_BIAS_OF = {name: m.bias for m in MODES.values() for name in (m.spec, *m.aliases)}
 #: option name in a spec -> AttentionConfig field
 _OPTION_FIELD = {"s": "num_samples", "num_samples": "num_samples", "sigma": "sigma", "sampler": "sampler",
                  "w": "window", "window": "window", "rope": "rope", "chunk": "chunk_size", "c": "truncate_c"}
 _INT_FIELDS = ("num_samples", "window", "chunk_size")
-_VALID_OPTIONS = {
-    "plsh": ("s", "num_samples", "sigma", "sampler", "rope"),
-    "alibi": ("sigma", "rope", "chunk"),
-    "fixed_blocks": ("sigma", "rope"),
-    "window": ("w", "window", "sigma", "rope", "chunk"),
-    "truncated": ("s", "num_samples", "c", "sigma", "rope", "chunk"),
-    "none": ("rope",),
-}
+_VALID_OPTIONS = {m.bias: m.options for m in MODES.values()}
 
 
 @dataclass(frozen=True)
@@ -58,7 +52,7 @@ class EvalMode:
     @property
     def stochastic(self) -> bool:
         """True when the attention depends on the hash seed (several seeds are evaluated)."""
-        return self.bias == "plsh"
+        return MODES[self.bias].seeded
 
 
 def _parse_value(field_name: str, raw: str, item: str) -> Any:

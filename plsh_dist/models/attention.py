@@ -4,8 +4,11 @@ transformers' decoders (Qwen3, Llama, Mistral, ...) look their attention up
 by name: ``ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation)``
 and call it as ``fn(module, query, key, value, attention_mask, dropout=,
 scaling=, sliding_window=, position_ids=, ...)`` with HF's (B, H, T, D)
-layout, after rope. We register ``"plsh_dist"`` there and dispatch on the
-attention mode stored on each attention module (``set_attention_mode``).
+layout, after rope. We register ``"plsh_dist"`` there and compute what the
+module's :class:`AttentionBinding` says (``set_attention_mode`` binds one to
+every attention module): its attention settings, its seed context and seed
+rule, and its ops; :data:`BIAS_FUNCTIONS` maps each bias to its full-forward
+and decoding functions.
 
 Masks: the op masks causally itself (and per block), so no (T, T) mask may
 be built. ``create_causal_mask`` asks ``ALL_MASK_ATTENTION_FUNCTIONS`` for
@@ -20,8 +23,7 @@ to the attention function. Under sequence parallelism the positions are the
 position_ids restarting at 0 per document) become the ops' ``cu_seqlens``:
 no token attends across a document (:func:`_layout`).
 
-Which ops compute: each attention module may carry an attention-ops object
-(``plsh_attention_ops``): anything with the four functions of
+Which ops compute: a binding's ``ops`` is anything with the four functions of
 :mod:`plsh_dist.ops` (``plsh_attention``, ``fixed_blocks_attention``,
 ``alibi_attention``, ``causal_attention``) and their keyword arguments. None
 (the default) means the single-process ops; sequence parallelism binds its
@@ -31,7 +33,7 @@ model code never sees a process group.
 KV cache (generation): transformers updates the cache before calling us, so
 keys longer than the queries mean a decoding step: the new queries attend to
 every cached key under the same bias and hash seed rule as a full forward
-(:func:`_decode`, :mod:`plsh_dist.ops.decode`), so decoding token by token
+(:meth:`AttentionBinding.decode`, :mod:`plsh_dist.ops.decode`), so decoding token by token
 gives one full forward's logits. Packed documents and sequence parallelism
 are refused with a cache.
 
@@ -42,28 +44,85 @@ heads, D head dim.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
 from plsh_dist import ops as local_ops
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
+from plsh_dist.models.config import AttentionConfig
+from plsh_dist.models.modes import BIASES
+from plsh_dist.models.runtime import AttentionRuntime
 from plsh_dist.ops import decode as decode_ops
 from plsh_dist.ops.alibi import truncation_windows
 from plsh_dist.ops.backends import choose_path
-from plsh_dist.models.config import AttentionConfig
-from plsh_dist.models.runtime import AttentionRuntime
 from plsh_dist.ops.documents import cu_seqlens_from_position_ids
 
-__all__ = ["IMPLEMENTATION", "register", "plsh_dist_attention", "no_dense_mask", "head_scales", "alibi_window"]
+__all__ = [
+    "IMPLEMENTATION", "register", "plsh_dist_attention", "no_dense_mask", "head_scales", "alibi_window",
+    "AttentionBinding", "BIAS_FUNCTIONS", "BINDING_ATTR",
+]
 
 #: Name under which transformers finds our attention (``config._attn_implementation``).
 IMPLEMENTATION = "plsh_dist"
 
-#: Attributes set on each HF attention module by ``set_attention_mode``.
-CFG_ATTR = "plsh_attn_cfg"
-RUNTIME_ATTR = "plsh_runtime"
-OPS_ATTR = "plsh_attention_ops"
+#: The attribute ``set_attention_mode`` sets on each HF attention module: its :class:`AttentionBinding`.
+BINDING_ATTR = "plsh_binding"
+
+
+class PositionsCache:
+    """The ops' ``(positions, cu_seqlens)`` of the current forward, shared by a model's layers.
+
+    Every layer of a forward receives the same position tensors; keeping the result
+    makes the device-to-host copy (a sync on GPU) and the checks happen once per
+    forward, not once per layer. Keyed by the tensors' identity and version: a tensor
+    refilled in place (a reused buffer) misses.
+    """
+
+    def __init__(self):
+        self.entry = None
+        """((position_ids, version), (cu_seq_lens, version)) and the layout made from them."""
+
+
+@dataclass(frozen=True)
+class AttentionBinding:
+    """What one attention module computes with (``module.plsh_binding``).
+
+    Attributes:
+        cfg: the module's attention settings.
+        seeds: the seed context (shared by the model's modules); the seed rule is
+            :meth:`seed`.
+        layer: the module's layer index (``layer_idx``), an input of the seed rule.
+        ops: the object computing the attention (None: the single-process
+            :mod:`plsh_dist.ops`).
+        positions: the model's per-forward positions cache (shared by its modules).
+    """
+
+    cfg: AttentionConfig
+    seeds: AttentionRuntime
+    layer: int
+    ops: Any = None
+    positions: PositionsCache = field(default_factory=PositionsCache, compare=False, repr=False)
+
+    def seed(self) -> int:
+        """The hash seed of this layer in the seed context's current step (``fixed_masks``:
+        step 0's): ``hash_seed(run_seed, step, micro_step, layer)``."""
+        return self.seeds.layer_seed(self.layer, self.cfg.fixed_masks)
+
+    def forward(self, q, k, v, positions, scale, cu_seqlens=None) -> torch.Tensor:
+        """q (B, T, Hq, D), k/v (B, T, Hkv, D) -> (B, T, Hq, D) under ``cfg.bias``, computed by ``ops``."""
+        common = dict(positions=positions, causal=True, softmax_scale=scale)
+        if cu_seqlens is not None:  # keep the plain call's arguments exactly as before when there are no documents
+            common["cu_seqlens"] = cu_seqlens
+        return BIAS_FUNCTIONS[self.cfg.bias].forward(self, self.ops or local_ops, q, k, v, common)
+
+    def decode(self, q, k, v, q_pos, k_pos, scale) -> torch.Tensor:
+        """A KV-cache step's rows: q (B, Tq, Hq, D) at ``q_pos`` against k/v (B, Tk, Hkv, D) at
+        ``k_pos`` (:mod:`plsh_dist.ops.decode`) -> (B, Tq, Hq, D), the rows of one full forward."""
+        return BIAS_FUNCTIONS[self.cfg.bias].decode(self, q, k, v, q_pos, k_pos, scale)
 
 
 @functools.lru_cache(maxsize=64)
@@ -104,7 +163,7 @@ def _truncation_window(c: float, sigma: float | None, num_heads: int):
 
 
 def _layout(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, B: int, T: int,
-            runtime: AttentionRuntime) -> tuple[torch.Tensor, torch.Tensor | None]:
+            cache: PositionsCache) -> tuple[torch.Tensor, torch.Tensor | None]:
     """position_ids (B or 1, T) and the packed-documents offsets -> the ops' ``(positions, cu_seqlens)``.
 
     - ``cu_seqlens`` given (transformers' ``cu_seq_lens_q/k``): passed on; positions
@@ -114,13 +173,13 @@ def _layout(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, 
     - rows that differ without restarting: each row is one document.
     - otherwise: row 0 and no documents (the plain path, one hash for the batch).
 
-    Every layer of a forward receives the same tensors; the runtime keeps the
+    Every layer of a forward receives the same tensors; ``cache`` keeps the
     result, so the device-to-host copy (a sync on GPU) and the checks happen once
     per forward, not once per layer. The ops read positions on the CPU.
     """
     if position_ids is None and cu_seqlens is None:
         return torch.arange(T), None
-    cached = runtime.positions_cache
+    cached = cache.entry
     # Identity and version: a tensor refilled in place (a reused buffer) misses the cache.
     key = [(x, x._version if x is not None else None) for x in (position_ids, cu_seqlens)]
     if cached is not None and all(a[0] is b[0] and a[1] == b[1] for a, b in zip(cached[0], key)):
@@ -142,42 +201,90 @@ def _layout(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, 
         else:
             result = rows[0], None
     # Holding the tensors themselves keeps the identity test sound (their ids cannot be reused).
-    runtime.positions_cache = (key, result)
+    cache.entry = (key, result)
     return result
 
 
-def _dispatch(
-    cfg: AttentionConfig,
-    runtime: AttentionRuntime,
-    ops,
-    layer: int,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    scale: float | None,
-    cu_seqlens: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """q (B, T, Hq, D), k/v (B, T, Hkv, D) -> (B, T, Hq, D) under ``cfg.bias``, computed by ``ops``."""
-    common = dict(positions=positions, causal=True, softmax_scale=scale)
-    if cu_seqlens is not None:  # keep the plain call's arguments exactly as before when there are no documents
-        common["cu_seqlens"] = cu_seqlens
-    if cfg.bias == "none":
-        return ops.causal_attention(q, k, v, **common)
-    if cfg.bias in ("alibi", "window", "truncated"):
-        _, slopes = head_scales(cfg.sigma, q.shape[2])
-        return ops.alibi_attention(q, k, v, slopes=slopes, window=alibi_window(cfg, q.shape[2]),
-                                   chunk_size=cfg.chunk_size, **common)
-    sigma, _ = head_scales(cfg.sigma, q.shape[2])
-    if cfg.bias == "plsh":
-        seed = runtime.layer_seed(layer, cfg.fixed_masks)
-        return ops.plsh_attention(
-            q, k, v, sigma=sigma, num_samples=cfg.num_samples, seed=seed,
-            backend=cfg.backend, sampler=cfg.sampler, method=cfg.method, **common,
-        )
-    if cfg.bias == "fixed_blocks":
-        return ops.fixed_blocks_attention(q, k, v, sigma=sigma, backend=cfg.backend, method=cfg.method, **common)
-    raise ValueError(f"unknown attention bias {cfg.bias!r}")  # unreachable: AttentionConfig checks it
+# --- one bias -> function table, for the full forward and for decoding -------------------
+#
+# forward(binding, ops, q, k, v, common): q (B, T, Hq, D), k/v (B, T, Hkv, D); ``common`` holds
+#     positions, causal, softmax_scale (and cu_seqlens with documents), the ops' shared arguments.
+# decode(binding, q, k, v, q_pos, k_pos, scale): the rows of a KV-cache step (forward only).
+
+
+def _causal_forward(b: AttentionBinding, ops, q, k, v, common):
+    return ops.causal_attention(q, k, v, **common)
+
+
+def _causal_decode(b: AttentionBinding, q, k, v, q_pos, k_pos, scale):
+    return decode_ops.causal_decode(q, k, v, q_pos, k_pos, scale=scale)
+
+
+def _alibi_forward(b: AttentionBinding, ops, q, k, v, common):
+    _, slopes = head_scales(b.cfg.sigma, q.shape[2])
+    return ops.alibi_attention(q, k, v, slopes=slopes, window=alibi_window(b.cfg, q.shape[2]),
+                               chunk_size=b.cfg.chunk_size, **common)
+
+
+def _alibi_decode(b: AttentionBinding, q, k, v, q_pos, k_pos, scale):
+    _, slopes = head_scales(b.cfg.sigma, q.shape[2])
+    return decode_ops.alibi_decode(q, k, v, q_pos, k_pos, slopes=slopes, window=alibi_window(b.cfg, q.shape[2]),
+                                   scale=scale)
+
+
+def _plsh_forward(b: AttentionBinding, ops, q, k, v, common):
+    sigma, _ = head_scales(b.cfg.sigma, q.shape[2])
+    return ops.plsh_attention(q, k, v, sigma=sigma, num_samples=b.cfg.num_samples, seed=b.seed(),
+                              backend=b.cfg.backend, sampler=b.cfg.sampler, method=b.cfg.method, **common)
+
+
+def _fixed_blocks_forward(b: AttentionBinding, ops, q, k, v, common):
+    sigma, _ = head_scales(b.cfg.sigma, q.shape[2])
+    return ops.fixed_blocks_attention(q, k, v, sigma=sigma, backend=b.cfg.backend, method=b.cfg.method, **common)
+
+
+@functools.lru_cache(maxsize=256)
+def _plsh_hash(sigma: float | None, num_heads: int, num_samples: int, seed: int, sampler: str) -> PositionalLSH:
+    """A layer's PLSH hash for decoding, built once per (layer seed, config) rather than once
+    per new token (its draws are a pure function of these; do not modify)."""
+    return PositionalLSH(head_scales(sigma, num_heads)[0], num_samples, seed, sampler)
+
+
+@functools.lru_cache(maxsize=64)
+def _fixed_blocks_hash(sigma: float | None, num_heads: int) -> FixedBlocks:
+    """The fixed blocks for decoding (no seed), built once per config."""
+    return FixedBlocks(head_scales(sigma, num_heads)[0])
+
+
+def _blocks_decode(hash_of: Callable[[AttentionBinding, int], PositionalLSH], b: AttentionBinding, q, k, v, q_pos,
+                   k_pos, scale):
+    """PLSH / fixed blocks rows through the table's decoding path, with the full forward's hash."""
+    lsh = hash_of(b, q.shape[2])
+    path = choose_path(b.cfg.backend, b.cfg.method, q.device, q.dtype, lsh.num_samples, decoding=True)
+    return path.forward(q, k, v, q_pos, k_pos, lsh, scale=scale)
+
+
+@dataclass(frozen=True)
+class BiasFunctions:
+    """How one bias is computed: ``forward`` (the full causal forward) and ``decode`` (a KV-cache step)."""
+
+    forward: Callable[..., torch.Tensor]
+    decode: Callable[..., torch.Tensor]
+
+
+#: bias -> its functions (one entry per :data:`plsh_dist.models.modes.BIASES`).
+BIAS_FUNCTIONS: dict[str, BiasFunctions] = {
+    "none": BiasFunctions(_causal_forward, _causal_decode),
+    "alibi": BiasFunctions(_alibi_forward, _alibi_decode),
+    "window": BiasFunctions(_alibi_forward, _alibi_decode),
+    "truncated": BiasFunctions(_alibi_forward, _alibi_decode),
+    "plsh": BiasFunctions(_plsh_forward, functools.partial(
+        _blocks_decode, lambda b, H: _plsh_hash(b.cfg.sigma, H, b.cfg.num_samples, b.seed(), b.cfg.sampler))),
+    "fixed_blocks": BiasFunctions(_fixed_blocks_forward, functools.partial(
+        _blocks_decode, lambda b, H: _fixed_blocks_hash(b.cfg.sigma, H))),
+}
+if set(BIAS_FUNCTIONS) != set(BIASES):  # the vocabulary and the table must not drift apart
+    raise RuntimeError(f"BIAS_FUNCTIONS {sorted(BIAS_FUNCTIONS)} do not cover BIASES {sorted(BIASES)}")
 
 
 def plsh_dist_attention(
@@ -195,8 +302,7 @@ def plsh_dist_attention(
     """transformers attention function.
 
     Args:
-        module: the HF attention module; carries ``plsh_attn_cfg``,
-            ``plsh_runtime``, ``layer_idx`` and optionally ``plsh_attention_ops``.
+        module: the HF attention module; carries its :class:`AttentionBinding` (``plsh_binding``).
         query: (B, Hq, T, D); key, value: (B, Hkv, T, D) (after rope, if on),
             or (B, Hkv, K, D) with K > T when a KV cache is in use (the cached
             tokens then the new ones).
@@ -213,9 +319,8 @@ def plsh_dist_attention(
         ``(out, None)`` with out (B, T, Hq, D) in query's dtype (HF's layout
         before ``o_proj``); no attention probabilities exist to return.
     """
-    cfg: AttentionConfig | None = getattr(module, CFG_ATTR, None)
-    runtime: AttentionRuntime | None = getattr(module, RUNTIME_ATTR, None)
-    if cfg is None or runtime is None:
+    binding: AttentionBinding | None = getattr(module, BINDING_ATTR, None)
+    if binding is None:
         raise RuntimeError(
             f"attention implementation {IMPLEMENTATION!r} needs an attention mode on every attention module: "
             "build the model with plsh_dist.models.build_model or call set_attention_mode(model, attn_cfg)"
@@ -233,21 +338,17 @@ def plsh_dist_attention(
             "window=...) and build the HF config with sliding_window=None"
         )
     B, Hq, T, D = query.shape
-    layer = module.layer_idx
-    positions, cu_seqlens = _layout(position_ids, _packed_offsets(kwargs), B, T, runtime)
+    positions, cu_seqlens = _layout(position_ids, _packed_offsets(kwargs), B, T, binding.positions)
     q = query.transpose(1, 2)  # (B, T, Hq, D)
     k = key.transpose(1, 2)  # (B, T, Hkv, D); with a KV cache (B, K, Hkv, D), K > T
     v = value.transpose(1, 2)
-    ops = getattr(module, OPS_ATTR, None)
     if key.shape[2] != T:
-        return _decode(cfg, runtime, ops, layer, q, k, v, positions, scaling, cu_seqlens), None
-    out = _dispatch(cfg, runtime, ops or local_ops, layer, q, k, v, positions, scaling, cu_seqlens)
-    return out, None
+        return _decode(binding, q, k, v, positions, scaling, cu_seqlens), None
+    return binding.forward(q, k, v, positions, scaling, cu_seqlens), None
 
 
-def _decode(cfg: AttentionConfig, runtime: AttentionRuntime, ops, layer: int, q: torch.Tensor, k: torch.Tensor,
-            v: torch.Tensor, positions: torch.Tensor, scale: float | None,
-            cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+def _decode(binding: AttentionBinding, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+            scale: float | None, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
     """A KV-cache step: q (B, T, Hq, D) of the new tokens against k/v (B, K, Hkv, D), every
     cached token and the new ones (transformers' cache updated before the call).
 
@@ -261,13 +362,14 @@ def _decode(cfg: AttentionConfig, runtime: AttentionRuntime, ops, layer: int, q:
     queries not written yet, zeros: checked on the next and the last slot;
     such a cache must start at position 0): the first ``p_last + 1`` are used.
     The queries' rows are those of one full forward over those K tokens (:mod:`plsh_dist.ops.decode`): the
-    same bias and the same hash seed rule (``runtime.layer_seed``), so the PLSH
-    masks are those of the positions under this runtime, whichever
+    same bias and the same hash seed rule (``binding.seed``), so the PLSH
+    masks are those of the positions under this seed context, whichever
     ``cfg.method`` the full forward uses. Refused: packed documents and
     sequence parallelism (their layouts are not kept in a cache).
     """
     B, T, Hq, _ = q.shape
     K = k.shape[1]
+    ops = binding.ops
     if ops is not None and ops is not local_ops:
         raise ValueError(
             "a KV cache is in use (keys longer than queries) but this model's attention is bound to other ops "
@@ -292,27 +394,7 @@ def _decode(cfg: AttentionConfig, runtime: AttentionRuntime, ops, layer: int, q:
         )
     q_pos = positions.to(torch.long)
     k_pos = torch.arange(K) + (int(q_pos[-1]) - K + 1)
-    if cfg.bias == "none":
-        return decode_ops.causal_decode(q, k, v, q_pos, k_pos, scale=scale)
-    if cfg.bias in ("alibi", "window", "truncated"):
-        _, slopes = head_scales(cfg.sigma, Hq)
-        return decode_ops.alibi_decode(q, k, v, q_pos, k_pos, slopes=slopes, window=alibi_window(cfg, Hq),
-                                       scale=scale)
-    if cfg.bias not in ("plsh", "fixed_blocks"):
-        raise ValueError(f"unknown attention bias {cfg.bias!r}")  # unreachable: AttentionConfig checks it
-    seed = runtime.layer_seed(layer, cfg.fixed_masks) if cfg.bias == "plsh" else None
-    lsh = _decode_hash(cfg.bias, cfg.sigma, Hq, cfg.num_samples, seed, cfg.sampler)
-    path = choose_path(cfg.backend, cfg.method, q.device, q.dtype, lsh.num_samples, decoding=True)
-    return path.forward(q, k, v, q_pos, k_pos, lsh, scale=scale)
-
-
-@functools.lru_cache(maxsize=256)
-def _decode_hash(bias: str, sigma: float | None, num_heads: int, num_samples: int, seed: int | None,
-                 sampler: str) -> PositionalLSH:
-    """The hash of one layer for decoding, built once per (layer seed, config) rather than
-    once per new token (its draws are a pure function of these; do not modify)."""
-    sig, _ = head_scales(sigma, num_heads)
-    return FixedBlocks(sig) if bias == "fixed_blocks" else PositionalLSH(sig, num_samples, seed, sampler)
+    return binding.decode(q, k, v, q_pos, k_pos, scale)
 
 
 def _packed_offsets(kwargs: dict) -> torch.Tensor | None:

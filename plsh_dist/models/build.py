@@ -1,7 +1,7 @@
 """Build transformers decoders with our attention, and switch its mode.
 
     model = build_model(presets["tiny"], AttentionConfig(bias="plsh"), AttentionRuntime(run_seed=1))
-    runtime = get_runtime(model)            # the trainer: runtime.set_step(step, micro)
+    runtime = get_runtime(model)            # the trainer: with runtime.at(step, micro): ...
     set_attention_mode(model, AttentionConfig(bias="alibi"))   # evaluation: same weights
 
 The model is transformers' own ``Qwen3ForCausalLM`` / ``LlamaForCausalLM`` /
@@ -9,9 +9,10 @@ The model is transformers' own ``Qwen3ForCausalLM`` / ``LlamaForCausalLM`` /
 its ``model_type`` (``Qwen3PlshForCausalLM``, ``"qwen3_plsh"``; see
 :mod:`plsh_dist.models.hf_config`), so a saved ``config.json`` names the
 attention it needs and plain transformers refuses it instead of loading a
-different model. What we add lives in plain attributes (``plsh_attn_cfg``,
-``plsh_runtime`` and, when bound, ``plsh_attention_ops`` on each attention
-module, a rope flag on the rotary module) and in the config's ``plsh_dist``
+different model. What we add lives in plain attributes (each attention
+module's :class:`~plsh_dist.models.attention.AttentionBinding`, ``plsh_binding``:
+its attention settings, seed context and ops; a rope flag on the rotary
+module) and in the config's ``plsh_dist``
 section (the attention mode and the seed rule, kept current by
 ``set_attention_mode``), so ``state_dict`` / ``save_pretrained`` / DeepSpeed
 see an ordinary HF model.
@@ -23,11 +24,12 @@ DeepSpeed tags, ``AutoModelForCausalLM.from_pretrained``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 from torch import nn
 
-from plsh_dist.models.attention import CFG_ATTR, IMPLEMENTATION, OPS_ATTR, RUNTIME_ATTR, register
+from plsh_dist.models.attention import BINDING_ATTR, IMPLEMENTATION, AttentionBinding, PositionsCache, register
 from plsh_dist.models.config import AttentionConfig, ModelConfig
 from plsh_dist.models.rope import set_rope
 from plsh_dist.models.runtime import AttentionRuntime
@@ -140,22 +142,24 @@ def set_attention_mode(
 ) -> nn.Module:
     """Make ``model`` (built here or loaded with transformers) use our attention under ``attn_cfg``.
 
-    Switches the HF attention implementation to ours, sets the mode of every
-    attention module, turns rope on/off and attaches ``runtime`` (keeps the
-    model's current one if None, else a fresh ``AttentionRuntime()``).
-    Weights are untouched. Returns the model.
+    Switches the HF attention implementation to ours, binds every attention
+    module to ``attn_cfg`` and the seed context ``runtime`` (keeps the model's
+    current one if None, else a fresh ``AttentionRuntime()``) and keeps the ops
+    it was bound to, turns rope on/off. Weights are untouched. Returns the model.
     """
     if not isinstance(attn_cfg, AttentionConfig):
         raise ValueError(f"attn_cfg must be an AttentionConfig, got {type(attn_cfg).__name__}")
     register()
     modules = attention_modules(model)
+    current = getattr(modules[0], BINDING_ATTR, None)
     if runtime is None:
-        runtime = getattr(modules[0], RUNTIME_ATTR, None) or AttentionRuntime()
+        runtime = current.seeds if current is not None else AttentionRuntime()
+    ops = current.ops if current is not None else None
     if model.config._attn_implementation != IMPLEMENTATION:
         model.set_attn_implementation(IMPLEMENTATION)
+    positions = PositionsCache()  # one per model: every layer of a forward reads the same positions
     for module in modules:
-        setattr(module, CFG_ATTR, attn_cfg)
-        setattr(module, RUNTIME_ATTR, runtime)
+        setattr(module, BINDING_ATTR, AttentionBinding(attn_cfg, runtime, module.layer_idx, ops, positions))
     set_rope(model, attn_cfg.rope)
     if _MODEL_TYPES and isinstance(model.config, _MODEL_TYPES["config_types"]):
         _MODEL_TYPES["describe"](model.config, attn_cfg, runtime.run_seed)  # config.json describes the model as it now runs
@@ -173,16 +177,21 @@ def set_attention_ops(model: nn.Module, ops) -> nn.Module:
     :func:`plsh_dist.distributed.sp.apply_sequence_parallel`.
     """
     for module in attention_modules(model):
-        setattr(module, OPS_ATTR, ops)
+        setattr(module, BINDING_ATTR, dataclasses.replace(_binding(module), ops=ops))
     return model
 
 
+def _binding(module: nn.Module) -> AttentionBinding:
+    binding = getattr(module, BINDING_ATTR, None)
+    if binding is None:
+        raise ValueError("model has no plsh_dist attention binding: build it with build_model or call "
+                         "set_attention_mode(model, attn_cfg) first")
+    return binding
+
+
 def get_runtime(model: nn.Module) -> AttentionRuntime:
-    """The ``AttentionRuntime`` shared by the model's attention modules."""
-    runtime = getattr(attention_modules(model)[0], RUNTIME_ATTR, None)
-    if runtime is None:
-        raise ValueError("model has no attention runtime: call set_attention_mode(model, attn_cfg) first")
-    return runtime
+    """The seed context (``AttentionRuntime``) shared by the model's attention modules."""
+    return _binding(attention_modules(model)[0]).seeds
 
 
 def count_parameters(model: nn.Module, *, exclude_embeddings: bool = False) -> int:

@@ -20,14 +20,12 @@ from typing import Any
 
 from plsh_dist.config_check import check_field_types, did_you_mean
 from plsh_dist.hashing import get_sampler
+from plsh_dist.models.modes import BIASES
 from plsh_dist.models.presets import PRESET_TABLES
 from plsh_dist.ops.alibi import equal_cost_c
 from plsh_dist.ops.backends import BACKENDS, METHODS
 
 __all__ = ["AttentionConfig", "ModelConfig", "BIASES", "FAMILIES", "presets"]
-
-#: Positional bias modes understood by the attention function.
-BIASES = ("none", "alibi", "plsh", "fixed_blocks", "window", "truncated")
 #: transformers decoder families we build (all share the AttentionInterface path).
 FAMILIES = ("qwen3", "llama", "mistral")
 
@@ -52,10 +50,10 @@ class AttentionConfig:
     """
 
     bias: str = "plsh"
-    """Positional bias: ``"none"`` (plain causal attention; positions only via
-    rope), ``"alibi"`` (exact ALiBi), ``"plsh"`` (positional-LSH estimate of
-    ALiBi), ``"fixed_blocks"`` (the paper's fixed-blocks baseline: pitch
-    2*sigma, one sample), ``"window"`` (exact ALiBi on a sliding window) or
+    """Positional bias, one of :data:`plsh_dist.models.modes.MODES`: ``"none"`` (plain
+    causal attention; positions only via rope), ``"alibi"`` (exact ALiBi), ``"plsh"``
+    (positional-LSH estimate of ALiBi), ``"fixed_blocks"`` (the paper's fixed-blocks
+    baseline: pitch 2*sigma, one sample), ``"window"`` (exact ALiBi on a sliding window) or
     ``"truncated"`` (exact ALiBi on a window per head, ``w_h = ceil(c * sigma_h)``:
     the weights below ``e^-c`` dropped; see ``truncate_c``)."""
 

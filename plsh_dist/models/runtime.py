@@ -1,4 +1,28 @@
-"""Per-forward state of the attention: where the hash seeds come from.
+"""The seed context: where the attention's hash seeds come from.
+
+One :class:`AttentionRuntime` is shared by every attention module of a model
+(held by each module's binding, :class:`plsh_dist.models.attention.AttentionBinding`).
+It holds the run's seed and the (step, micro-step) whose masks the coming
+forward draws; nothing else (the per-forward positions cache lives in the
+binding). Whoever owns a step selects it around the forward and backward of
+that step, scoped:
+
+    with runtime.at(step, micro_step):     # the trainer, per micro-step
+        loss = forward(batch); loss.backward()
+    with runtime.at(eval_seed_step):       # validation: its own fixed masks
+        ...
+    with runtime.at(window_index):         # evaluation: fresh masks per window
+        ...
+
+and leaving it restores the step it found (``set_step`` sets it unscoped).
+
+Why a context and not an argument of the forward: transformers calls the
+attention function from inside its decoder layers, reached through
+``model(...)``, ``generate()`` (which checks and forwards only the keyword
+arguments it knows), DeepSpeed's engine and activation checkpointing's
+recomputation inside backward; none of them carries a seed from the caller to
+the attention function. The step is therefore state the attention reads, and
+this object is the one place it is written: ``at`` scopes every change.
 
 Seeding choice (documented here, relied on by training and evaluation):
 
@@ -16,7 +40,7 @@ Seeding choice (documented here, relied on by training and evaluation):
 - ``AttentionConfig.fixed_masks=True`` pins (step, micro_step) to (0, 0):
   one mask set per layer for the whole run;
 - evaluation builds ``AttentionRuntime(run_seed=<eval seed>)`` and either
-  keeps step 0 or calls ``set_step(batch_index)`` for fresh masks per batch.
+  keeps step 0 or enters ``at(batch_index)`` for fresh masks per batch.
 
 Model code knows nothing of parallelism: sequence parallelism is bound to
 the attention modules once (:func:`plsh_dist.distributed.sp.apply_sequence_parallel`),
@@ -25,8 +49,9 @@ never carried here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 from plsh_dist.splitmix import MASK64, splitmix64_int
 
@@ -53,10 +78,10 @@ def hash_seed(run_seed: int, step: int, micro_step: int, layer: int) -> int:
 
 @dataclass
 class AttentionRuntime:
-    """Mutable state every attention module of a model shares (one object).
+    """The seed context every attention module of a model shares (one object).
 
-    The trainer keeps a reference (``get_runtime(model)``) and calls
-    ``set_step(step, micro_step)`` before each forward.
+    The trainer keeps a reference (``get_runtime(model)``) and enters
+    ``at(step, micro_step)`` around each micro-step's forward and backward.
     """
 
     run_seed: int = 0
@@ -65,10 +90,6 @@ class AttentionRuntime:
     """Optimizer step of the coming forward."""
     micro_step: int = 0
     """Gradient-accumulation micro-step within ``step``."""
-    positions_cache: Any = field(default=None, init=False, repr=False, compare=False)
-    """((position_ids, version), (cu_seq_lens, version)) of the current forward and the ops'
-    (positions, cu_seqlens) made from them; internal to the attention function (one
-    device-to-host copy per forward)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.run_seed, bool) or not isinstance(self.run_seed, int):
@@ -82,6 +103,17 @@ class AttentionRuntime:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         self.step = step
         self.micro_step = micro_step
+
+    @contextlib.contextmanager
+    def at(self, step: int, micro_step: int = 0) -> Iterator["AttentionRuntime"]:
+        """Select the masks of (``step``, ``micro_step``) inside the ``with`` block (its forwards
+        and their backwards); the step found on entry is restored on exit."""
+        saved = (self.step, self.micro_step)
+        self.set_step(step, micro_step)
+        try:
+            yield self
+        finally:
+            self.set_step(*saved)
 
     def layer_seed(self, layer: int, fixed_masks: bool = False) -> int:
         """Hash seed of ``layer`` for the current (step, micro_step); with

@@ -14,7 +14,7 @@ from __future__ import annotations
 from torch import nn
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
-from plsh_dist.models.attention import CFG_ATTR, alibi_window
+from plsh_dist.models.attention import BINDING_ATTR, alibi_window
 from plsh_dist.models.build import attention_modules
 from plsh_dist.ops.alibi import widest_window
 
@@ -29,7 +29,8 @@ def window_cache(model: nn.Module) -> Cache:
     num_heads = model.config.num_attention_heads
     layers = []
     for i, module in enumerate(attention_modules(model)):
-        cfg = getattr(module, CFG_ATTR, None)
+        binding = getattr(module, BINDING_ATTR, None)
+        cfg = None if binding is None else binding.cfg
         window = None if cfg is None else widest_window(alibi_window(cfg, num_heads))
         if window is None:
             raise ValueError(f"layer {i}: attention bias {getattr(cfg, 'bias', None)!r} has no key window, so a "

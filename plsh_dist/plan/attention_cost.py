@@ -216,13 +216,13 @@ def probe_workspace_cpu(attn_cfg, *, batch: int, tokens: int, q_heads: int, kv_h
     max_probe_tokens)`` tokens, scaled linearly to ``batch x tokens``."""
     from types import SimpleNamespace
 
-    from plsh_dist.models.attention import CFG_ATTR, RUNTIME_ATTR, plsh_dist_attention
+    from plsh_dist.models.attention import BINDING_ATTR, AttentionBinding, plsh_dist_attention
     from plsh_dist.models.runtime import AttentionRuntime
     from plsh_dist.train.memory_measure import peak_cpu_bytes
 
     t = min(tokens, max_probe_tokens)
     bp = batch if t == tokens else 1
-    module = SimpleNamespace(layer_idx=0, **{CFG_ATTR: attn_cfg, RUNTIME_ATTR: AttentionRuntime(run_seed=0)})
+    module = SimpleNamespace(**{BINDING_ATTR: AttentionBinding(attn_cfg, AttentionRuntime(run_seed=0), layer=0)})
     g = torch.Generator().manual_seed(0)
     q = torch.randn(bp, q_heads, t, head_dim, generator=g, requires_grad=True)
     k, v = (torch.randn(bp, kv_heads, t, head_dim, generator=g, requires_grad=True) for _ in range(2))

@@ -363,11 +363,11 @@ def train_step(s: TrainSession, step: int) -> StepStats:
     lr = engine.get_lr()[0]  # the rate this step's update uses
     grad_norm = float("nan")
     for micro in range(gas):
-        s.runtime.set_step(step, micro)
         batch = s.data.next_train()
-        loss_sum, n_local = forward_sums(engine, batch, s.device)
-        n_group = _sp_token_count(n_local, s.sp_group)
-        engine.backward(loss_sum * (sp_scale / n_group.to(loss_sum.dtype)))
+        with s.runtime.at(step, micro):  # this micro-step's masks, in its forward and its backward
+            loss_sum, n_local = forward_sums(engine, batch, s.device)
+            n_group = _sp_token_count(n_local, s.sp_group)
+            engine.backward(loss_sum * (sp_scale / n_group.to(loss_sum.dtype)))
         if micro == gas - 1 and cfg.deepspeed.zero_stage == 0:
             grad_norm = _grad_norm(engine)
         engine.step()

@@ -25,20 +25,19 @@ __all__ = ["validation_loss", "exported_validation"]
 def validation_loss(model, batches, runtime, device: torch.device, eval_seed_step: int = 0) -> float:
     """Mean token loss over ``batches`` (this rank's shard), all-reduced over the world.
 
-    The attention masks of evaluation use step ``eval_seed_step`` so that every
-    evaluation of a run (and of a resumed run) sees the same masks.
+    The attention masks of evaluation use step ``eval_seed_step`` of the seed context
+    ``runtime`` so that every evaluation of a run (and of a resumed run) sees the same
+    masks; the training step is restored afterwards.
     """
-    saved = (runtime.step, runtime.micro_step)
     was_training = model.training
     model.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=device)
-    for batch in batches:
-        runtime.set_step(eval_seed_step, 0)
-        loss_sum, n = forward_sums(model, batch, device)
-        sums += torch.stack([loss_sum.double(), n.double()])
+    with runtime.at(eval_seed_step, 0):
+        for batch in batches:
+            loss_sum, n = forward_sums(model, batch, device)
+            sums += torch.stack([loss_sum.double(), n.double()])
     if dist.is_initialized():
         dist.all_reduce(sums)
-    runtime.set_step(*saved)
     model.train(was_training)
     return (sums[0] / sums[1].clamp(min=1)).item()
 

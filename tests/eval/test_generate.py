@@ -71,7 +71,7 @@ def test_greedy_equals_a_full_forward_loop_and_hf_generate(exports):
     out = hf.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, eos_token_id=None)
     assert out[0, len(ids):].tolist() == want
     # The checkpoint's model is back in its trained mode afterwards.
-    assert ck.model.model.layers[0].self_attn.plsh_attn_cfg == ck.trained_attention
+    assert ck.model.model.layers[0].self_attn.plsh_binding.cfg == ck.trained_attention
 
 
 def test_decoder_can_be_plugged_in(exports):

@@ -86,14 +86,14 @@ def test_single_process_ops_by_default(monkeypatch):
 def test_apply_sequence_parallel_binds_every_module_once():
     model = build_model(presets["tiny"], AttentionConfig(bias="plsh"))
     apply_sequence_parallel(model, SP_GROUP)
-    bound = {id(m.plsh_attention_ops) for m in attention_modules(model)}
+    bound = {id(m.plsh_binding.ops) for m in attention_modules(model)}
     assert len(bound) == 1  # one object shared by all layers
-    sp = attention_modules(model)[0].plsh_attention_ops
+    sp = attention_modules(model)[0].plsh_binding.ops
     assert isinstance(sp, SequenceParallelAttention) and sp.group is SP_GROUP
     set_attention_mode(model, AttentionConfig(bias="alibi"))  # switching the mode keeps parallelism
-    assert attention_modules(model)[-1].plsh_attention_ops is sp
+    assert attention_modules(model)[-1].plsh_binding.ops is sp
     apply_sequence_parallel(model, None)  # back to one process
-    assert all(m.plsh_attention_ops is None for m in attention_modules(model))
+    assert all(m.plsh_binding.ops is None for m in attention_modules(model))
 
 
 def test_positions_buffer_refilled_in_place_is_reread():

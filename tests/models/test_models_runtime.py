@@ -42,3 +42,24 @@ def test_runtime_seeds_per_layer_step_and_fixed():
     assert fixed == [hash_seed(7, 0, 0, layer) for layer in range(4)]
     with pytest.raises(ValueError, match="micro_step"):
         rt.set_step(1, -1)
+
+
+def test_seed_context_scopes_the_step():
+    """``at`` selects a step for its block and restores the one it found, also on error and nested."""
+    rt = AttentionRuntime(run_seed=7)
+    rt.set_step(3, 1)
+    with rt.at(9, 2) as inner:
+        assert inner is rt and (rt.step, rt.micro_step) == (9, 2)
+        assert rt.layer_seed(0) == hash_seed(7, 9, 2, 0)
+        with rt.at(4):
+            assert (rt.step, rt.micro_step) == (4, 0)
+        assert (rt.step, rt.micro_step) == (9, 2)
+    assert (rt.step, rt.micro_step) == (3, 1)
+    with pytest.raises(RuntimeError):
+        with rt.at(5, 0):
+            raise RuntimeError
+    assert (rt.step, rt.micro_step) == (3, 1)
+    with pytest.raises(ValueError, match="micro_step"):
+        with rt.at(1, -1):
+            pass
+    assert (rt.step, rt.micro_step) == (3, 1)

@@ -20,7 +20,7 @@ import torch
 from plsh_dist.data import DataConfig
 from plsh_dist.data.packing import split_for_sp
 from plsh_dist.data.tokenizer import EOS_ID
-from plsh_dist.models import AttentionConfig, build_model, get_runtime, presets
+from plsh_dist.models import AttentionConfig, AttentionRuntime, build_model, get_runtime, presets
 from plsh_dist.train.loss_head import install_chunked_loss
 from plsh_dist.train.losses import forward_sums, packed_kwargs, token_loss_sums
 from plsh_dist.train.data_setup import DataPipeline
@@ -80,7 +80,7 @@ def test_masked_batches_pass_the_packed_keywords():
 
 def test_validation_loss_passes_the_layout():
     model = _Recorder()
-    runtime = SimpleNamespace(step=7, micro_step=1, set_step=lambda *a: None)
+    runtime = AttentionRuntime(run_seed=0, step=7, micro_step=1)
     batches = [split_for_sp(_windows(s), eos_id=EOS_ID) for s in range(2)]
     loss = validation_loss(model, batches, runtime, CPU)
     assert loss == pytest.approx(np.log(11))  # zero logits: log V per token

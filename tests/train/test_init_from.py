@@ -55,7 +55,7 @@ def test_initial_model_holds_the_source_weights(tiny_data, tmp_path):
     for name, tensor in src.state_dict().items():
         assert torch.equal(own[name], tensor), name
     assert model.lm_head.weight is model.model.embed_tokens.weight
-    assert not model.model.layers[0].self_attn.plsh_attn_cfg.rope
+    assert not model.model.layers[0].self_attn.plsh_binding.cfg.rope
 
 
 def test_training_starts_from_the_loaded_weights(tiny_data, tmp_path):
