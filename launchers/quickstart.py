@@ -77,9 +77,8 @@ def main() -> int:
     lengths = [seq_len, 2 * seq_len, 4 * seq_len]
     print(f"[4/4] extrapolation: the same weights at {lengths} tokens, PLSH vs exact ALiBi vs no bias", flush=True)
     from plsh_dist.eval.extrapolation import evaluate_checkpoint, format_table
-    from plsh_dist.models import AttentionConfig
 
-    modes = f"plsh:s={AttentionConfig.from_dict(dict(cfg.attention)).num_samples},alibi,none"
+    modes = f"plsh:s={cfg.attention.num_samples},alibi,none"
     # "last": the last seq_len tokens of each window, so every length scores the
     # same kind of tokens with more context before them.
     extrapolation = evaluate_checkpoint(out_dir, None, lengths, modes, out_dir / "extrapolation", max_windows=8,

@@ -34,8 +34,8 @@ from plsh_dist.data import Tokenizer
 from plsh_dist.models import AttentionConfig, ModelConfig
 from plsh_dist.train.checkpoint import complete_tags
 from plsh_dist.train.checkpoint_io import safe_torch_load
-from plsh_dist.train.config import RunConfig
-from plsh_dist.train.export import model_from_weights, read_resolved, save_export
+from plsh_dist.train.config import RunConfig, read_resolved
+from plsh_dist.train.export import model_from_weights, save_export
 
 __all__ = ["LoadedCheckpoint", "resolve_checkpoint", "load_for_eval", "convert_to_export"]
 
@@ -148,15 +148,11 @@ def load_for_eval(path: str | Path, tokenizer_path: str | Path | None = None) ->
     if kind == "export":
         _check_export_config(directory, cfg)
     tokenizer = _load_tokenizer(directory, tokenizer_path, cfg)
-    model_cfg, trained = cfg.model_configs()
-    if tokenizer.vocab_size > model_cfg.vocab_size:
-        raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model's embedding has "
-                         f"{model_cfg.vocab_size} rows: tokenizer and checkpoint do not match")
+    cfg.model.check_vocab_covers(tokenizer.vocab_size, str(tokenizer.path), field=f"{directory}: [model].vocab_size",
+                                 fix="tokenizer and checkpoint do not match: drop --tokenizer to use the "
+                                     "checkpoint's own")
     model = model_from_weights(cfg, _state_dict(directory, kind), source=directory)
-    emb = model.get_input_embeddings().weight
-    if emb.shape[0] < tokenizer.vocab_size:
-        raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the embedding has {emb.shape[0]} rows")
-    return LoadedCheckpoint(model, cfg, model_cfg, trained, tokenizer, directory)
+    return LoadedCheckpoint(model, cfg, cfg.model, cfg.attention, tokenizer, directory)
 
 
 def convert_to_export(path: str | Path, out_dir: str | Path, tokenizer_path: str | Path | None = None) -> Path:

@@ -233,6 +233,19 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def check_vocab_covers(self, tokenizer_vocab: int, tokenizer: str, *, fix: str,
+                           field: str = "[model].vocab_size") -> None:
+        """ValueError unless the embedding has a row for every id of a tokenizer of
+        ``tokenizer_vocab`` pieces: the one vocabulary check (run config, training
+        start, checkpoint loading). ``tokenizer`` names the file, ``field`` where this
+        model's vocabulary was read, ``fix`` what to do."""
+        if tokenizer_vocab > self.vocab_size:
+            raise ValueError(
+                f"{field} = {self.vocab_size} is smaller than the tokenizer's vocabulary of {tokenizer_vocab} "
+                f"pieces ({tokenizer} has {tokenizer_vocab} pieces but the model's embedding has {self.vocab_size} "
+                f"rows): ids up to {tokenizer_vocab - 1} would index past the embedding; {fix}"
+            )
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
         """Plain dict -> config. A ``preset`` key starts from that preset and

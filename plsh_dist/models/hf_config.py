@@ -297,7 +297,7 @@ def _check_resolved(directory: Path, model_cfg: ModelConfig, attn: AttentionConf
     _compare_with_run(table, str(resolved), directory, model_cfg, attn, seed)
 
 
-def _check_tokenizer(directory: Path, vocab_size: int) -> None:
+def _check_tokenizer(directory: Path, model_cfg: ModelConfig) -> None:
     tok = directory / "tokenizer.model"
     if not tok.is_file():
         return
@@ -307,10 +307,9 @@ def _check_tokenizer(directory: Path, vocab_size: int) -> None:
         pieces = spm.SentencePieceProcessor(model_file=str(tok)).get_piece_size()
     except (RuntimeError, OSError) as exc:
         raise ValueError(f"{tok} is not a SentencePiece model ({exc}); copy the run's tokenizer there") from None
-    if pieces > vocab_size:
-        raise ValueError(f"{tok} has {pieces} pieces but the model's embedding has {vocab_size} rows "
-                         f"(config.json vocab_size): tokenizer and weights do not match; copy the tokenizer the "
-                         f"run trained with ([tokenizer].model_path) into {directory}")
+    model_cfg.check_vocab_covers(pieces, str(tok), field=f"{directory / 'config.json'} vocab_size",
+                                 fix=f"tokenizer and weights do not match; copy the tokenizer the run trained with "
+                                     f"([tokenizer].model_path) into {directory}")
 
 
 def load_pretrained(path: str | Path, *, config=None, dtype=None, torch_dtype=None, device_map=None, device=None,
@@ -350,7 +349,7 @@ def load_pretrained(path: str | Path, *, config=None, dtype=None, torch_dtype=No
             f"attn_implementation={attn_implementation!r} would run it without that positional bias. Load it "
             f"as is and switch modes with plsh_dist.models.set_attention_mode(model, AttentionConfig(...))")
     _check_resolved(directory, model_cfg, attn, seed)
-    _check_tokenizer(directory, model_cfg.vocab_size)
+    _check_tokenizer(directory, model_cfg)
     state = read_safetensors_dir(directory, what="export")
     dtype = _resolve_dtype(dtype if dtype is not None else torch_dtype, config)
     dev = _resolve_device(device_map if device_map is not None else device)

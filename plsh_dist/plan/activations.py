@@ -24,7 +24,7 @@ The loss, per token of the micro-batch:
   (8V; bf16: 10V, the bf16 logits and their fp32 copy) and keeps the
   log-softmax (4V); the backward peak holds it, the NLL gradient and the
   log-softmax gradient: 12V;
-- chunked (``[deepspeed].loss_chunk_tokens`` = c): keeps the fp32 lse (4);
+- chunked (``[memory].loss_chunk_tokens`` = c): keeps the fp32 lse (4);
   its peaks are per chunk, not per token: forward 2 fp32 (c, V)
   tensors (logits and logsumexp's temporary), backward dh + the fp32 dW
   accumulator + one fp32 (c, V) tensor (bf16: + the bf16 copy of it and of

@@ -47,11 +47,11 @@ def _with(cfg, overrides: list[str]):
 
 def _candidates(cfg, world: int):
     """Yield one override at a time for the current ``cfg`` (module doc's order)."""
-    ds, data, par, optim = cfg.deepspeed, cfg.data, cfg.parallel, cfg.optim
-    if not ds.loss_chunk_tokens:
-        yield "--deepspeed.loss_chunk_tokens=2048"
-    if not ds.activation_checkpointing:
-        yield "--deepspeed.activation_checkpointing=true"
+    mem, ds, data, par, optim = cfg.memory, cfg.deepspeed, cfg.data, cfg.parallel, cfg.optim
+    if not mem.loss_chunk_tokens:
+        yield "--memory.loss_chunk_tokens=2048"
+    if not mem.activation_checkpointing:
+        yield "--memory.activation_checkpointing=true"
     if ds.zero_stage < 3:
         yield f"--deepspeed.zero_stage={ds.zero_stage + 1}"
     sp = par.sp_size * 2

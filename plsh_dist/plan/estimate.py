@@ -103,13 +103,13 @@ class Plan:
 
 def _memory(cfg, shapes: ModelShapes, rb: RankBatch, setup: AttentionSetup, states: StateBytes, b: int,
             device: str, traffic: list[LayerTraffic]) -> MemoryPlan:
-    ds = cfg.deepspeed
-    n, L, ckpt, chunk = rb.n, shapes.layers, ds.activation_checkpointing, ds.loss_chunk_tokens
+    mem = cfg.memory
+    n, L, ckpt, chunk = rb.n, shapes.layers, mem.activation_checkpointing, mem.loss_chunk_tokens
     per = activation_bytes(shapes, b)
     halo = max((t.halo_slots_max for t in traffic), default=0) * rb.batch * shapes.kv_dim * b * 2
     keys = rb.tokens + max((t.halo_slots_max for t in traffic), default=0)
     if device == "cpu":
-        ws = probe_workspace_cpu(cfg.model_configs()[1], batch=rb.batch, tokens=rb.tokens, q_heads=shapes.q_heads,
+        ws = probe_workspace_cpu(cfg.attention, batch=rb.batch, tokens=rb.tokens, q_heads=shapes.q_heads,
                                  kv_heads=shapes.kv_heads, head_dim=shapes.head_dim)
     else:
         ws = workspace_cuda(setup, rb.batch, rb.tokens, keys, shapes.q_heads, shapes.kv_heads, shapes.head_dim, b)
@@ -143,15 +143,15 @@ def _memory(cfg, shapes: ModelShapes, rb: RankBatch, setup: AttentionSetup, stat
 
 
 def _flops(cfg, shapes: ModelShapes, setup: AttentionSetup, world: int, dp: int) -> FlopsPlan:
-    ds = cfg.deepspeed
+    mem = cfg.memory
     seq = cfg.data.seq_len
     sequences = cfg.data.micro_batch_size * cfg.optim.grad_accum_steps * dp
     per_token = 6 * (shapes.layers * shapes.matmul_params_per_layer + shapes.head_params)
-    if ds.activation_checkpointing:
+    if mem.activation_checkpointing:
         per_token += 2 * shapes.layers * shapes.matmul_params_per_layer
-    if ds.loss_chunk_tokens:
+    if mem.loss_chunk_tokens:
         per_token += 2 * shapes.head_params
-    attn = shapes.layers * attention_flops(setup, seq, shapes.head_dim, ds.activation_checkpointing)
+    attn = shapes.layers * attention_flops(setup, seq, shapes.head_dim, mem.activation_checkpointing)
     return FlopsPlan(attention=attn * sequences, rest=float(per_token) * seq * sequences, ranks=world)
 
 
@@ -168,8 +168,8 @@ def plan_run(cfg, *, world_size: int, device: str = "cuda") -> Plan:
     cfg.validate(world_size=world_size)
     precision = resolve_precision(cfg.deepspeed, device)
     b = 2 if precision == "bf16" else 4
-    model_cfg, attn_cfg = cfg.model_configs()
-    shapes = model_shapes(model_cfg, attn_cfg)
+    attn_cfg = cfg.attention
+    shapes = model_shapes(cfg.model, attn_cfg)
     sp = cfg.parallel.sp_size
     dp = world_size // sp
     rb = RankBatch(batch=cfg.data.micro_batch_size, tokens=cfg.data.seq_len // sp, seq_len=cfg.data.seq_len,
@@ -183,6 +183,6 @@ def plan_run(cfg, *, world_size: int, device: str = "cuda") -> Plan:
                          head_dim=shapes.head_dim, b=b)
     memory = _memory(cfg, shapes, rb, setup, states, b, device, traffic)
     return Plan(name=cfg.run.name, device=device, precision=precision, world=world_size, dp=dp,
-                zero_stage=ds.zero_stage, checkpointing=ds.activation_checkpointing,
-                loss_chunk_tokens=ds.loss_chunk_tokens, rank_batch=rb, shapes=shapes, attention=setup,
+                zero_stage=ds.zero_stage, checkpointing=cfg.memory.activation_checkpointing,
+                loss_chunk_tokens=cfg.memory.loss_chunk_tokens, rank_batch=rb, shapes=shapes, attention=setup,
                 memory=memory, flops=_flops(cfg, shapes, setup, world_size, dp), traffic=traffic)

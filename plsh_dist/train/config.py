@@ -2,30 +2,36 @@
 
 One TOML file describes a run; each component receives only its own section:
 
-    [run] [model] [attention] [data] [optim] [deepspeed] [parallel] [checkpoint] [logging]
+    [run] [model] [attention] [data] [tokenizer] [optim] [memory] [deepspeed] [parallel] [checkpoint] [logging]
 
 Precedence: command line ``--section.key=value`` > file > dataclass defaults.
 Unknown sections or keys are errors that name the key and list the valid ones.
-``[model]`` and ``[attention]`` map onto the model package's ``ModelConfig`` and
-``AttentionConfig`` (``[model].preset`` picks a preset; the other keys override
-it; ``vocab_size`` defaults to the tokenizer's; ``init_from`` names a transformers
-directory to start from, see ``plsh_dist.train.init_from``); ``[data]`` and ``[tokenizer]``
-onto the data package's ``DataConfig`` and ``TokenizerConfig``. The DeepSpeed config is
-generated from these sections (``deepspeed_config.py``), never written by hand.
+``[model]`` is the model package's ``ModelConfig`` (``preset`` picks a preset,
+the other keys override it) plus ``init_from``, a transformers directory to
+start from (``plsh_dist.train.init_from``); ``[attention]`` is its
+``AttentionConfig``; ``[data]`` and ``[tokenizer]`` are the data package's
+``DataConfig`` and ``TokenizerConfig``. The DeepSpeed config is generated from
+these sections (``deepspeed_config.py``), never written by hand.
 
-The config is resolved once, by ``load_config`` (``config_from_table``), and
-not changed afterwards: ``[model]`` and ``[attention]`` become full tables
-(preset expanded, defaults filled), ``[model].vocab_size`` the tokenizer's
-unless set: the existing tokenizer file's vocabulary, else
-``[tokenizer].vocab_size`` (what a tokenizer still to be trained will have).
-The resolved config written next to the outputs and into every checkpoint
-is this object.
+The config is resolved once, by ``config_from_table`` (``load_config`` reads
+the file and the disk first), and not changed afterwards: every section is a
+typed dataclass, the preset expanded and the defaults filled, and
+``[model].vocab_size``, unless set, is the tokenizer's: the existing
+tokenizer file's vocabulary, else ``[tokenizer].vocab_size`` (what a
+tokenizer still to be trained will have). The resolved config written next
+to the outputs and into every checkpoint is this object (``write_resolved``;
+``read_resolved`` reads it back).
+
+Renamed keys (``RENAMED``): a config or checkpoint written before a key moved
+still loads; the old key is accepted with a one-line notice naming the new one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,19 +40,25 @@ from typing import Any
 from plsh_dist.config_check import check_field_types, did_you_mean, toml_literal
 from plsh_dist.data.config import DataConfig, TokenizerConfig
 from plsh_dist.distributed.sp_chunks import check_sp_divisible
+from plsh_dist.models.config import AttentionConfig, ModelConfig, presets
 
 __all__ = [
     "RunSection",
     "OptimSection",
+    "MemorySection",
     "DeepSpeedSection",
     "ParallelSection",
     "CheckpointSection",
     "LoggingSection",
     "RunConfig",
+    "RENAMED",
+    "config_from_table",
     "load_config",
+    "read_resolved",
     "parse_overrides",
     "apply_overrides",
     "to_toml",
+    "write_resolved",
 ]
 
 
@@ -124,17 +136,11 @@ class OptimSection:
 
 
 @dataclass
-class DeepSpeedSection:
-    """Engine settings; the DeepSpeed JSON is generated from these."""
+class MemorySection:
+    """How training trades compute for memory (the same numbers either way)."""
 
-    zero_stage: int = 0
-    """ZeRO stage 0 (plain DDP), 1 (optimizer states), 2 (+gradients), 3 (+parameters)."""
-    precision: str = "auto"
-    """auto (bf16 on GPU, fp32 on CPU) | bf16 (GPU only) | fp32."""
     activation_checkpointing: bool = False
     """Recompute decoder layers in backward (HF gradient checkpointing) to save memory."""
-    offload_optimizer: bool = False
-    """ZeRO >= 1: keep optimizer states in CPU memory (GPU runs)."""
     loss_chunk_tokens: int = 2048
     """LM head + cross-entropy over chunks of this many tokens, each chunk's
     logits recomputed in backward (``plsh_dist.train.chunked_ce``): the loss
@@ -146,17 +152,32 @@ class DeepSpeedSection:
     while each chunk's matmuls (2048 rows) still run at full speed on a GPU;
     the cost is one extra LM-head matmul per step (the recompute). The two
     paths give the same loss to fp32 rounding (the golden losses pass under
-    either). A memory knob like activation_checkpointing, hence this section."""
+    either)."""
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "memory")
+        if self.loss_chunk_tokens < 0:
+            raise ValueError(
+                f"[memory].loss_chunk_tokens must be an integer >= 0 (0 = plain loss over the full logits), "
+                f"got {self.loss_chunk_tokens}; e.g. loss_chunk_tokens = 4096"
+            )
+
+
+@dataclass
+class DeepSpeedSection:
+    """Engine settings; the DeepSpeed JSON is generated from these."""
+
+    zero_stage: int = 0
+    """ZeRO stage 0 (plain DDP), 1 (optimizer states), 2 (+gradients), 3 (+parameters)."""
+    precision: str = "auto"
+    """auto (bf16 on GPU, fp32 on CPU) | bf16 (GPU only) | fp32."""
+    offload_optimizer: bool = False
+    """ZeRO >= 1: keep optimizer states in CPU memory (GPU runs)."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "deepspeed")
         _choice("deepspeed", "zero_stage", self.zero_stage, (0, 1, 2, 3))
         _choice("deepspeed", "precision", self.precision, ("auto", "bf16", "fp32"))
-        if self.loss_chunk_tokens < 0:
-            raise ValueError(
-                f"[deepspeed].loss_chunk_tokens must be an integer >= 0 (0 = plain loss over the full logits), "
-                f"got {self.loss_chunk_tokens}; e.g. loss_chunk_tokens = 4096"
-            )
 
 
 @dataclass
@@ -222,64 +243,48 @@ class LoggingSection:
         _positive("logging", self, "eval_every", "eval_batches", allow_zero=True)
 
 
-_SECTIONS: dict[str, type] = {
-    "run": RunSection,
-    "optim": OptimSection,
-    "deepspeed": DeepSpeedSection,
-    "parallel": ParallelSection,
-    "checkpoint": CheckpointSection,
-    "logging": LoggingSection,
-}
-# Sections whose dataclasses live in plsh_dist.models (validated there).
-_MODEL_SECTIONS = ("model", "attention")
+def _default_model() -> ModelConfig:
+    return dataclasses.replace(presets["tiny"], vocab_size=TokenizerConfig().vocab_size)
 
 
 @dataclass
 class RunConfig:
-    """The whole run. ``model`` and ``attention`` are plain tables, validated
-    by ``plsh_dist.models`` (see ``model_configs``); ``load_config`` and
-    ``config_from_table`` resolve them into full tables (module doc)."""
+    """The whole run, one typed section per TOML table (module doc).
+
+    ``model`` and ``attention`` are the model package's own dataclasses,
+    handed as they are to ``build_model``; ``init_from`` is written in the
+    TOML's ``[model]`` table but is not architecture, so it is kept apart.
+    """
 
     run: RunSection = field(default_factory=RunSection)
-    model: dict = field(default_factory=lambda: {"preset": "tiny"})
-    attention: dict = field(default_factory=dict)
+    model: ModelConfig = field(default_factory=_default_model)
+    """[model]: the decoder's architecture, preset expanded, vocab_size resolved."""
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    """[attention]: how the decoder's attention is computed (the trained mode)."""
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     optim: OptimSection = field(default_factory=OptimSection)
+    memory: MemorySection = field(default_factory=MemorySection)
     deepspeed: DeepSpeedSection = field(default_factory=DeepSpeedSection)
     parallel: ParallelSection = field(default_factory=ParallelSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
+    init_from: str | None = None
+    """[model].init_from: a directory saved by transformers whose weights the run
+    starts from (``plsh_dist.train.init_from``); None = random init."""
+
+    def __post_init__(self) -> None:
+        if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from):
+            raise ValueError(f"[model].init_from must be a directory path (a string), got {self.init_from!r}; e.g. "
+                             f'init_from = "models/qwen3-0.6b" (written by transformers\' save_pretrained)')
 
     def to_dict(self) -> dict:
-        out = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = dict(value) if isinstance(value, dict) else dataclasses.asdict(value)
+        """The TOML tables, section by section (``[model]`` holds ``init_from`` when set)."""
+        out = {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self)
+               if f.name != "init_from"}
+        if self.init_from is not None:
+            out["model"]["init_from"] = self.init_from
         return out
-
-    @property
-    def init_from(self) -> str | None:
-        """[model].init_from: a directory saved by transformers whose weights the run
-        starts from (``plsh_dist.train.init_from``); None = random init."""
-        return self.model.get("init_from")
-
-    def model_configs(self, vocab_size: int | None = None):
-        """``(ModelConfig, AttentionConfig)`` from [model] / [attention] ([model].init_from
-        is not architecture and is left out).
-
-        ``vocab_size``: the tokenizer's, used unless [model] sets one (a
-        resolved config always does); default [tokenizer].vocab_size.
-        """
-        from plsh_dist.models import AttentionConfig, ModelConfig
-
-        table = dict(self.model)
-        init_from = table.pop("init_from", None)
-        if init_from is not None and (not isinstance(init_from, str) or not init_from):
-            raise ValueError(f"[model].init_from must be a directory path (a string), got {init_from!r}; e.g. "
-                             f'init_from = "models/qwen3-0.6b" (written by transformers\' save_pretrained)')
-        table.setdefault("vocab_size", vocab_size or self.tokenizer.vocab_size)
-        return ModelConfig.from_dict(table), AttentionConfig.from_dict(dict(self.attention))
 
     def validate(self, world_size: int | None = None) -> None:
         """Cross-section checks of the values alone (no file is read); with
@@ -294,30 +299,21 @@ class RunConfig:
             )
         if world_size is not None:
             check_world_size(world_size, sp)
-        self.model_configs()  # builds and checks the model's own dataclasses
 
-    def check_tokenizer_vocab(self, vocab_size: int) -> None:
-        """ValueError naming the fields when the tokenizer's ``vocab_size`` does not
-        fit the resolved [model].vocab_size (train() calls it once the tokenizer
-        is ready, before the model is built: a tokenizer file that appeared or
-        changed after ``load_config`` resolved the vocabulary is caught here)."""
-        model_vocab = self.model_configs()[0].vocab_size
-        if vocab_size > model_vocab:
-            raise ValueError(
-                f"[model].vocab_size = {model_vocab} is smaller than the tokenizer's vocabulary of {vocab_size} "
-                f"pieces ({self.tokenizer.model_path}): ids up to {vocab_size - 1} would index past the embedding. "
-                f"[model].vocab_size was resolved when the config was loaded (if unset: the vocabulary of the "
+    def check_tokenizer_vocab(self, tokenizer_vocab: int) -> None:
+        """ValueError naming the fields when the tokenizer (trained or replaced since the
+        config was resolved: train() calls this once it is ready, before the model is
+        built) has more pieces than the resolved [model].vocab_size."""
+        self.model.check_vocab_covers(
+            tokenizer_vocab, self.tokenizer.model_path,
+            fix=f"[model].vocab_size was resolved when the config was loaded (if unset: the vocabulary of the "
                 f"file at [tokenizer].model_path, else [tokenizer].vocab_size) and the tokenizer has changed "
-                f"since; set [model].vocab_size >= {vocab_size} (or [tokenizer].vocab_size = {vocab_size}) "
-                f"and start again"
-            )
+                f"since; set [model].vocab_size >= {tokenizer_vocab} (or [tokenizer].vocab_size = "
+                f"{tokenizer_vocab}) and start again")
 
-    def check_inputs(self) -> int:
+    def check_inputs(self) -> None:
         """Checks that read the disk, run by ``load_config`` before any work starts:
-        every data path matches a file, and an existing tokenizer file is a
-        SentencePiece model. Returns the tokenizer's vocabulary: the existing
-        file's, else [tokenizer].vocab_size (what a tokenizer still to be
-        trained will have)."""
+        every data path matches a file; [model].init_from fits [model]."""
         from plsh_dist.data.sources import resolve_files
 
         for name in ("train_files", "val_files"):
@@ -327,34 +323,49 @@ class RunConfig:
                     resolve_files(patterns)
                 except ValueError as exc:
                     raise ValueError(f"[data].{name}: {exc}") from exc
-        path = Path(self.tokenizer.model_path)
-        if path.is_file():
-            from plsh_dist.data.tokenizer import Tokenizer
+        if self.init_from is not None:
+            from plsh_dist.train.init_from import check_init_from
 
-            try:
-                vocab = Tokenizer.load(path).vocab_size
-            except RuntimeError as exc:  # SentencePiece's error for a file that is not a model
-                raise ValueError(
-                    f"[tokenizer].model_path = {str(path)!r} is not a SentencePiece model ({exc}); "
-                    "delete it to train a new one, or point model_path at a valid .model file"
-                ) from exc
-        else:
-            vocab = self.tokenizer.vocab_size
-        return vocab
+            check_init_from(self.init_from, self.model, self.attention, self.tokenizer.model_path)
 
 
-def check_vocab_covers_tokenizer(model_vocab: Any, tokenizer_vocab: int, tokenizer_path: str) -> None:
-    """ValueError when an explicit [model].vocab_size is smaller than the tokenizer's vocabulary.
+def tokenizer_file_vocab(tok: TokenizerConfig) -> int | None:
+    """The vocabulary of the tokenizer file at [tokenizer].model_path, None when there is
+    none yet (it will be trained); ValueError when the file is not a SentencePiece model."""
+    path = Path(tok.model_path)
+    if not path.is_file():
+        return None
+    from plsh_dist.data.tokenizer import Tokenizer
 
-    ``model_vocab``: [model].vocab_size as written (None = not set: the model
-    then takes the tokenizer's size, which always fits).
-    """
-    if isinstance(model_vocab, int) and not isinstance(model_vocab, bool) and model_vocab < tokenizer_vocab:
+    try:
+        return Tokenizer.load(path).vocab_size
+    except RuntimeError as exc:  # SentencePiece's error for a file that is not a model
         raise ValueError(
-            f"[model].vocab_size = {model_vocab} is smaller than the tokenizer's vocabulary of {tokenizer_vocab} "
-            f"pieces ({tokenizer_path}): ids up to {tokenizer_vocab - 1} would index past the embedding; "
-            f"remove [model].vocab_size (it defaults to the tokenizer's) or set it >= {tokenizer_vocab}"
-        )
+            f"[tokenizer].model_path = {str(path)!r} is not a SentencePiece model ({exc}); "
+            "delete it to train a new one, or point model_path at a valid .model file"
+        ) from exc
+
+
+def _model_section(table: Any, tok: TokenizerConfig, tokenizer_vocab: int | None) -> tuple[ModelConfig, Any]:
+    """[model] -> ``(ModelConfig, init_from)``: the one place the vocabulary is resolved.
+
+    ``vocab_size`` unset: the tokenizer's, ``tokenizer_vocab`` (``load_config``: its
+    file's, else [tokenizer].vocab_size, what a tokenizer still to be trained will
+    have), default [tokenizer].vocab_size. Set: it must cover ``tokenizer_vocab``
+    when given (a resolved config read back is not checked against a tokenizer).
+    """
+    if not isinstance(table, dict):
+        raise ValueError("[model] must be a TOML table")
+    table = dict(table)
+    init_from = table.pop("init_from", None)
+    explicit = "vocab_size" in table
+    table.setdefault("vocab_size", tokenizer_vocab or tok.vocab_size)
+    model = ModelConfig.from_dict(table)
+    if explicit and tokenizer_vocab is not None:
+        model.check_vocab_covers(tokenizer_vocab, tok.model_path,
+                                 fix=f"remove [model].vocab_size (it defaults to the tokenizer's) or set it >= "
+                                     f"{tokenizer_vocab}")
+    return model, init_from
 
 
 def check_world_size(world_size: int, sp_size: int) -> None:
@@ -423,40 +434,87 @@ def apply_overrides(table: dict, overrides: dict[str, dict[str, Any]]) -> dict:
     return merged
 
 
-def config_from_table(table: dict, *, tokenizer_vocab: int | None = None) -> RunConfig:
+#: Keys that moved: ``(old section, key) -> (new section, key)``. A table that
+#: still uses an old key loads with a one-line notice naming the new one.
+RENAMED: dict[tuple[str, str], tuple[str, str]] = {
+    ("deepspeed", "activation_checkpointing"): ("memory", "activation_checkpointing"),
+    ("deepspeed", "loss_chunk_tokens"): ("memory", "loss_chunk_tokens"),
+}
+
+
+def _notice(text: str) -> None:
+    """One line on stderr, from one process of a launch (rank 0, or a process outside a launch)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"plsh_dist: {text}", file=sys.stderr, flush=True)
+
+
+def upgrade_table(table: dict, source: str = "config") -> dict:
+    """``table`` with every key of ``RENAMED`` under its new name (a copy; a notice per key).
+
+    ValueError when both the old and the new key are set: which one is meant is not clear.
+    """
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in table.items()}
+    for (old_sec, key), (new_sec, new_key) in RENAMED.items():
+        section = out.get(old_sec)
+        if not isinstance(section, dict) or key not in section:
+            continue
+        value = section.pop(key)
+        target = out.setdefault(new_sec, {})
+        if not isinstance(target, dict):
+            raise ValueError(f"[{new_sec}] must be a TOML table")
+        if new_key in target:
+            raise ValueError(f"{source}: both [{old_sec}].{key} and [{new_sec}].{new_key} are set; "
+                             f"keep only [{new_sec}].{new_key}")
+        target[new_key] = value
+        _notice(f"{source}: [{old_sec}].{key} is now [{new_sec}].{new_key} (accepted; rename it)")
+    return out
+
+
+_SECTIONS: dict[str, type] = {
+    "run": RunSection,
+    "data": DataConfig,
+    "tokenizer": TokenizerConfig,
+    "optim": OptimSection,
+    "memory": MemorySection,
+    "deepspeed": DeepSpeedSection,
+    "parallel": ParallelSection,
+    "checkpoint": CheckpointSection,
+    "logging": LoggingSection,
+}
+
+
+def config_from_table(table: dict, *, tokenizer_vocab: int | None = None, source: str = "config") -> RunConfig:
     """Build, check and resolve a ``RunConfig`` from a raw (already merged) table.
 
-    No file is read. [model] and [attention] come back as full tables;
-    [model].vocab_size, unless the table sets it, is ``tokenizer_vocab``
-    (default [tokenizer].vocab_size). Resolving a resolved table changes nothing.
+    No file is read. Renamed keys are accepted (``upgrade_table``).
+    [model].vocab_size, unless the table sets it, is ``tokenizer_vocab`` (default
+    [tokenizer].vocab_size); set, it must cover ``tokenizer_vocab`` when given.
+    Resolving a resolved table changes nothing. ``source`` names the table in notices.
     """
-    valid = list(_SECTIONS) + ["data", "tokenizer"] + list(_MODEL_SECTIONS)
+    table = upgrade_table(table, source)
+    valid = list(_SECTIONS) + ["model", "attention"]
     unknown = sorted(set(table) - set(valid))
     if unknown:
         raise ValueError(f"unknown section(s) {unknown}; valid sections are {valid}{did_you_mean(unknown, valid)}")
-    sections = {**_SECTIONS, "data": DataConfig, "tokenizer": TokenizerConfig}
-    kwargs: dict[str, Any] = {name: _build_section(name, cls, table.get(name, {})) for name, cls in sections.items()}
-    for name in _MODEL_SECTIONS:
-        if name in table:
-            if not isinstance(table[name], dict):
-                raise ValueError(f"[{name}] must be a TOML table")
-            kwargs[name] = dict(table[name])
+    kwargs: dict[str, Any] = {name: _build_section(name, cls, table.get(name, {})) for name, cls in _SECTIONS.items()}
+    attention = table.get("attention", {})
+    if not isinstance(attention, dict):
+        raise ValueError("[attention] must be a TOML table")
+    kwargs["attention"] = AttentionConfig.from_dict(attention)
+    kwargs["model"], kwargs["init_from"] = _model_section(table.get("model", {"preset": "tiny"}), kwargs["tokenizer"],
+                                                          tokenizer_vocab)
     cfg = RunConfig(**kwargs)
     cfg.validate()
-    model_cfg, attn_cfg = cfg.model_configs(tokenizer_vocab)
-    model = model_cfg.to_dict()
-    if cfg.init_from is not None:
-        model["init_from"] = cfg.init_from
-    return dataclasses.replace(cfg, model=model, attention=attn_cfg.to_dict())
+    return cfg
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     """Read a TOML run config, apply ``--section.key=value`` overrides, check it all.
 
     Raises ValueError (naming the field and the fix) before any work starts:
-    the values (``RunConfig.validate``) and the inputs on disk (``check_inputs``),
-    including an explicit [model].vocab_size smaller than the tokenizer's. The
-    returned config is resolved (module doc) and is not changed afterwards.
+    the values, the tokenizer file (its vocabulary resolves [model].vocab_size)
+    and the inputs on disk (``check_inputs``). The returned config is resolved
+    (module doc) and is not changed afterwards.
     """
     table: dict = {}
     if path is not None:
@@ -468,18 +526,26 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
                 table = tomllib.load(fh)
             except tomllib.TOMLDecodeError as exc:
                 raise ValueError(f"{path}: invalid TOML: {exc}") from exc
-    table = apply_overrides(table, parse_overrides(overrides or []))
-    cfg = config_from_table(table)  # the values alone, before any file is read
-    tokenizer_vocab = cfg.check_inputs()
-    explicit_vocab = table.get("model", {}).get("vocab_size")
-    check_vocab_covers_tokenizer(explicit_vocab, tokenizer_vocab, str(Path(cfg.tokenizer.model_path)))
-    if explicit_vocab is None and cfg.model["vocab_size"] != tokenizer_vocab:
-        cfg = config_from_table(table, tokenizer_vocab=tokenizer_vocab)  # an existing tokenizer file's vocabulary
-    if cfg.init_from is not None:
-        from plsh_dist.train.init_from import check_init_from
-
-        check_init_from(cfg.init_from, *cfg.model_configs(), cfg.tokenizer.model_path)
+    source = str(path) if path is not None else "command line"
+    table = upgrade_table(apply_overrides(table, parse_overrides(overrides or [])), source)
+    tok = _build_section("tokenizer", TokenizerConfig, table.get("tokenizer", {}))
+    cfg = config_from_table(table, tokenizer_vocab=tokenizer_file_vocab(tok) or tok.vocab_size)
+    cfg.check_inputs()
     return cfg
+
+
+def read_resolved(directory: str | Path) -> RunConfig:
+    """The resolved run config saved with weights (``config.resolved.json`` in ``directory``),
+    written by this version or an older one (renamed keys are accepted)."""
+    cfg_file = Path(directory) / "config.resolved.json"
+    if not cfg_file.is_file():
+        raise ValueError(f"checkpoint {directory} has no config.resolved.json (written by launchers/pretrain.py); "
+                         "cannot rebuild the model without it")
+    try:
+        table = json.loads(cfg_file.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{cfg_file} is not valid JSON ({exc})") from None
+    return config_from_table(table, source=str(cfg_file))
 
 
 # --- writing the resolved config ------------------------------------------------

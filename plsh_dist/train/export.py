@@ -26,16 +26,15 @@ another model. ``save_export`` writes that layout (``export_final`` after traini
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from plsh_dist.train.config import RunConfig, config_from_table, write_resolved
+from plsh_dist.train.config import RunConfig, read_resolved, write_resolved
 
-__all__ = ["export_final", "save_export", "read_resolved", "model_from_weights", "load_exported"]
+__all__ = ["export_final", "save_export", "model_from_weights", "load_exported"]
 
 
 def _full_state_dict(engine) -> dict[str, torch.Tensor] | None:
@@ -81,8 +80,7 @@ def save_export(model, cfg: RunConfig, tokenizer_path: str | Path | None, direct
                          "would not name the attention; rebuild it with model_from_weights")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    _, trained = cfg.model_configs()
-    describe(model.config, trained, cfg.run.seed)
+    describe(model.config, cfg.attention, cfg.run.seed)
     gen = model.generation_config
     gen.use_cache = True  # HF generate() decodes with plsh_dist attention's KV cache
     gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = BOS_ID, EOS_ID, PAD_ID
@@ -101,15 +99,6 @@ def save_export(model, cfg: RunConfig, tokenizer_path: str | Path | None, direct
     return directory
 
 
-def read_resolved(directory: str | Path) -> RunConfig:
-    """The resolved run config saved with weights (``config.resolved.json`` in ``directory``)."""
-    cfg_file = Path(directory) / "config.resolved.json"
-    if not cfg_file.is_file():
-        raise ValueError(f"checkpoint {directory} has no config.resolved.json (written by launchers/pretrain.py); "
-                         "cannot rebuild the model without it")
-    return config_from_table(json.loads(cfg_file.read_text()))
-
-
 def model_from_weights(cfg: RunConfig, state: dict[str, torch.Tensor], *, source: str | Path, attn_cfg=None,
                        device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
     """``cfg``'s model (our attention, ``AttentionRuntime(run_seed=cfg.run.seed)``) holding the
@@ -123,8 +112,7 @@ def model_from_weights(cfg: RunConfig, state: dict[str, torch.Tensor], *, source
     """
     from plsh_dist.models import AttentionRuntime, model_with_weights
 
-    model_cfg, trained_attn = cfg.model_configs()
-    return model_with_weights(model_cfg, attn_cfg or trained_attn, AttentionRuntime(run_seed=cfg.run.seed), state,
+    return model_with_weights(cfg.model, attn_cfg or cfg.attention, AttentionRuntime(run_seed=cfg.run.seed), state,
                               source=source, device=device, dtype=dtype)
 
 

@@ -229,7 +229,7 @@ def setup(cfg: RunConfig) -> TrainSession:
     prepared = prepare(cfg.data, cfg.tokenizer)  # refuses bad data on every rank alike
     with refusing("config"):
         cfg.check_tokenizer_vocab(prepared.tokenizer.vocab_size)  # a tokenizer trained or replaced since load_config
-        model_cfg, attn_cfg = cfg.model_configs()
+    model_cfg, attn_cfg = cfg.model, cfg.attention
     with refusing("data"):  # e.g. a corpus too small for one global batch
         data = DataPipeline(prepared, cfg.data, dp_rank=dims.dp_rank(rank), dp_size=dims.dp_size,
                             sp_rank=dims.sp_rank(rank), sp_size=dims.sp_size)
@@ -266,9 +266,9 @@ def _build_engine(cfg: RunConfig, model_cfg: ModelConfig, attn_cfg: AttentionCon
     # Random init, or [model].init_from's weights (continued pretraining).
     model = apply_sequence_parallel(initial_model(cfg, model_cfg, attn_cfg, runtime, device), sp_group)
     n_params = count_parameters(model)
-    if cfg.deepspeed.loss_chunk_tokens:
-        install_chunked_loss(model, cfg.deepspeed.loss_chunk_tokens)  # before DeepSpeed wraps it (loss_head.py)
-    if cfg.deepspeed.activation_checkpointing:
+    if cfg.memory.loss_chunk_tokens:
+        install_chunked_loss(model, cfg.memory.loss_chunk_tokens)  # before DeepSpeed wraps it (loss_head.py)
+    if cfg.memory.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer = build_optimizer(model, cfg.optim, device.type)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.run.max_steps)
@@ -322,8 +322,8 @@ def _summary(s: TrainSession) -> dict[str, str]:
         "tokens/step": f"{s.tokens_per_step:,} = micro {cfg.data.micro_batch_size} x accum {gas} x dp "
                        f"{dims.dp_size} x seq {cfg.data.seq_len} (each rank {cfg.data.seq_len // dims.sp_size} tokens)",
         "engine": f"DeepSpeed ZeRO-{cfg.deepspeed.zero_stage}, {s.precision}, device {s.device}, "
-                  f"act-ckpt {cfg.deepspeed.activation_checkpointing}, loss "
-                  + (f"chunked ({cfg.deepspeed.loss_chunk_tokens} tokens)" if cfg.deepspeed.loss_chunk_tokens
+                  f"act-ckpt {cfg.memory.activation_checkpointing}, loss "
+                  + (f"chunked ({cfg.memory.loss_chunk_tokens} tokens)" if cfg.memory.loss_chunk_tokens
                      else "plain (full logits)"),
         "steps": f"{s.start_step} -> {cfg.run.max_steps}"
                  + (f" (resumed from {s.resume[0] / s.resume[1]})" if s.resume else ""),

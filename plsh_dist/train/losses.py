@@ -5,7 +5,7 @@ Two paths, the same numbers (fp64: equal; fp32: to rounding):
 - plain: the model's logits ``(B, T_local, V)``, upcast to fp32, through
   ``F.cross_entropy`` (``token_loss_sums``);
 - chunked: when the model's LM head is a ``ChunkedLossHead``
-  (``[deepspeed].loss_chunk_tokens`` > 0; ``plsh_dist.train.loss_head``),
+  (``[memory].loss_chunk_tokens`` > 0; ``plsh_dist.train.loss_head``),
   the head returns the loss sum computed over chunks of tokens, and no
   ``(B, T_local, V)`` logits are ever held (``plsh_dist.train.chunked_ce``).
 

@@ -13,11 +13,10 @@ to its default would silently switch estimator mid-run when a default changes
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from plsh_dist.train.config import RunConfig, config_from_table
+from plsh_dist.train.config import RunConfig, read_resolved
 
 __all__ = ["COMPUTE_ONLY", "check_resume_config", "trained_differences"]
 
@@ -28,8 +27,9 @@ COMPUTE_ONLY = frozenset({"backend", "method", "chunk_size"})
 def trained_differences(saved: RunConfig, cfg: RunConfig) -> list[tuple[str, Any, Any]]:
     """``[(field, checkpoint's value, this config's value)]`` of the fields that define the trained model."""
     diffs = []
+    saved_table, table = saved.to_dict(), cfg.to_dict()
     for section, skip in (("model", frozenset()), ("attention", COMPUTE_ONLY)):
-        old, new = getattr(saved, section), getattr(cfg, section)
+        old, new = saved_table[section], table[section]
         for key in sorted((set(old) | set(new)) - skip):
             if old.get(key) != new.get(key):
                 diffs.append((f"[{section}].{key}", old.get(key), new.get(key)))
@@ -46,10 +46,9 @@ def check_resume_config(cfg: RunConfig, tag_dir: str | Path) -> None:
     A checkpoint without ``config.resolved.json`` is left to the manifest check of
     :func:`plsh_dist.train.checkpoint.load_checkpoint`, which names the missing file.
     """
-    saved_file = Path(tag_dir) / "config.resolved.json"
-    if not saved_file.is_file():
+    if not (Path(tag_dir) / "config.resolved.json").is_file():
         return
-    saved = config_from_table(json.loads(saved_file.read_text()))
+    saved = read_resolved(tag_dir)
     diffs = trained_differences(saved, cfg)
     if not diffs:
         return

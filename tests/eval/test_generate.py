@@ -40,7 +40,7 @@ def _export(root: Path, name: str, attention: dict, max_pos: int = 512) -> Path:
         "tokenizer": {"model_path": str(root / "tok.model"), "vocab_size": VOCAB},
     })
     torch.manual_seed(0)
-    model = build_model(*cfg.model_configs(), AttentionRuntime(run_seed=cfg.run.seed))
+    model = build_model(cfg.model, cfg.attention, AttentionRuntime(run_seed=cfg.run.seed))
     return save_export(model, cfg, cfg.tokenizer.model_path, root / name / "final")
 
 

@@ -56,7 +56,7 @@ def _run_config(root: Path, family: str, attention: dict, *, seed: int = 7, voca
 
 def _export(corpus: Path, out: Path, family: str = "qwen3", attention: dict | None = None, **kw) -> Path:
     cfg = _run_config(corpus, family, attention or {"bias": "plsh", "num_samples": 4, "rope": False}, **kw)
-    model_cfg, attn = cfg.model_configs()
+    model_cfg, attn = cfg.model, cfg.attention
     torch.manual_seed(0)
     model = build_model(model_cfg, attn, AttentionRuntime(run_seed=cfg.run.seed))
     return save_export(model, cfg, cfg.tokenizer.model_path, out)
@@ -210,7 +210,7 @@ def test_bad_exports_fail_naming_file_and_field(corpus, tmp_path):
 
 def test_converter_rewrites_deepspeed_tags_and_old_exports(corpus, tmp_path):
     cfg = _run_config(corpus, "qwen3", {"bias": "plsh", "num_samples": 2, "sigma": 4.0})
-    model_cfg, attn = cfg.model_configs()
+    model_cfg, attn = cfg.model, cfg.attention
     torch.manual_seed(3)
     model = build_model(model_cfg, attn, AttentionRuntime(run_seed=cfg.run.seed)).eval()
     ids = torch.randint(0, VOCAB, (1, 33), generator=torch.Generator().manual_seed(2))

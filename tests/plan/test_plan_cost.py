@@ -80,7 +80,7 @@ def test_truncated_pairs_and_halo_follow_each_heads_window():
 def test_sp_traffic_is_the_need_of_each_layers_real_hash():
     cfg = load_config(None, ["--model.preset=tiny", "--data.seq_len=2048", "--parallel.sp_size=4",
                              "--attention.num_samples=3", "--run.seed=5", "--data.micro_batch_size=2"])
-    _, attn = cfg.model_configs()
+    attn = cfg.attention
     setup = attention_setup(attn, 4, "cuda", torch.bfloat16)
     traffic = sp_traffic(setup, attn, run_seed=5, layers=2, sp=4, tokens=512, batch=2, q_heads=4, kv_heads=2,
                          head_dim=32, b=2)
@@ -128,7 +128,7 @@ def test_advice_lowers_the_peak_until_it_fits():
     assert plan.memory.peak > budget
     advice = advise(cfg, plan, budget, world_size=8)
     assert advice.fits and advice.plan.memory.peak < 0.9 * budget
-    assert "--deepspeed.activation_checkpointing=true" in advice.changes
+    assert "--memory.activation_checkpointing=true" in advice.changes
     assert any(c.startswith("--parallel.sp_size=") for c in advice.changes)
 
 

@@ -30,8 +30,8 @@ RUNS = [
     ("configs/quickstart.toml", 256, []),
     ("configs/quickstart.toml", 512, []),
     ("configs/quickstart.toml", 1024, []),
-    ("configs/debug.toml", 2048, ["--deepspeed.zero_stage=0", "--deepspeed.activation_checkpointing=true"]),
-    ("configs/quickstart.toml", 1024, ["--deepspeed.zero_stage=0", "--deepspeed.loss_chunk_tokens=0"]),
+    ("configs/debug.toml", 2048, ["--deepspeed.zero_stage=0", "--memory.activation_checkpointing=true"]),
+    ("configs/quickstart.toml", 1024, ["--deepspeed.zero_stage=0", "--memory.loss_chunk_tokens=0"]),
 ]
 
 

@@ -149,14 +149,14 @@ def test_plain_path_upcasts_only_low_precision():
 
 
 def test_config_option_is_checked():
-    from plsh_dist.train.config import DeepSpeedSection
+    from plsh_dist.train.config import MemorySection
 
-    assert DeepSpeedSection().loss_chunk_tokens == 2048
-    assert DeepSpeedSection(loss_chunk_tokens=0).loss_chunk_tokens == 0
-    with pytest.raises(ValueError, match=r"\[deepspeed\].loss_chunk_tokens must be an integer >= 0"):
-        DeepSpeedSection(loss_chunk_tokens=-1)
-    with pytest.raises(ValueError, match=r"\[deepspeed\].loss_chunk_tokens must be an int"):
-        DeepSpeedSection(loss_chunk_tokens=2048.0)
+    assert MemorySection().loss_chunk_tokens == 2048
+    assert MemorySection(loss_chunk_tokens=0).loss_chunk_tokens == 0
+    with pytest.raises(ValueError, match=r"\[memory\].loss_chunk_tokens must be an integer >= 0"):
+        MemorySection(loss_chunk_tokens=-1)
+    with pytest.raises(ValueError, match=r"\[memory\].loss_chunk_tokens must be an int"):
+        MemorySection(loss_chunk_tokens=2048.0)
 
 
 def test_training_with_chunked_loss_matches_plain_under_every_zero_stage(tiny_data, tmp_path):
@@ -167,10 +167,10 @@ def test_training_with_chunked_loss_matches_plain_under_every_zero_stage(tiny_da
     from tests.train.spawn import run_training
 
     plsh = ["--attention.bias=plsh", "--attention.num_samples=2", "--run.max_steps=3"]
-    runs = [base_overrides(tiny_data, tmp_path / "plain", "--deepspeed.loss_chunk_tokens=0", *plsh)]
+    runs = [base_overrides(tiny_data, tmp_path / "plain", "--memory.loss_chunk_tokens=0", *plsh)]
     layouts = [[f"--deepspeed.zero_stage={stage}"] for stage in (0, 1, 2, 3)]
-    layouts.append(["--deepspeed.zero_stage=2", "--deepspeed.activation_checkpointing=true"])
-    runs += [base_overrides(tiny_data, tmp_path / f"chunked{i}", "--deepspeed.loss_chunk_tokens=16", *flags, *plsh)
+    layouts.append(["--deepspeed.zero_stage=2", "--memory.activation_checkpointing=true"])
+    runs += [base_overrides(tiny_data, tmp_path / f"chunked{i}", "--memory.loss_chunk_tokens=16", *flags, *plsh)
              for i, flags in enumerate(layouts)]
     plain, *chunked = run_training(2, *runs)
     for res in chunked:

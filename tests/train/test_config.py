@@ -30,7 +30,7 @@ def test_precedence_cli_over_file_over_defaults(tmp_path):
     assert cfg.optim.beta2 == 0.95  # default
     assert cfg.data.seq_len == 128
     assert cfg.run.out_dir == "somewhere"  # bare word kept as a string
-    assert cfg.attention["bias"] == "none"
+    assert cfg.attention.bias == "none"
 
 
 def test_unknown_keys_and_sections_are_named(tmp_path):
@@ -79,10 +79,10 @@ def test_model_and_attention_are_resolved_by_load_config(tmp_path):
 
     tok = [f"--tokenizer.model_path={tmp_path / 'not_trained_yet.model'}", "--tokenizer.vocab_size=640"]
     cfg = load_config(None, [*tok, "--model.preset=tiny", "--model.num_layers=3", "--attention.bias=alibi"])
-    assert cfg.model == dataclasses.replace(presets["tiny"], num_layers=3, vocab_size=640).to_dict()
-    assert cfg.attention == AttentionConfig(bias="alibi").to_dict()
+    assert cfg.model == dataclasses.replace(presets["tiny"], num_layers=3, vocab_size=640)
+    assert cfg.attention == AttentionConfig(bias="alibi")
     assert config_from_table(cfg.to_dict()) == cfg  # resolving a resolved config changes nothing
-    assert load_config(None, [*tok, "--model.vocab_size=700"]).model["vocab_size"] == 700  # an explicit one wins
+    assert load_config(None, [*tok, "--model.vocab_size=700"]).model.vocab_size == 700  # an explicit one wins
 
 
 def test_resolved_config_round_trips(tmp_path):
@@ -134,8 +134,7 @@ def test_every_config_builds_its_model_on_meta(path):
     cfg = load_config(path)
     world = cfg.parallel.sp_size  # the smallest world the layout accepts
     cfg.validate(world_size=world)
-    model_cfg, attn_cfg = cfg.model_configs(vocab_size=cfg.tokenizer.vocab_size)
-    model = build_model(model_cfg, attn_cfg, device="meta")
+    model = build_model(cfg.model, cfg.attention, device="meta")
     n = count_parameters(model)
     assert n > 0 and all(p.device.type == "meta" for p in model.parameters())
     if tomllib.loads(path.read_text()).get("model", {}).get("preset") == "qwen3-0.6b":

@@ -28,6 +28,7 @@ from plsh_dist.train.config import (
     CheckpointSection,
     DeepSpeedSection,
     LoggingSection,
+    MemorySection,
     OptimSection,
     ParallelSection,
     RunSection,
@@ -39,7 +40,8 @@ from plsh_dist.train.loop import resolve_device
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = {
-    "run": RunSection, "optim": OptimSection, "deepspeed": DeepSpeedSection, "parallel": ParallelSection,
+    "run": RunSection, "optim": OptimSection, "memory": MemorySection, "deepspeed": DeepSpeedSection,
+    "parallel": ParallelSection,
     "checkpoint": CheckpointSection, "logging": LoggingSection, "data": DataConfig, "tokenizer": TokenizerConfig,
     "model": ModelConfig, "attention": AttentionConfig,
 }
@@ -197,8 +199,8 @@ def test_model_vocab_smaller_than_tokenizer_file_fails_in_load_config(small_toke
 def test_model_vocab_defaults_to_the_tokenizer_file(small_tokenizer):
     path, vocab = small_tokenizer
     # [tokenizer].vocab_size says 8192 but the file wins (it is what encodes the data).
-    assert load_config(None, [f"--tokenizer.model_path={path}"]).model["vocab_size"] == vocab
-    assert load_config(None, ["--tokenizer.vocab_size=512"]).model["vocab_size"] == 512  # no file yet
+    assert load_config(None, [f"--tokenizer.model_path={path}"]).model.vocab_size == vocab
+    assert load_config(None, ["--tokenizer.vocab_size=512"]).model.vocab_size == 512  # no file yet
 
 
 def test_model_vocab_smaller_than_tokenizer_to_train_fails_in_load_config():

@@ -57,7 +57,7 @@ def test_zero_stages_give_the_same_first_losses(tiny_data, tmp_path):
     runs = [base_overrides(tiny_data, tmp_path / f"z{stage}", f"--deepspeed.zero_stage={stage}",
                            *BIASES["plsh"], "--run.max_steps=3") for stage in (0, 1, 2, 3)]
     runs.append(base_overrides(tiny_data, tmp_path / "z2_ckpt", "--deepspeed.zero_stage=2",
-                               "--deepspeed.activation_checkpointing=true", *BIASES["plsh"], "--run.max_steps=3"))
+                               "--memory.activation_checkpointing=true", *BIASES["plsh"], "--run.max_steps=3"))
     results = run_training(2, *runs)
     for res in results[1:]:
         _close(res["losses"], results[0]["losses"])

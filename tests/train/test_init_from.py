@@ -49,7 +49,7 @@ def test_initial_model_holds_the_source_weights(tiny_data, tmp_path):
     cfg = _cfg(tiny_data, tmp_path / "run", tmp_path / "src")
     assert cfg.init_from == str(tmp_path / "src")
     assert f'init_from = "{tmp_path / "src"}"' in to_toml(cfg)  # kept in the resolved config
-    model_cfg, attn = cfg.model_configs()
+    model_cfg, attn = cfg.model, cfg.attention
     model = initial_model(cfg, model_cfg, attn, AttentionRuntime(run_seed=cfg.run.seed), torch.device("cpu"))
     own = model.state_dict()
     for name, tensor in src.state_dict().items():
@@ -92,7 +92,7 @@ def test_bad_init_from_is_refused_naming_the_field(tiny_data, tmp_path):
     (lying / "config.json").write_text(json.dumps({**table, "intermediate_size": 128}))
     cfg = _cfg(tiny_data, tmp_path / "run", lying)
     with pytest.raises(ValueError, match=r"tensor shapes differ from \[model\].*mlp"):
-        initial_model(cfg, *cfg.model_configs(), AttentionRuntime(), torch.device("cpu"))
+        initial_model(cfg, cfg.model, cfg.attention, AttentionRuntime(), torch.device("cpu"))
     # Another tokenizer than the run's.
     tok = tmp_path / "tok_src"
     _source(tok)
