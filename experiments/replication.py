@@ -30,7 +30,7 @@ import numpy as np
 from experiments.gap_curve import format_gap, plot_gap
 from plsh_dist.eval.checkpoint_loading import load_for_eval
 from plsh_dist.eval.eval_data import load_eval_tokens
-from plsh_dist.eval.extrapolation import evaluate_model
+from plsh_dist.eval.extrapolation import EvalSettings, evaluate_model
 from plsh_dist.eval.modes import parse_modes
 from plsh_dist.eval.scoring import mean_ci
 
@@ -179,9 +179,10 @@ def replicate_report(runs_dir: str | Path, corpora: Sequence[str], modes: Sequen
                 run_dir = Path(runs_dir) / corpus / mode / f"seed{seed}"
                 ck = load_for_eval(run_dir / "final")
                 tokens, data_desc = load_eval_tokens(ck, None)
-                got = evaluate_model(ck.model, ck.trained_attention, tokens, lengths, parse_modes(eval_specs[mode]),
-                                     seeds=hash_seeds, scorings=("last",), last_tokens=last_tokens,
-                                     max_windows=windows, progress=False, align=True, ci_level=ci_level)
+                settings = EvalSettings(lengths=lengths, modes=parse_modes(eval_specs[mode]), seeds=hash_seeds,
+                                        scorings=("last",), last_tokens=last_tokens, max_windows=windows,
+                                        progress=False, align=True, ci_level=ci_level)
+                got = evaluate_model(ck.model, ck.trained_attention, tokens, settings)
                 for r in got:
                     r.update(corpus=corpus, mode=mode, eval_mode=r["mode"], train_seed=seed)
                 rows += got

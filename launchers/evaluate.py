@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
-    from plsh_dist.eval.extrapolation import evaluate_checkpoint, format_table
+    from plsh_dist.eval.extrapolation import EvalSettings, evaluate_checkpoint, format_table
 
     try:
         lengths = _ints(args.lengths, "--lengths")
@@ -82,13 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             dist.init_process_group(backend="gloo")  # evaluation runs on CPU tensors; gloo serves any device
             sp_group = dist.group.WORLD
-        results = evaluate_checkpoint(args.checkpoint, args.data, lengths, args.modes, args.out, seeds=seeds,
-                                      scorings=scorings, last_tokens=last_tokens,
-                                      max_windows=args.max_windows or None, tokenizer=args.tokenizer,
-                                      split=args.split, sp_group=sp_group, progress=not args.no_progress,
-                                      align=not args.no_align, ci=args.ci, ci_level=args.ci_level,
-                                      bootstrap_resamples=args.bootstrap_resamples, reference=args.reference,
-                                      document_masking=args.document_masking)
+        settings = EvalSettings(lengths=lengths, modes=args.modes, seeds=seeds, scorings=scorings,
+                                last_tokens=last_tokens, max_windows=args.max_windows or None,
+                                align=not args.no_align, ci=args.ci, ci_level=args.ci_level,
+                                bootstrap_resamples=args.bootstrap_resamples, reference=args.reference,
+                                document_masking=args.document_masking, data=args.data, split=args.split,
+                                progress=not args.no_progress)
+        results = evaluate_checkpoint(args.checkpoint, settings, args.out, tokenizer=args.tokenizer,
+                                      sp_group=sp_group)
     except ValueError as exc:
         print(f"evaluate: error: {exc}", file=sys.stderr)
         return 2

@@ -76,13 +76,14 @@ def main() -> int:
     seq_len = cfg.data.seq_len
     lengths = [seq_len, 2 * seq_len, 4 * seq_len]
     print(f"[4/4] extrapolation: the same weights at {lengths} tokens, PLSH vs exact ALiBi vs no bias", flush=True)
-    from plsh_dist.eval.extrapolation import evaluate_checkpoint, format_table
+    from plsh_dist.eval.extrapolation import EvalSettings, evaluate_checkpoint, format_table
 
     modes = f"plsh:s={cfg.attention.num_samples},alibi,none"
     # "last": the last seq_len tokens of each window, so every length scores the
     # same kind of tokens with more context before them.
-    extrapolation = evaluate_checkpoint(out_dir, None, lengths, modes, out_dir / "extrapolation", max_windows=8,
-                                        scorings=("whole", "last"), last_tokens=seq_len)
+    settings = EvalSettings(lengths=lengths, modes=modes, max_windows=8, scorings=("whole", "last"),
+                            last_tokens=seq_len)
+    extrapolation = evaluate_checkpoint(out_dir, settings, out_dir / "extrapolation")
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [(r["step"], r["loss"]) for r in records if "loss" in r]
     tps = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]

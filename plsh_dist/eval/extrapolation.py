@@ -1,7 +1,7 @@
 """Length extrapolation: the same weights under several attention modes and context lengths.
 
-    results = evaluate_checkpoint("runs/quickstart", data=None, lengths=[256, 512, 1024],
-                                  modes="plsh:s=4,alibi,none", out_dir="runs/quickstart/extrapolation")
+    settings = EvalSettings(lengths=[256, 512, 1024], modes="plsh:s=4,alibi,none")
+    results = evaluate_checkpoint("runs/quickstart", settings, out_dir="runs/quickstart/extrapolation")
     print(format_table(results))
 
 For every (mode, length, scoring) the model scores windows of the evaluation
@@ -41,7 +41,7 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,12 +52,13 @@ from plsh_dist.distributed.sp import apply_sequence_parallel
 from plsh_dist.distributed.sp_chunks import sp_bounds
 from plsh_dist.eval.checkpoint_loading import LoadedCheckpoint, load_for_eval
 from plsh_dist.eval.eval_data import load_eval_tokens
-from plsh_dist.eval.modes import EvalMode, attention_for, parse_modes
+from plsh_dist.eval.modes import attention_for
 from plsh_dist.eval.scoring import (TokenSums, mean_ci, metrics_of, paired_ci, plan_windows, score_hidden,
                                     targets_digest, window_tokens)
+from plsh_dist.eval.settings import EvalSettings
 from plsh_dist.models import AttentionRuntime, set_attention_mode
 
-__all__ = ["evaluate_model", "evaluate_checkpoint", "format_table", "write_outputs", "paired_differences", "METRICS"]
+__all__ = ["EvalSettings", "evaluate_model", "evaluate_checkpoint", "format_table", "write_outputs", "paired_differences", "METRICS"]
 
 METRICS = ("loss", "perplexity", "bits_per_token", "accuracy")
 
@@ -110,52 +111,41 @@ def _summary(per_seed: list[dict[str, float]]) -> dict[str, Any]:
     return out
 
 
-def evaluate_model(model, trained_attention, tokens: np.ndarray, lengths: Sequence[int],
-                   modes: Sequence[EvalMode] | str, *, seeds: Sequence[int] = (0, 1, 2),
-                   scorings: Sequence[str] = ("whole",), last_tokens: int | None = None,
-                   max_windows: int | None = None, sp_group=None, progress: bool = True, align: bool = True,
-                   ci: str = "se", ci_level: float = 0.95, bootstrap_resamples: int = 2000,
-                   document_eos: int | None = None) -> list[dict[str, Any]]:
+def evaluate_model(model, trained_attention, tokens: np.ndarray, settings: EvalSettings, *, sp_group=None,
+                   eos_id: int | None = None) -> list[dict[str, Any]]:
     """Rows of results, one per (mode, scoring, length); see the module doc.
 
     Args:
         model: transformers causal LM with our attention (``load_for_eval``).
         trained_attention: its training ``AttentionConfig`` (modes override it).
         tokens: (N,) evaluation token stream.
-        lengths: context lengths L.
-        modes: ``EvalMode`` list or a spec string (``"plsh:s=8,alibi"``).
-        seeds: hash seeds of stochastic (PLSH) modes.
-        scorings: ``"whole"`` and/or ``"last"`` (the last ``last_tokens`` of each window).
-        max_windows: windows per (length, scoring); None = all the data fills.
-        align: "last" windows of every length end where the shortest length's
-            scored span ends (the same target tokens at every length).
-        ci, ci_level, bootstrap_resamples: the confidence interval over windows
-            (``"se"``: t x standard error; ``"bootstrap"``: percentile bootstrap).
-        document_eos: score with documents masked (a token attends only within its
-            document, which ends with this EOS id); None (the default, for comparability
-            with earlier results and the paper) attends across documents.
+        settings: lengths, modes, seeds, scoring, confidence interval (``EvalSettings``;
+            its ``data``, ``split`` and ``reference`` are ``evaluate_checkpoint``'s).
+        sp_group: score every window over this sequence-parallel group (module doc).
+        eos_id: the tokenizer's EOS id; needed with ``settings.document_masking``
+            (a token then attends only within its document, which ends with EOS).
     Raises ValueError before any work if a length cannot be filled.
     """
-    if isinstance(modes, str):
-        modes = parse_modes(modes)
-    if not seeds:
-        raise ValueError("seeds must name at least one hash seed, e.g. seeds=(0, 1, 2)")
-    lengths = [int(x) for x in lengths]
-    ci_args = {"method": ci, "level": ci_level, "resamples": bootstrap_resamples}
-    mean_ci([0.0, 1.0], **ci_args)  # bad ci options fail before any work
+    st = settings
+    if st.document_masking and eos_id is None:
+        raise ValueError("settings.document_masking needs the tokenizer's eos_id (evaluate_model(..., eos_id=...))")
+    document_eos = eos_id if st.document_masking else None
+    ci_args = st.ci_args
     plans = {}
-    for scoring in scorings:
-        usable = [L for L in lengths if not (scoring == "last" and (last_tokens is None or last_tokens > L))]
-        align_to = max(usable) if (align and scoring == "last" and usable) else None
+    for scoring in st.scorings:
+        usable = [L for L in st.lengths if not (scoring == "last" and (st.last_tokens is None or st.last_tokens > L))]
+        align_to = max(usable) if (st.align and scoring == "last" and usable) else None
         for L in usable:  # the last-K scoring exists only for windows of at least K tokens
-            plans[scoring, L] = plan_windows(len(tokens), L, scoring, last_tokens, max_windows, align_to=align_to)
+            plans[scoring, L] = plan_windows(len(tokens), L, scoring, st.last_tokens, st.max_windows,
+                                             align_to=align_to)
     if not plans:
-        raise ValueError(f"nothing to evaluate: scorings {list(scorings)} with lengths {lengths} "
-                         f"and last_tokens={last_tokens}")
+        raise ValueError(f"nothing to evaluate: scorings {list(st.scorings)} with lengths {st.lengths} "
+                         f"and last_tokens={st.last_tokens}")
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
-    total = sum(len(w) * (len(seeds) if m.stochastic else 1) for m in modes for w in plans.values())
+    seeds = st.seeds
+    total = sum(len(w) * (len(seeds) if m.stochastic else 1) for m in st.modes for w in plans.values())
     bar = None
-    if progress and rank0:
+    if st.progress and rank0:
         from tqdm import tqdm
 
         bar = tqdm(total=total, desc="extrapolation", unit="window", dynamic_ncols=True)
@@ -164,7 +154,7 @@ def evaluate_model(model, trained_attention, tokens: np.ndarray, lengths: Sequen
     model.eval()
     apply_sequence_parallel(model, sp_group)  # once: every mode below attends over the SP group
     try:
-        for mode in modes:
+        for mode in st.modes:
             attn = attention_for(mode, trained_attention)
             for (scoring, L), windows in plans.items():
                 per_seed, seed_window_loss = [], []
@@ -192,7 +182,7 @@ def evaluate_model(model, trained_attention, tokens: np.ndarray, lengths: Sequen
                     "scored_per_window": windows[0].scored, "windows": len(windows),
                     "tokens": per_seed[0]["tokens"], "seeds": [r["seed"] for r in per_seed],
                     **_summary(per_seed), **_uncertainty(window_loss, ci_args),
-                    "aligned": align and scoring == "last", "targets": targets_digest(tokens, windows),
+                    "aligned": st.align and scoring == "last", "targets": targets_digest(tokens, windows),
                     "window_loss": window_loss, "per_seed": per_seed, "seconds": round(time.time() - t0, 2),
                     "attention": attn.to_dict(),
                 })
@@ -204,56 +194,43 @@ def evaluate_model(model, trained_attention, tokens: np.ndarray, lengths: Sequen
     return rows
 
 
-def evaluate_checkpoint(checkpoint_dir: str | Path, data: str | None, lengths: Sequence[int],
-                        modes: Sequence[EvalMode] | str, out_dir: str | Path | None = None, *,
-                        seeds: Sequence[int] = (0, 1, 2), scorings: Sequence[str] = ("whole",),
-                        last_tokens: int | None = None, max_windows: int | None = 16,
-                        tokenizer: str | None = None, split: str = "val", sp_group=None,
-                        progress: bool = True, align: bool = True, ci: str = "se", ci_level: float = 0.95,
-                        bootstrap_resamples: int = 2000, reference: str | None = None,
-                        document_masking: bool = False) -> dict[str, Any]:
-    """Load ``checkpoint_dir``, evaluate it, write outputs to ``out_dir`` (rank 0) and return the results.
+def evaluate_checkpoint(checkpoint: str | Path, settings: EvalSettings, out_dir: str | Path | None = None, *,
+                        tokenizer: str | Path | None = None, sp_group=None) -> dict[str, Any]:
+    """Load ``checkpoint``, evaluate it under ``settings``, write outputs to ``out_dir``
+    (rank 0) and return the results.
 
-    ``data``: None = the checkpoint's own validation split (its training data
-    config), else text/jsonl/parquet files or globs (comma-separated), or a
-    ``datasets`` name (``name[:config]``, split ``split``). The returned dict
-    is what ``results.json`` holds: ``{"checkpoint", "data", "trained", "rows", ...}``;
-    with ``reference`` (a mode name) also ``"paired"`` (:func:`paired_differences`).
-    ``document_masking``: attend within documents only (off by default, so results
-    compare with earlier runs and the paper's protocol).
+    The returned dict is what ``results.json`` holds: ``{"checkpoint", "data",
+    "trained", "rows", ...}``; with ``settings.reference`` also ``"paired"``
+    (:func:`paired_differences`). ``tokenizer``: a ``.model`` file (default the
+    checkpoint's own).
     """
     t0 = time.time()
-    modes = parse_modes(modes) if isinstance(modes, str) else list(modes)  # fail before loading anything
-    ck: LoadedCheckpoint = load_for_eval(checkpoint_dir, tokenizer)
-    tokens, data_desc = load_eval_tokens(ck, data, split=split)
-    if reference is not None and reference not in [m.name for m in modes]:
-        raise ValueError(f"reference mode {reference!r} is not one of the evaluated modes {[m.name for m in modes]}")
-    rows = evaluate_model(ck.model, ck.trained_attention, tokens, lengths, modes, seeds=seeds, scorings=scorings,
-                          last_tokens=last_tokens, max_windows=max_windows, sp_group=sp_group, progress=progress,
-                          align=align, ci=ci, ci_level=ci_level, bootstrap_resamples=bootstrap_resamples,
-                          document_eos=ck.tokenizer.eos_id if document_masking else None)
+    st = settings
+    ck: LoadedCheckpoint = load_for_eval(checkpoint, tokenizer)
+    tokens, data_desc = load_eval_tokens(ck, st.data, split=st.split)
+    rows = evaluate_model(ck.model, ck.trained_attention, tokens, st, sp_group=sp_group, eos_id=ck.tokenizer.eos_id)
     results = {
         "checkpoint": str(ck.path),
         "data": data_desc,
         "data_tokens": int(len(tokens)),
         "trained": {"seq_len": ck.run_config.data.seq_len, "attention": ck.trained_attention.to_dict(),
                     "model": ck.model_cfg.to_dict()},
-        "lengths": [int(x) for x in lengths],
-        "document_masking": bool(document_masking),
-        "modes": [m.name for m in modes],
-        "seeds": [int(s) for s in seeds],
-        "scorings": list(scorings),
-        "last_tokens": last_tokens,
-        "max_windows": max_windows,
-        "aligned": align,
-        "ci": {"method": ci, "level": ci_level, **({"resamples": bootstrap_resamples} if ci == "bootstrap" else {})},
+        "lengths": list(st.lengths),
+        "document_masking": bool(st.document_masking),
+        "modes": [m.name for m in st.modes],
+        "seeds": list(st.seeds),
+        "scorings": list(st.scorings),
+        "last_tokens": st.last_tokens,
+        "max_windows": st.max_windows,
+        "aligned": st.align,
+        "ci": {"method": st.ci, "level": st.ci_level,
+               **({"resamples": st.bootstrap_resamples} if st.ci == "bootstrap" else {})},
         "sp_size": dist.get_world_size(sp_group) if sp_group is not None else 1,
         "rows": rows,
         "wall_s": round(time.time() - t0, 1),
     }
-    if reference is not None:
-        results["paired"] = paired_differences(rows, reference, method=ci, level=ci_level,
-                                               resamples=bootstrap_resamples)
+    if st.reference is not None:
+        results["paired"] = paired_differences(rows, st.reference, **st.ci_args)
     if out_dir is not None and (not dist.is_initialized() or dist.get_rank() == 0):
         write_outputs(results, out_dir)
     return results

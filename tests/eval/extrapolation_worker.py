@@ -10,14 +10,14 @@ import torch.distributed as dist
 def run(rank: int, world: int, rendezvous: str, export: str, kwargs: dict, out: str) -> None:
     from plsh_dist.eval.checkpoint_loading import load_for_eval
     from plsh_dist.eval.eval_data import load_eval_tokens
-    from plsh_dist.eval.extrapolation import evaluate_model
+    from plsh_dist.eval.extrapolation import EvalSettings, evaluate_model
 
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
         ck = load_for_eval(export)
         tokens, _ = load_eval_tokens(ck, None)
-        rows = evaluate_model(ck.model, ck.trained_attention, tokens, sp_group=dist.group.WORLD, progress=False,
-                              **kwargs)
+        rows = evaluate_model(ck.model, ck.trained_attention, tokens, EvalSettings(progress=False, **kwargs),
+                              sp_group=dist.group.WORLD)
         if rank == 0:
             with open(out, "w") as fh:
                 json.dump(rows, fh)

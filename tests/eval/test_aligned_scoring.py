@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from plsh_dist.eval.checkpoint_loading import load_for_eval
 from plsh_dist.eval.eval_data import load_eval_tokens
-from plsh_dist.eval.extrapolation import evaluate_model, format_table, paired_differences, write_outputs
+from plsh_dist.eval.extrapolation import EvalSettings, evaluate_model, format_table, paired_differences, write_outputs
 from plsh_dist.eval.modes import attention_for, parse_modes
 from plsh_dist.eval.scoring import mean_ci, paired_ci, plan_windows, t_quantile, targets_digest
 from plsh_dist.models import set_attention_mode
@@ -69,8 +69,9 @@ def test_evaluation_compares_like_with_like(tiny, tmp_path):  # noqa: F811
     ck = load_for_eval(tiny.export)
     tokens, _ = load_eval_tokens(ck, None)
     lengths, K, n = [16, 32, 48], 8, 3
-    rows = evaluate_model(ck.model, ck.trained_attention, tokens, lengths, "plsh:s=2,alibi,none", seeds=[0, 1],
-                          scorings=["last"], last_tokens=K, max_windows=n, progress=False)
+    rows = evaluate_model(ck.model, ck.trained_attention, tokens,
+                          EvalSettings(lengths, "plsh:s=2,alibi,none", seeds=[0, 1], scorings=["last"],
+                                       last_tokens=K, max_windows=n, progress=False))
     assert len({json.dumps(r["targets"], sort_keys=True) for r in rows}) == 1  # same tokens: lengths x modes
     assert all(r["aligned"] and r["windows"] == n and len(r["window_loss"]) == n for r in rows)
     for r in rows:
@@ -108,13 +109,13 @@ def test_evaluation_compares_like_with_like(tiny, tmp_path):  # noqa: F811
     assert paths["plot"].stat().st_size > 0
 
     # Bootstrap intervals, and unaligned windows for the old behaviour.
-    rows_b = evaluate_model(ck.model, ck.trained_attention, tokens, [16, 32], "alibi", scorings=["last"],
-                            last_tokens=K, max_windows=n, progress=False, ci="bootstrap", bootstrap_resamples=300,
-                            align=False)
+    rows_b = evaluate_model(ck.model, ck.trained_attention, tokens,
+                            EvalSettings([16, 32], "alibi", scorings=["last"], last_tokens=K, max_windows=n,
+                                         progress=False, ci="bootstrap", bootstrap_resamples=300, align=False))
     assert rows_b[0]["ci"]["method"] == "bootstrap" and not rows_b[0]["aligned"]
     assert rows_b[0]["targets"] != rows_b[1]["targets"]
     with pytest.raises(ValueError, match="ci method"):
-        evaluate_model(ck.model, ck.trained_attention, tokens, [16], "alibi", ci="nope", progress=False)
+        EvalSettings([16], "alibi", ci="nope", progress=False)
 
 
 def test_evaluate_launcher_defaults_to_aligned_last_tokens(tiny, tmp_path):  # noqa: F811

@@ -28,7 +28,7 @@ import torch.nn.functional as F  # noqa: E402
 from plsh_dist.data.tokenizer import train_tokenizer  # noqa: E402
 from plsh_dist.eval.checkpoint_loading import load_for_eval  # noqa: E402
 from plsh_dist.eval.eval_data import load_eval_tokens  # noqa: E402
-from plsh_dist.eval.extrapolation import evaluate_checkpoint, evaluate_model, format_table  # noqa: E402
+from plsh_dist.eval.extrapolation import EvalSettings, evaluate_checkpoint, evaluate_model, format_table  # noqa: E402
 from plsh_dist.eval.modes import attention_for, parse_modes  # noqa: E402
 from plsh_dist.eval.scoring import plan_windows  # noqa: E402
 from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig, build_model  # noqa: E402
@@ -113,8 +113,8 @@ def test_metrics_equal_direct_calculation(tiny):
     tokens, _ = load_eval_tokens(ck, None)
     L, n_windows = 48, 3
     for spec in ("alibi", "window:16", "none", "plsh:s=3"):
-        [row] = evaluate_model(ck.model, ck.trained_attention, tokens, [L], spec, seeds=[5],
-                               max_windows=n_windows, progress=False)
+        [row] = evaluate_model(ck.model, ck.trained_attention, tokens,
+                               EvalSettings([L], spec, seeds=[5], max_windows=n_windows, progress=False))
         mode = parse_modes(spec)[0]
         runtime = AttentionRuntime(run_seed=5)
         from plsh_dist.models import set_attention_mode
@@ -146,8 +146,8 @@ def test_last_tokens_scoring_uses_overlapping_windows(tiny):
     ck = load_for_eval(tiny.export)
     tokens, _ = load_eval_tokens(ck, None)
     L, K, n = 40, 10, 3
-    [row] = evaluate_model(ck.model, ck.trained_attention, tokens, [L], "alibi", scorings=["last"], last_tokens=K,
-                           max_windows=n, progress=False)
+    [row] = evaluate_model(ck.model, ck.trained_attention, tokens,
+                           EvalSettings([L], "alibi", scorings=["last"], last_tokens=K, max_windows=n, progress=False))
     from plsh_dist.models import set_attention_mode
 
     set_attention_mode(ck.model, attention_for(parse_modes("alibi")[0], ck.trained_attention))
@@ -173,11 +173,12 @@ def test_clear_errors(tiny, tmp_path):
     ck = load_for_eval(tiny.export)
     tokens, _ = load_eval_tokens(ck, None)
     with pytest.raises(ValueError, match="too few for one window of length"):
-        evaluate_model(ck.model, ck.trained_attention, tokens, [64, len(tokens)], "alibi", progress=False)
+        evaluate_model(ck.model, ck.trained_attention, tokens,
+                       EvalSettings([64, len(tokens)], "alibi", max_windows=None, progress=False))
     with pytest.raises(ValueError, match="matches no file"):
         load_eval_tokens(ck, str(tmp_path / "nope.txt"))
     with pytest.raises(ValueError, match="unknown mode"):  # checked before the checkpoint is loaded
-        evaluate_checkpoint(tmp_path / "missing", None, [32], "alibi,bogus")
+        evaluate_checkpoint(tmp_path / "missing", EvalSettings([32], "alibi,bogus"))
 
 
 def test_deepspeed_tag_directory_loads(tiny, tmp_path):
@@ -196,9 +197,9 @@ def test_deepspeed_tag_directory_loads(tiny, tmp_path):
 
 
 def test_evaluate_checkpoint_writes_outputs(tiny, tmp_path):
-    res = evaluate_checkpoint(tiny.export.parent, str(tiny.text), [32, 64], "plsh:s=2,alibi,none", tmp_path / "out",
-                              seeds=[0, 1], scorings=["whole", "last"], last_tokens=32, max_windows=2,
-                              progress=False)
+    settings = EvalSettings([32, 64], "plsh:s=2,alibi,none", seeds=[0, 1], scorings=["whole", "last"],
+                            last_tokens=32, max_windows=2, data=str(tiny.text), progress=False)
+    res = evaluate_checkpoint(tiny.export.parent, settings, tmp_path / "out")
     rows = {(r["mode"], r["scoring"], r["length"]): r for r in res["rows"]}
     assert len(rows) == 3 * 2 * 2
     assert rows["plsh:s=2", "whole", 32]["seeds"] == [0, 1] and rows["alibi", "whole", 32]["seeds"] == [0]
@@ -218,7 +219,7 @@ def test_sequence_parallel_evaluation_matches_single_process(tiny, tmp_path):
     tokens, _ = load_eval_tokens(ck, None)
     kwargs = dict(lengths=[32, 64], modes="plsh:s=2,fixed,alibi,window:8,none", seeds=[0, 1],
                   scorings=["whole", "last"], last_tokens=16, max_windows=2)
-    single = evaluate_model(ck.model, ck.trained_attention, tokens, progress=False, **kwargs)
+    single = evaluate_model(ck.model, ck.trained_attention, tokens, EvalSettings(progress=False, **kwargs))
     out = tmp_path / "sp_rows.json"
     mp.spawn(extrapolation_worker.run, args=(2, str(tmp_path / "rdzv"), str(tiny.export), kwargs, str(out)),
              nprocs=2, join=True)
@@ -232,7 +233,7 @@ def test_sequence_parallel_evaluation_matches_single_process(tiny, tmp_path):
 
 
 def test_document_masking_scores_each_document_on_its_own(tiny):
-    """document_eos: a token attends within its own document only (each ends with EOS), so the
+    """document_masking: a token attends within its own document only (each ends with EOS), so the
     window's loss equals separate forwards of its documents; the default attends across them."""
     ck = load_for_eval(tiny.export)
     eos = ck.tokenizer.eos_id
@@ -242,8 +243,9 @@ def test_document_masking_scores_each_document_on_its_own(tiny):
     tokens = tokens.numpy()
     L = 40
     kw = dict(max_windows=2, progress=False, seeds=[0])
-    [masked] = evaluate_model(ck.model, ck.trained_attention, tokens, [L], "alibi", document_eos=eos, **kw)
-    [plain] = evaluate_model(ck.model, ck.trained_attention, tokens, [L], "alibi", **kw)
+    [masked] = evaluate_model(ck.model, ck.trained_attention, tokens,
+                              EvalSettings([L], "alibi", document_masking=True, **kw), eos_id=eos)
+    [plain] = evaluate_model(ck.model, ck.trained_attention, tokens, EvalSettings([L], "alibi", **kw), eos_id=eos)
     from plsh_dist.models import set_attention_mode
 
     set_attention_mode(ck.model, attention_for(parse_modes("alibi")[0], ck.trained_attention), AttentionRuntime())
