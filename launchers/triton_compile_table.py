@@ -86,8 +86,8 @@ def compile_one(arch: int, dtype: str, head_dim: int, kernel: str, mode: int) ->
 
     cfg = tiles_for(head_dim, arch // 10)[0 if kernel == "fwd" else 1]
     fn = {"fwd": K.onepass_fwd_kernel, "bwd_dkdv": K.onepass_bwd_dkdv_kernel, "bwd_dq": K.onepass_bwd_dq_kernel}[kernel]
-    constexprs = {"HEAD_DIM": head_dim, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "MODE": mode, "CAUSAL": True,
-                  "HAS_DOCS": True, "PER_HEAD": True, "IEEE": False}
+    constexprs = {"HEAD_DIM": head_dim, "D_REAL": head_dim, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+                  "MODE": mode, "CAUSAL": True, "HAS_DOCS": True, "PER_HEAD": True, "IEEE": False}
     t0 = time.time()
     src = ASTSource(fn=fn, signature=_signature(kernel, dtype), constexprs=constexprs)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
@@ -142,7 +142,8 @@ def markdown(rows: list[dict], command: str) -> str:
     for r in rows:
         fits = "yes" if r["ok"] else f"**no**: {r['problems']}"
         lines.append(f"| {r['arch']} | {r['dtype']} | {r['head_dim']} | {r['kernel']} | {r['bias']} | {r['tile']} | "
-                     f"{r['warps']} | {r['stages']} | {r['regs']} | {r['smem_kib']} | {r['spill_stores']}/{r['spill_loads']} | "
+                     f"{r['warps']} | {r['stages']} | {r['regs']} | {r['smem_kib']} | "
+                     f"{r['spill_stores']}/{r['spill_loads']} | "
                      f"{r['stack']} | "
                      f"{fits} |")
     return "\n".join(lines) + "\n"

@@ -39,7 +39,8 @@ from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.tile_bands import (CountBias, TokenLayout, WindowBias, key_tile_bands, num_tiles,
                                       query_tile_bands, tiles_for)
 
-__all__ = ["TritonOnePass", "triton_cuda", "triton_interpreter", "triton_status", "interpreting", "kernels", "banded_forward", "banded_backward", "triton_onepass_forward",
+__all__ = ["TritonOnePass", "triton_cuda", "triton_interpreter", "triton_status", "interpreting", "kernels",
+           "banded_forward", "banded_backward", "triton_onepass_forward",
            "triton_onepass_backward", "alibi_window_attention", "count_matrix", "BandedAttentionFunction"]
 
 LOG2E = 1.4426950408889634
@@ -114,6 +115,11 @@ def _launch(device: torch.device):
     return mod
 
 
+def _padded(head_dim: int) -> int:
+    """The head dim the kernels tile: a power of two >= 16 (``tl.dot``'s smallest)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
 def _arch(device: torch.device) -> int:
     """Compute capability major of ``device`` (9, Hopper's tiles, on the CPU interpreter)."""
     return torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 9
@@ -136,8 +142,9 @@ def _check(q, k, v, layout: TokenLayout, bias):
                          "(plsh_dist.ops.documents.flatten_rows)")
     if bias.num_heads not in (1, Hq):
         raise ValueError(f"the bias has {bias.num_heads} heads; it needs 1 (shared) or Hq={Hq}")
-    if D not in (16, 32, 64, 128):
-        raise ValueError(f"head_dim must be 16, 32, 64 or 128 for the Triton kernel, got {D}")
+    if not 1 <= D <= 128:
+        raise ValueError(f"head_dim must be at most 128 for the Triton kernel, got {D}; use method='per_sample' "
+                         "or backend='torch'")
     if any(x.stride(-1) != 1 for x in (q, k, v)):
         raise ValueError("q, k, v need a unit stride on the head dim (call .contiguous())")
 
@@ -162,7 +169,7 @@ def banded_forward(q, k, v, bias, layout: TokenLayout, *, causal: bool, scale: f
         q, k, v, out, lse, layout.kernel_positions, _doc(layout), pitch, shift, sigma, window, lo, hi,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
         n, Hq, Hq // Hkv, bias.num_heads, s, grid[0], scale * LOG2E,
-        HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, MODE=mode, CAUSAL=causal,
+        HEAD_DIM=_padded(D), D_REAL=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, MODE=mode, CAUSAL=causal,
         HAS_DOCS=layout.doc is not None, PER_HEAD=bias.num_heads > 1, IEEE=q.dtype == torch.float32,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -188,8 +195,9 @@ def banded_backward(dout, q, k, v, out, lse, bias, layout: TokenLayout, *, causa
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     mode, pitch, shift, sigma, window, s = _bias_args(bias, q.device)
     mod = _launch(q.device)
-    common = dict(HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, MODE=mode, CAUSAL=causal,
-                  HAS_DOCS=layout.doc is not None, PER_HEAD=bias.num_heads > 1, IEEE=q.dtype == torch.float32,
+    common = dict(HEAD_DIM=_padded(D), D_REAL=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, MODE=mode,
+                  CAUSAL=causal, HAS_DOCS=layout.doc is not None, PER_HEAD=bias.num_heads > 1,
+                  IEEE=q.dtype == torch.float32,
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
     k_lo, k_hi = key_tile_bands(bias, layout, cfg.block_m, cfg.block_n, causal)

@@ -18,7 +18,8 @@ causal, ``c = 0``. A row with only hidden keys in a tile adds nothing and
 produces no NaN (its running max stays ``-inf`` and exponentials use 0).
 
 Layouts: q, dq, out, dout (B, n, Hq, D); k, v, dk, dv (B, n, Hkv, D), any
-strides with a unit last one; lse and delta (B, Hq, n) fp32; positions
+strides with a unit last one (``HEAD_DIM``: D padded to a power of two, ``D_REAL``: D);
+lse and delta (B, Hq, n) fp32; positions
 int32[n] (below 2^31); documents int32[n]; pitch, shift float64[s, Hh]; sigma
 float32[Hh], window int64[Hh]; bands int32[Hh, tiles].
 """
@@ -104,9 +105,21 @@ def _bias_tile(anchor, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh,
         bias = tl.log2(tl.maximum(count, 1).to(tl.float32))
     else:
         dist = tl.abs(pos_m[:, None] - pos_n[None, :])
-        visible = _visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL, HAS_DOCS) & (dist < tl.load(Window + hh).to(tl.int32))
+        window = tl.load(Window + hh).to(tl.int32)
+        visible = _visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL, HAS_DOCS) & (dist < window)
         bias = dist.to(tl.float32) * (-LOG2E / tl.load(Sigma + hh))
     return tl.where(visible, bias, float("-inf"))
+
+
+@triton.jit
+def _rows(in_rows, offs_d, HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr):
+    """(rows, HEAD_DIM) mask of a q/k/v-shaped tile: real rows, and the real head dims when the
+    head dim is padded to a power of two (``D_REAL < HEAD_DIM``; zeros there change no dot)."""
+    if D_REAL == HEAD_DIM:  # a constexpr branch: only one is compiled
+        mask = in_rows[:, None]
+    else:
+        mask = in_rows[:, None] & (offs_d[None, :] < D_REAL)
+    return mask
 
 
 @triton.jit
@@ -123,7 +136,7 @@ def onepass_fwd_kernel(
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_ob, stride_ot, stride_oh,
     n_tokens, num_q_heads, group, num_hh, num_samples, num_m_tiles, scale_log2,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr, PER_HEAD: tl.constexpr, IEEE: tl.constexpr,
 ):
     """Grid (query tiles, B * Hq): out and lse of one query tile of one head."""
@@ -136,10 +149,11 @@ def onepass_fwd_kernel(
     offs_m = m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     in_m = offs_m < n_tokens
+    m_rows = _rows(in_m, offs_d, HEAD_DIM, D_REAL)
     row0 = (m * BLOCK_M).to(tl.int64)  # tile offsets: int64 scalar base, int32 within the tile
     rel_m = tl.arange(0, BLOCK_M)
     q = tl.load(Q + b * stride_qb + h * stride_qh + row0 * stride_qt + rel_m[:, None] * stride_qt + offs_d[None, :],
-                mask=in_m[:, None], other=0.0)
+                mask=m_rows, other=0.0)
     pos_m = tl.load(Pos + offs_m, mask=in_m, other=0)
     doc_m = tl.load(Doc + offs_m, mask=in_m, other=-1) if HAS_DOCS else offs_m
     lo = tl.load(BandLo + hh * num_m_tiles + m)
@@ -154,10 +168,11 @@ def onepass_fwd_kernel(
     for nt in range(lo, hi):
         offs_n = nt * BLOCK_N + rel_n
         in_n = offs_n < n_tokens
+        n_rows = _rows(in_n, offs_d, HEAD_DIM, D_REAL)
         col0 = tl.cast(nt, tl.int64) * BLOCK_N
-        k = tl.load(K_h + col0 * stride_kt + rel_n[:, None] * stride_kt + offs_d[None, :], mask=in_n[:, None],
+        k = tl.load(K_h + col0 * stride_kt + rel_n[:, None] * stride_kt + offs_d[None, :], mask=n_rows,
                     other=0.0)
-        v = tl.load(V_h + col0 * stride_vt + rel_n[:, None] * stride_vt + offs_d[None, :], mask=in_n[:, None],
+        v = tl.load(V_h + col0 * stride_vt + rel_n[:, None] * stride_vt + offs_d[None, :], mask=n_rows,
                     other=0.0)
         pos_n = tl.load(Pos + offs_n, mask=in_n, other=0)
         doc_n = tl.load(Doc + offs_n, mask=in_n, other=-2) if HAS_DOCS else offs_n
@@ -175,7 +190,7 @@ def onepass_fwd_kernel(
     l_use = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_use[:, None]
     tl.store(Out + b * stride_ob + h * stride_oh + row0 * stride_ot + rel_m[:, None] * stride_ot + offs_d[None, :],
-             out.to(Out.dtype.element_ty), mask=in_m[:, None])
+             out.to(Out.dtype.element_ty), mask=m_rows)
     lse = (m_i + tl.log2(l_use)) * LN2
     tl.store(Lse + (b * num_q_heads + h) * n_tokens + offs_m, lse, mask=in_m)
 
@@ -186,7 +201,7 @@ def onepass_bwd_dkdv_kernel(
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_dob, stride_dot, stride_doh, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
     n_tokens, num_q_heads, num_kv_heads, group, num_hh, num_samples, num_n_tiles, scale, scale_log2,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr, PER_HEAD: tl.constexpr, IEEE: tl.constexpr,
 ):
     """Grid (key tiles, B * Hkv): dK, dV of one key tile, summed over the query heads of its
@@ -198,12 +213,13 @@ def onepass_bwd_dkdv_kernel(
     offs_n = nt * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     in_n = offs_n < n_tokens
+    n_rows = _rows(in_n, offs_d, HEAD_DIM, D_REAL)
     col0 = tl.cast(nt, tl.int64) * BLOCK_N  # tile offsets: int64 scalar base, int32 within the tile
     rel_n = tl.arange(0, BLOCK_N)
     k = tl.load(K + b * stride_kb + kvh * stride_kh + col0 * stride_kt + rel_n[:, None] * stride_kt + offs_d[None, :],
-                mask=in_n[:, None], other=0.0)
+                mask=n_rows, other=0.0)
     v = tl.load(V + b * stride_vb + kvh * stride_vh + col0 * stride_vt + rel_n[:, None] * stride_vt + offs_d[None, :],
-                mask=in_n[:, None], other=0.0)
+                mask=n_rows, other=0.0)
     pos_n = tl.load(Pos + offs_n, mask=in_n, other=0)
     doc_n = tl.load(Doc + offs_n, mask=in_n, other=-2) if HAS_DOCS else offs_n
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
@@ -220,11 +236,12 @@ def onepass_bwd_dkdv_kernel(
         for mt in range(lo, hi):
             offs_m = mt * BLOCK_M + rel_m
             in_m = offs_m < n_tokens
+            m_rows = _rows(in_m, offs_d, HEAD_DIM, D_REAL)
             row0 = tl.cast(mt, tl.int64) * BLOCK_M
-            q = tl.load(Q_h + row0 * stride_qt + rel_m[:, None] * stride_qt + offs_d[None, :], mask=in_m[:, None],
+            q = tl.load(Q_h + row0 * stride_qt + rel_m[:, None] * stride_qt + offs_d[None, :], mask=m_rows,
                         other=0.0)
             do = tl.load(DO_h + row0 * stride_dot + rel_m[:, None] * stride_dot + offs_d[None, :],
-                         mask=in_m[:, None], other=0.0)
+                         mask=m_rows, other=0.0)
             lse2 = tl.load(Lse + row_h + offs_m, mask=in_m, other=0.0) * LOG2E
             delta = tl.load(Delta + row_h + offs_m, mask=in_m, other=0.0)
             pos_m = tl.load(Pos + offs_m, mask=in_m, other=0)
@@ -240,9 +257,9 @@ def onepass_bwd_dkdv_kernel(
             dk += _dot(tl.trans(ds.to(q.dtype)), q, IEEE)
     dk = dk * scale
     tl.store(DK + b * stride_dkb + kvh * stride_dkh + col0 * stride_dkt + rel_n[:, None] * stride_dkt
-             + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=in_n[:, None])
+             + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=n_rows)
     tl.store(DV + b * stride_dvb + kvh * stride_dvh + col0 * stride_dvt + rel_n[:, None] * stride_dvt
-             + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=in_n[:, None])
+             + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=n_rows)
 
 
 @triton.jit
@@ -251,7 +268,7 @@ def onepass_bwd_dq_kernel(
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_dob, stride_dot, stride_doh, stride_dqb, stride_dqt, stride_dqh,
     n_tokens, num_q_heads, group, num_hh, num_samples, num_m_tiles, scale, scale_log2,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr, PER_HEAD: tl.constexpr, IEEE: tl.constexpr,
 ):
     """Grid (query tiles, B * Hq): dQ of one query tile over the key tiles of its band."""
@@ -264,12 +281,13 @@ def onepass_bwd_dq_kernel(
     offs_m = m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     in_m = offs_m < n_tokens
+    m_rows = _rows(in_m, offs_d, HEAD_DIM, D_REAL)
     row0 = (m * BLOCK_M).to(tl.int64)  # tile offsets: int64 scalar base, int32 within the tile
     rel_m = tl.arange(0, BLOCK_M)
     q = tl.load(Q + b * stride_qb + h * stride_qh + row0 * stride_qt + rel_m[:, None] * stride_qt + offs_d[None, :],
-                mask=in_m[:, None], other=0.0)
+                mask=m_rows, other=0.0)
     do = tl.load(DO + b * stride_dob + h * stride_doh + row0 * stride_dot + rel_m[:, None] * stride_dot
-                 + offs_d[None, :], mask=in_m[:, None], other=0.0)
+                 + offs_d[None, :], mask=m_rows, other=0.0)
     row_h = (b * num_q_heads + h) * n_tokens
     lse2 = tl.load(Lse + row_h + offs_m, mask=in_m, other=0.0) * LOG2E
     delta = tl.load(Delta + row_h + offs_m, mask=in_m, other=0.0)
@@ -284,10 +302,11 @@ def onepass_bwd_dq_kernel(
     for nt in range(lo, hi):
         offs_n = nt * BLOCK_N + rel_n
         in_n = offs_n < n_tokens
+        n_rows = _rows(in_n, offs_d, HEAD_DIM, D_REAL)
         col0 = tl.cast(nt, tl.int64) * BLOCK_N
-        k = tl.load(K_h + col0 * stride_kt + rel_n[:, None] * stride_kt + offs_d[None, :], mask=in_n[:, None],
+        k = tl.load(K_h + col0 * stride_kt + rel_n[:, None] * stride_kt + offs_d[None, :], mask=n_rows,
                     other=0.0)
-        v = tl.load(V_h + col0 * stride_vt + rel_n[:, None] * stride_vt + offs_d[None, :], mask=in_n[:, None],
+        v = tl.load(V_h + col0 * stride_vt + rel_n[:, None] * stride_vt + offs_d[None, :], mask=n_rows,
                     other=0.0)
         pos_n = tl.load(Pos + offs_n, mask=in_n, other=0)
         doc_n = tl.load(Doc + offs_n, mask=in_n, other=-2) if HAS_DOCS else offs_n
@@ -301,7 +320,7 @@ def onepass_bwd_dq_kernel(
         dq += _dot(ds.to(k.dtype), k, IEEE)
     dq = dq * scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + row0 * stride_dqt + rel_m[:, None] * stride_dqt + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=in_m[:, None])
+             dq.to(DQ.dtype.element_ty), mask=m_rows)
 
 
 @triton.jit
