@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, overrides)  # the checks that need no process group, before any work
     except ValueError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
+        # Every rank reads the same config and refuses alike: one message per node, from its first rank.
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            print(f"config error: {exc}", file=sys.stderr)
         return EXIT_REFUSED
 
     def run() -> int:

@@ -118,3 +118,14 @@ def test_two_ranks_refuse_empty_data_with_one_message(tiny_data, tmp_path):
                _TIMEOUT_S)
     assert_refused(proc, "data", f"no usable data file among ['{empty}']", out)
     assert not out.exists() and [p for p in cache.rglob("*") if p.is_file()] == []
+
+
+@pytest.mark.slow
+def test_two_ranks_refuse_a_bad_config_with_one_message(tiny_data, tmp_path):
+    """load_config refuses on every rank before any process group: the node's first rank prints."""
+    out = tmp_path / "run"
+    overrides = base_overrides(tiny_data, out, "--parallel.sp_size=2", "--data.seq_len=129")
+    proc = run(deepspeed_cmd(2, empty_config(tmp_path), overrides), launcher_env(), tmp_path / "logs", "two_ranks_cfg",
+               _TIMEOUT_S)
+    assert_refused(proc, "config", "[data].seq_len=129 is not divisible by [parallel].sp_size=2", out)
+    assert not out.exists()
