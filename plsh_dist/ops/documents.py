@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
+from plsh_dist.ops.validation import LAYOUT
+
 __all__ = [
     "Documents", "check_cu_seqlens", "cu_seqlens_from_position_ids", "flat_documents", "flatten_lse", "flatten_rows",
     "unflatten_rows", "unflatten_lse", "on_flat_row", "backward_on_flat_row",
@@ -132,7 +134,7 @@ def check_cu_seqlens(cu_seqlens, batch: int, seqlen: int) -> torch.Tensor:
     if int(cu[0]) != 0 or int(cu[-1]) != total:
         raise ValueError(
             f"cu_seqlens must start at 0 and end at batch * seqlen = {batch} * {seqlen} = {total} (offsets over "
-            f"the flattened batch), got first {int(cu[0])} and last {int(cu[-1])}"
+            f"the flattened batch), got first {int(cu[0])} and last {int(cu[-1])}. {LAYOUT}"
         )
     if bool((cu[1:] <= cu[:-1]).any()):
         bad = int(torch.nonzero(cu[1:] <= cu[:-1])[0])

@@ -18,6 +18,7 @@ import torch
 
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.gqa import repeat_kv
+from plsh_dist.ops.validation import LAYOUT
 
 __all__ = ["HeadGroup", "HeadGroups", "head_groups", "group_inputs"]
 
@@ -58,7 +59,7 @@ def head_groups(lsh: PositionalLSH, num_q_heads: int, num_kv_heads: int) -> Head
     ``sigma`` when the hash has neither 1 nor Hq heads)."""
     if lsh.num_heads not in (1, num_q_heads):
         raise ValueError(f"sigma must be a float or a Tensor[Hq] with Hq={num_q_heads} entries, got "
-                         f"{lsh.num_heads} entries")
+                         f"{lsh.num_heads} entries. {LAYOUT}")
     g = num_q_heads // num_kv_heads
     if lsh.num_heads == 1:
         return HeadGroups(True, (HeadGroup(0, slice(0, num_q_heads), None),), g)

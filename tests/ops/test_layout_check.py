@@ -35,3 +35,22 @@ def test_the_right_layout_still_passes():
     q, k, v = (x.transpose(1, 2) for x in _bhtd())
     out = plsh_attention(q, k, v, sigma=4.0, num_samples=2, seed=0, positions=torch.arange(16))
     assert out.shape == q.shape
+
+
+def test_heads_first_layout_is_refused_by_cu_seqlens():
+    """cu_seqlens covers batch * seqlen tokens: a heads-first tensor makes seqlen the head count."""
+    q, k, v = _bhtd()
+    cu_seqlens = torch.tensor([0, 10, 16, 32], dtype=torch.int32)  # two rows of 16 tokens
+    with pytest.raises(ValueError) as err:
+        plsh_attention(q, k, v, sigma=4.0, num_samples=2, seed=0, cu_seqlens=cu_seqlens)
+    msg = str(err.value)
+    assert "cu_seqlens must start at 0 and end at batch * seqlen" in msg and "q.transpose(1, 2)" in msg
+
+
+def test_heads_first_layout_is_refused_by_per_head_sigma():
+    """One sigma per query head: a heads-first tensor reads seqlen (16) as the head count (4 sigmas)."""
+    q, k, v = _bhtd()
+    with pytest.raises(ValueError) as err:
+        plsh_attention(q, k, v, sigma=1.0 / alibi_slopes(4), num_samples=2, seed=0)
+    msg = str(err.value)
+    assert "Tensor[Hq] with Hq=16 entries, got 4 entries" in msg and "q.transpose(1, 2)" in msg
