@@ -132,11 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
 
-    from plsh_dist.eval.checkpoint_loading import load_for_eval
+    from plsh_dist.train.loader import load_model
     from plsh_dist.eval.eval_data import load_eval_tokens
 
     torch.set_num_threads(max(1, args.threads))
-    ck = load_for_eval(args.checkpoint)
+    ck = load_model(args.checkpoint)
     tokens, desc = load_eval_tokens(ck, None)
     windows = fixed_batch(tokens, args.seq_len, args.batch)
     res = gradient_fidelity(ck.model, ck.trained_attention, windows, [int(x) for x in args.samples.split(",")],

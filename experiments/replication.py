@@ -28,11 +28,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from experiments.gap_curve import format_gap, plot_gap
-from plsh_dist.eval.checkpoint_loading import load_for_eval
 from plsh_dist.eval.eval_data import load_eval_tokens
 from plsh_dist.eval.extrapolation import EvalSettings, evaluate_model
 from plsh_dist.eval.modes import parse_modes
 from plsh_dist.eval.scoring import mean_ci
+from plsh_dist.train.loader import load_model
 
 __all__ = ["replicate_report", "replication_lengths", "summarize", "format_report", "plot_report"]
 
@@ -177,7 +177,7 @@ def replicate_report(runs_dir: str | Path, corpora: Sequence[str], modes: Sequen
             for seed in train_seeds:
                 t0 = time.time()
                 run_dir = Path(runs_dir) / corpus / mode / f"seed{seed}"
-                ck = load_for_eval(run_dir / "final")
+                ck = load_model(run_dir / "final")
                 tokens, data_desc = load_eval_tokens(ck, None)
                 settings = EvalSettings(lengths=lengths, modes=parse_modes(eval_specs[mode]), seeds=hash_seeds,
                                         scorings=("last",), last_tokens=last_tokens, max_windows=windows,

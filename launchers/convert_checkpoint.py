@@ -39,11 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
-    from plsh_dist.eval.checkpoint_loading import convert_to_export, load_for_eval
+    from plsh_dist.train.export import export_loaded
+    from plsh_dist.train.loader import load_model
 
     try:
-        out = convert_to_export(args.checkpoint, args.out, args.tokenizer)
-        ref = load_for_eval(args.checkpoint, args.tokenizer).model
+        ck = load_model(args.checkpoint, tokenizer=args.tokenizer)
+        out = export_loaded(ck, args.out)
+        ref = ck.model
         model = transformers.AutoModelForCausalLM.from_pretrained(str(out))
         ids = torch.arange(min(64, ref.config.vocab_size))[None] % ref.config.vocab_size
         with torch.no_grad():

@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from plsh_dist.eval.checkpoint_loading import load_for_eval
     from plsh_dist.eval.generation import generate
+    from plsh_dist.train.loader import load_model
 
     try:
         if args.prompt_file is not None:
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             prompt = args.prompt
         if args.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"--device {args.device} but no CUDA device is visible; use --device cpu")
-        ck = load_for_eval(args.checkpoint, args.tokenizer)
+        ck = load_model(args.checkpoint, tokenizer=args.tokenizer)
         ck.model.to(device=args.device, dtype=getattr(torch, args.dtype))
         result = generate(ck, prompt, max_new_tokens=args.max_new_tokens, mode=args.mode, hash_seed=args.hash_seed,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from plsh_dist.data import Source, data_sources, load_token_stream, resolve_files
-from plsh_dist.eval.checkpoint_loading import LoadedCheckpoint
+from plsh_dist.train.loader import LoadedCheckpoint
 
 __all__ = ["load_eval_tokens"]
 

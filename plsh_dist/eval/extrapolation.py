@@ -50,7 +50,7 @@ import torch.distributed as dist
 from plsh_dist.data.packing import document_cu_seqlens
 from plsh_dist.distributed.sp import apply_sequence_parallel
 from plsh_dist.distributed.sp_chunks import sp_bounds
-from plsh_dist.eval.checkpoint_loading import LoadedCheckpoint, load_for_eval
+from plsh_dist.train.loader import LoadedCheckpoint, load_model
 from plsh_dist.eval.eval_data import load_eval_tokens
 from plsh_dist.eval.modes import attention_for
 from plsh_dist.eval.scoring import (TokenSums, mean_ci, metrics_of, paired_ci, plan_windows, score_hidden,
@@ -116,7 +116,7 @@ def evaluate_model(model, trained_attention, tokens: np.ndarray, settings: EvalS
     """Rows of results, one per (mode, scoring, length); see the module doc.
 
     Args:
-        model: transformers causal LM with our attention (``load_for_eval``).
+        model: transformers causal LM with our attention (``load_model``).
         trained_attention: its training ``AttentionConfig`` (modes override it).
         tokens: (N,) evaluation token stream.
         settings: lengths, modes, seeds, scoring, confidence interval (``EvalSettings``;
@@ -206,7 +206,7 @@ def evaluate_checkpoint(checkpoint: str | Path, settings: EvalSettings, out_dir:
     """
     t0 = time.time()
     st = settings
-    ck: LoadedCheckpoint = load_for_eval(checkpoint, tokenizer)
+    ck: LoadedCheckpoint = load_model(checkpoint, tokenizer=tokenizer)
     tokens, data_desc = load_eval_tokens(ck, st.data, split=st.split)
     rows = evaluate_model(ck.model, ck.trained_attention, tokens, st, sp_group=sp_group, eos_id=ck.tokenizer.eos_id)
     results = {

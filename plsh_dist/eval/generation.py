@@ -1,6 +1,6 @@
 """Text generation from a checkpoint under any attention mode.
 
-    ck = load_for_eval("runs/quickstart")
+    ck = load_model("runs/quickstart")
     result = generate(ck, "def main(", max_new_tokens=64, mode="plsh:s=8")
     print(result.text, result.tokens_per_s)
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from plsh_dist.eval.checkpoint_loading import LoadedCheckpoint
+from plsh_dist.train.loader import LoadedCheckpoint
 from plsh_dist.eval.modes import attention_for, parse_modes
 from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig, set_attention_mode
 
@@ -162,7 +162,7 @@ def generate(ck: LoadedCheckpoint, prompt: str, *, max_new_tokens: int = 64, mod
     """Continue ``prompt`` with the checkpoint's model.
 
     Args:
-        ck: ``load_for_eval``'s checkpoint (model, tokenizer, trained attention).
+        ck: ``load_model``'s checkpoint (model, tokenizer, trained attention).
         mode: one evaluation mode spec (``"plsh:s=16"``, ``"alibi"``, ``"window:512"``...,
             see ``plsh_dist.eval.modes``); None = the trained attention.
         hash_seed: run seed of the PLSH masks; None = the checkpoint's (its seed rule).

@@ -115,8 +115,8 @@ def model_with_weights(
 ) -> nn.Module:
     """``build_model(model_cfg, attn_cfg, runtime)`` holding the weights ``state``, in eval mode.
 
-    The one saved-weights -> model step: ``plsh_dist.train.export.model_from_weights``
-    (exports, DeepSpeed tags, evaluation) and ``from_pretrained`` of the
+    The one saved-weights -> model step: ``plsh_dist.train.loader.load_model``
+    (exports, DeepSpeed tags, run directories) and ``from_pretrained`` of the
     registered classes (:func:`plsh_dist.models.hf_config.load_pretrained`)
     both call it. ``state`` may lack ``lm_head.weight`` when the LM head is
     tied to the embedding (``save_pretrained`` drops it). ``source`` names the

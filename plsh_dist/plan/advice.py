@@ -40,7 +40,7 @@ class Advice:
 
 
 def _with(cfg, overrides: list[str]):
-    from plsh_dist.train.config import apply_overrides, config_from_table, parse_overrides
+    from plsh_dist.train.run_config import apply_overrides, config_from_table, parse_overrides
 
     return config_from_table(apply_overrides(cfg.to_dict(), parse_overrides(overrides)))
 

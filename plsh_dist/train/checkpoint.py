@@ -49,7 +49,7 @@ from plsh_dist.train.checkpoint_line import (
     DELETING_SUFFIX, PARTIAL_SUFFIX, checkpoint_root, complete_tags, prune, remove_tag, set_aside_newer, tag_for_step,
     unfinished,
 )
-from plsh_dist.train.config import RunConfig, write_resolved
+from plsh_dist.train.run_config import RunConfig, write_resolved
 from plsh_dist.train.faults import maybe_fail
 
 __all__ = ["checkpoint_root", "tag_for_step", "complete_tags", "find_resume", "save_checkpoint", "load_checkpoint",

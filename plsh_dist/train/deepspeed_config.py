@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from plsh_dist.train.config import DeepSpeedSection, OptimSection
+from plsh_dist.train.run_config import DeepSpeedSection, OptimSection
 
 __all__ = ["resolve_precision", "deepspeed_config"]
 

@@ -1,4 +1,4 @@
-"""Export final weights as safetensors (Hugging Face layout) and load them back.
+"""Exports: trained weights as safetensors (Hugging Face layout), self-describing.
 
 ``out_dir/final/`` holds ``model.safetensors`` + ``config.json`` (written by
 transformers' ``save_pretrained``), the resolved run config and the tokenizer
@@ -8,7 +8,7 @@ and self-describing: ``config.json`` has plsh_dist's model type
 and the hash-seed rule (:mod:`plsh_dist.models.hf_config`), so after
 ``import plsh_dist.models``::
 
-    AutoModelForCausalLM.from_pretrained(out_dir / "final")   # == model_from_weights + training's eval
+    AutoModelForCausalLM.from_pretrained(out_dir / "final")   # == plsh_dist.train.loader.load_model
     AutoTokenizer.from_pretrained(out_dir / "final")          # the run's SentencePiece ids
 
 and, with no import, the same with ``trust_remote_code=True``: the export
@@ -16,12 +16,8 @@ carries transformers' ``auto_map`` and three small modules that name the
 installed package's classes (:mod:`plsh_dist.models.remote_code`). Without
 either, transformers asks for ``trust_remote_code=True`` instead of loading
 another model. ``save_export`` writes that layout (``export_final`` after training,
-``launchers/convert_checkpoint.py`` from any DeepSpeed tag or older export).
-
-``model_from_weights`` is the one way saved weights become a model again
-(over :func:`plsh_dist.models.build.model_with_weights`): ``load_exported``
-(an export) and evaluation's ``load_for_eval`` (an export or a DeepSpeed tag,
-``plsh_dist.eval.checkpoint_loading``) both call it.
+``convert_to_export`` / ``launchers/convert_checkpoint.py`` from any checkpoint
+the loader reads: :mod:`plsh_dist.train.loader`, which also reads exports back).
 """
 
 from __future__ import annotations
@@ -32,9 +28,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from plsh_dist.train.config import RunConfig, read_resolved, write_resolved
+from plsh_dist.train.loader import LoadedCheckpoint, load_model
+from plsh_dist.train.run_config import RunConfig, write_resolved
 
-__all__ = ["export_final", "save_export", "model_from_weights", "load_exported"]
+__all__ = ["export_final", "save_export", "export_loaded", "convert_to_export"]
 
 
 def _full_state_dict(engine) -> dict[str, torch.Tensor] | None:
@@ -77,7 +74,7 @@ def save_export(model, cfg: RunConfig, tokenizer_path: str | Path | None, direct
 
     if not isinstance(model.config, PLSH_CONFIG_TYPES):
         raise ValueError(f"{type(model).__name__} was not built by plsh_dist.models.build_model: its config.json "
-                         "would not name the attention; rebuild it with model_from_weights")
+                         "would not name the attention; load it with plsh_dist.train.loader.load_model")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     describe(model.config, cfg.attention, cfg.run.seed)
@@ -99,32 +96,16 @@ def save_export(model, cfg: RunConfig, tokenizer_path: str | Path | None, direct
     return directory
 
 
-def model_from_weights(cfg: RunConfig, state: dict[str, torch.Tensor], *, source: str | Path, attn_cfg=None,
-                       device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-    """``cfg``'s model (our attention, ``AttentionRuntime(run_seed=cfg.run.seed)``) holding the
-    weights ``state``, in eval mode: the one checkpoint -> model step of ``load_exported``
-    and of evaluation (``plsh_dist.eval.checkpoint_loading``).
-
-    ``state`` may lack ``lm_head.weight`` when the LM head is tied to the
-    embedding (``save_pretrained`` drops it). ``attn_cfg``: build under another
-    attention mode (default: the trained one). ``source`` names the weights in
-    errors. Raises ValueError when the weights do not fit ``cfg``.
-    """
-    from plsh_dist.models import AttentionRuntime, model_with_weights
-
-    return model_with_weights(cfg.model, attn_cfg or cfg.attention, AttentionRuntime(run_seed=cfg.run.seed), state,
-                              source=source, device=device, dtype=dtype)
+def export_loaded(ck: LoadedCheckpoint, out_dir: str | Path) -> Path:
+    """Write the export of ``ck`` (``load_model``'s checkpoint) into ``out_dir``,
+    which must be a new or empty directory other than the checkpoint's own."""
+    out = Path(out_dir)
+    if out.exists() and (out.resolve() == ck.path.resolve() or any(out.iterdir())):
+        raise ValueError(f"--out {out} is the checkpoint itself or not empty; write the export to a new directory")
+    return save_export(ck.model, ck.run_config, ck.tokenizer.path, out)
 
 
-def load_exported(directory: str | Path, *, attn_cfg=None, device: str | torch.device = "cpu",
-                  dtype: torch.dtype = torch.float32):
-    """Rebuild an exported model (single process) -> ``(model, RunConfig)``.
-
-    ``attn_cfg``: evaluate under another attention mode (default: the trained one).
-    """
-    from plsh_dist.models.hf_config import read_safetensors_dir
-
-    directory = Path(directory)
-    cfg = read_resolved(directory)
-    state = read_safetensors_dir(directory, what="export")
-    return model_from_weights(cfg, state, source=directory, attn_cfg=attn_cfg, device=device, dtype=dtype), cfg
+def convert_to_export(path: str | Path, out_dir: str | Path, tokenizer: str | Path | None = None) -> Path:
+    """Write the self-describing export of any checkpoint the loader reads (a DeepSpeed
+    ZeRO 0-2 tag, a run directory, an older export) into ``out_dir`` (``export_loaded``)."""
+    return export_loaded(load_model(path, tokenizer=tokenizer), out_dir)

@@ -11,9 +11,11 @@
 The directory's ``config.json`` must describe the architecture ``[model]``
 builds (family, widths, heads, vocabulary, tied embeddings, ...): checked by
 ``check_init_from`` when the config is loaded, before any work, with the
-``[model]`` table that would match printed in the error. Its weights are read
-from safetensors only (a directory holding only ``pytorch_model.bin`` or other
-pickle files is refused: unpickling runs arbitrary code) and every tensor's
+``[model]`` table that would match printed in the error. The directory is
+read by the checkpoint loader (``plsh_dist.train.loader.read_pretrained`` and
+``pretrained_weights``), from safetensors only (a directory holding only
+``pytorch_model.bin`` or other pickle files is refused: unpickling runs
+arbitrary code), and every tensor's
 shape is checked against the built model. The attention the source was
 trained with does not matter: the run trains under ``[attention]``
 (``rope_theta`` is checked only when rope is on). A ``tokenizer.model`` in the
@@ -29,33 +31,19 @@ resumed run loads them too, then the checkpoint replaces them.
 from __future__ import annotations
 
 import hashlib
-import json
 import warnings
 from pathlib import Path
 
 import torch
 
 from plsh_dist.models import AttentionConfig, ModelConfig
+from plsh_dist.train.loader import pretrained_weights, read_pretrained
 
 __all__ = ["check_init_from", "load_init_weights", "initial_model", "model_table_of"]
 
 _FIELD = "[model].init_from"
 # ModelConfig fields that no weight depends on (not compared).
 _NOT_ARCHITECTURE = ("max_position_embeddings", "init_std")
-
-
-def _config_json(path: Path) -> dict:
-    if not path.is_dir():
-        raise ValueError(f"{_FIELD} = {str(path)!r} is not a directory; point it at a model saved by transformers "
-                         f"(model.save_pretrained(dir): config.json + model.safetensors)")
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise ValueError(f"{_FIELD} = {str(path)!r} has no config.json; point it at a directory written by "
-                         f"transformers' save_pretrained")
-    try:
-        return json.loads(cfg_file.read_text())
-    except ValueError as exc:
-        raise ValueError(f"{cfg_file} is not valid JSON ({exc})") from None
 
 
 def model_table_of(source: ModelConfig) -> str:
@@ -66,23 +54,12 @@ def model_table_of(source: ModelConfig) -> str:
     return "\n".join(lines)
 
 
-def _weights_present(path: Path) -> None:
-    """ValueError unless safetensors weights exist (pickle-only directories are refused by name)."""
-    if (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file():
-        return
-    from plsh_dist.models.hf_config import read_safetensors_dir
-
-    read_safetensors_dir(path, what=f"{_FIELD} =")  # raises the pickle or no-weights message
-
-
 def check_init_from(path: str | Path, model_cfg: ModelConfig, attn_cfg: AttentionConfig,
                     tokenizer_path: str | Path | None = None) -> ModelConfig:
     """Check ``path`` against ``[model]`` / ``[attention]`` / ``[tokenizer]`` (module doc) without
     loading the weights -> the source's ``ModelConfig``. ValueError names the field and the fix."""
     path = Path(path)
-    hf = _config_json(path)
-    source = ModelConfig.from_hf_config(hf, source=str(path / "config.json"))
-    _weights_present(path)
+    hf, source = read_pretrained(path, _FIELD)
     skip = set(_NOT_ARCHITECTURE) | (set() if attn_cfg.rope else {"rope_theta"})
     diffs = [f"{k}: [model] {getattr(model_cfg, k)!r} vs config.json {getattr(source, k)!r}"
              for k in source.to_dict() if k not in skip and getattr(model_cfg, k) != getattr(source, k)]
@@ -123,12 +100,8 @@ def load_init_weights(model: torch.nn.Module, path: str | Path, model_cfg: Model
 
     ValueError naming the tensors when a shape differs, one is missing (a tied
     LM head may be absent) or the directory has extra ones."""
-    from plsh_dist.models.hf_config import read_safetensors_dir
-
     path = Path(path)
-    state = read_safetensors_dir(path, what=f"{_FIELD} =")
-    # Old transformers saved rotary buffers; they are recomputed, never learned.
-    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    state = pretrained_weights(path, _FIELD)
     own = model.state_dict()
     bad = [f"{k}: {tuple(v.shape)} in {path.name}, {tuple(own[k].shape)} in [model]"
            for k, v in state.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]

@@ -57,7 +57,7 @@ from plsh_dist.perplexity import perplexity
 from plsh_dist.train.checkpoint import (
     CheckpointLoadError, checkpoint_root, find_resume, load_checkpoint, save_checkpoint, set_aside_newer,
 )
-from plsh_dist.train.config import RunConfig, write_resolved
+from plsh_dist.train.run_config import RunConfig, write_resolved
 from plsh_dist.train.data_setup import DataPipeline, prepare
 from plsh_dist.train.deepspeed_config import deepspeed_config, resolve_precision
 from plsh_dist.train.export import export_final

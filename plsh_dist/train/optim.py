@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from plsh_dist.train.config import OptimSection
+from plsh_dist.train.run_config import OptimSection
 
 __all__ = ["lr_at", "param_groups", "build_optimizer", "build_scheduler"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from plsh_dist.train.config import RunConfig, read_resolved
+from plsh_dist.train.run_config import RunConfig, read_resolved
 
 __all__ = ["COMPUTE_ONLY", "check_resume_config", "trained_differences"]
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from plsh_dist.perplexity import perplexity
-from plsh_dist.train.export import load_exported
+from plsh_dist.train.loader import load_model
 from plsh_dist.train.losses import forward_sums
 
 __all__ = ["validation_loss", "exported_validation"]
@@ -52,7 +52,8 @@ def exported_validation(directory: str | Path, *, eval_batches: int | None = Non
     from plsh_dist.data import build_loader, prepare_data
     from plsh_dist.models import get_runtime
 
-    model, cfg = load_exported(directory, attn_cfg=attn_cfg)
+    ck = load_model(directory, attention=attn_cfg)
+    model, cfg = ck.model, ck.run_config
     prepared = prepare_data(cfg.data, cfg.tokenizer)
     stream = prepared.val if prepared.val is not None else prepared.train
     loader = build_loader(stream, cfg.data, train=False)

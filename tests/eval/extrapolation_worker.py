@@ -8,13 +8,13 @@ import torch.distributed as dist
 
 
 def run(rank: int, world: int, rendezvous: str, export: str, kwargs: dict, out: str) -> None:
-    from plsh_dist.eval.checkpoint_loading import load_for_eval
+    from plsh_dist.train.loader import load_model
     from plsh_dist.eval.eval_data import load_eval_tokens
     from plsh_dist.eval.extrapolation import EvalSettings, evaluate_model
 
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
-        ck = load_for_eval(export)
+        ck = load_model(export)
         tokens, _ = load_eval_tokens(ck, None)
         rows = evaluate_model(ck.model, ck.trained_attention, tokens, EvalSettings(progress=False, **kwargs),
                               sp_group=dist.group.WORLD)

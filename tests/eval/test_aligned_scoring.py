@@ -13,12 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from plsh_dist.eval.checkpoint_loading import load_for_eval
 from plsh_dist.eval.eval_data import load_eval_tokens
 from plsh_dist.eval.extrapolation import EvalSettings, evaluate_model, format_table, paired_differences, write_outputs
 from plsh_dist.eval.modes import attention_for, parse_modes
 from plsh_dist.eval.scoring import mean_ci, paired_ci, plan_windows, t_quantile, targets_digest
 from plsh_dist.models import set_attention_mode
+from plsh_dist.train.loader import load_model
 from tests.eval.test_extrapolation import METRIC_TOL, tiny  # noqa: F401  (module fixture)
 
 
@@ -66,7 +66,7 @@ def test_mean_ci_and_t_quantile():
 
 
 def test_evaluation_compares_like_with_like(tiny, tmp_path):  # noqa: F811
-    ck = load_for_eval(tiny.export)
+    ck = load_model(tiny.export)
     tokens, _ = load_eval_tokens(ck, None)
     lengths, K, n = [16, 32, 48], 8, 3
     rows = evaluate_model(ck.model, ck.trained_attention, tokens,

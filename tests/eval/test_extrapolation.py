@@ -26,13 +26,13 @@ import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from plsh_dist.data.tokenizer import train_tokenizer  # noqa: E402
-from plsh_dist.eval.checkpoint_loading import load_for_eval  # noqa: E402
 from plsh_dist.eval.eval_data import load_eval_tokens  # noqa: E402
 from plsh_dist.eval.extrapolation import EvalSettings, evaluate_checkpoint, evaluate_model, format_table  # noqa: E402
 from plsh_dist.eval.modes import attention_for, parse_modes  # noqa: E402
 from plsh_dist.eval.scoring import plan_windows  # noqa: E402
 from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig, build_model  # noqa: E402
 from plsh_dist.train.config import config_from_table, write_resolved  # noqa: E402
+from plsh_dist.train.loader import load_model  # noqa: E402
 from tests.eval import extrapolation_worker  # noqa: E402
 
 VOCAB = 384
@@ -109,7 +109,7 @@ def test_parse_modes():
 
 
 def test_metrics_equal_direct_calculation(tiny):
-    ck = load_for_eval(tiny.export)
+    ck = load_model(tiny.export)
     tokens, _ = load_eval_tokens(ck, None)
     L, n_windows = 48, 3
     for spec in ("alibi", "window:16", "none", "plsh:s=3"):
@@ -143,7 +143,7 @@ def test_last_tokens_scoring_uses_overlapping_windows(tiny):
     scored = [w.start + j for w in wins for j in range(w.score_from, w.length)]
     assert len(scored) == len(set(scored)) and scored == list(range(24, 24 + 8 * len(wins)))  # tiles the stream
 
-    ck = load_for_eval(tiny.export)
+    ck = load_model(tiny.export)
     tokens, _ = load_eval_tokens(ck, None)
     L, K, n = 40, 10, 3
     [row] = evaluate_model(ck.model, ck.trained_attention, tokens,
@@ -163,14 +163,14 @@ def test_last_tokens_scoring_uses_overlapping_windows(tiny):
 
 def test_clear_errors(tiny, tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
-        load_for_eval(tmp_path / "missing")
+        load_model(tmp_path / "missing")
     with pytest.raises(ValueError, match="holds no weights"):
-        load_for_eval(tmp_path)
+        load_model(tmp_path)
     with pytest.raises(ValueError, match="does not match"):
-        load_for_eval(tiny.export, tokenizer_path=tiny.other_tok)
+        load_model(tiny.export, tokenizer=tiny.other_tok)
     with pytest.raises(ValueError, match="embedding has 344 rows"):
-        load_for_eval(tiny.small)
-    ck = load_for_eval(tiny.export)
+        load_model(tiny.small)
+    ck = load_model(tiny.export)
     tokens, _ = load_eval_tokens(ck, None)
     with pytest.raises(ValueError, match="too few for one window of length"):
         evaluate_model(ck.model, ck.trained_attention, tokens,
@@ -183,14 +183,14 @@ def test_clear_errors(tiny, tmp_path):
 
 def test_deepspeed_tag_directory_loads(tiny, tmp_path):
     """A ZeRO 0-2 tag dir (mp_rank_00_model_states.pt with 'module') gives the export's weights."""
-    ck = load_for_eval(tiny.export)
+    ck = load_model(tiny.export)
     tag = tmp_path / "run" / "checkpoints" / "step_00000004"
     tag.mkdir(parents=True)
     torch.save({"module": ck.model.state_dict()}, tag / "mp_rank_00_model_states.pt")
     (tag / "trainer_state.json").write_text("{}")
     for name in ("config.resolved.json", "tokenizer.model"):
         shutil.copy2(tiny.export / name, tag / name)
-    again = load_for_eval(tmp_path / "run")  # a run dir without final/: its newest tag
+    again = load_model(tmp_path / "run")  # a run dir without final/: its newest tag
     assert again.path == tag
     for (k, a), b in zip(ck.model.state_dict().items(), again.model.state_dict().values()):
         assert torch.equal(a, b), k
@@ -215,7 +215,7 @@ def test_evaluate_checkpoint_writes_outputs(tiny, tmp_path):
 
 
 def test_sequence_parallel_evaluation_matches_single_process(tiny, tmp_path):
-    ck = load_for_eval(tiny.export)
+    ck = load_model(tiny.export)
     tokens, _ = load_eval_tokens(ck, None)
     kwargs = dict(lengths=[32, 64], modes="plsh:s=2,fixed,alibi,window:8,none", seeds=[0, 1],
                   scorings=["whole", "last"], last_tokens=16, max_windows=2)
@@ -235,7 +235,7 @@ def test_sequence_parallel_evaluation_matches_single_process(tiny, tmp_path):
 def test_document_masking_scores_each_document_on_its_own(tiny):
     """document_masking: a token attends within its own document only (each ends with EOS), so the
     window's loss equals separate forwards of its documents; the default attends across them."""
-    ck = load_for_eval(tiny.export)
+    ck = load_model(tiny.export)
     eos = ck.tokenizer.eos_id
     g = torch.Generator().manual_seed(3)
     tokens = torch.randint(5, VOCAB, (2 * 40 + 1,), generator=g)

@@ -17,11 +17,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import transformers  # noqa: E402
 
 from plsh_dist.data.tokenizer import train_tokenizer  # noqa: E402
-from plsh_dist.eval.checkpoint_loading import load_for_eval  # noqa: E402
 from plsh_dist.eval.generation import Reforward, generate, sample_next  # noqa: E402
 from plsh_dist.models import AttentionRuntime, build_model  # noqa: E402
 from plsh_dist.train.config import config_from_table  # noqa: E402
 from plsh_dist.train.export import save_export  # noqa: E402
+from plsh_dist.train.loader import load_model  # noqa: E402
 
 VOCAB = 384
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "launchers"))
@@ -54,7 +54,7 @@ def exports(tmp_path_factory):
 
 
 def test_greedy_equals_a_full_forward_loop_and_hf_generate(exports):
-    ck = load_for_eval(exports["plsh"])
+    ck = load_model(exports["plsh"])
     res = generate(ck, "def wrap(", max_new_tokens=6, stop_at_eos=False)
     ids = [ck.tokenizer.eos_id] + ck.tokenizer.encode("def wrap(")
     want = []
@@ -75,7 +75,7 @@ def test_greedy_equals_a_full_forward_loop_and_hf_generate(exports):
 
 
 def test_decoder_can_be_plugged_in(exports):
-    ck = load_for_eval(exports["plsh"])
+    ck = load_model(exports["plsh"])
 
     class Counting(Reforward):
         description = "counting test decoder"
@@ -105,11 +105,11 @@ def test_launcher_modes_and_tokens_per_s(exports, capsys):
 
 
 def test_bad_arguments_are_clear_errors(exports, capsys, tmp_path):
-    rope = load_for_eval(exports["rope"])
+    rope = load_model(exports["rope"])
     with pytest.raises(ValueError, match=r"exceeds what this mode supports \(40: rope is on"):
         generate(rope, "word " * 30, max_new_tokens=10)
     assert generate(rope, "word " * 30, max_new_tokens=10, mode="alibi:rope=false").new_tokens >= 1  # no limit
-    ck = load_for_eval(exports["plsh"])
+    ck = load_model(exports["plsh"])
     for kwargs, match in [({"max_new_tokens": 0}, "max_new_tokens"), ({"mode": "alibi,none"}, "one attention mode"),
                           ({"mode": "bogus"}, "unknown mode"), ({"temperature": -1.0}, "temperature"),
                           ({"doc_start": False}, "prompt is empty"), ({"max_context": 3}, "--max-context 3")]:

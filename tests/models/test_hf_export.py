@@ -22,10 +22,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import transformers  # noqa: E402
 
 from plsh_dist.data.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
-from plsh_dist.eval.checkpoint_loading import convert_to_export, load_for_eval  # noqa: E402
 from plsh_dist.models import AttentionRuntime, build_model, get_runtime, hf_config  # noqa: E402
 from plsh_dist.train.config import config_from_table, write_resolved  # noqa: E402
-from plsh_dist.train.export import load_exported, save_export  # noqa: E402
+from plsh_dist.train.export import convert_to_export, save_export  # noqa: E402
+from plsh_dist.train.loader import load_model  # noqa: E402
 from plsh_dist.train.validation import validation_loss  # noqa: E402
 
 VOCAB = 384
@@ -82,7 +82,7 @@ def test_from_pretrained_equals_training_time_evaluation(corpus, tmp_path, famil
     gen = json.loads((out / "generation_config.json").read_text())
     assert gen["use_cache"] is True and (gen["eos_token_id"], gen["pad_token_id"]) == (2, 3)
 
-    ref, _ = load_exported(out)  # model_from_weights: what evaluation and validation use
+    ref = load_model(out).model  # the loader: what evaluation and validation use
     model = transformers.AutoModelForCausalLM.from_pretrained(str(out))
     assert type(model) is hf_config.MODEL_CLASSES[family] and not model.training
     assert model.config._attn_implementation == "plsh_dist"
@@ -191,7 +191,7 @@ def test_bad_exports_fail_naming_file_and_field(corpus, tmp_path):
         assert "config" in str(info.value)
         if "different" in match:  # evaluation's loader runs the same check
             with pytest.raises(ValueError, match=match):
-                load_for_eval(bad)
+                load_model(bad)
     with pytest.raises(ValueError, match="without that positional bias"):
         load(str(out), attn_implementation="sdpa")
     with pytest.raises(ValueError, match="not a local directory"):
@@ -238,7 +238,7 @@ def test_converter_rewrites_deepspeed_tags_and_old_exports(corpus, tmp_path):
     write_resolved(cfg, old)
     shutil.copy2(cfg.tokenizer.model_path, old / "tokenizer.model")
     with pytest.warns(UserWarning, match="convert_checkpoint"):
-        load_for_eval(old)
+        load_model(old)
     sys.path.insert(0, str(ROOT / "launchers"))
     try:
         import convert_checkpoint

@@ -82,7 +82,8 @@ def test_checkpoint_from_before_resumes_evaluates_and_exports(tiny_data, tmp_pat
     """A step checkpoint whose resolved config has the old layout (manifest rewritten to match, as
     the old code would have hashed it): resuming replays the uninterrupted run exactly, and
     evaluation and conversion load it as trained."""
-    from plsh_dist.eval.checkpoint_loading import convert_to_export, load_for_eval
+    from plsh_dist.train.export import convert_to_export
+    from plsh_dist.train.loader import load_model
 
     common = ["--attention.bias=plsh", "--attention.num_samples=2", "--run.max_steps=4", "--checkpoint.keep_last=0",
               "--memory.loss_chunk_tokens=16"]
@@ -104,7 +105,7 @@ def test_checkpoint_from_before_resumes_evaluates_and_exports(tiny_data, tmp_pat
     assert stopped["losses"] == full["losses"][:2]
     assert resumed["first_step"] == 2 and resumed["losses"] == full["losses"][2:]
 
-    ck = load_for_eval(tag)
+    ck = load_model(tag)
     assert ck.run_config == trained and ck.trained_attention == trained.attention
     out = convert_to_export(tag, tmp_path / "export")
     assert read_resolved(out) == trained

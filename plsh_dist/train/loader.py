@@ -1,0 +1,207 @@
+"""Any checkpoint -> a model and its settings, in one pass with its checks.
+
+    ck = load_model("runs/quickstart")              # a run dir, its final/ export or a step tag
+    ck.model, ck.run_config, ck.tokenizer           # eval mode, float32, the trained attention
+
+Every reader of trained weights comes here: evaluation, generation, export
+and conversion (``launchers/convert_checkpoint.py``), the validation of an
+export, and ``[model].init_from`` (:func:`read_pretrained`). Kinds of path:
+
+- an **export** (``out_dir/final``): ``model.safetensors`` (or a sharded
+  ``model.safetensors.index.json``) + ``config.resolved.json`` (+
+  ``tokenizer.model``); its ``config.json``, when it is plsh_dist's own type
+  (``qwen3_plsh`` ...), must describe the same model (attention, seed,
+  architecture) or loading stops naming both files; an older export whose
+  ``config.json`` says plain ``qwen3`` loads with a warning (plain
+  transformers would rebuild it with RoPE/SDPA): ``convert_checkpoint.py``
+  rewrites it;
+- a **run directory** (``out_dir``): its ``final/`` if present, else its
+  newest complete DeepSpeed tag;
+- a **DeepSpeed tag** (``out_dir/checkpoints/step_00000100``), ZeRO stage 0-2
+  (``mp_rank_00_model_states.pt``, read with ``weights_only``). ZeRO-3 shards
+  are not gathered here: export safetensors (``[checkpoint].export_safetensors``).
+- a **transformers directory** (``save_pretrained``: ``config.json`` +
+  safetensors, no run config): only its architecture and weights, for
+  ``[model].init_from`` (:func:`read_pretrained`).
+
+The pass, in order: find the weights (``locate``), read the run config saved
+with them (older layouts accepted, ``plsh_dist.train.run_config.read_resolved``)
+and check an export's ``config.json`` against it, open the tokenizer (the
+checkpoint's own unless one is given; a given one must be the same model)
+and check that the embedding covers it, read the weights, build the model.
+transformers' ``AutoModelForCausalLM.from_pretrained`` of an export takes
+its own entry (:func:`plsh_dist.models.hf_config.load_pretrained`) to the
+same final step (:func:`plsh_dist.models.build.model_with_weights`).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from plsh_dist.data import Tokenizer
+from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig, model_with_weights
+from plsh_dist.models.hf_config import MODEL_TYPES, check_against_run, read_safetensors_dir
+from plsh_dist.train.checkpoint import complete_tags
+from plsh_dist.train.checkpoint_io import safe_torch_load
+from plsh_dist.train.run_config import RunConfig, read_resolved
+
+__all__ = ["LoadedCheckpoint", "locate", "load_model", "read_pretrained", "pretrained_weights"]
+
+_DS_MODEL_FILE = "mp_rank_00_model_states.pt"
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A trained model ready to use, and what it was trained with."""
+
+    model: torch.nn.Module
+    """transformers causal LM in eval mode, our attention registered."""
+    run_config: RunConfig
+    """The resolved run config saved with the weights."""
+    tokenizer: Tokenizer
+    path: Path
+    """The directory the weights were read from."""
+    kind: str
+    """``"export"`` or ``"deepspeed"``."""
+
+    @property
+    def model_cfg(self) -> ModelConfig:
+        return self.run_config.model
+
+    @property
+    def trained_attention(self) -> AttentionConfig:
+        """The attention config it was trained under (evaluation modes override fields of it)."""
+        return self.run_config.attention
+
+
+def _has_safetensors(p: Path) -> bool:
+    return (p / "model.safetensors").is_file() or (p / "model.safetensors.index.json").is_file()
+
+
+def locate(path: str | Path) -> tuple[Path, str]:
+    """``path`` -> ``(directory holding the weights, kind)``, kind ``"export"`` or ``"deepspeed"``."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"checkpoint {str(p)!r} does not exist; pass a run directory (out_dir), its final/ "
+                         f"export or a checkpoints/step_XXXXXXXX directory")
+    if _has_safetensors(p):
+        return p, "export"
+    if (p / _DS_MODEL_FILE).is_file():
+        return p, "deepspeed"
+    if _has_safetensors(p / "final"):
+        return p / "final", "export"
+    root = p / "checkpoints"
+    if root.is_dir():
+        # Published tags only: a ``.partial`` dir is a save a crash interrupted.
+        tags = [t for t in complete_tags(root) if (root / t / _DS_MODEL_FILE).is_file()]
+        if tags:
+            return root / tags[-1], "deepspeed"
+    raise ValueError(f"checkpoint {str(p)!r} holds no weights: expected model.safetensors (an export), "
+                     f"{_DS_MODEL_FILE} (a DeepSpeed ZeRO 0-2 tag) or a run directory containing final/ "
+                     f"or checkpoints/")
+
+
+def _check_export_config(directory: Path, cfg: RunConfig) -> None:
+    """An export's config.json must describe the model of its config.resolved.json (module doc)."""
+    path = directory / "config.json"
+    if not path.is_file():
+        return
+    try:
+        table = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); re-export with launchers/convert_checkpoint.py") from None
+    if table.get("model_type") in MODEL_TYPES:
+        check_against_run(table, cfg.to_dict(), directory)
+    else:
+        warnings.warn(
+            f"{path} says model_type {table.get('model_type')!r}: plain transformers would load this export as a "
+            f"different model (no ALiBi/PLSH, rope on). Rewrite it once: python launchers/convert_checkpoint.py "
+            f"--checkpoint {directory} --out <new dir>", stacklevel=3)
+
+
+def _tokenizer(directory: Path, given: str | Path | None, cfg: RunConfig) -> Tokenizer:
+    own = directory / "tokenizer.model"
+    if given is None:
+        if own.is_file():
+            tok = Tokenizer.load(own)
+        elif Path(cfg.tokenizer.model_path).is_file():
+            tok = Tokenizer.load(cfg.tokenizer.model_path)
+        else:
+            raise ValueError(f"checkpoint {directory} has no tokenizer.model and its config's tokenizer "
+                             f"{cfg.tokenizer.model_path!r} does not exist; pass --tokenizer PATH.model")
+    else:
+        tok = Tokenizer.load(given)
+        if own.is_file() and Tokenizer.load(own).fingerprint != tok.fingerprint:
+            raise ValueError(f"tokenizer {str(given)!r} does not match the checkpoint's own "
+                             f"{own}: the model was trained with other token ids; drop --tokenizer to use its own")
+    cfg.model.check_vocab_covers(tok.vocab_size, str(tok.path), field=f"{directory}: [model].vocab_size",
+                                 fix="tokenizer and checkpoint do not match: drop --tokenizer to use the "
+                                     "checkpoint's own")
+    return tok
+
+
+def _weights(directory: Path, kind: str) -> dict[str, torch.Tensor]:
+    if kind == "export":
+        return read_safetensors_dir(directory, what="export")
+    # weights_only: never unpickle arbitrary objects; a damaged file raises an error naming it.
+    blob = safe_torch_load(directory / _DS_MODEL_FILE, map_location="cpu",
+                           advice="Load another checkpoint or the safetensors export (out_dir/final).")
+    state = blob.get("module") if isinstance(blob, dict) else None
+    if not state:
+        raise ValueError(f"{directory / _DS_MODEL_FILE} holds no module weights (a ZeRO-3 checkpoint?); "
+                         "load the safetensors export (out_dir/final) instead")
+    return state
+
+
+def load_model(path: str | Path, *, tokenizer: str | Path | None = None, attention: AttentionConfig | None = None,
+               device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> LoadedCheckpoint:
+    """Load a checkpoint (module doc) in one pass -> ``LoadedCheckpoint`` (eval mode).
+
+    ``tokenizer``: a ``.model`` file to use instead of the checkpoint's own (it
+    must be the same model). ``attention``: build under another attention mode
+    (default the trained one; ``set_attention_mode`` switches later too). The
+    hash masks are seeded by the run's seed (``AttentionRuntime(run_seed=...)``).
+    Raises ValueError for a missing path, a directory without weights, weights
+    or a tokenizer that do not fit the saved config.
+    """
+    directory, kind = locate(path)
+    cfg = read_resolved(directory)
+    if kind == "export":
+        _check_export_config(directory, cfg)
+    tok = _tokenizer(directory, tokenizer, cfg)
+    model = model_with_weights(cfg.model, attention or cfg.attention, AttentionRuntime(run_seed=cfg.run.seed),
+                               _weights(directory, kind), source=directory, device=device, dtype=dtype)
+    return LoadedCheckpoint(model, cfg, tok, directory, kind)
+
+
+def read_pretrained(path: str | Path, field: str) -> tuple[dict, ModelConfig]:
+    """A transformers directory (``save_pretrained``) -> ``(its config.json, its ModelConfig)``,
+    weights present (safetensors only) but not read. ``field`` names the setting in errors."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"{field} = {str(path)!r} is not a directory; point it at a model saved by transformers "
+                         f"(model.save_pretrained(dir): config.json + model.safetensors)")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ValueError(f"{field} = {str(path)!r} has no config.json; point it at a directory written by "
+                         f"transformers' save_pretrained")
+    try:
+        hf = json.loads(cfg_file.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{cfg_file} is not valid JSON ({exc})") from None
+    source = ModelConfig.from_hf_config(hf, source=str(cfg_file))
+    if not _has_safetensors(path):
+        read_safetensors_dir(path, what=f"{field} =")  # raises the pickle or no-weights message
+    return hf, source
+
+
+def pretrained_weights(path: str | Path, field: str) -> dict[str, torch.Tensor]:
+    """The safetensors weights of a transformers directory (``read_pretrained``), without the
+    rotary ``inv_freq`` buffers older transformers saved (recomputed, never learned)."""
+    state = read_safetensors_dir(path, what=f"{field} =")
+    return {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}

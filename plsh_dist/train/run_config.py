@@ -1,0 +1,511 @@
+"""The run config: one documented dataclass per TOML section, and the table <-> config steps.
+
+One TOML file describes a run; each component receives only its own section:
+
+    [run] [model] [attention] [data] [tokenizer] [optim] [memory] [deepspeed] [parallel] [checkpoint] [logging]
+
+Unknown sections or keys are errors that name the key and list the valid ones.
+``[model]`` is the model package's ``ModelConfig`` (``preset`` picks a preset,
+the other keys override it) plus ``init_from``, a transformers directory to
+start from (``plsh_dist.train.init_from``); ``[attention]`` is its
+``AttentionConfig``; ``[data]`` and ``[tokenizer]`` are the data package's
+``DataConfig`` and ``TokenizerConfig``. The DeepSpeed config is generated from
+these sections (``deepspeed_config.py``), never written by hand.
+
+A table becomes a config once, in ``config_from_table`` (``load_config`` in
+:mod:`plsh_dist.train.config` reads the file, the overrides and the disk
+first), and is not changed afterwards: every section is a typed dataclass,
+the preset expanded and the defaults filled, and ``[model].vocab_size``,
+unless set, is the tokenizer's. The resolved config written next to the
+outputs and into every checkpoint is this object (``write_resolved``;
+``read_resolved`` reads it back).
+
+Renamed keys (``RENAMED``): a config or checkpoint written before a key moved
+still loads; the old key is accepted with a one-line notice naming the new one.
+This module reads no file but the resolved config it is asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from plsh_dist.config_check import check_field_types, did_you_mean, toml_literal
+from plsh_dist.data.config import DataConfig, TokenizerConfig
+from plsh_dist.distributed.sp_chunks import check_sp_divisible
+from plsh_dist.models.config import AttentionConfig, ModelConfig, presets
+
+__all__ = [
+    "RunSection",
+    "OptimSection",
+    "MemorySection",
+    "DeepSpeedSection",
+    "ParallelSection",
+    "CheckpointSection",
+    "LoggingSection",
+    "RunConfig",
+    "RENAMED",
+    "config_from_table",
+    "upgrade_table",
+    "read_resolved",
+    "check_world_size",
+    "build_section",
+    "parse_overrides",
+    "apply_overrides",
+    "to_toml",
+    "write_resolved",
+]
+
+
+def _positive(section: str, obj: Any, *names: str, allow_zero: bool = False) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        ok = isinstance(value, int) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+        if not ok:
+            bound = ">= 0" if allow_zero else ">= 1"
+            raise ValueError(f"[{section}].{name} must be an integer {bound}, got {value!r}")
+
+
+def _choice(section: str, name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"[{section}].{name} = {value!r} is invalid; choose one of {list(choices)}")
+
+
+@dataclass
+class RunSection:
+    """What the run is and where it writes."""
+
+    name: str = "run"
+    """Label shown in logs and tensorboard."""
+    out_dir: str = "runs/run"
+    """Outputs: metrics.jsonl, tensorboard/, checkpoints/, final/, resolved config."""
+    seed: int = 0
+    """Run seed: model init, data shuffling and the attention hash seeds derive from it."""
+    max_steps: int = 100
+    """Optimizer steps to train (each = grad_accum_steps micro-batches on every DP rank)."""
+    device: str = "auto"
+    """auto (cuda if available, else cpu) | cpu | cuda."""
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "run")
+        _positive("run", self, "max_steps")
+        _positive("run", self, "seed", allow_zero=True)
+        _choice("run", "device", self.device, ("auto", "cpu", "cuda"))
+        if not self.out_dir:
+            raise ValueError("[run].out_dir must be a non-empty path, e.g. out_dir = \"runs/my_run\"")
+
+
+@dataclass
+class OptimSection:
+    """AdamW with linear warmup then cosine decay to ``min_lr``."""
+
+    lr: float = 3e-4
+    """Peak learning rate."""
+    min_lr: float = 3e-5
+    """Learning rate at the end of the cosine decay."""
+    warmup_steps: int = 10
+    """Linear warmup from 0 to lr over this many optimizer steps."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay (not applied to norms and biases)."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Max global gradient norm; 0 disables clipping."""
+    grad_accum_steps: int = 1
+    """Micro-batches accumulated per optimizer step."""
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "optim")
+        if self.lr <= 0:
+            raise ValueError(f"[optim].lr must be > 0, got {self.lr}")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"[optim].min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"[optim].{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.weight_decay < 0 or self.eps <= 0 or self.grad_clip < 0:
+            raise ValueError("[optim]: weight_decay and grad_clip must be >= 0 and eps > 0")
+        _positive("optim", self, "grad_accum_steps")
+        _positive("optim", self, "warmup_steps", allow_zero=True)
+
+
+@dataclass
+class MemorySection:
+    """How training trades compute for memory (the same numbers either way)."""
+
+    activation_checkpointing: bool = False
+    """Recompute decoder layers in backward (HF gradient checkpointing) to save memory."""
+    loss_chunk_tokens: int = 2048
+    """LM head + cross-entropy over chunks of this many tokens, each chunk's
+    logits recomputed in backward (``plsh_dist.train.chunked_ce``): the loss
+    holds at most (loss_chunk_tokens, vocab) fp32 logits instead of the whole
+    (micro_batch_size x seq_len / sp_size, vocab) tensor and its softmax
+    (~10 GB per rank at 16k tokens and a 152k vocabulary). 0 = the plain path
+    (the model's full logits through F.cross_entropy). Default 2048: a chunk's
+    working set stays under 1 GB at a 32k vocabulary (under 4 GB at 152k)
+    while each chunk's matmuls (2048 rows) still run at full speed on a GPU;
+    the cost is one extra LM-head matmul per step (the recompute). The two
+    paths give the same loss to fp32 rounding (the golden losses pass under
+    either)."""
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "memory")
+        if self.loss_chunk_tokens < 0:
+            raise ValueError(
+                f"[memory].loss_chunk_tokens must be an integer >= 0 (0 = plain loss over the full logits), "
+                f"got {self.loss_chunk_tokens}; e.g. loss_chunk_tokens = 4096"
+            )
+
+
+@dataclass
+class DeepSpeedSection:
+    """Engine settings; the DeepSpeed JSON is generated from these."""
+
+    zero_stage: int = 0
+    """ZeRO stage 0 (plain DDP), 1 (optimizer states), 2 (+gradients), 3 (+parameters)."""
+    precision: str = "auto"
+    """auto (bf16 on GPU, fp32 on CPU) | bf16 (GPU only) | fp32."""
+    offload_optimizer: bool = False
+    """ZeRO >= 1: keep optimizer states in CPU memory (GPU runs)."""
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "deepspeed")
+        _choice("deepspeed", "zero_stage", self.zero_stage, (0, 1, 2, 3))
+        _choice("deepspeed", "precision", self.precision, ("auto", "bf16", "fp32"))
+
+
+@dataclass
+class ParallelSection:
+    """Parallel layout; dp_size = world_size / sp_size is derived at launch."""
+
+    sp_size: int = 1
+    """Ranks sharing one sequence (sequence parallelism); must divide the world size."""
+    timeout_s: int = 600
+    """Seconds a collective may wait for a peer before this rank gives up and
+    exits non-zero (a hung or dead rank must not hang the job forever)."""
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "parallel")
+        _positive("parallel", self, "sp_size", "timeout_s")
+
+
+@dataclass
+class CheckpointSection:
+    """Checkpoints (DeepSpeed format + resolved config + tokenizer) and resume."""
+
+    every_steps: int = 0
+    """Save every N optimizer steps (0 = only at the end)."""
+    resume: str = "auto"
+    """auto (latest checkpoint in out_dir if any) | never | a checkpoint directory."""
+    keep_last: int = 2
+    """Keep this many step checkpoints (0 = keep all)."""
+    export_safetensors: bool = True
+    """Export final weights (HF layout, safetensors) to out_dir/final."""
+    save_on_signal: bool = True
+    """SIGTERM / SIGUSR1 (a scheduler's preemption or time-limit warning) make
+    every rank finish its current optimizer step, write a checkpoint through
+    the usual atomic path and exit with code 75; relaunching with --resume auto
+    continues exactly (plsh_dist/train/preemption.py). The ranks agree on the
+    step through the step's existing all-reduce (no extra collective). false =
+    the signals keep their default action: the process dies at once and the
+    run resumes from the last periodic checkpoint."""
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "checkpoint")
+        _positive("checkpoint", self, "every_steps", "keep_last", allow_zero=True)
+        if not self.resume:
+            raise ValueError("[checkpoint].resume must be auto, never or a checkpoint path")
+
+
+@dataclass
+class LoggingSection:
+    """Metrics, progress and evaluation during training."""
+
+    every_steps: int = 1
+    """Write metrics.jsonl / tensorboard every N optimizer steps."""
+    tensorboard: bool = True
+    progress: bool = True
+    """Progress bar on rank 0."""
+    eval_every: int = 0
+    """Validation loss every N steps (0 = only at the end)."""
+    eval_batches: int = 8
+    """Micro-batches per DP rank used for validation."""
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "logging")
+        _positive("logging", self, "every_steps")
+        _positive("logging", self, "eval_every", "eval_batches", allow_zero=True)
+
+
+def _default_model() -> ModelConfig:
+    return dataclasses.replace(presets["tiny"], vocab_size=TokenizerConfig().vocab_size)
+
+
+@dataclass
+class RunConfig:
+    """The whole run, one typed section per TOML table (module doc).
+
+    ``model`` and ``attention`` are the model package's own dataclasses,
+    handed as they are to ``build_model``; ``init_from`` is written in the
+    TOML's ``[model]`` table but is not architecture, so it is kept apart.
+    """
+
+    run: RunSection = field(default_factory=RunSection)
+    model: ModelConfig = field(default_factory=_default_model)
+    """[model]: the decoder's architecture, preset expanded, vocab_size resolved."""
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    """[attention]: how the decoder's attention is computed (the trained mode)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    optim: OptimSection = field(default_factory=OptimSection)
+    memory: MemorySection = field(default_factory=MemorySection)
+    deepspeed: DeepSpeedSection = field(default_factory=DeepSpeedSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
+    init_from: str | None = None
+    """[model].init_from: a directory saved by transformers whose weights the run
+    starts from (``plsh_dist.train.init_from``); None = random init."""
+
+    def __post_init__(self) -> None:
+        if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from):
+            raise ValueError(f"[model].init_from must be a directory path (a string), got {self.init_from!r}; e.g. "
+                             f'init_from = "models/qwen3-0.6b" (written by transformers\' save_pretrained)')
+
+    def to_dict(self) -> dict:
+        """The TOML tables, section by section (``[model]`` holds ``init_from`` when set)."""
+        out = {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self)
+               if f.name != "init_from"}
+        if self.init_from is not None:
+            out["model"]["init_from"] = self.init_from
+        return out
+
+    def validate(self, world_size: int | None = None) -> None:
+        """Cross-section checks of the values alone (no file is read); with
+        ``world_size`` also the parallel layout. Reloading a checkpoint's
+        resolved config runs only these (its data may live elsewhere now)."""
+        sp = self.parallel.sp_size
+        check_sp_divisible(self.data.seq_len, sp)
+        if self.run.device == "cpu" and self.deepspeed.precision == "bf16":
+            raise ValueError(
+                '[deepspeed].precision = "bf16" needs a GPU but [run].device = "cpu"; '
+                'set precision = "fp32" (or "auto": bf16 on GPU, fp32 on CPU), or device = "cuda"'
+            )
+        if world_size is not None:
+            check_world_size(world_size, sp)
+
+    def check_tokenizer_vocab(self, tokenizer_vocab: int) -> None:
+        """ValueError naming the fields when the tokenizer (trained or replaced since the
+        config was resolved: train() calls this once it is ready, before the model is
+        built) has more pieces than the resolved [model].vocab_size."""
+        self.model.check_vocab_covers(
+            tokenizer_vocab, self.tokenizer.model_path,
+            fix=f"[model].vocab_size was resolved when the config was loaded (if unset: the vocabulary of the "
+                f"file at [tokenizer].model_path, else [tokenizer].vocab_size) and the tokenizer has changed "
+                f"since; set [model].vocab_size >= {tokenizer_vocab} (or [tokenizer].vocab_size = "
+                f"{tokenizer_vocab}) and start again")
+
+def _model_section(table: Any, tok: TokenizerConfig, tokenizer_vocab: int | None) -> tuple[ModelConfig, Any]:
+    """[model] -> ``(ModelConfig, init_from)``: the one place the vocabulary is resolved.
+
+    ``vocab_size`` unset: the tokenizer's, ``tokenizer_vocab`` (``load_config``: its
+    file's, else [tokenizer].vocab_size, what a tokenizer still to be trained will
+    have), default [tokenizer].vocab_size. Set: it must cover ``tokenizer_vocab``
+    when given (a resolved config read back is not checked against a tokenizer).
+    """
+    if not isinstance(table, dict):
+        raise ValueError("[model] must be a TOML table")
+    table = dict(table)
+    init_from = table.pop("init_from", None)
+    explicit = "vocab_size" in table
+    table.setdefault("vocab_size", tokenizer_vocab or tok.vocab_size)
+    model = ModelConfig.from_dict(table)
+    if explicit and tokenizer_vocab is not None:
+        model.check_vocab_covers(tokenizer_vocab, tok.model_path,
+                                 fix=f"remove [model].vocab_size (it defaults to the tokenizer's) or set it >= "
+                                     f"{tokenizer_vocab}")
+    return model, init_from
+
+
+def check_world_size(world_size: int, sp_size: int) -> None:
+    """ValueError, printing every factor, unless ``sp_size`` divides ``world_size``."""
+    if world_size % sp_size:
+        divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        raise ValueError(
+            f"[parallel].sp_size={sp_size} does not divide world_size={world_size} "
+            f"(world_size = dp_size x sp_size must hold exactly); set sp_size to one of {divisors}, "
+            f"or launch a multiple of {sp_size} processes"
+        )
+    from plsh_dist.distributed import ParallelDims
+
+    ParallelDims(world_size, sp_size)  # its own checks (positive sizes)
+
+
+def build_section(name: str, cls: type, table: dict):
+    if not isinstance(table, dict):
+        raise ValueError(f"[{name}] must be a TOML table, got {type(table).__name__}")
+    valid = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted(set(table) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in [{name}]; valid keys are {valid}{did_you_mean(unknown, valid)}")
+    try:
+        return cls(**table)
+    except (TypeError, ValueError) as exc:
+        if str(exc).startswith(f"[{name}]"):
+            raise ValueError(str(exc)) from exc  # already names the section and field
+        raise ValueError(f"[{name}]: {exc}") from exc
+
+
+def parse_overrides(args: list[str]) -> dict[str, dict[str, Any]]:
+    """``["--optim.lr=1e-3", "--run.out_dir", "x"]`` -> ``{"optim": {"lr": 0.001}, ...}``.
+
+    Values are parsed as TOML literals (numbers, booleans, arrays, quoted strings);
+    anything that does not parse is kept as a bare string.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
+            raise ValueError(f"override {arg!r} must look like --section.key=value (e.g. --optim.lr=1e-3)")
+        if "=" in arg:
+            key, raw = arg[2:].split("=", 1)
+        else:
+            if i + 1 >= len(args):
+                raise ValueError(f"override {arg!r} has no value; write {arg}=VALUE")
+            key, raw = arg[2:], args[i + 1]
+            i += 1
+        section, name = key.split(".", 1)
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        out.setdefault(section, {})[name] = value
+        i += 1
+    return out
+
+
+def apply_overrides(table: dict, overrides: dict[str, dict[str, Any]]) -> dict:
+    """Merge overrides into a raw TOML table (section by section, key by key)."""
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in table.items()}
+    for section, values in overrides.items():
+        merged.setdefault(section, {}).update(values)
+    return merged
+
+
+#: Keys that moved: ``(old section, key) -> (new section, key)``. A table that
+#: still uses an old key loads with a one-line notice naming the new one.
+RENAMED: dict[tuple[str, str], tuple[str, str]] = {
+    ("deepspeed", "activation_checkpointing"): ("memory", "activation_checkpointing"),
+    ("deepspeed", "loss_chunk_tokens"): ("memory", "loss_chunk_tokens"),
+}
+
+
+def _notice(text: str) -> None:
+    """One line on stderr, from one process of a launch (rank 0, or a process outside a launch)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"plsh_dist: {text}", file=sys.stderr, flush=True)
+
+
+def upgrade_table(table: dict, source: str = "config") -> dict:
+    """``table`` with every key of ``RENAMED`` under its new name (a copy; a notice per key).
+
+    ValueError when both the old and the new key are set: which one is meant is not clear.
+    """
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in table.items()}
+    for (old_sec, key), (new_sec, new_key) in RENAMED.items():
+        section = out.get(old_sec)
+        if not isinstance(section, dict) or key not in section:
+            continue
+        value = section.pop(key)
+        target = out.setdefault(new_sec, {})
+        if not isinstance(target, dict):
+            raise ValueError(f"[{new_sec}] must be a TOML table")
+        if new_key in target:
+            raise ValueError(f"{source}: both [{old_sec}].{key} and [{new_sec}].{new_key} are set; "
+                             f"keep only [{new_sec}].{new_key}")
+        target[new_key] = value
+        _notice(f"{source}: [{old_sec}].{key} is now [{new_sec}].{new_key} (accepted; rename it)")
+    return out
+
+
+_SECTIONS: dict[str, type] = {
+    "run": RunSection,
+    "data": DataConfig,
+    "tokenizer": TokenizerConfig,
+    "optim": OptimSection,
+    "memory": MemorySection,
+    "deepspeed": DeepSpeedSection,
+    "parallel": ParallelSection,
+    "checkpoint": CheckpointSection,
+    "logging": LoggingSection,
+}
+
+
+def config_from_table(table: dict, *, tokenizer_vocab: int | None = None, source: str = "config") -> RunConfig:
+    """Build, check and resolve a ``RunConfig`` from a raw (already merged) table.
+
+    No file is read. Renamed keys are accepted (``upgrade_table``).
+    [model].vocab_size, unless the table sets it, is ``tokenizer_vocab`` (default
+    [tokenizer].vocab_size); set, it must cover ``tokenizer_vocab`` when given.
+    Resolving a resolved table changes nothing. ``source`` names the table in notices.
+    """
+    table = upgrade_table(table, source)
+    valid = list(_SECTIONS) + ["model", "attention"]
+    unknown = sorted(set(table) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown section(s) {unknown}; valid sections are {valid}{did_you_mean(unknown, valid)}")
+    kwargs: dict[str, Any] = {name: build_section(name, cls, table.get(name, {})) for name, cls in _SECTIONS.items()}
+    attention = table.get("attention", {})
+    if not isinstance(attention, dict):
+        raise ValueError("[attention] must be a TOML table")
+    kwargs["attention"] = AttentionConfig.from_dict(attention)
+    kwargs["model"], kwargs["init_from"] = _model_section(table.get("model", {"preset": "tiny"}), kwargs["tokenizer"],
+                                                          tokenizer_vocab)
+    cfg = RunConfig(**kwargs)
+    cfg.validate()
+    return cfg
+
+
+def read_resolved(directory: str | Path) -> RunConfig:
+    """The resolved run config saved with weights (``config.resolved.json`` in ``directory``),
+    written by this version or an older one (renamed keys are accepted)."""
+    cfg_file = Path(directory) / "config.resolved.json"
+    if not cfg_file.is_file():
+        raise ValueError(f"checkpoint {directory} has no config.resolved.json (written by launchers/pretrain.py); "
+                         "cannot rebuild the model without it")
+    try:
+        table = json.loads(cfg_file.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{cfg_file} is not valid JSON ({exc})") from None
+    return config_from_table(table, source=str(cfg_file))
+
+
+# --- writing the resolved config ------------------------------------------------
+
+
+def to_toml(cfg: RunConfig | dict) -> str:
+    """Serialise the resolved config as TOML (None values are left out: TOML has no null)."""
+    table = cfg.to_dict() if isinstance(cfg, RunConfig) else cfg
+    lines = []
+    for section, values in table.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {toml_literal(v, strict=True)}" for k, v in values.items() if v is not None]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_resolved(cfg: RunConfig, directory: str | Path) -> Path:
+    """Write ``config.resolved.toml`` and ``config.resolved.json`` into ``directory``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.resolved.toml").write_text(to_toml(cfg))
+    (directory / "config.resolved.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=False) + "\n")
+    return directory / "config.resolved.toml"
