@@ -179,10 +179,10 @@ def replicate_report(runs_dir: str | Path, corpora: Sequence[str], modes: Sequen
                 run_dir = Path(runs_dir) / corpus / mode / f"seed{seed}"
                 ck = load_model(run_dir / "final")
                 tokens, data_desc = load_eval_tokens(ck, None)
-                settings = EvalSettings(lengths=lengths, modes=parse_modes(eval_specs[mode]), seeds=hash_seeds,
-                                        scorings=("last",), last_tokens=last_tokens, max_windows=windows,
-                                        progress=False, align=True, ci_level=ci_level)
-                got = evaluate_model(ck.model, ck.trained_attention, tokens, settings)
+                eval_settings = EvalSettings(lengths=lengths, modes=parse_modes(eval_specs[mode]), seeds=hash_seeds,
+                                             scorings=("last",), last_tokens=last_tokens, max_windows=windows,
+                                             progress=False, align=True, ci_level=ci_level)
+                got = evaluate_model(ck.model, ck.trained_attention, tokens, eval_settings)
                 for r in got:
                     r.update(corpus=corpus, mode=mode, eval_mode=r["mode"], train_seed=seed)
                 rows += got
