@@ -1,4 +1,4 @@
-"""Merging partial attentions by log-sum-exp (DESIGN.md section 2).
+"""Merging partial attentions by log-sum-exp (docs/design.md, section 1: "Log-sum-exp merge").
 
 Positional LSH attention with ``s`` samples has numerator and denominator
 summed over samples, so per-sample results ``(o_t, lse_t)`` combine exactly

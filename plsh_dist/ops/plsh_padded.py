@@ -3,8 +3,8 @@
 Each sample's blocks of one hash head are padded to the longest and run as
 one batched dense call (:mod:`plsh_dist.ops.padded_blocks`); the s samples
 merge by log-sum-exp (:mod:`plsh_dist.ops.merge`). Backward calls every
-sample's block backward with the merged ``out`` / ``lse`` and sums (DESIGN.md
-section 2), so nothing per sample is kept between forward and backward: the
+sample's block backward with the merged ``out`` / ``lse`` and sums
+(docs/design.md, section 1, "Backward"), so nothing per sample is kept between forward and backward: the
 block layouts are cheap and recomputed, the path's plan is None.
 
 Loop order, forward and backward: samples outer, hash heads inner (the order

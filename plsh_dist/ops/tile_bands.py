@@ -2,7 +2,7 @@
 
 The Triton kernel (:mod:`plsh_dist.ops.triton_onepass`) covers the (query,
 key) plane with tiles. A query tile ``[i0, i1)`` of one head visits only the
-key tiles that meet its band (DESIGN.md 2c), and in backward a key tile only
+key tiles that meet its band (docs/design.md, section 1, "The one-pass form"), and in backward a key tile only
 the query tiles whose band meets it. This module computes those limits in
 torch, on the tensors' device and without a host synchronisation, so that
 the kernel's launcher and the cost model (:mod:`plsh_dist.plan.kernel_tiles`)

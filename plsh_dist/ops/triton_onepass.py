@@ -4,7 +4,7 @@
 (:mod:`plsh_dist.ops.triton_onepass_kernels`), with the bias
 
 - ``log c_ij`` of a :class:`~plsh_dist.hashing.PositionalLSH` (PLSH one pass,
-  DESIGN.md 2b-2c; fixed blocks are the one-sample hash of pitch ``2 sigma``),
+  docs/design.md, section 1, "The one-pass form"; fixed blocks are the one-sample hash of pitch ``2 sigma``),
   counted inside each tile from the hash's pitch and shift: no count table,
   nothing of size s x n, no host synchronisation;
 - or exact ALiBi inside a per-head window (:class:`~plsh_dist.ops.tile_bands.WindowBias`).
