@@ -34,6 +34,11 @@ def fit_line(plan: Plan, device_bytes: int, advice: Advice) -> str:
     return (f"{head}; with {' '.join(advice.changes)} the peak is {gib(advice.plan.memory.peak)}: {verdict}{tail}")
 
 
+def _path_name(attention) -> str:
+    """The computation the plan counts: the fused kernel, the varlen kernels, or padded blocks."""
+    return "fused Triton kernel" if attention.fused else "varlen" if attention.varlen else "padded"
+
+
 def format_plan(plan: Plan, device_bytes: int, advice: Advice, *, per_layer: bool = False) -> str:
     """The detailed report ``launchers/plan.py`` prints for one config and length."""
     m, st, rb, sh = plan.memory, plan.memory.states, plan.rank_batch, plan.shapes
@@ -45,8 +50,7 @@ def format_plan(plan: Plan, device_bytes: int, advice: Advice, *, per_layer: boo
         f"  rank micro-batch: {rb.batch} x {rb.tokens:,} tokens; ZeRO {plan.zero_stage} ({st.wrapper}), "
         f"activation checkpointing {plan.checkpointing}, loss {_loss_name(plan.loss_chunk_tokens)}",
         f"  attention: {plan.attention.bias}, s={plan.attention.num_samples}, "
-        f"{'one pass' if plan.attention.onepass else 'per sample'}, "
-        f"{'varlen' if plan.attention.varlen else 'padded'} path",
+        f"{'one pass' if plan.attention.onepass else 'per sample'}, {_path_name(plan.attention)} path",
         "memory per rank:",
         f"  weights {gib(st.weights)}  gradients {gib(st.grads + st.grad_buffers)}  fp32 master {gib(st.master)}  "
         f"AdamW states {gib(st.optimizer)}  DeepSpeed buckets {gib(st.buckets)}  step temporaries {gib(st.step_temp)}"
