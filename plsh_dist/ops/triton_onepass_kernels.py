@@ -131,6 +131,27 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _key_tile(q, K_h, V_h, nt, rel_n, offs_d, offs_m, pos_m, doc_m, Pos, Doc, n_tokens, hh, num_hh, num_samples,
+              Pitch, Shift, Sigma, Window, stride_kt, stride_vt, scale_log2, HEAD_DIM: tl.constexpr,
+              D_REAL: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
+              HAS_DOCS: tl.constexpr, IEEE: tl.constexpr):
+    """Key tile ``nt`` of a query tile's band: its k and v, and the base-2 logits ``qk scale + bias``
+    (the forward and the dQ kernel walk the same tiles)."""
+    offs_n = nt * BLOCK_N + rel_n
+    in_n = offs_n < n_tokens
+    n_rows = _rows(in_n, offs_d, HEAD_DIM, D_REAL)
+    col0 = tl.cast(nt, tl.int64) * BLOCK_N
+    k = tl.load(K_h + col0 * stride_kt + rel_n[:, None] * stride_kt + offs_d[None, :], mask=n_rows, other=0.0)
+    v = tl.load(V_h + col0 * stride_vt + rel_n[:, None] * stride_vt + offs_d[None, :], mask=n_rows, other=0.0)
+    pos_n = tl.load(Pos + offs_n, mask=in_n, other=0)
+    doc_n = tl.load(Doc + offs_n, mask=in_n, other=-2) if HAS_DOCS else offs_n
+    qk = _dot(q, tl.trans(k), IEEE)
+    bias = _bias_tile(qk, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples,
+                      Pitch, Shift, Sigma, Window, MODE, CAUSAL, HAS_DOCS)
+    return k, v, qk * scale_log2 + bias
+
+
+@triton.jit
 def onepass_fwd_kernel(
     Q, K, V, Out, Lse, Pos, Doc, Pitch, Shift, Sigma, Window, BandLo, BandHi,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
@@ -166,20 +187,9 @@ def onepass_fwd_kernel(
     V_h = V + b * stride_vb + kvh * stride_vh
     rel_n = tl.arange(0, BLOCK_N)
     for nt in range(lo, hi):
-        offs_n = nt * BLOCK_N + rel_n
-        in_n = offs_n < n_tokens
-        n_rows = _rows(in_n, offs_d, HEAD_DIM, D_REAL)
-        col0 = tl.cast(nt, tl.int64) * BLOCK_N
-        k = tl.load(K_h + col0 * stride_kt + rel_n[:, None] * stride_kt + offs_d[None, :], mask=n_rows,
-                    other=0.0)
-        v = tl.load(V_h + col0 * stride_vt + rel_n[:, None] * stride_vt + offs_d[None, :], mask=n_rows,
-                    other=0.0)
-        pos_n = tl.load(Pos + offs_n, mask=in_n, other=0)
-        doc_n = tl.load(Doc + offs_n, mask=in_n, other=-2) if HAS_DOCS else offs_n
-        qk = _dot(q, tl.trans(k), IEEE)
-        bias = _bias_tile(qk, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples,
-                          Pitch, Shift, Sigma, Window, MODE, CAUSAL, HAS_DOCS)
-        s = qk * scale_log2 + bias
+        k, v, s = _key_tile(q, K_h, V_h, nt, rel_n, offs_d, offs_m, pos_m, doc_m, Pos, Doc, n_tokens, hh, num_hh,
+                            num_samples, Pitch, Shift, Sigma, Window, stride_kt, stride_vt, scale_log2, HEAD_DIM,
+                            D_REAL, BLOCK_N, MODE, CAUSAL, HAS_DOCS, IEEE)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all hidden so far: exp2(-inf) = 0, not NaN
         p = tl.exp2(s - m_use[:, None])
@@ -300,20 +310,9 @@ def onepass_bwd_dq_kernel(
     V_h = V + b * stride_vb + kvh * stride_vh
     rel_n = tl.arange(0, BLOCK_N)
     for nt in range(lo, hi):
-        offs_n = nt * BLOCK_N + rel_n
-        in_n = offs_n < n_tokens
-        n_rows = _rows(in_n, offs_d, HEAD_DIM, D_REAL)
-        col0 = tl.cast(nt, tl.int64) * BLOCK_N
-        k = tl.load(K_h + col0 * stride_kt + rel_n[:, None] * stride_kt + offs_d[None, :], mask=n_rows,
-                    other=0.0)
-        v = tl.load(V_h + col0 * stride_vt + rel_n[:, None] * stride_vt + offs_d[None, :], mask=n_rows,
-                    other=0.0)
-        pos_n = tl.load(Pos + offs_n, mask=in_n, other=0)
-        doc_n = tl.load(Doc + offs_n, mask=in_n, other=-2) if HAS_DOCS else offs_n
-        qk = _dot(q, tl.trans(k), IEEE)
-        bias = _bias_tile(qk, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples,
-                          Pitch, Shift, Sigma, Window, MODE, CAUSAL, HAS_DOCS)
-        s = qk * scale_log2 + bias
+        k, v, s = _key_tile(q, K_h, V_h, nt, rel_n, offs_d, offs_m, pos_m, doc_m, Pos, Doc, n_tokens, hh, num_hh,
+                            num_samples, Pitch, Shift, Sigma, Window, stride_kt, stride_vt, scale_log2, HEAD_DIM,
+                            D_REAL, BLOCK_N, MODE, CAUSAL, HAS_DOCS, IEEE)
         p = tl.exp2(s - lse2[:, None])
         dp = _dot(do, tl.trans(v), IEEE)
         ds = p * (dp - delta[:, None])
