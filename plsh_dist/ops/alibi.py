@@ -402,7 +402,9 @@ def alibi_attention(
             int for every head, or a LongTensor[Hq] (or sequence) with one per head
             (truncated ALiBi, e.g. ``ceil(c / slopes)``: weights below ``e^-c`` dropped).
         chunk_size: queries per chunk (default: bias of a chunk under 64 MiB; per-head
-            windows: sized by each head's window, :func:`window_chunk_size`).
+            windows: sized by each head's window, :func:`window_chunk_size`). On CUDA with
+            Triton (sm >= 80), a windowed call without ``chunk_size`` runs on the fused
+            banded kernel instead (:func:`plsh_dist.ops.triton_onepass.alibi_window_attention`).
         return_lse: also return the log-sum-exp.
         cu_seqlens: packed documents, (num_docs + 1,) offsets over the flattened
             (B, T) batch, as :func:`plsh_dist.ops.plsh_attention`'s: a token
@@ -417,8 +419,29 @@ def alibi_attention(
                                 cu_seqlens)
     slopes, pos, scale, window = check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale,
                                                        chunk_size)
-    out, lse = AlibiAttentionFunction.apply(q, k, v, pos, pos, slopes, causal, window, scale, chunk_size)
+    if window is not None and chunk_size is None and _window_kernel(q):
+        out, lse = _kernel_window(q, k, v, slopes, pos, causal, window, scale)
+    else:
+        out, lse = AlibiAttentionFunction.apply(q, k, v, pos, pos, slopes, causal, window, scale, chunk_size)
     return (out, lse) if return_lse else out
+
+
+def _window_kernel(q: torch.Tensor) -> bool:
+    """Whether a windowed call runs on the fused Triton kernel: CUDA tensors it takes (sm >= 80,
+    Triton importable). An explicit ``chunk_size`` keeps the chunked path."""
+    from plsh_dist.ops.triton_onepass import triton_cuda  # Triton is optional: imported on use
+
+    return triton_cuda(q.device, q.dtype)
+
+
+def _kernel_window(q, k, v, slopes, pos, causal, window, scale):
+    """Windowed (and truncated) ALiBi on the banded Triton kernel: each head visits only the
+    key tiles of its own window, as PLSH's one pass visits its band. (out, lse (B, Hq, T) fp32)."""
+    from plsh_dist.ops.triton_onepass import alibi_window_attention
+
+    per_head = torch.tensor(window if isinstance(window, tuple) else [window] * q.shape[2], dtype=torch.int64)
+    return alibi_window_attention(q, k, v, sigma=slopes.reciprocal(), window=per_head, positions=pos,
+                                  causal=causal, softmax_scale=scale)
 
 
 def _alibi_documents(q, k, v, slopes, positions, causal, window, softmax_scale, chunk_size, return_lse, cu_seqlens):

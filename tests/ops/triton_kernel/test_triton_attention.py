@@ -141,3 +141,31 @@ def test_public_op_with_documents_matches_the_onepass_path():
         results.append([t.detach().cpu() for t in (out, lse, *grads)])
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, **FP32_GRAD)
+
+
+@pytest.mark.parametrize("window", ["truncated", "one"])
+def test_alibi_attention_runs_windows_on_the_kernel(window, monkeypatch):
+    """``alibi_attention(window=...)`` sends windowed and truncated ALiBi to the kernel where the
+    kernel runs (CUDA; on CPU the interpreter stands in for the device check) and equals the
+    chunked path, gradients and lse included, with GQA and batch 2."""
+    import plsh_dist.ops.alibi as alibi_ops
+    import plsh_dist.ops.triton_onepass as triton_ops
+    from plsh_dist.ops.alibi import alibi_attention, equal_cost_c, truncation_windows
+
+    dev = kernel_device()
+    if dev.type == "cpu":
+        monkeypatch.setattr(alibi_ops, "_window_kernel", lambda q: True)
+    calls = []
+    kernel = triton_ops.alibi_window_attention
+    monkeypatch.setattr(triton_ops, "alibi_window_attention", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    slopes = alibi_slopes(4)
+    w = truncation_windows(equal_cost_c(8), slopes.reciprocal()) if window == "truncated" else 24
+    q, k, v, dout = random_qkv(2, 96, 4, 2, 32, seed=3)
+    results = []
+    for x, chunk in ((dev, None), (torch.device("cpu"), 16)):  # chunk_size keeps the chunked path
+        leaves = [t.to(x).requires_grad_() for t in (q, k, v)]
+        out, lse = alibi_attention(*leaves, slopes=slopes, window=w, chunk_size=chunk, return_lse=True)
+        results.append([t.detach().cpu() for t in (out, lse, *torch.autograd.grad(out, leaves, dout.to(x)))])
+    assert calls == [1]
+    for name, got, want in zip(("out", "lse", "dq", "dk", "dv"), *results):
+        torch.testing.assert_close(got, want, **(FP32 if name in ("out", "lse") else FP32_GRAD), msg=name)
