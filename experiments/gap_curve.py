@@ -1,7 +1,9 @@
 """The PLSH-to-exact-ALiBi gap against the number of hash samples s.
 
 From a replication report (``experiments.replication``), every mode named
-``plsh_s{s}_{sampler}_{sigma}`` gives one point per context length: its
+``plsh_s{s}_{sampler}_{sigma}``, or ``trunc_s{s}_{sigma}`` (exact ALiBi truncated
+at the cost of s samples; its rows carry ``sampler="truncated"``), gives one
+point per context length: its
 perplexity ratio to the reference mode (exact ALiBi), paired over the same
 windows and training seeds, with
 
@@ -28,24 +30,30 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
-__all__ = ["gap_rows", "format_gap", "plot_gap", "verdict", "seeds_needed", "PLSH_MODE"]
+__all__ = ["gap_rows", "format_gap", "plot_gap", "verdict", "seeds_needed", "PLSH_MODE", "TRUNCATED_MODE",
+           "TRUNCATED"]
 
 #: ``plsh_s{s}_{sampler}_{sigma}``: the PLSH mode names of ``experiments/replicate.py``.
 PLSH_MODE = re.compile(r"^plsh_s(?P<s>\d+)_(?P<sampler>[a-z]+)_(?P<sigma>[a-z]+)$")
+#: ``trunc_s{s}_{sigma}``: truncated ALiBi at the cost of s samples.
+TRUNCATED_MODE = re.compile(r"^trunc_s(?P<s>\d+)_(?P<sigma>[a-z]+)$")
+#: The ``sampler`` of truncated ALiBi's rows (deterministic: no sampler).
+TRUNCATED = "truncated"
 
 
 def gap_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """One record per (corpus, sampler, sigma, s, length) of the PLSH modes, sorted by s."""
+    """One record per (corpus, sampler, sigma, s, length) of the PLSH and truncated modes, sorted by s."""
     reference = results.get("reference")
     if not reference:
         return []
     out = []
     for rec in results["summary"]:
-        m = PLSH_MODE.match(rec["mode"])
+        m = PLSH_MODE.match(rec["mode"]) or TRUNCATED_MODE.match(rec["mode"])
         if not m or "ratio_to_reference" not in rec:
             continue
         per_seed = rec["seed_ratios"]
-        out.append({"corpus": rec["corpus"], "mode": rec["mode"], "s": int(m["s"]), "sampler": m["sampler"],
+        sampler = m.groupdict().get("sampler") or TRUNCATED
+        out.append({"corpus": rec["corpus"], "mode": rec["mode"], "s": int(m["s"]), "sampler": sampler,
                     "sigma": m["sigma"], "length": rec["length"], "ratio": rec["ratio_to_reference"],
                     "ratio_ci": rec["ratio_ci"], "seed_ratios": per_seed,
                     "seed_ci": rec["ratio_seed_ci"], "seed_log_sd": rec["seed_log_sd"],
@@ -82,14 +90,15 @@ def format_gap(results: dict[str, Any], target: float = 1.03) -> str:
         return ""
     ref, train_len = results["reference"], results["train_len"]
     lengths = sorted({r["length"] for r in rows})
-    out = [f"Perplexity ratio of PLSH to {ref} against s: paired ratio over {len(rows[0]['seed_ratios'])} "
+    out = [f"Perplexity ratio of PLSH (and of truncated ALiBi at s samples' cost) to {ref} against s: paired ratio over {len(rows[0]['seed_ratios'])} "
            f"training seed(s) {{95% CI over training seeds}}; below it, [95% CI over windows] and the worst "
            f"seed's own ratio. Target: <= {target:g} at every length, judged on the seed interval; the last "
            f"column says how many training seeds a ±{target - 1:.0%} interval would need at the observed "
            f"spread.\n"]
     for corpus, sampler, sigma in dict.fromkeys((r["corpus"], r["sampler"], r["sigma"]) for r in rows):
         sub = [r for r in rows if (r["corpus"], r["sampler"], r["sigma"]) == (corpus, sampler, sigma)]
-        out.append(f"**{corpus}, sampler {sampler}, sigma {'per head' if sigma == 'h' else 'constant'}**\n")
+        what = "truncated ALiBi at s samples' cost" if sampler == TRUNCATED else f"PLSH, sampler {sampler}"
+        out.append(f"**{corpus}, {what}, sigma {'per head' if sigma == 'h' else 'constant'}**\n")
         out.append("| s | " + " | ".join(f"L={L} ({L / train_len:g}x)" for L in lengths)
                    + " | target | seeds needed |")
         out.append("|---|" + "---|" * len(lengths) + "---|---|")

@@ -15,7 +15,9 @@ and learning-rate schedule per corpus and seed. Modes (``MODES``):
 - ``fixed_h`` / ``fixed_c``: the paper's fixed-blocks baseline (pitch 2 sigma);
 - ``plsh_s{8,20,100}_{iid,strat}_{h,c}``: PLSH with s samples, the one-pass
   method, the i.i.d. or stratified sampler (``--stratified-sampler``), per-head
-  or constant sigma.
+  or constant sigma;
+- ``trunc_s{8,20,100}_{h,c}``: exact ALiBi truncated to a window per head at
+  PLSH's cost of s samples, ``w_h = ceil((ln s + 0.58) sigma_h)``.
 
 Each model is evaluated in its own trained mode at ``--multiples`` x the train
 length (default 1, 2, 4, 8), on the paper's protocol: the last K tokens
@@ -39,7 +41,12 @@ time (``--jobs 2``, one thread each). Wall times: experiments/README.md.
 code corpus, 4 steps at length 32, for tests (about 80 s).
 
 A run whose ``final/model.safetensors`` exists is not retrained (rerun after
-an interruption; ``--retrain`` forces it). Writes ``<results>/replication.json``,
+an interruption; ``--retrain`` forces it). ``--reuse REPORT`` takes the runs of
+an earlier ``replication.json`` of the same protocol from it instead of
+training and evaluating them again (training and evaluation are
+deterministic); the lowest reused seed of each mode is trained and evaluated
+anyway and must give the report's window losses bit for bit, or the sweep
+stops with exit 2. Writes ``<results>/replication.json``,
 ``replication.md`` and ``replication.png``, and with PLSH modes at two or
 more s ``gap.md`` / ``gap.png``.
 """
@@ -83,6 +90,9 @@ def _modes(stratified: str = "stratified", samples: tuple[int, ...] = (8, 20, 10
                 modes[f"plsh_s{s}_{stag}_{tag}"] = _trained(
                     "plsh", f"--attention.num_samples={s}", "--attention.method=onepass",
                     f"--attention.sampler={sampler}", *sig)
+        for tag, sig in (("h", []), ("c", const)):
+            # Exact ALiBi on a window per head at PLSH's cost of s samples: c = ln s + 0.58.
+            modes[f"trunc_s{s}_{tag}"] = _trained("truncated", f"--attention.num_samples={s}", *sig)
     return modes
 
 
@@ -90,7 +100,8 @@ MODES = _modes()
 
 #: Sizes of a budget: the full grid and the smoke test.
 BUDGETS = {
-    "full": dict(modes=list(MODES), seeds="0,1,2", corpora="prose,code", train_len=128, steps=100, batch=4,
+    # The paper's grid (results/replication); the trunc_* modes are chosen with --modes.
+    "full": dict(modes=[m for m in MODES if not m.startswith("trunc")], seeds="0,1,2", corpora="prose,code", train_len=128, steps=100, batch=4,
                  eval_windows=8, eval_seeds="0,1", jobs=2),
     "smoke": dict(modes=["nope", "alibi_h", "plsh_s8_iid_h"], seeds="0", corpora="code", train_len=32, steps=4,
                   batch=2, eval_windows=2, eval_seeds="0", jobs=1),
@@ -176,6 +187,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=None, help="training runs at a time (one thread each)")
     p.add_argument("--retrain", action="store_true")
     p.add_argument("--train-only", action="store_true")
+    p.add_argument("--reuse", default=None, metavar="REPORT",
+                   help="an earlier replication.json of the same protocol: its runs are not trained or evaluated "
+                        "again (one seed per mode is, as a check)")
     args = p.parse_args(argv)
     budget = BUDGETS["smoke" if args.smoke else "full"]
     for key, value in budget.items():
@@ -233,6 +247,21 @@ def main(argv: list[str] | None = None) -> int:
         timings[f"train_{corpus}_{mode}_seed{seed}_s"] = round(time.time() - t0, 1)
 
     jobs = [(c, m, s) for c in args.corpus_list for s in args.seed_list for m in args.mode_list]
+    reuse, checks = None, set()
+    if args.reuse:
+        from experiments.replication import reusable_runs
+
+        reuse = json.loads(Path(args.reuse).read_text())
+        try:
+            reused = reusable_runs(reuse, _settings(args)) & set(jobs)
+        except ValueError as exc:
+            print(f"replicate: error: {exc}", file=sys.stderr)
+            return 2
+        # One seed per reused mode is trained and evaluated again: the check that the code still gives the report.
+        checks = {min(k for k in reused if k[:2] == cm) for cm in {k[:2] for k in reused}}
+        jobs = [j for j in jobs if j not in reused or j in checks]
+        print(f"[replicate] reusing {len(reused) - len(checks)} runs of {args.reuse}; checking {sorted(checks)}",
+              flush=True)
     # The first run of a corpus trains its tokenizer and builds its token caches: alone, before the others.
     firsts = [next(j for j in jobs if j[0] == c) for c in args.corpus_list]
     for job in firsts:
@@ -250,11 +279,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     lengths = [round(float(m) * args.train_len) for m in args.multiples.split(",")]
     t0 = time.time()
-    replicate_report(out, args.corpus_list, args.mode_list, args.seed_list, {m: MODES[m][1] for m in args.mode_list},
-                     results_dir, lengths=lengths, train_len=args.train_len, windows=args.eval_windows,
-                     hash_seeds=[int(s) for s in args.eval_seeds.split(",")],
-                     last_tokens=args.last_tokens or max(1, args.train_len // 2), reference=args.reference,
-                     settings=_settings(args), timings=timings)
+    try:
+        replicate_report(out, args.corpus_list, args.mode_list, args.seed_list,
+                         {m: MODES[m][1] for m in args.mode_list}, results_dir, lengths=lengths,
+                         train_len=args.train_len, windows=args.eval_windows,
+                         hash_seeds=[int(s) for s in args.eval_seeds.split(",")],
+                         last_tokens=args.last_tokens or max(1, args.train_len // 2), reference=args.reference,
+                         settings=_settings(args), timings=timings, reuse=reuse, checks=checks)
+    except ValueError as exc:  # a reused report the code no longer reproduces
+        print(f"replicate: error: {exc}", file=sys.stderr)
+        return 2
     timings["eval_s"] = round(time.time() - t0, 1)
     print(f"[replicate] total {time.time() - t_all:.0f} s; results in {results_dir}", flush=True)
     return 0

@@ -34,7 +34,15 @@ from plsh_dist.eval.modes import parse_modes
 from plsh_dist.eval.scoring import mean_ci
 from plsh_dist.train.loader import load_model
 
-__all__ = ["replicate_report", "replication_lengths", "summarize", "format_report", "plot_report"]
+__all__ = ["replicate_report", "replication_lengths", "summarize", "format_report", "plot_report", "reusable_runs",
+           "PROTOCOL"]
+
+#: Settings of ``experiments/replicate.py`` that fix a run and its evaluation: an earlier report's
+#: runs stand in for new ones only when all of them agree.
+PROTOCOL = ("config", "prose_dir", "code_dir", "train_len", "steps", "batch", "sigma", "stratified_sampler",
+            "multiples", "last_tokens", "eval_windows", "eval_seeds", "reference")
+
+RunKey = tuple[str, str, int]  # (corpus, mode, training seed)
 
 
 def replication_lengths(train_len: int, multiples: Sequence[float] = (1, 2, 4, 8)) -> list[int]:
@@ -165,16 +173,57 @@ def format_report(results: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def _run_key(name: str) -> RunKey:
+    corpus, mode, seed = name.split("/")
+    return corpus, mode, int(seed.removeprefix("seed"))
+
+
+def reusable_runs(prior: dict[str, Any], settings: dict[str, Any]) -> set[RunKey]:
+    """The runs of an earlier report ``prior`` (its ``replication.json``) that may stand in for new
+    ones under ``settings``. Raises ``ValueError`` naming each protocol setting that differs."""
+    old = prior["settings"]
+    diff = [f"{k}: report {old.get(k)!r}, now {settings.get(k)!r}" for k in PROTOCOL if old.get(k) != settings.get(k)]
+    if diff:
+        raise ValueError("--reuse: the report was made under another protocol (" + "; ".join(diff)
+                         + "); rerun with its settings (its command is in its replication.md) or without --reuse")
+    return {_run_key(name) for name in prior["runs"]}
+
+
+def _check_reused(fresh: list[dict[str, Any]], prior: list[dict[str, Any]], key: RunKey) -> None:
+    """Raise ``ValueError`` unless a run trained and evaluated again gives the report's window losses."""
+    def losses(rows):
+        return {(r["length"], r["eval_mode"], r["scoring"]): r["window_loss"] for r in rows}
+
+    if losses(fresh) != losses(prior):
+        raise ValueError(f"--reuse: {'/'.join(map(str, key))} trained and evaluated again does not give the "
+                         "report's window losses; the code changed the numbers since the report, so its runs "
+                         "cannot be reused: rerun without --reuse")
+
+
 def replicate_report(runs_dir: str | Path, corpora: Sequence[str], modes: Sequence[str], train_seeds: Sequence[int],
                      eval_specs: dict[str, str], results_dir: str | Path, *, lengths: Sequence[int], train_len: int,
                      windows: int, hash_seeds: Sequence[int], last_tokens: int, reference: str | None,
-                     settings: dict[str, Any], timings: dict[str, float], ci_level: float = 0.95) -> dict[str, Any]:
-    """Evaluate ``runs_dir/<corpus>/<mode>/seed<k>/final`` of every run; write the report to ``results_dir``."""
+                     settings: dict[str, Any], timings: dict[str, float], ci_level: float = 0.95,
+                     reuse: dict[str, Any] | None = None, checks: set[RunKey] = frozenset()) -> dict[str, Any]:
+    """Evaluate ``runs_dir/<corpus>/<mode>/seed<k>/final`` of every run; write the report to ``results_dir``.
+
+    ``reuse``: an earlier report (its ``replication.json``, checked by :func:`reusable_runs`)
+    whose runs are taken as they are, except those in ``checks``: evaluated again and required
+    to match it (``ValueError`` if not)."""
     rows, runs = [], {}
+    reused = reusable_runs(reuse, settings) if reuse else set()
     t_eval = time.time()
     for corpus in corpora:
         for mode in modes:
             for seed in train_seeds:
+                key = (corpus, mode, seed)
+                if key in reused:
+                    prior_rows = [r for r in reuse["rows"] if (r["corpus"], r["mode"], r["train_seed"]) == key]
+                    if key not in checks:
+                        rows += prior_rows
+                        runs[f"{corpus}/{mode}/seed{seed}"] = {**reuse["runs"][f"{corpus}/{mode}/seed{seed}"],
+                                                               "reused": True}
+                        continue
                 t0 = time.time()
                 run_dir = Path(runs_dir) / corpus / mode / f"seed{seed}"
                 ck = load_model(run_dir / "final")
@@ -185,6 +234,9 @@ def replicate_report(runs_dir: str | Path, corpora: Sequence[str], modes: Sequen
                 got = evaluate_model(ck.model, ck.trained_attention, tokens, eval_settings)
                 for r in got:
                     r.update(corpus=corpus, mode=mode, eval_mode=r["mode"], train_seed=seed)
+                if key in checks:
+                    _check_reused(got, prior_rows, key)
+                    print(f"[replicate] {corpus}/{mode}/seed{seed}: matches the reused report", flush=True)
                 rows += got
                 runs[f"{corpus}/{mode}/seed{seed}"] = {
                     **_training_summary(run_dir), "eval_s": round(time.time() - t0, 1), "data": data_desc,

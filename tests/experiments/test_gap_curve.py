@@ -98,3 +98,16 @@ def test_replicate_mode_names_parse_as_plsh_points():
     names = [m for m in replicate._modes(samples=(8, 400)) if m.startswith("plsh")]
     assert names and all(PLSH_MODE.match(m) for m in names)
     assert {int(PLSH_MODE.match(m)["s"]) for m in names} == {8, 400}
+
+
+def test_truncated_modes_are_points_beside_the_samplers(results):
+    from experiments.gap_curve import TRUNCATED, TRUNCATED_MODE
+
+    names = [m for m in replicate._modes(samples=(8, 20)) if m.startswith("trunc")]
+    assert {int(TRUNCATED_MODE.match(m)["s"]) for m in names} == {8, 20}
+    rows = results["rows"] + [_row("trunc_s8_h", seed, length, 0.02) for length in (64, 128) for seed in (0, 1)]
+    with_truncated = {**results, "rows": rows, "summary": summarize(rows, "alibi_h")}
+    trunc = [r for r in gap_rows(with_truncated) if r["sampler"] == TRUNCATED]
+    assert [(r["s"], r["sigma"], r["length"]) for r in trunc] == [(8, "h", 64), (8, "h", 128)]
+    assert trunc[0]["ratio"] == pytest.approx(math.exp(0.02))
+    assert "truncated ALiBi at s samples' cost, sigma per head" in format_gap(with_truncated)

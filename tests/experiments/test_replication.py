@@ -11,12 +11,16 @@ import numpy as np
 import pytest
 
 from experiments import replicate
-from experiments.replication import format_report, replication_lengths, summarize
+from experiments.replication import _check_reused, format_report, replication_lengths, reusable_runs, summarize
 
 
 def test_the_protocol_grid():
     modes = replicate._modes()
-    assert len(modes) == 18 and set(replicate.BUDGETS["full"]["modes"]) == set(modes)
+    assert len(modes) == 24 and len(replicate.BUDGETS["full"]["modes"]) == 18  # the paper's grid: no trunc_*
+    assert set(modes) - set(replicate.BUDGETS["full"]["modes"]) == {f"trunc_s{s}_{t}" for s in (8, 20, 100)
+                                                                     for t in "hc"}
+    assert modes["trunc_s20_h"][0] == ["--attention.bias=truncated", "--attention.num_samples=20"]
+    assert "--attention.sigma={sigma}" in modes["trunc_s8_c"][0]
     assert modes["rope"][0] == ["--attention.bias=none", "--attention.rope=true"]
     assert "--attention.rope=false" in modes["nope"][0]
     plsh = {k: v for k, v in modes.items() if k.startswith("plsh")}
@@ -75,6 +79,23 @@ def test_summary_statistics_and_report():
         "train_len": 16, "steps": 4, "batch": 2, "sigma": 32.0, "eval_seeds": "0", "seeds": "0,1", "command": "x"}})
     assert "### code corpus" in md and "L=32 (2x)" in md and "Perplexity ratio to alibi_h" in md
     assert f"{math.exp(0.045):.3f}" in md and " ± " in md
+
+
+def test_a_report_is_reused_only_under_its_own_protocol(tmp_path):
+    settings = vars(replicate._parse(["--prose-dir", "data_cache/jargon_corpus"])) | {"config": "configs/quickstart.toml"}
+    prior = {"settings": dict(settings), "runs": {"prose/alibi_h/seed0": {}, "prose/plsh_s8_iid_h/seed3": {}}}
+    assert reusable_runs(prior, settings) == {("prose", "alibi_h", 0), ("prose", "plsh_s8_iid_h", 3)}
+    # Seeds, modes and the command may differ: they choose runs, not how a run is made.
+    assert reusable_runs(prior, {**settings, "seeds": "5", "modes": "trunc_s8_h", "command": "y"})
+    with pytest.raises(ValueError, match=r"steps: report 100, now 300.*eval_windows: report 8, now 32"):
+        reusable_runs(prior, {**settings, "steps": 300, "eval_windows": 32})
+
+
+def test_a_reused_run_must_evaluate_to_the_report_bit_for_bit():
+    row = {"length": 256, "eval_mode": "alibi", "scoring": "last", "window_loss": [5.1, 5.2]}
+    _check_reused([dict(row)], [dict(row)], ("prose", "alibi_h", 0))
+    with pytest.raises(ValueError, match="prose/alibi_h/0 trained and evaluated again"):
+        _check_reused([{**row, "window_loss": [5.1, 5.2000001]}], [row], ("prose", "alibi_h", 0))
 
 
 @pytest.mark.slow
