@@ -154,7 +154,8 @@ def _floor_time(t: dict, T: int) -> tuple[float | None, str]:
 
 
 def summary(records: list[dict]) -> list[str]:
-    """The one-pass issue's targets, computed from this run's side-by-side figures."""
+    """Ratios of this run's side-by-side figures: PLSH against the floor and per sample, s = 100
+    against s = 8, and truncated ALiBi against PLSH at equal cost."""
     t = {(r["method"], r["T"]): r["median_s"] for r in records if "median_s" in r}
     m = {(r["method"], r["T"]): r["peak_mem_mib"] for r in records if "peak_mem_mib" in r}
     out = []
@@ -173,6 +174,13 @@ def summary(records: list[dict]) -> list[str]:
         r = ratio("onepass_s8", "onepass_s100", T)
         if r is not None:
             out.append(f"T={T}: onepass_s100 takes {r:.2f}x the time of onepass_s8")
+        for s in (8, 20):  # the equal-cost comparison: truncated ALiBi against PLSH's one pass at s
+            r = ratio(f"onepass_s{s}", f"truncated_s{s}", T)
+            if r is not None:
+                out.append(f"T={T}: truncated_s{s} takes {r:.2f}x the time of onepass_s{s}")
+            r = ratio(f"truncated_s{s}", "alibi_chunked", T)
+            if r is not None:
+                out.append(f"T={T}: alibi_chunked takes {r:.1f}x the time of truncated_s{s}")
         if ("onepass_s8", T) in m and ("onepass_s100", T) in m:
             out.append(f"T={T}: peak memory onepass_s8 {m[('onepass_s8', T)]:.0f} MiB, "
                        f"onepass_s100 {m[('onepass_s100', T)]:.0f} MiB")
