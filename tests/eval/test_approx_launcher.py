@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -15,15 +13,12 @@ import pytest
 import torch
 
 from plsh_dist.eval.approx_report import ApproxErrorConfig, parse_int_list
+from tests.launchers import load_launcher
 
-LAUNCHER = Path(__file__).resolve().parents[2] / "launchers" / "approx_error.py"
 
 
 def _launcher():
-    spec = importlib.util.spec_from_file_location("approx_error_launcher", LAUNCHER)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_launcher("approx_error")
 
 
 def test_parse_int_list_and_config_checks():

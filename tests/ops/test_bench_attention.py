@@ -3,20 +3,15 @@ own process, and the summary's ratios are those of the recorded medians."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.launchers import load_launcher
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_attention", ROOT / "launchers" / "bench_attention.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_launcher("bench_attention")
 
 
 def test_truncated_alibi_is_timed_beside_plsh_at_equal_cost(tmp_path):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import io
 import json
 import os
@@ -40,7 +39,8 @@ from plsh_dist.train.checkpoint_files import verify_manifest
 from plsh_dist.train.config import RunConfig
 from plsh_dist.train.preemption import EXIT_PREEMPTED, STOP_SIGNALS, handle_stop_signals
 from tests.train.conftest import base_overrides
-from tests.train.launcher_runs import PRETRAIN, empty_config
+from tests.launchers import load_launcher
+from tests.train.launcher_runs import empty_config
 
 # --------------------------------------------------------------- the handler
 
@@ -156,10 +156,7 @@ _COMMON = ["--attention.bias=plsh", "--attention.num_samples=2", "--parallel.sp_
 
 
 def _load_pretrain():
-    spec = importlib.util.spec_from_file_location("pretrain_launcher", PRETRAIN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_launcher("pretrain")
 
 
 def _worker(rank: int, world: int, port: int, runs: list[tuple[list[str], str | None]], out) -> None:

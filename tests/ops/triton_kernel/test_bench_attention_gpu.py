@@ -2,10 +2,8 @@
 visited) and its target verdicts, and one toy run of the kernel's rows under Triton's
 interpreter. The timings themselves need a GPU (``make gpu-check``)."""
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -15,15 +13,11 @@ pytest.importorskip("triton")
 
 from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: E402
 from plsh_dist.plan.kernel_tiles import floor_tiles, kernel_tiles  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.launchers import load_launcher  # noqa: E402
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_attention_gpu", ROOT / "launchers" / "bench_attention_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_launcher("bench_attention_gpu")
 
 
 def test_flops_useful_and_visited():
