@@ -90,7 +90,8 @@ def format_gap(results: dict[str, Any], target: float = 1.03) -> str:
         return ""
     ref, train_len = results["reference"], results["train_len"]
     lengths = sorted({r["length"] for r in rows})
-    out = [f"Perplexity ratio of PLSH (and of truncated ALiBi at s samples' cost) to {ref} against s: paired ratio over {len(rows[0]['seed_ratios'])} "
+    out = [f"Perplexity ratio of PLSH (and of truncated ALiBi at s samples' cost) to {ref} against s: "
+           f"paired ratio over {len(rows[0]['seed_ratios'])} "
            f"training seed(s) {{95% CI over training seeds}}; below it, [95% CI over windows] and the worst "
            f"seed's own ratio. Target: <= {target:g} at every length, judged on the seed interval; the last "
            f"column says how many training seeds a ±{target - 1:.0%} interval would need at the observed "

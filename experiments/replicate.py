@@ -101,8 +101,8 @@ MODES = _modes()
 #: Sizes of a budget: the full grid and the smoke test.
 BUDGETS = {
     # The paper's grid (results/replication); the trunc_* modes are chosen with --modes.
-    "full": dict(modes=[m for m in MODES if not m.startswith("trunc")], seeds="0,1,2", corpora="prose,code", train_len=128, steps=100, batch=4,
-                 eval_windows=8, eval_seeds="0,1", jobs=2),
+    "full": dict(modes=[m for m in MODES if not m.startswith("trunc")], seeds="0,1,2", corpora="prose,code",
+                 train_len=128, steps=100, batch=4, eval_windows=8, eval_seeds="0,1", jobs=2),
     "smoke": dict(modes=["nope", "alibi_h", "plsh_s8_iid_h"], seeds="0", corpora="code", train_len=32, steps=4,
                   batch=2, eval_windows=2, eval_seeds="0", jobs=1),
 }

@@ -9,7 +9,10 @@ Qwen3-0.6B's attention: 16 query heads, head dim 128, causal; per-head sigma
 Hopper's shipped forward tiles (``plsh_dist.ops.tile_bands.TILES``); every
 count is also given in 128 x 128 flash tiles of score area, and the kernel's
 band is also counted with 128 x 128 tiles (the same band function) for a
-like-for-like tile count. Targets (issue 25) are checked at the end.
+like-for-like tile count. *truncated*: exact ALiBi on the same kernel inside
+per-head windows at s samples' cost, ``w_h = ceil((ln s + 0.58) sigma_h)``
+(the ``truncated`` mode), in 128 x 128 equivalents. Targets (issue 25) are
+checked at the end.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: E402
+from plsh_dist.ops.alibi import equal_cost_c, truncation_windows  # noqa: E402
 from plsh_dist.ops.tile_bands import TileConfig, tiles_for  # noqa: E402
-from plsh_dist.plan.kernel_tiles import floor_tiles, kernel_tiles, per_sample_tiles  # noqa: E402
+from plsh_dist.plan.kernel_tiles import floor_tiles, kernel_tiles, per_sample_tiles, window_tiles  # noqa: E402
 
 HEADS, HEAD_DIM = 16, 128
 LENGTHS = (8192, 32768, 131072, 1048576)
@@ -47,9 +51,12 @@ def measure(lengths=LENGTHS, samples=SAMPLES) -> list[dict]:
                 lsh = PositionalLSH(sigma, s, seed=0)
                 k = kernel_tiles(lsh, T, HEADS, head_dim=HEAD_DIM)
                 sq = kernel_tiles(lsh, T, HEADS, tiles=SQUARE)
+                sig = torch.as_tensor(sigma, dtype=torch.float64).reshape(-1)
+                trunc = window_tiles(sig, truncation_windows(equal_cost_c(s), sig), T, HEADS, head_dim=HEAD_DIM)
                 rows.append({"T": T, "sigma": name, "s": s, "floor": floor_tiles(T, HEADS),
                              "per_sample": per_sample_tiles(lsh, T, HEADS), "kernel": k.forward,
                              "kernel_eq": k.flash_equivalent, "kernel_128": sq.forward,
+                             "truncated_eq": trunc.flash_equivalent,
                              "seconds": round(time.time() - t0, 1)})
                 print(rows[-1], flush=True)
     return rows
@@ -86,16 +93,19 @@ def markdown(rows, command: str) -> str:
         "every block of every (sample, head) one flash sequence, 128 x 128 tiles from its own start (real block "
         f"lengths). *kernel*: the fused kernel's forward (query tile, key tile) pairs with its shipped Hopper tile "
         f"{fwd.block_m} x {fwd.block_n} (from the band function its launcher uses); *kernel eq*: their score "
-        "area in 128 x 128 tiles; *kernel 128*: the same band counted with 128 x 128 tiles.",
+        "area in 128 x 128 tiles; *kernel 128*: the same band counted with 128 x 128 tiles; *truncated eq*: "
+        "exact ALiBi on the same kernel inside per-head windows at s samples' cost, ceil((ln s + 0.58) sigma_h), "
+        "in 128 x 128 equivalents.",
         "",
         "| T | sigma | s | floor | per-sample | kernel | kernel eq | kernel 128 | floor / kernel eq | "
-        "per-sample / kernel eq |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "per-sample / kernel eq | truncated eq | kernel eq / truncated eq |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(f"| {r['T']:,} | {r['sigma']} | {r['s']} | {r['floor']:,} | {r['per_sample']:,} | "
                      f"{r['kernel']:,} | {r['kernel_eq']:,.0f} | {r['kernel_128']:,} | "
-                     f"{r['floor'] / r['kernel_eq']:,.1f}x | {r['per_sample'] / r['kernel_eq']:,.1f}x |")
+                     f"{r['floor'] / r['kernel_eq']:,.1f}x | {r['per_sample'] / r['kernel_eq']:,.1f}x | "
+                     f"{r['truncated_eq']:,.0f} | {r['kernel_eq'] / r['truncated_eq']:.2f}x |")
     lines += ["", "Targets (per-head sigma; tile counts of the kernel in 128 x 128 score-area equivalents):", "",
               "| target | measured | met |", "|---|---|---|"]
     for name, got, bound, met in targets(rows):

@@ -82,7 +82,8 @@ def test_summary_statistics_and_report():
 
 
 def test_a_report_is_reused_only_under_its_own_protocol(tmp_path):
-    settings = vars(replicate._parse(["--prose-dir", "data_cache/jargon_corpus"])) | {"config": "configs/quickstart.toml"}
+    settings = vars(replicate._parse(["--prose-dir", "data_cache/jargon_corpus"]))
+    settings["config"] = "configs/quickstart.toml"
     prior = {"settings": dict(settings), "runs": {"prose/alibi_h/seed0": {}, "prose/plsh_s8_iid_h/seed3": {}}}
     assert reusable_runs(prior, settings) == {("prose", "alibi_h", 0), ("prose", "plsh_s8_iid_h", 3)}
     # Seeds, modes and the command may differ: they choose runs, not how a run is made.

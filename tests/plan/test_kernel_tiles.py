@@ -88,3 +88,21 @@ def test_planner_counts_the_fused_kernels_tiles(monkeypatch):
     assert attention_flops(setup, 512, 64, True) == 64 * (8 * tiles.forward_area + 7 * tiles.backward_area)
     monkeypatch.setattr(triton_onepass, "triton_status", lambda: "missing")
     assert not attention_setup(attn, 4, "cuda", torch.bfloat16).fused
+
+
+def test_the_table_puts_truncated_alibi_beside_the_kernel_at_equal_cost():
+    """``launchers/kernel_tiles_table.py``: truncated ALiBi's windows at s samples' cost visit about
+    the tiles of PLSH's band on the same kernel (within 10% at 8k, s = 8)."""
+    from plsh_dist.ops.alibi import equal_cost_c, truncation_windows
+    from plsh_dist.plan.kernel_tiles import window_tiles
+    from tests.launchers import load_launcher
+
+    table = load_launcher("kernel_tiles_table")
+    rows = table.measure([8192], [8])
+    per_head = next(r for r in rows if r["sigma"] == "per-head")
+    sigma = table.sigmas()["per-head"]
+    want = window_tiles(sigma, truncation_windows(equal_cost_c(8), sigma), 8192, table.HEADS, head_dim=128)
+    assert per_head["truncated_eq"] == want.flash_equivalent
+    for r in rows:
+        assert 0.9 < r["kernel_eq"] / r["truncated_eq"] < 1.1
+    assert "| truncated eq | kernel eq / truncated eq |" in table.markdown(rows, "cmd")
