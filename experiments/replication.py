@@ -14,13 +14,21 @@ summary, every row with its window losses), ``replication.md`` and
 ``replication.png`` (perplexity vs context length, one panel per corpus,
 error bars = std over training seeds), and with PLSH modes ``gap.md`` /
 ``gap.png``: the ratio to the reference against s (:mod:`experiments.gap_curve`).
+
+A written report can be read again against another reference mode, without
+evaluating anything (the ratio tables only)::
+
+    python -m experiments.replication results/quality_gap_seeds/replication.json \
+        --reference plsh_s8_iid_h --modes trunc_s8_h
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -284,3 +292,25 @@ def plot_report(results: dict[str, Any], path: str | Path) -> Path:
         panels.append((f"{corpus}: trained at L={results['train_len']}, last {k} tokens", series))
     return line_plot(path, panels, xlabel="context length (tokens)",
                      ylabel="validation perplexity (± std over training seeds)", logx=True, logy=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print a report's tables against ``--reference`` (any of its modes), from its rows."""
+    p = argparse.ArgumentParser(description="a replication report's ratios against another reference mode")
+    p.add_argument("report", type=Path, help="a replication.json")
+    p.add_argument("--reference", required=True, help="the mode the paired ratios are taken against")
+    p.add_argument("--modes", default=None, help="comma-separated modes to show (default: all)")
+    args = p.parse_args(argv)
+    results = json.loads(args.report.read_text())
+    modes = set(args.modes.split(",")) if args.modes else {r["mode"] for r in results["rows"]}
+    known = {r["mode"] for r in results["rows"]}
+    if args.reference not in known or not modes <= known:
+        p.error(f"--reference / --modes: the report holds the modes {sorted(known)}")
+    rows = [r for r in results["rows"] if r["mode"] in modes | {args.reference}]
+    print(format_report({**results, "reference": args.reference,
+                         "summary": summarize(rows, args.reference, results.get("ci_level", 0.95))}), end="")
+    return 0
+
+
+if __name__ == "__main__":  # python -m experiments.replication, from the repository root
+    sys.exit(main())

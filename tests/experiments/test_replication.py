@@ -81,6 +81,25 @@ def test_summary_statistics_and_report():
     assert f"{math.exp(0.045):.3f}" in md and " ± " in md
 
 
+def test_a_report_is_read_again_against_another_reference(tmp_path, capsys):
+    from experiments.replication import main
+
+    rows = []
+    for seed in (0, 1):
+        ref = np.array([3.0, 3.2, 2.9, 3.1]) + 0.1 * seed
+        rows += [_row("prose", "alibi_h", seed, 16, ref), _row("prose", "plsh_s8_iid_h", seed, 16, ref + 0.04),
+                 _row("prose", "trunc_s8_h", seed, 16, ref + 0.01)]
+    report = tmp_path / "replication.json"
+    report.write_text(json.dumps({"rows": rows, "settings": {
+        "train_len": 16, "steps": 4, "batch": 2, "sigma": 32.0, "eval_seeds": "0", "seeds": "0,1", "command": "x"}}))
+    assert main([str(report), "--reference", "plsh_s8_iid_h", "--modes", "trunc_s8_h"]) == 0
+    table = capsys.readouterr().out
+    assert "ratio to plsh_s8_iid_h" in table and f"| trunc_s8_h | {math.exp(-0.03):.3f} [" in table
+    assert "alibi_h" not in table.split("Settings")[0]
+    with pytest.raises(SystemExit):
+        main([str(report), "--reference", "bogus"])
+
+
 def test_a_report_is_reused_only_under_its_own_protocol(tmp_path):
     settings = vars(replicate._parse(["--prose-dir", "data_cache/jargon_corpus"]))
     settings["config"] = "configs/quickstart.toml"
