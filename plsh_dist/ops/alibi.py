@@ -30,6 +30,7 @@ from plsh_dist.ops.dense import dense_bwd, dense_fwd
 from plsh_dist.ops.documents import flat_documents, on_flat_row
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.merge import accum_dtype
+from plsh_dist.ops.triton_onepass import alibi_window_attention, triton_cuda
 from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_for
 
 __all__ = [
@@ -429,16 +430,12 @@ def alibi_attention(
 def _window_kernel(q: torch.Tensor) -> bool:
     """Whether a windowed call runs on the fused Triton kernel: CUDA tensors it takes (sm >= 80,
     Triton importable). An explicit ``chunk_size`` keeps the chunked path."""
-    from plsh_dist.ops.triton_onepass import triton_cuda  # Triton is optional: imported on use
-
     return triton_cuda(q.device, q.dtype)
 
 
 def _kernel_window(q, k, v, slopes, pos, causal, window, scale):
     """Windowed (and truncated) ALiBi on the banded Triton kernel: each head visits only the
     key tiles of its own window, as PLSH's one pass visits its band. (out, lse (B, Hq, T) fp32)."""
-    from plsh_dist.ops.triton_onepass import alibi_window_attention
-
     per_head = torch.tensor(window if isinstance(window, tuple) else [window] * q.shape[2], dtype=torch.int64)
     return alibi_window_attention(q, k, v, sigma=slopes.reciprocal(), window=per_head, positions=pos,
                                   causal=causal, softmax_scale=scale)
