@@ -420,17 +420,11 @@ def alibi_attention(
                                 cu_seqlens)
     slopes, pos, scale, window = check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale,
                                                        chunk_size)
-    if window is not None and chunk_size is None and _window_kernel(q):
+    if window is not None and chunk_size is None and triton_cuda(q.device, q.dtype):  # sm >= 80, Triton importable
         out, lse = _kernel_window(q, k, v, slopes, pos, causal, window, scale)
     else:
         out, lse = AlibiAttentionFunction.apply(q, k, v, pos, pos, slopes, causal, window, scale, chunk_size)
     return (out, lse) if return_lse else out
-
-
-def _window_kernel(q: torch.Tensor) -> bool:
-    """Whether a windowed call runs on the fused Triton kernel: CUDA tensors it takes (sm >= 80,
-    Triton importable). An explicit ``chunk_size`` keeps the chunked path."""
-    return triton_cuda(q.device, q.dtype)
 
 
 def _kernel_window(q, k, v, slopes, pos, causal, window, scale):

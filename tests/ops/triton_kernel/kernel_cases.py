@@ -19,12 +19,17 @@ def brute_counts(lsh, positions: torch.Tensor, causal: bool, docs: Documents | N
     pos = positions if docs is None else docs.positions
     b = lsh.buckets(pos)  # (s, Hh, n)
     counts = (b[:, :, :, None] == b[:, :, None, :]).sum(0).to(torch.int32)
-    n = pos.numel()
+    return counts * _seen(pos.numel(), causal, docs).to(torch.int32)
+
+
+def _seen(n: int, causal: bool, docs: Documents | None) -> torch.Tensor:
+    """Bool (n, n): key j is seen by query i (j <= i when causal; the same document)."""
+    seen = torch.ones(n, n, dtype=torch.bool)
     if causal:
-        counts = counts * torch.ones(n, n, dtype=torch.int32).tril()
+        seen = seen.tril()
     if docs is not None:
-        counts = counts * (docs.ids[:, None] == docs.ids[None, :]).to(torch.int32)
-    return counts
+        seen = seen & (docs.ids[:, None] == docs.ids[None, :])
+    return seen
 
 
 def window_weights(sigma: torch.Tensor, window: torch.Tensor, positions: torch.Tensor, causal: bool,
@@ -33,12 +38,7 @@ def window_weights(sigma: torch.Tensor, window: torch.Tensor, positions: torch.T
     pos = (positions if docs is None else docs.positions).to(torch.float64)
     dist = (pos[:, None] - pos[None, :]).abs()
     w = torch.exp(-dist[None] / sigma.double()[:, None, None]) * (dist[None] < window.double()[:, None, None])
-    n = pos.numel()
-    if causal:
-        w = w * torch.ones(n, n, dtype=torch.float64).tril()
-    if docs is not None:
-        w = w * (docs.ids[:, None] == docs.ids[None, :]).to(torch.float64)
-    return w
+    return w * _seen(pos.numel(), causal, docs).to(torch.float64)
 
 
 def dense_reference(q, k, v, weights: torch.Tensor, scale: float, dout: torch.Tensor):
