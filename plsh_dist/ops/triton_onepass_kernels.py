@@ -131,6 +131,32 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _query_tile(Q, Pos, Doc, BandLo, BandHi, m, bh, stride_qb, stride_qt, stride_qh, n_tokens, num_q_heads, group,
+                num_m_tiles, HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                HAS_DOCS: tl.constexpr, PER_HEAD: tl.constexpr):
+    """Query tile ``m`` of (batch, query head) ``bh``, as the forward and the dQ kernel both start:
+    b, h, the bias head hh and the KV head kvh; the tile's rows (offs_m, offs_d, in_m, m_rows, row0,
+    rel_m); q; its positions and documents; and its band of key tiles [lo, hi)."""
+    b = (bh // num_q_heads).to(tl.int64)
+    h = bh % num_q_heads
+    hh = h if PER_HEAD else 0
+    kvh = (h // group).to(tl.int64)
+    offs_m = m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    in_m = offs_m < n_tokens
+    m_rows = _rows(in_m, offs_d, HEAD_DIM, D_REAL)
+    row0 = (m * BLOCK_M).to(tl.int64)  # tile offsets: int64 scalar base, int32 within the tile
+    rel_m = tl.arange(0, BLOCK_M)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + row0 * stride_qt + rel_m[:, None] * stride_qt + offs_d[None, :],
+                mask=m_rows, other=0.0)
+    pos_m = tl.load(Pos + offs_m, mask=in_m, other=0)
+    doc_m = tl.load(Doc + offs_m, mask=in_m, other=-1) if HAS_DOCS else offs_m
+    lo = tl.load(BandLo + hh * num_m_tiles + m)
+    hi = tl.load(BandHi + hh * num_m_tiles + m)
+    return b, h, hh, kvh, offs_m, offs_d, in_m, m_rows, row0, rel_m, q, pos_m, doc_m, lo, hi
+
+
+@triton.jit
 def _key_tile(q, K_h, V_h, nt, rel_n, offs_d, offs_m, pos_m, doc_m, Pos, Doc, n_tokens, hh, num_hh, num_samples,
               Pitch, Shift, Sigma, Window, stride_kt, stride_vt, scale_log2, HEAD_DIM: tl.constexpr,
               D_REAL: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
@@ -162,23 +188,9 @@ def onepass_fwd_kernel(
 ):
     """Grid (query tiles, B * Hq): out and lse of one query tile of one head."""
     m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // num_q_heads).to(tl.int64)
-    h = bh % num_q_heads
-    hh = h if PER_HEAD else 0
-    kvh = (h // group).to(tl.int64)
-    offs_m = m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    in_m = offs_m < n_tokens
-    m_rows = _rows(in_m, offs_d, HEAD_DIM, D_REAL)
-    row0 = (m * BLOCK_M).to(tl.int64)  # tile offsets: int64 scalar base, int32 within the tile
-    rel_m = tl.arange(0, BLOCK_M)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + row0 * stride_qt + rel_m[:, None] * stride_qt + offs_d[None, :],
-                mask=m_rows, other=0.0)
-    pos_m = tl.load(Pos + offs_m, mask=in_m, other=0)
-    doc_m = tl.load(Doc + offs_m, mask=in_m, other=-1) if HAS_DOCS else offs_m
-    lo = tl.load(BandLo + hh * num_m_tiles + m)
-    hi = tl.load(BandHi + hh * num_m_tiles + m)
+    b, h, hh, kvh, offs_m, offs_d, in_m, m_rows, row0, rel_m, q, pos_m, doc_m, lo, hi = _query_tile(
+        Q, Pos, Doc, BandLo, BandHi, m, tl.program_id(1), stride_qb, stride_qt, stride_qh, n_tokens, num_q_heads,
+        group, num_m_tiles, HEAD_DIM, D_REAL, BLOCK_M, HAS_DOCS, PER_HEAD)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -283,28 +295,14 @@ def onepass_bwd_dq_kernel(
 ):
     """Grid (query tiles, B * Hq): dQ of one query tile over the key tiles of its band."""
     m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // num_q_heads).to(tl.int64)
-    h = bh % num_q_heads
-    hh = h if PER_HEAD else 0
-    kvh = (h // group).to(tl.int64)
-    offs_m = m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    in_m = offs_m < n_tokens
-    m_rows = _rows(in_m, offs_d, HEAD_DIM, D_REAL)
-    row0 = (m * BLOCK_M).to(tl.int64)  # tile offsets: int64 scalar base, int32 within the tile
-    rel_m = tl.arange(0, BLOCK_M)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + row0 * stride_qt + rel_m[:, None] * stride_qt + offs_d[None, :],
-                mask=m_rows, other=0.0)
+    b, h, hh, kvh, offs_m, offs_d, in_m, m_rows, row0, rel_m, q, pos_m, doc_m, lo, hi = _query_tile(
+        Q, Pos, Doc, BandLo, BandHi, m, tl.program_id(1), stride_qb, stride_qt, stride_qh, n_tokens, num_q_heads,
+        group, num_m_tiles, HEAD_DIM, D_REAL, BLOCK_M, HAS_DOCS, PER_HEAD)
     do = tl.load(DO + b * stride_dob + h * stride_doh + row0 * stride_dot + rel_m[:, None] * stride_dot
                  + offs_d[None, :], mask=m_rows, other=0.0)
     row_h = (b * num_q_heads + h) * n_tokens
     lse2 = tl.load(Lse + row_h + offs_m, mask=in_m, other=0.0) * LOG2E
     delta = tl.load(Delta + row_h + offs_m, mask=in_m, other=0.0)
-    pos_m = tl.load(Pos + offs_m, mask=in_m, other=0)
-    doc_m = tl.load(Doc + offs_m, mask=in_m, other=-1) if HAS_DOCS else offs_m
-    lo = tl.load(BandLo + hh * num_m_tiles + m)
-    hi = tl.load(BandHi + hh * num_m_tiles + m)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     K_h = K + b * stride_kb + kvh * stride_kh
     V_h = V + b * stride_vb + kvh * stride_vh
