@@ -25,8 +25,8 @@ What each wrapper allocates (DeepSpeed 0.19.x), N parameters, W ranks,
   elements, at most all of N), fp32 master 4N/W, fp32 gradient partition
   4N/W and one reduction bucket of ``reduce_bucket_size`` x b (both allocated
   with the optimizer and kept), AdamW states 8N/W.
-- Every ZeRO stage: AdamW's step adds one fp32 temporary the size of its
-  states' partition (``sqrt(exp_avg_sq)``).
+- AdamW is torch's fused kernel (on CUDA and CPU): it updates its states in
+  place, so the optimizer itself adds no temporary to the step.
 - ``offload_optimizer``: master weights, their gradients and AdamW states
   live in CPU memory instead (reported apart).
 
@@ -62,7 +62,7 @@ class StateBytes:
     grads: int
     """Gradients built up during backward, complete at the step (freed after it)."""
     step_temp: int
-    """What the step adds: AdamW's temporary, and ZeRO 1/2's fp32 copy of the gradient partition."""
+    """What the step adds: ZeRO 1/2's fp32 copy of the gradient partition (fused AdamW adds nothing)."""
     cpu: int = 0
     """Bytes kept in CPU memory instead (offload_optimizer)."""
     refused: str | None = None
@@ -108,7 +108,6 @@ def state_bytes(*, params: int, largest_module: int, stage: int, precision: str,
     n, w = params, world
     part = -(-n // w)  # ceil(N / W)
     b = 2 if precision == "bf16" else 4
-    step_temp = 4 * part
     if stage == 0:
         refused = None
         if precision == "bf16":
@@ -116,20 +115,20 @@ def state_bytes(*, params: int, largest_module: int, stage: int, precision: str,
                        "set [deepspeed].zero_stage = 1 (or higher)")
         buckets = min(n, ds["allreduce_elements"]) * b if w > 1 else 0
         return StateBytes("none (torch AdamW on the parameters)", weights=b * n, master=0, optimizer=8 * n,
-                          grad_buffers=0, buckets=buckets, grads=b * n, step_temp=4 * n, refused=refused)
+                          grad_buffers=0, buckets=buckets, grads=b * n, step_temp=0, refused=refused)
     master, optimizer = 4 * part, 8 * part
     if stage == 1 and precision == "bf16" and not offload_optimizer:
-        wrapper, weights, grad_buffers, buckets, grads, temp = "BF16_Optimizer", 2 * n, 4 * n, 0, 0, step_temp
+        wrapper, weights, grad_buffers, buckets, grads, temp = "BF16_Optimizer", 2 * n, 4 * n, 0, 0, 0
         offloaded = 0
     elif stage in (1, 2):
         wrapper, weights, grad_buffers = "DeepSpeedZeroOptimizer", b * n, 0
         buckets = ds["reduce_bucket_size"] * b * (2 if ds["overlap_comm"] else 1)
-        grads, temp, offloaded = b * part, step_temp + 4 * part, 4 * part
+        grads, temp, offloaded = b * part, 4 * part, 4 * part
     else:
         wrapper = "DeepSpeedZeroOptimizer_Stage3"
         working = min(n, largest_module + ds["prefetch_bucket_size"])
         weights = b * part + b * working
-        grad_buffers, buckets, grads, temp = 4 * part + ds["reduce_bucket_size"] * b, 0, 0, step_temp
+        grad_buffers, buckets, grads, temp = 4 * part + ds["reduce_bucket_size"] * b, 0, 0, 0
         offloaded = 4 * part
     cpu = 0
     if offload_optimizer:

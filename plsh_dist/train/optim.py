@@ -35,13 +35,17 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, optim: OptimSection, device_type: str) -> torch.optim.Optimizer:
-    """torch AdamW (fused on CUDA, foreach elsewhere); lr is set by the scheduler."""
+    """torch AdamW, fused on CUDA and CPU (foreach elsewhere); lr is set by the scheduler.
+
+    On CPU the fused kernel is ATen's own vectorised code (correctly rounded sqrt), where
+    foreach's ``_foreach_sqrt`` calls MKL's vector math, whose last bits depend on the CPU
+    model: fused keeps training bit-identical across CPUs under ``plsh_dist.cpu_paths``."""
     return torch.optim.AdamW(
         param_groups(model, optim.weight_decay),
         lr=optim.lr,
         betas=(optim.beta1, optim.beta2),
         eps=optim.eps,
-        fused=device_type == "cuda",
+        fused=device_type in ("cuda", "cpu"),
     )
 
 
