@@ -17,6 +17,7 @@ def _worker(rank: int, world: int, port: int, runs: list[list[str]], stop_after:
     import torch
 
     torch.set_num_threads(1)  # 2 cores shared by all ranks
+    from plsh_dist.cpu_paths import code_paths
     from plsh_dist.train import load_config, train
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -27,7 +28,8 @@ def _worker(rank: int, world: int, port: int, runs: list[list[str]], stop_after:
             before = copy.deepcopy(cfg)
             res = train(cfg, stop_after=stop)
             results.append({"losses": res.losses, "grad_norms": res.grad_norms, "first_step": res.first_step,
-                            "val_loss": res.val_loss, "config_unchanged": cfg == before})
+                            "val_loss": res.val_loss, "config_unchanged": cfg == before,
+                            "cpu_paths": code_paths()})
         if rank == 0:
             out["results"] = results
     finally:
@@ -36,7 +38,9 @@ def _worker(rank: int, world: int, port: int, runs: list[list[str]], stop_after:
 
 def run_training(world: int, *runs: list[str], stop_after: list | None = None) -> list[dict]:
     """Train each override list in turn inside the same ``world`` processes; rank 0's results
-    (``config_unchanged``: ``train`` left the config it was given as it was)."""
+    (``config_unchanged``: ``train`` left the config it was given as it was; ``cpu_paths``: the
+    CPU code paths the ranks' torch ran, ``plsh_dist.cpu_paths.code_paths()``). The ranks inherit
+    this process's environment (set ``plsh_dist.cpu_paths.PINNED_CPU_ENV`` in it to pin them)."""
     stop_after = stop_after or [None] * len(runs)
     with mp.Manager() as manager:
         out = manager.dict()

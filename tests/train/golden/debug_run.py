@@ -2,14 +2,19 @@
 
 Every run prepares its own corpus, tokenizer and token caches under a fresh
 ``work_dir`` (never the shared ``data_cache/``), so a stale tokenizer there
-cannot change the result. The losses then depend only on the code and on
+cannot change the result. The losses then depend only on the code, on
 ``environment()``: the Python version (the stdlib is the corpus),
-sentencepiece (the tokenizer), torch and DeepSpeed (the arithmetic).
+sentencepiece (the tokenizer), torch and DeepSpeed (the arithmetic), and on
+the CPU code paths torch runs, which the golden runs pin
+(``plsh_dist.cpu_paths.PINNED_CPU_ENV``, set by ``pinned_environment``) and
+record (each run's ``cpu_paths``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import platform
 import tomllib
 from importlib import metadata
@@ -75,6 +80,28 @@ def run_debug(world: int, work_dir: Path, *layouts: list[str]) -> list[dict]:
     runs = [debug_overrides(work_dir, *extra, f"--run.out_dir={Path(work_dir) / f'w{world}_run{i}'}")
             for i, extra in enumerate(layouts)]
     return run_training(world, *runs)
+
+
+@contextlib.contextmanager
+def pinned_environment():
+    """This process's environment with the pinned CPU code paths, for the ranks it spawns."""
+    from plsh_dist.cpu_paths import PINNED_CPU_ENV
+
+    before = {k: os.environ.get(k) for k in PINNED_CPU_ENV}
+    os.environ.update(PINNED_CPU_ENV)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def record(run: dict) -> dict:
+    """The pinned figures of one run, as the golden file keeps them."""
+    return {k: run[k] for k in ("losses", "grad_norms", "val_loss")}
 
 
 def load_golden() -> dict:
