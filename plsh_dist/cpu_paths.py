@@ -1,4 +1,4 @@
-"""One set of CPU code paths, so that pinned numbers are the same bits on any x86-64 CPU.
+"""One set of CPU code paths, so that pinned numbers agree on any x86-64 CPU.
 
 torch's CPU wheel picks its arithmetic by the processor it finds: ATen's
 vectorised kernels by the widest instruction set (AVX-512 or AVX2), MKL's GEMM
@@ -6,7 +6,8 @@ by vendor and model (Intel's AVX-512 kernels, AMD's own). Each choice sums in
 another order, and a few training steps of Adam amplify the last-bit
 differences to ~1e-5 in a gradient norm. Runs whose numbers are pinned (the
 golden losses, the quickstart's printed figures) therefore set one path for
-every choice, through the environment variables the installed torch honours:
+every choice, through the environment variables the installed torch honours
+(what they leave, across CPU models: results/cpu_paths/README.md):
 
 - ``ATEN_CPU_CAPABILITY=avx2``: ATen's kernels (``torch.backends.cpu.get_cpu_capability()``
   then reports ``AVX2``; a CPU without AVX2 reports less, and ``code_paths`` shows it);

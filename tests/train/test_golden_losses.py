@@ -1,24 +1,26 @@
-"""The debug flavor reproduces its golden losses bit for bit (torchtitan's regression guard).
+"""The debug flavor reproduces its golden losses on any x86-64 CPU (torchtitan's regression guard).
 
 configs/debug.toml (the quickstart model on a 60-file corpus, fp32, 5 steps) is
 trained in one CPU process from a fresh corpus and tokenizer, once per PLSH
 method; its per-step losses, pre-clip gradient norms and validation loss must
-equal tests/train/golden/debug_losses.json exactly. A change that is not meant
+equal tests/train/golden/debug_losses.json to GOLDEN_REL. A change that is not meant
 to alter the computation passes; one that is (new init, hash, data order,
 optimizer) must regenerate the file: ``python tests/train/golden/regenerate.py``.
 
-Why exact equality holds on any x86-64 CPU: the runs pin torch's CPU code
-paths (``plsh_dist.cpu_paths``: ATen's AVX2 kernels, MKL's COMPATIBLE branch,
-oneDNN up to AVX2, one thread) and train with the fused AdamW, whose sqrt is
-correctly rounded (foreach AdamW's MKL vector sqrt is not, and its last bits
-depend on the CPU model). Measured (results/cpu_paths/README.md): unpinned, the
-code paths torch picks by itself move the step-4 gradient norm by up to 1.8e-5
-relative on one AMD EPYC (the earlier golden file failed by 1.1e-5 on it);
-pinned, the same bits under every forced capability, with AVX-512 masked from
-glibc and MKL, and on an emulated Intel Haswell (QEMU user mode). The file
-records the code paths; where a CPU cannot run them (no AVX2), or under
-another Python (the stdlib is the corpus), sentencepiece (the tokenizer) or
-torch, the test skips and says why.
+Why a tolerance, and why so small: the runs pin torch's CPU code paths
+(``plsh_dist.cpu_paths``: ATen's AVX2 kernels, MKL's COMPATIBLE branch, oneDNN
+up to AVX2, one thread) and train with the fused AdamW (foreach AdamW's MKL
+vector sqrt follows the CPU model). Measured (results/cpu_paths/README.md):
+unpinned, the code paths torch picks by itself move the step-4 gradient norm by
+up to 1.8e-5 relative on one AMD EPYC (the earlier golden file failed by 1.1e-5
+on it); pinned, every forced capability and AVX-512 hidden from glibc and MKL
+give the same bits, and an emulated Intel Haswell (QEMU user mode) gives the
+same losses and gradient norms within 2.9e-7 relative. GOLDEN_REL is 10x that
+spread: 6x below the unpinned spread, 300x below the smallest deliberate change.
+On one machine the run is deterministic: ``regenerate.py --check`` asks for the
+same bits (exit 1 otherwise). The file records the code paths; where a CPU
+cannot run them (no AVX2), or under another Python (the stdlib is the corpus),
+sentencepiece (the tokenizer) or torch, the test skips and says why.
 
 The two methods compute one estimator from the same hash masks in other orders
 of fp32 sums; their runs differ by up to 1.1e-5 relative over the 5 steps
@@ -35,6 +37,7 @@ import pytest
 from tests.train.golden.debug_run import (MUST_MATCH, REGENERATE, environment, load_golden, pinned_environment,
                                           prepare_debug_data, record, run_debug)
 
+GOLDEN_REL = 3e-6  # pinned runs across CPU models: 2.9e-7 measured (module doc)
 METHODS_REL = 5e-5  # one pass against per sample: 1.1e-5 measured, with room for other configs' orders
 
 
@@ -60,9 +63,11 @@ def test_debug_config_reproduces_the_golden_losses(tmp_path):
                     f"{golden['cpu_paths']} (plsh_dist.cpu_paths pins them on x86-64 CPUs with AVX2)")
 
     assert len(run["losses"]) == 5 and run["losses"][-1] < run["losses"][0]  # the pinned run trains
-    assert record(run) == record(golden), f"not the golden bits; regenerate if intended: {REGENERATE}"
-    assert record(onepass) == record(run)  # on CPU the default method is the one pass
-    assert record(per_sample) == golden["per_sample"], f"per-sample method; regenerate if intended: {REGENERATE}"
+    assert record(onepass) == record(run)  # on CPU the default method is the one pass, same bits
+    for name, now, pinned in (("default", run, golden), ("per_sample", per_sample, golden["per_sample"])):
+        for key in ("losses", "grad_norms", "val_loss"):
+            assert now[key] == pytest.approx(pinned[key], rel=GOLDEN_REL), (
+                f"{name} {key}: {now[key]} against the golden {pinned[key]}; regenerate if intended: {REGENERATE}")
     for key in ("losses", "grad_norms"):
         assert _rel_diff(per_sample[key], run[key]) < METHODS_REL, key
 
