@@ -35,11 +35,14 @@ def main() -> int:
     parser.add_argument("--fresh", action="store_true", help="delete the run's out_dir first (no resume)")
     args, overrides = parser.parse_known_args()
 
-    env = dict(os.environ, DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               # One thread per rank: 2 ranks share 2 cores; more threads only contend.
-               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+    # One set of CPU code paths (one thread per rank among them) for the ranks and for this
+    # process, which evaluates the checkpoint: the printed figures are the same bits on any
+    # x86-64 CPU with AVX2. Set before torch is imported, which reads them.
+    from plsh_dist.cpu_paths import pinned_cpu_env
+
+    env = dict(pinned_cpu_env(), DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    os.environ.update({k: env[k] for k in ("DS_ACCELERATOR", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")})
+    os.environ.update({k: v for k, v in env.items() if k != "PYTHONPATH"})
     from plsh_dist.distributed.ports import free_port
     from plsh_dist.train import load_config
 
