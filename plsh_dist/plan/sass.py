@@ -13,8 +13,8 @@ Triton's NVIDIA backend: :func:`cuobjdump_path`) and the kernel's Triton IR
   instructions is taken (the conservative reading); all are listed.
 - Loops nested in the main loop without matrix instructions are **per-sample**
   loops (the count's loop over the hash's samples): their bodies run s times
-  a tile. Nested loops of fewer than :data:`WAIT_LOOP_MAX` instructions are
-  waits (barrier polls), counted once.
+  a tile. Nested loops of fewer than :data:`WAIT_LOOP_MAX` instructions that
+  poll a barrier (``SYNCS``, ``NANOSLEEP``) are waits, counted once.
 - Instructions are counted statically (every instruction of a body once per
   trip: a branch skipped inside the body is counted as run). ``CALL`` sites in
   a body (the float64 division's slow path, taken only for special operands)
@@ -39,8 +39,9 @@ from pathlib import Path
 __all__ = ["Instruction", "Loop", "LoopCost", "SassKernel", "parse_sass", "analyse", "dot_flops_per_trip",
            "cuobjdump_path", "disassemble", "resource_usage", "WAIT_LOOP_MAX"]
 
-#: Nested loops shorter than this are barrier waits, not sample loops.
+#: Nested loops shorter than this that poll a barrier are waits, not sample loops.
 WAIT_LOOP_MAX = 8
+_WAIT_OPS = {"SYNCS", "NANOSLEEP"}
 _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;\s*/\*")
 _FUNCTION = re.compile(r"Function\s*:\s*(\S+)")
 _F64_OPS = {"DADD", "DMUL", "DFMA", "DSETP", "DSET", "DMNMX", "DMMA"}
@@ -198,7 +199,8 @@ def _body(instructions, loop: Loop) -> list[Instruction]:
 def _loop_cost(instructions, loop: Loop, nested: list[Loop]) -> LoopCost:
     body = _body(instructions, loop)
     direct = [lp for lp in nested if not any(o.contains(lp) for o in nested)]  # outermost nested ones
-    waits = [lp for lp in direct if len(_body(instructions, lp)) < WAIT_LOOP_MAX]
+    waits = [lp for lp in direct if len(_body(instructions, lp)) < WAIT_LOOP_MAX
+             and any(i.base in _WAIT_OPS for i in _body(instructions, lp))]
     samples = [lp for lp in direct if lp not in waits]
     in_samples = {i.address for lp in samples for i in _body(instructions, lp)}
     tile = [i for i in body if i.address not in in_samples]

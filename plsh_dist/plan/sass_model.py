@@ -68,6 +68,7 @@ class KernelModel:
         loop: the main loop's counts (None when the kernel has no loop with matrix instructions).
         useful_flops: FLOPs of the tile's ``tt.dot`` products.
         function: the kernel's name in the cubin.
+        f64_division: the PTX divides in IEEE float64 (``div.rn.f64``: the hash's bucket arithmetic).
     """
 
     kernel: str
@@ -90,6 +91,7 @@ class KernelModel:
     loop: LoopCost | None
     useful_flops: float
     function: str
+    f64_division: bool
 
     @property
     def machine(self) -> Machine:
@@ -145,7 +147,7 @@ def model_launch(launch: Launch) -> tuple[KernelModel, bytes]:
         num_stages=compiled.metadata.num_stages, shipped=case["bias"] != "none", regs=res["regs"],
         local=res["local"], spill_stores=read.spill_stores, spill_loads=read.spill_loads,
         smem=int(compiled.metadata.shared), loop=read.main, useful_flops=dot_flops_per_trip(compiled.asm["ttir"]),
-        function=name)
+        function=name, f64_division="div.rn.f64" in compiled.asm["ptx"])
     return model, cubin
 
 
