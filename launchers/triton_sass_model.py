@@ -126,6 +126,16 @@ def _verdict(value: float, target: float, speedup: bool = False) -> str:
     return f"**missed** by {target / value:.1f}x ({show(value)} of {show(target)})"
 
 
+def _why(m, s: int) -> str:
+    """What sets a build's bound at s samples, from its counts."""
+    lp = m.loop
+    if m.tensor_bound(s):
+        return f"tensor-bound, executed / useful {m.mma_ratio:.2f}"
+    work = f"{lp.per_tile} + {s} x {lp.per_sample}" if lp.sample_loops else f"{lp.per_tile}"
+    f64 = f", {lp.f64_per_tile + s * lp.f64_per_sample} f64" if lp.f64_per_tile or lp.f64_per_sample else ""
+    return f"issue-bound: {work} instructions / warp / tile{f64}, executed / useful {m.mma_ratio:.2f}"
+
+
 def targets(models: dict, predictions: list[dict]) -> list[tuple[str, str, str]]:
     """(target, model's figure, verdict) of issue 32's static targets."""
     from plsh_dist.plan.sass_model import area_rate  # noqa: PLC0415
@@ -145,13 +155,15 @@ def targets(models: dict, predictions: list[dict]) -> list[tuple[str, str, str]]
             for s, share in FWD_SHARE.items():
                 got = fwd.bound_tflops(s) / cal_fwd
                 out.append((f"PLSH forward, s = {s}: >= {share:.0%} of the calibration forward",
-                            f"{fwd.bound_tflops(s):.0f} TFLOP/s = {got:.1%}", _verdict(got, share)))
+                            f"{fwd.bound_tflops(s):.0f} TFLOP/s = {got:.1%} ({_why(fwd, s)})",
+                            _verdict(got, share)))
         for k in KERNELS[1:]:
             m = at(k, "count")
             if m:
                 got = m.bound_tflops(8) / cal_bwd
                 out.append((f"PLSH {k}, s = 8: >= {BWD_SHARE:.0%} of the calibration backward",
-                            f"{m.bound_tflops(8):.0f} TFLOP/s = {got:.1%}", _verdict(got, BWD_SHARE)))
+                            f"{m.bound_tflops(8):.0f} TFLOP/s = {got:.1%} ({_why(m, 8)})",
+                            _verdict(got, BWD_SHARE)))
                 out.append((f"PLSH {k} uses wgmma", ", ".join(m.loop.mma) or "none",
                             "met" if m.uses_wgmma else "**missed**: mma.sync (HMMA), not wgmma (HGMMA)"))
     shipped = [m for m in models.values() if m.shipped and m.loop]
