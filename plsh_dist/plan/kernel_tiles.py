@@ -41,11 +41,15 @@ class KernelTiles:
         forward: (query tile, key tile) pairs the forward visits (its own tile shape).
         forward_area: score entries those tiles cover (the forward's computed q.k pairs).
         backward_area: score entries of the dK/dV kernel's tiles plus the dQ kernel's.
+        backward_dkdv, backward_dq: (key tile, query tile) pairs the dK/dV kernel visits and
+            (query tile, key tile) pairs the dQ kernel visits (the backward's tile shape).
     """
 
     forward: int
     forward_area: int
     backward_area: int
+    backward_dkdv: int
+    backward_dq: int
 
     @property
     def flash_equivalent(self) -> float:
@@ -86,8 +90,10 @@ def bias_tiles(bias, T: int, num_q_heads: int, *, head_dim: int = 128, arch: int
     forward = int((hi - lo).long().sum()) * heads_per_hash
     k_lo, k_hi = key_tile_bands(bias, layout, bwd.block_m, bwd.block_n, causal)
     q_lo, q_hi = query_tile_bands(bias, layout, bwd.block_m, bwd.block_n, causal)
-    backward = (int((k_hi - k_lo).long().sum()) + int((q_hi - q_lo).long().sum())) * heads_per_hash
-    return KernelTiles(forward, forward * fwd.block_m * fwd.block_n, backward * bwd.block_m * bwd.block_n)
+    dkdv = int((k_hi - k_lo).long().sum()) * heads_per_hash
+    dq = int((q_hi - q_lo).long().sum()) * heads_per_hash
+    return KernelTiles(forward, forward * fwd.block_m * fwd.block_n, (dkdv + dq) * bwd.block_m * bwd.block_n, dkdv,
+                       dq)
 
 
 def _block_tiles(lengths: torch.Tensor, causal: bool) -> int:

@@ -36,6 +36,7 @@ def test_kernel_tiles_are_the_tiles_with_a_count(sampler):
     assert got.forward_area == got.forward * fwd.block_m * fwd.block_n
     # backward: the dQ kernel's pairs plus the dK/dV kernel's (the same set, seen from the keys)
     assert got.backward_area == 2 * _nonzero_tiles(lsh, T, bwd.block_m, bwd.block_n) * bwd.block_m * bwd.block_n
+    assert got.backward_dkdv == got.backward_dq == _nonzero_tiles(lsh, T, bwd.block_m, bwd.block_n)
     shared = PositionalLSH(6.0, 3, seed=1)
     assert kernel_tiles(shared, T, 4).forward == 4 * _nonzero_tiles(shared, T, fwd.block_m, fwd.block_n)
 

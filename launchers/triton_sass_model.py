@@ -1,0 +1,376 @@
+"""Static cost model of the Triton kernels from their compiled SASS; no GPU needed.
+
+    python launchers/triton_sass_model.py --out results/triton/sass.md --cubin-dir gpu_results/cubins
+    python launchers/triton_sass_model.py --arch 90 --dtype bf16 --head-dim 128   # the targets' builds only
+
+Builds every kernel the launchers run (forward, dK/dV, dQ) x bias (PLSH
+count, ALiBi window, and ``none``: the plain causal flash calibration of
+``plsh_dist/plan/flash_calibration.py``) x dtype x head dim x arch exactly as
+the JIT builds it at the benchmark's shapes (``plsh_dist/plan/kernel_builds.py``),
+reads its SASS (``plsh_dist/plan/sass.py``) and costs one tile with the
+issue-cycle model (``plsh_dist/plan/sass_model.py``). Then predicts the
+forward + backward speedup of PLSH over the causal flash floor (tiles from
+``plsh_dist/plan/kernel_tiles.py`` times cycles per tile) and checks issue 32's
+targets. ``--cubin-dir DIR`` writes every cubin and ``DIR/index.json``.
+
+Must run without ``TRITON_INTERPRET`` (the interpreter replaces the compiler).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from plsh_dist.plan.kernel_builds import ARCHS, BIASES, DTYPES, HEAD_DIMS, Case, record  # noqa: E402
+
+KERNELS = ("fwd", "bwd_dkdv", "bwd_dq")
+#: The benchmark's shapes (launchers/bench_attention_gpu.py): one sequence, 16 heads.
+TOKENS, HEADS, SAMPLES = 8192, 16, 8
+#: Issue 32's targets, all at bf16, D = 128, sm_90, per-head sigma, causal.
+TARGET = {"dtype": "bf16", "head_dim": 128, "arch": 90}
+CALIBRATION_FWD, CALIBRATION_BWD = 0.70, 0.45
+FWD_SHARE = {8: 0.50, 100: 0.25}
+BWD_SHARE = 0.40
+SPEEDUP = {(8, 8192): 8.0, (8, 131072): 100.0, (100, 8192): 3.0, (100, 131072): 40.0}
+
+
+def _model(launch):
+    from plsh_dist.plan.sass_model import model_launch  # noqa: PLC0415
+
+    return model_launch(launch)
+
+
+def build_all(cases: list[Case], workers: int):
+    """[(launch, model, cubin)] of every kernel the cases launch, in order."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise SystemExit("unset TRITON_INTERPRET: the interpreter does not compile")
+    launches = record(cases, ROOT)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return [(launch, *built) for launch, built in zip(launches, pool.map(_model, launches))]
+
+
+def _key(m):
+    return (m.kernel, m.bias, m.dtype, m.head_dim, m.arch)
+
+
+def cubin_name(m) -> str:
+    return f"{m.kernel}_{m.bias}_{m.dtype}_d{m.head_dim}_sm{m.arch}.cubin"
+
+
+def write_cubins(built, out: Path) -> None:
+    """Every cubin and ``index.json`` (one object per cubin) under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    index = []
+    for _, m, cubin in built:
+        (out / cubin_name(m)).write_bytes(cubin)
+        index.append({"file": cubin_name(m), "kernel": m.kernel, "bias": m.bias, "dtype": m.dtype,
+                      "head_dim": m.head_dim, "block_m": m.block_m, "block_n": m.block_n, "num_warps": m.num_warps,
+                      "num_stages": m.num_stages, "arch": m.arch, "causal": m.causal, "documents": m.documents > 0,
+                      "shipped": m.shipped, "function": m.function})
+    (out / "index.json").write_text(json.dumps(index, indent=1) + "\n")
+
+
+# -- predictions --------------------------------------------------------------------------------
+
+
+def predict(models: dict, lengths, samples_list) -> list[dict]:
+    """Forward + backward clocks of PLSH (count, per-head sigma) against the calibration over the full
+    causal triangle, at the targets' dtype / D / arch, per (s, T)."""
+    import torch  # noqa: PLC0415
+
+    from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: PLC0415
+    from plsh_dist.ops.tile_bands import CountBias, TileConfig  # noqa: PLC0415
+    from plsh_dist.plan.kernel_tiles import bias_tiles  # noqa: PLC0415
+    from plsh_dist.plan.sass_model import causal_floor_tiles  # noqa: PLC0415
+
+    at = lambda k, b: models[(k, b, TARGET["dtype"], TARGET["head_dim"], TARGET["arch"])]  # noqa: E731
+    fwd, dkdv, dq = (at(k, "count") for k in KERNELS)
+    if (dkdv.block_m, dkdv.block_n) != (dq.block_m, dq.block_n):
+        raise SystemExit("the dK/dV and dQ kernels use different tiles: plsh_dist.plan.kernel_tiles counts one "
+                         "backward tile shape; teach it two")
+    tiles = (TileConfig(fwd.block_m, fwd.block_n, fwd.num_warps, fwd.num_stages),
+             TileConfig(dkdv.block_m, dkdv.block_n, dkdv.num_warps, dkdv.num_stages))
+    calib = [at(k, "none") for k in KERNELS]
+    rows = []
+    for T in lengths:
+        floor = {c.kernel: HEADS * causal_floor_tiles(c.kernel, T, c.block_m, c.block_n) for c in calib}
+        floor_fwd = floor["fwd"] * calib[0].tile_cycles(1)
+        floor_bwd = sum(floor[c.kernel] * c.tile_cycles(1) for c in calib[1:])
+        for s in samples_list:
+            lsh = PositionalLSH(alibi_slopes(HEADS).double().reciprocal(), s, seed=0)
+            kt = bias_tiles(CountBias.of(lsh, torch.device("cpu")), T, HEADS, tiles=tiles)
+            plsh_fwd = kt.forward * fwd.tile_cycles(s)
+            plsh_bwd = kt.backward_dkdv * dkdv.tile_cycles(s) + kt.backward_dq * dq.tile_cycles(s)
+            rows.append({"T": T, "s": s, "tiles": (kt.forward, kt.backward_dkdv, kt.backward_dq),
+                         "floor_tiles": tuple(floor[k] for k in KERNELS), "plsh_cycles": plsh_fwd + plsh_bwd,
+                         "floor_cycles": floor_fwd + floor_bwd, "speedup_fwd": floor_fwd / plsh_fwd,
+                         "speedup_bwd": floor_bwd / plsh_bwd,
+                         "speedup": (floor_fwd + floor_bwd) / (plsh_fwd + plsh_bwd)})
+    return rows
+
+
+# -- targets ------------------------------------------------------------------------------------
+
+
+def _verdict(value: float, target: float, speedup: bool = False) -> str:
+    if value >= target:
+        return "met"
+    show = (lambda v: f"{v:.3g}x") if speedup else (lambda v: f"{v:.1%}")  # noqa: E731
+    return f"**missed** by {target / value:.1f}x ({show(value)} of {show(target)})"
+
+
+def _why(m, s: int) -> str:
+    """What sets a build's bound at s samples, from its counts."""
+    lp = m.loop
+    if m.tensor_bound(s):
+        return f"tensor-bound, executed / useful {m.mma_ratio:.2f}"
+    work = f"{lp.per_tile} + {s} x {lp.per_sample}" if lp.sample_loops else f"{lp.per_tile}"
+    f64 = f", {lp.f64_per_tile + s * lp.f64_per_sample} f64" if lp.f64_per_tile or lp.f64_per_sample else ""
+    return f"issue-bound: {work} instructions / warp / tile{f64}, executed / useful {m.mma_ratio:.2f}"
+
+
+def targets(models: dict, predictions: list[dict]) -> list[tuple[str, str, str]]:
+    """(target, model's figure, verdict) of issue 32's static targets."""
+    from plsh_dist.plan.sass_model import area_rate  # noqa: PLC0415
+
+    at = lambda k, b: models.get((k, b, TARGET["dtype"], TARGET["head_dim"], TARGET["arch"]))  # noqa: E731
+    out = []
+    calib = [at(k, "none") for k in KERNELS]
+    if all(calib):
+        peak = calib[0].machine.peak_tflops
+        cal_fwd, cal_bwd = calib[0].bound_tflops(1), area_rate(calib[1:], 1)
+        out.append(("calibration forward >= 70% of the tensor peak", f"{cal_fwd:.0f} TFLOP/s = "
+                    f"{cal_fwd / peak:.0%}", _verdict(cal_fwd / peak, CALIBRATION_FWD)))
+        out.append(("calibration backward >= 45% of the tensor peak", f"{cal_bwd:.0f} TFLOP/s = "
+                    f"{cal_bwd / peak:.0%}", _verdict(cal_bwd / peak, CALIBRATION_BWD)))
+        fwd = at("fwd", "count")
+        if fwd:
+            for s, share in FWD_SHARE.items():
+                got = fwd.bound_tflops(s) / cal_fwd
+                out.append((f"PLSH forward, s = {s}: >= {share:.0%} of the calibration forward",
+                            f"{fwd.bound_tflops(s):.0f} TFLOP/s = {got:.1%} ({_why(fwd, s)})",
+                            _verdict(got, share)))
+        for k in KERNELS[1:]:
+            m = at(k, "count")
+            if m:
+                got = m.bound_tflops(8) / cal_bwd
+                out.append((f"PLSH {k}, s = 8: >= {BWD_SHARE:.0%} of the calibration backward",
+                            f"{m.bound_tflops(8):.0f} TFLOP/s = {got:.1%} ({_why(m, 8)})",
+                            _verdict(got, BWD_SHARE)))
+                out.append((f"PLSH {k} uses wgmma", ", ".join(m.loop.mma) or "none",
+                            "met" if m.uses_wgmma else "**missed**: mma.sync (HMMA), not wgmma (HGMMA)"))
+    shipped = [m for m in models.values() if m.shipped and m.loop]
+    f64 = [m for m in shipped if m.loop.f64_per_tile or m.loop.f64_per_sample]
+    out.append(("no float64 instruction in any key loop (every shipped build)",
+                f"{len(f64)} of {len(shipped)} builds have some",
+                "met" if not f64 else f"**missed**: e.g. {f64[0].kernel} {f64[0].bias} sm_{f64[0].arch}: "
+                f"{f64[0].loop.f64_per_tile} a tile + {f64[0].loop.f64_per_sample} a sample"))
+    for r in predictions:
+        want = SPEEDUP.get((r["s"], r["T"]))
+        if want:
+            out.append((f"predicted speedup, fwd + bwd, s = {r['s']}, T = {r['T'] // 1024}k: >= {want:.0f}x",
+                        f"{r['speedup']:.3g}x", _verdict(r["speedup"], want, True)))
+    return out
+
+
+# -- the page -----------------------------------------------------------------------------------
+
+
+def _mma(m) -> str:
+    if not m.loop or not m.loop.mma:
+        return "none"
+    return " + ".join(f"{n} {op.split('.')[0]}.{op.split('.')[1]}" for op, n in m.loop.mma.items())
+
+
+def _bound(m, s) -> str:
+    if not m.loop:
+        return "-"
+    mark = " (tensor)" if m.tensor_bound(s) else ""
+    return f"{m.bound_tflops(s):.0f}{mark}"
+
+
+def kernel_table(models: list) -> list[str]:
+    head = ("| arch | dtype | D | kernel | bias | tile | warps | stages | regs | smem KiB | spill STL/LDL | "
+            "instr / tile | instr / sample | f64 / tile | f64 / sample | calls | matrix instr / tile | "
+            "executed / useful | pipelined | bound s=8 | bound s=100 |")
+    lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+    for m in models:
+        lp = m.loop
+        cells = [f"sm_{m.arch}", m.dtype, str(m.head_dim), m.kernel, m.bias, f"{m.block_m}x{m.block_n}",
+                 str(m.num_warps), str(m.num_stages), str(m.regs), f"{m.smem / 1024:.1f}",
+                 f"{m.spill_stores}/{m.spill_loads}"]
+        if lp:
+            cells += [str(lp.per_tile), str(lp.per_sample) if lp.sample_loops else "-", str(lp.f64_per_tile),
+                      str(lp.f64_per_sample) if lp.sample_loops else "-", str(lp.calls), _mma(m),
+                      f"{m.mma_ratio:.2f}", lp.pipelined, _bound(m, 8),
+                      _bound(m, 100) if lp.sample_loops else "="]
+        else:
+            cells += ["no loop with matrix instructions"] + ["-"] * 9
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(models: list, by_key: dict, predictions: list[dict], checks, command: str, same_code: dict) -> str:
+    import triton  # noqa: PLC0415
+
+    from plsh_dist.plan.sass_model import MACHINES  # noqa: PLC0415
+
+    h200, a100 = MACHINES[90], MACHINES[80]
+    lines = [
+        "# Triton kernels: static cost model from the compiled SASS",
+        "",
+        f"Generated by `{command}` (Triton {triton.__version__}, no GPU). Every figure is read from the code "
+        "the JIT compiles; nothing here was measured on a GPU.",
+        "",
+        "## How",
+        "",
+        f"- **Builds.** The launchers run on CPU tensors of the benchmark's shapes (batch 1, T = {TOKENS}, "
+        f"{HEADS} query = key/value heads, causal, one document, per-head sigma = 1 / ALiBi slope, s = {SAMPLES}; "
+        "the window bias with the truncated mode's per-head windows at s samples' cost) with their kernel launches "
+        "recorded, not run; each kernel's own `JITFunction.run(..., warmup=True)` then specialises on the recorded "
+        "arguments (16-byte aligned pointers, integers divisible by 16, constexprs, `num_warps`, `num_stages`) and "
+        "compiles for `GPUTarget('cuda', arch, 32)` (`plsh_dist/plan/kernel_builds.py`). The tiles are the "
+        "launchers' own for that arch and head dim.",
+        "- **Reading.** `cuobjdump -sass` (shipped in Triton's NVIDIA backend) on each cubin "
+        "(`plsh_dist/plan/sass.py`). A loop is a backward `BRA`; the *main loop* is the innermost loop holding "
+        "matrix instructions (HGMMA: wgmma; HMMA: mma.sync): one trip per key tile (forward, dQ) or query tile "
+        "(dK/dV). Loops nested in it without matrix instructions are per-sample loops (run s times a trip); "
+        "instructions are counted statically, every body instruction once per trip. *calls*: `CALL` sites in the "
+        "body (the float64 division's slow path, taken only for special operands; not counted). *f64*: D* "
+        "arithmetic, conversions and rounding on F64, `MUFU.RCP64H`. *executed / useful*: matrix FLOPs the "
+        "instructions issue (HGMMA.MxNxK: a 4-warp warpgroup's M x N x K; HMMA.16816: one warp's 16 x 8 x 16) over "
+        "the tile's `tt.dot` products in the Triton IR. *pipelined*: the loop body loads with cp.async "
+        "(`LDGSTS`) or TMA (`UTMALDG`).",
+        f"- **Issue-cycle model** (`plsh_dist/plan/sass_model.py`). An SM has 4 schedulers, each issuing one warp "
+        "instruction per clock; a tile of a W-warp kernel with I instructions per warp takes W I / 4 clocks "
+        "(I = per tile + s per sample). Its matrix work takes executed FLOPs / tensor peak clocks "
+        f"({h200.name}: {h200.tensor_flops_per_clock:,.0f} dense bf16 FLOP per clock per SM, HGMMA and HMMA alike, "
+        f"which flatters mma.sync on Hopper; sm_80 rows use {a100.name}: {a100.tensor_flops_per_clock:,.0f}). A tile "
+        "takes the larger; *bound* is the tile's useful FLOPs at that rate on every SM, in TFLOP/s "
+        f"({h200.name}: {h200.sms} SMs at {h200.clock_hz / 1e9:.2f} GHz, peak {h200.peak_tflops:.0f}; {a100.name}: "
+        f"{a100.sms} SMs at {a100.clock_hz / 1e9:.2f} GHz, peak {a100.peak_tflops:.0f}); *(tensor)*: the matrix "
+        "work, not the issue, sets it. Assumed away: memory and instruction latency, occupancy, load imbalance, "
+        "divergence, the slow paths, the tail. It is an upper bound that ranks the work per tile.",
+        "- **Calibration** (`bias = none`): plain causal attention without bias in the style of Triton's "
+        "fused-attention tutorial (`plsh_dist/plan/flash_calibration.py`, for this model only), compiled the same "
+        "way. The shipped kernels with the window bias are not tensor-bound (below), so they cannot serve.",
+        "",
+        "## Every build",
+        "",
+        f"Bounds in useful TFLOP/s at s = 8 and s = 100 (only the count has a sample loop; `=`: the same). "
+        "s = 8 and s = 100 specialise alike (neither is 1 nor divisible by 16): "
+        + ("the s = 100 builds compile to the same cubins." if all(same_code.values()) else
+           f"the s = 100 builds differ for {[k for k, v in same_code.items() if not v]}."),
+        "",
+        *kernel_table(models),
+        "",
+    ]
+    if predictions:
+        lines += [
+            "## Predicted speedup over the causal flash floor",
+            "",
+            f"Forward + backward at {TARGET['dtype']}, D = {TARGET['head_dim']}, sm_{TARGET['arch']}, {HEADS} heads, "
+            "per-head sigma, causal: tiles times clocks per tile. PLSH's tiles are the band's "
+            "(`plsh_dist/plan/kernel_tiles.py`, the launcher's band function, at the builds' tile shapes); the "
+            "floor's are the calibration kernels' over the full causal triangle, each at its tile's clocks (its "
+            "diagonal tiles costed as the rest).",
+            "",
+            "| T | s | PLSH tiles fwd / dK/dV / dQ | floor tiles fwd / dK/dV / dQ | speedup fwd | speedup bwd | "
+            "speedup fwd + bwd | target | verdict |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in predictions:
+            want = SPEEDUP.get((r["s"], r["T"]))
+            lines.append(f"| {r['T']:,} | {r['s']} | {' / '.join(f'{x:,}' for x in r['tiles'])} | "
+                         f"{' / '.join(f'{x:,}' for x in r['floor_tiles'])} | {r['speedup_fwd']:.3g}x | "
+                         f"{r['speedup_bwd']:.3g}x | {r['speedup']:.3g}x | "
+                         f"{f'>= {want:.0f}x' if want else '-'} | "
+                         f"{_verdict(r['speedup'], want, True) if want else '-'} |")
+        lines.append("")
+    if checks:
+        lines += [
+            "## Issue 32's targets",
+            "",
+            f"At {TARGET['dtype']}, D = {TARGET['head_dim']}, sm_{TARGET['arch']} (the float64 check: every shipped "
+            "build above).",
+            "",
+            "| target | model | verdict |",
+            "|---|---|---|",
+            *[f"| {t} | {v} | {ok} |" for t, v, ok in checks],
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, help="markdown page to write (default: print)")
+    ap.add_argument("--cubin-dir", type=Path, help="write every cubin and index.json here")
+    ap.add_argument("--json", type=Path, help="write the per-build figures as JSON here")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--arch", type=int, nargs="*", default=list(ARCHS), choices=ARCHS)
+    ap.add_argument("--dtype", nargs="*", default=list(DTYPES), choices=DTYPES)
+    ap.add_argument("--head-dim", type=int, nargs="*", default=list(HEAD_DIMS), choices=HEAD_DIMS)
+    ap.add_argument("--bias", nargs="*", default=list(BIASES), choices=BIASES)
+    ap.add_argument("--tokens", type=int, default=TOKENS, help="T of the recorded launches (the benchmark's)")
+    ap.add_argument("--lengths", type=int, nargs="*", default=[8192, 131072], help="T of the predictions")
+    ap.add_argument("--samples", type=int, nargs="*", default=[8, 100], help="s of the predictions")
+    args = ap.parse_args(argv)
+    if args.tokens < 256 or args.tokens % 256:
+        print(f"--tokens must be a positive multiple of 256 (the calibration's tiles), got {args.tokens}",
+              file=sys.stderr)
+        return 2
+    grid = [Case(b, d, h, a, tokens=args.tokens, heads=HEADS, samples=SAMPLES) for a in args.arch
+            for d in args.dtype for h in args.head_dim for b in args.bias]
+    target_case = lambda c: all(getattr(c, k) == v for k, v in TARGET.items())  # noqa: E731
+    extra = [Case("count", c.dtype, c.head_dim, c.arch, tokens=args.tokens, heads=HEADS, samples=s)
+             for c in grid if c.bias == "count" and target_case(c) for s in args.samples if s != SAMPLES]
+    built = build_all(grid + extra, args.workers)
+    main_builds = [b for b in built if b[0].case["samples"] == SAMPLES]
+    by_key = {_key(m): m for _, m, _ in main_builds}
+    cubins = {_key(m): c for _, m, c in main_builds}
+    same_code = {f"{m.kernel} s={l.case['samples']}": c == cubins[_key(m)] for l, m, c in built
+                 if l.case["samples"] != SAMPLES}
+    order = {k: i for i, k in enumerate(KERNELS)}
+    models = sorted(by_key.values(), key=lambda m: (-m.arch, m.dtype, m.head_dim, order.get(m.kernel, 9),
+                                                    BIASES.index(m.bias)))
+    complete = all(_key_t in by_key for _key_t in
+                   [(k, b, TARGET["dtype"], TARGET["head_dim"], TARGET["arch"]) for k in KERNELS
+                    for b in ("count", "none")])
+    predictions = predict(by_key, args.lengths, args.samples) if complete else []
+    checks = targets(by_key, predictions)
+    command = "python launchers/triton_sass_model.py" + (f" --out {args.out}" if args.out else "")
+    text = markdown(models, by_key, predictions, checks, command, same_code)
+    if args.cubin_dir:
+        write_cubins(main_builds, args.cubin_dir)
+    if args.json:
+        args.json.write_text(json.dumps([_as_json(m) for m in models], indent=1) + "\n")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    print(text)
+    return 0
+
+
+def _as_json(m) -> dict:
+    lp = m.loop
+    return {"kernel": m.kernel, "bias": m.bias, "dtype": m.dtype, "head_dim": m.head_dim, "arch": m.arch,
+            "block_m": m.block_m, "block_n": m.block_n, "num_warps": m.num_warps, "num_stages": m.num_stages,
+            "regs": m.regs, "smem": m.smem, "spill_stores": m.spill_stores, "spill_loads": m.spill_loads,
+            "useful_flops": m.useful_flops, "executed_flops": m.executed_flops,
+            "loop": None if lp is None else {
+                "start": lp.loop.start, "end": lp.loop.end, "per_tile": lp.per_tile, "per_sample": lp.per_sample,
+                "sample_loops": len(lp.sample_loops), "f64_per_tile": lp.f64_per_tile,
+                "f64_per_sample": lp.f64_per_sample, "mma": lp.mma, "calls": lp.calls, "pipelined": lp.pipelined},
+            "bound_tflops_s8": m.bound_tflops(8) if lp else None}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

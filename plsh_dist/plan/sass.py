@@ -1,0 +1,298 @@
+"""Read a compiled kernel's SASS: its instructions, loops and main key loop.
+
+Input is the text of ``cuobjdump -sass`` (NVIDIA's disassembler, shipped in
+Triton's NVIDIA backend: :func:`cuobjdump_path`) and the kernel's Triton IR
+(``ttir``), which holds its ``tt.dot`` products with their shapes.
+
+- A **loop** is a backward branch: ``BRA`` to an address at or before its
+  own; its body is ``[target, branch]``. Loops nest by containment.
+- The **main loop** is the innermost loop holding matrix instructions
+  (``HGMMA``, Hopper's wgmma; ``HMMA``, mma.sync): one trip per key tile in
+  the forward and dQ kernels, per query tile in dK/dV. Where several loops
+  qualify (a loop split at the causal diagonal), the one with the most
+  instructions is taken (the conservative reading); all are listed.
+- Loops nested in the main loop without matrix instructions are **per-sample**
+  loops (the count's loop over the hash's samples): their bodies run s times
+  a tile. Nested loops of fewer than :data:`WAIT_LOOP_MAX` instructions that
+  poll a barrier (``SYNCS``, ``NANOSLEEP``) are waits, counted once.
+- Instructions are counted statically (every instruction of a body once per
+  trip: a branch skipped inside the body is counted as run). ``CALL`` sites in
+  a body (the float64 division's slow path, taken only for special operands)
+  are reported, their callee's instructions are not counted.
+
+Matrix work of one instruction, per warp: ``HGMMA.MxNxK`` is a warpgroup's
+(4 warps) ``M x N x K`` product, ``HMMA.MNK`` (e.g. ``16816``: m16 n8 k16) one
+warp's. Useful work of a tile is the ``tt.dot`` products of the IR's loop
+that holds them (``2 M N K`` FLOPs each).
+
+Legend: W warps of the kernel, s samples.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Instruction", "Loop", "LoopCost", "SassKernel", "parse_sass", "analyse", "dot_flops_per_trip",
+           "cuobjdump_path", "disassemble", "resource_usage", "WAIT_LOOP_MAX"]
+
+#: Nested loops shorter than this that poll a barrier are waits, not sample loops.
+WAIT_LOOP_MAX = 8
+_WAIT_OPS = {"SYNCS", "NANOSLEEP"}
+_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;\s*/\*")
+_FUNCTION = re.compile(r"Function\s*:\s*(\S+)")
+_F64_OPS = {"DADD", "DMUL", "DFMA", "DSETP", "DSET", "DMNMX", "DMMA"}
+
+
+@dataclass(frozen=True)
+class Instruction:
+    address: int
+    predicate: str
+    opcode: str  # with modifiers: "HGMMA.64x32x16.F32.BF16"
+    operands: str
+
+    @property
+    def base(self) -> str:
+        return self.opcode.split(".")[0]
+
+    @property
+    def modifiers(self) -> list[str]:
+        return self.opcode.split(".")[1:]
+
+    @property
+    def branch_target(self) -> int | None:
+        if self.base != "BRA":
+            return None
+        m = re.search(r"0x([0-9a-f]+)\s*$", self.operands)
+        return int(m.group(1), 16) if m else None
+
+    @property
+    def is_f64(self) -> bool:
+        """A float64 instruction: the D* arithmetic, conversions / rounding with an F64 operand,
+        MUFU's 64-bit reciprocal (square root) seeds."""
+        if self.base in _F64_OPS or "F64" in self.modifiers:
+            return True
+        return self.base == "MUFU" and any(m.endswith("64H") for m in self.modifiers)
+
+    @property
+    def mma_shape(self) -> tuple[int, int, int] | None:
+        """(M, N, K) of a matrix instruction, None for any other."""
+        if self.base == "HGMMA":
+            m, n, k = (int(x) for x in self.modifiers[0].split("x"))
+            return m, n, k
+        if self.base == "HMMA":
+            digits = self.modifiers[0]  # "16816": m16 n8 k16; "1688": m16 n8 k8
+            return int(digits[:2]), int(digits[2]), int(digits[3:])
+        return None
+
+    @property
+    def mma_flops_per_warp(self) -> float:
+        """FLOPs of this instruction's product per warp that issues it (0 for non-matrix)."""
+        shape = self.mma_shape
+        if shape is None:
+            return 0.0
+        m, n, k = shape
+        return 2 * m * n * k / (4 if self.base == "HGMMA" else 1)
+
+
+@dataclass(frozen=True)
+class Loop:
+    start: int  # address of the first instruction of the body (the branch's target)
+    end: int  # address of the backward branch
+
+    def contains(self, other: "Loop") -> bool:
+        return self.start <= other.start and other.end <= self.end and self != other
+
+
+def parse_sass(text: str) -> dict[str, list[Instruction]]:
+    """Instructions of every function in ``cuobjdump -sass`` text, in address order."""
+    out: dict[str, list[Instruction]] = {}
+    current = None
+    for line in text.splitlines():
+        fm = _FUNCTION.search(line)
+        if fm:
+            current = out.setdefault(fm.group(1), [])
+            continue
+        m = _LINE.search(line)
+        if m is None or current is None:
+            continue
+        body = m.group(2).strip()
+        pred = ""
+        if body.startswith("@"):
+            pred, body = body.split(None, 1)
+        opcode, _, operands = body.partition(" ")
+        current.append(Instruction(int(m.group(1), 16), pred, opcode, operands.strip()))
+    return out
+
+
+def loops(instructions: list[Instruction]) -> list[Loop]:
+    """Every backward branch's loop (a branch to itself, padding after the last ``EXIT``, excluded)."""
+    found = set()
+    for ins in instructions:
+        target = ins.branch_target
+        if target is not None and target < ins.address:
+            found.add(Loop(target, ins.address))
+    return sorted(found, key=lambda lp: (lp.start, -lp.end))
+
+
+@dataclass(frozen=True)
+class LoopCost:
+    """Per-trip static counts of one main loop (per warp).
+
+    Attributes:
+        loop: the main loop. per_tile: instructions of one trip outside its sample loops.
+        per_sample: instructions of its sample loops' bodies (each run s times a trip).
+        f64_per_tile, f64_per_sample: float64 instructions among them.
+        mma: matrix instructions of one trip, by opcode (``{"HGMMA.64x16x16.F32.BF16": 16}``).
+        mma_flops_per_warp: their FLOPs per warp. calls: ``CALL`` sites in the body.
+        pipelined: "TMA" (``UTMALDG`` / ``UBLKCP``), "cp.async" (``LDGSTS``) or "no": how the
+            trip's loads reach shared memory.
+        sample_loops, wait_loops: the nested loops, by kind.
+    """
+
+    loop: Loop
+    per_tile: int
+    per_sample: int
+    f64_per_tile: int
+    f64_per_sample: int
+    mma: dict[str, int]
+    mma_flops_per_warp: float
+    calls: int
+    pipelined: str
+    sample_loops: list[Loop] = field(default_factory=list)
+    wait_loops: list[Loop] = field(default_factory=list)
+
+    def instructions(self, samples: int) -> int:
+        """Instructions per warp of one trip at ``samples`` samples."""
+        return self.per_tile + samples * self.per_sample
+
+    @property
+    def mma_instructions(self) -> int:
+        return sum(self.mma.values())
+
+
+@dataclass(frozen=True)
+class SassKernel:
+    """One kernel's SASS read as the module doc says.
+
+    Attributes:
+        name: the function. instructions: all of them. main: the main loop's counts.
+        candidates: every innermost loop holding matrix instructions (``main`` is one).
+        spill_stores, spill_loads: local-memory stores / loads (``STL`` / ``LDL``) anywhere.
+    """
+
+    name: str
+    instructions: list[Instruction]
+    main: LoopCost | None
+    candidates: list[LoopCost]
+    spill_stores: int
+    spill_loads: int
+
+
+def _body(instructions, loop: Loop) -> list[Instruction]:
+    return [i for i in instructions if loop.start <= i.address <= loop.end]
+
+
+def _loop_cost(instructions, loop: Loop, nested: list[Loop]) -> LoopCost:
+    body = _body(instructions, loop)
+    direct = [lp for lp in nested if not any(o.contains(lp) for o in nested)]  # outermost nested ones
+    waits = [lp for lp in direct if len(_body(instructions, lp)) < WAIT_LOOP_MAX
+             and any(i.base in _WAIT_OPS for i in _body(instructions, lp))]
+    samples = [lp for lp in direct if lp not in waits]
+    in_samples = {i.address for lp in samples for i in _body(instructions, lp)}
+    tile = [i for i in body if i.address not in in_samples]
+    sample = [i for i in body if i.address in in_samples]
+    mma: dict[str, int] = {}
+    for i in body:
+        if i.mma_shape is not None:
+            mma[i.opcode] = mma.get(i.opcode, 0) + 1
+    ops = {i.base for i in body}
+    pipelined = "TMA" if ops & {"UTMALDG", "UBLKCP"} else "cp.async" if "LDGSTS" in ops else "no"
+    return LoopCost(loop, len(tile), len(sample), sum(i.is_f64 for i in tile), sum(i.is_f64 for i in sample), mma,
+                    sum(i.mma_flops_per_warp for i in body), sum(i.base == "CALL" for i in body), pipelined,
+                    samples, waits)
+
+
+def analyse(name: str, instructions: list[Instruction]) -> SassKernel:
+    """The main loop and its counts (module doc)."""
+    all_loops = loops(instructions)
+    with_mma = [lp for lp in all_loops if any(i.mma_shape for i in _body(instructions, lp))]
+    innermost = [lp for lp in with_mma if not any(lp.contains(o) for o in with_mma)]
+    candidates = [_loop_cost(instructions, lp, [o for o in all_loops if lp.contains(o)]) for lp in innermost]
+    main = max(candidates, key=lambda c: (c.per_tile + c.per_sample, c.loop.start), default=None)
+    return SassKernel(name, instructions, main, candidates, sum(i.base == "STL" for i in instructions),
+                      sum(i.base == "LDL" for i in instructions))
+
+
+# -- the Triton IR's products ------------------------------------------------------------------
+
+_DOT = re.compile(r"=\s*tt\.dot\s.*?:\s*tensor<(\d+)x(\d+)x\w+>\s*\*\s*tensor<(\d+)x(\d+)x\w+>")
+
+
+def dot_flops_per_trip(ttir: str) -> float:
+    """FLOPs (``2 M N K`` each) of the ``tt.dot`` products of the IR's loop that holds them
+    (the ``scf.for`` holding the most, directly); the products outside any loop when none does."""
+    stack: list[int | None] = []  # per open region: the id of an scf.for, None for any other region
+    per_loop: dict[int | None, float] = {}
+    loop_id = 0
+    for line in ttir.splitlines():
+        m = _DOT.search(line)
+        if m:
+            M, K, K2, N = (int(x) for x in m.groups())
+            if K != K2:
+                raise ValueError(f"tt.dot with mismatched inner dims: {line.strip()}")
+            owner = next((x for x in reversed(stack) if x is not None), None)
+            per_loop[owner] = per_loop.get(owner, 0.0) + 2.0 * M * N * K
+        net = line.count("{") - line.count("}")
+        if net > 0:
+            for _ in range(net):
+                if "scf.for" in line:
+                    loop_id += 1
+                    stack.append(loop_id)
+                else:
+                    stack.append(None)
+        elif net < 0:
+            del stack[net:]
+    loops_only = {k: v for k, v in per_loop.items() if k is not None}
+    if loops_only:
+        return max(loops_only.values())
+    return per_loop.get(None, 0.0)
+
+
+# -- tools -----------------------------------------------------------------------------------------
+
+
+def cuobjdump_path() -> Path | None:
+    """``cuobjdump`` of Triton's NVIDIA backend, None where that backend or the tool is missing."""
+    try:
+        import triton  # noqa: PLC0415
+    except Exception:  # noqa: BLE001 (a missing or broken triton: no tool)
+        return None
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return tool if tool.is_file() else None
+
+
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    tool = cuobjdump_path()
+    if tool is None:
+        raise RuntimeError("cuobjdump not found: it ships with Triton's NVIDIA backend (pip install 'triton>=3.6')")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        return subprocess.run([str(tool), flag, str(path)], capture_output=True, text=True, check=True).stdout
+
+
+def disassemble(cubin: bytes) -> str:
+    """``cuobjdump -sass`` of a cubin."""
+    return _cuobjdump(cubin, "-sass")
+
+
+def resource_usage(cubin: bytes) -> dict[str, int]:
+    """Registers per thread and local memory (stack, spills) per thread of the cubin's kernel
+    (``cuobjdump -res-usage``)."""
+    text = _cuobjdump(cubin, "-res-usage")
+    num = lambda key: int(re.search(rf"\b{key}:(\d+)", text).group(1))  # noqa: E731
+    return {"regs": num("REG"), "local": num("LOCAL")}
