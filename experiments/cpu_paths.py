@@ -97,7 +97,7 @@ def variants(qemu_models: list[str]) -> list[tuple[str, dict[str, str], list[str
 
 def run_probe(overrides: dict[str, str], prefix: list[str]) -> tuple[dict, float]:
     env = {k: v for k, v in os.environ.items() if k not in PINNED_CPU_ENV}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **overrides)
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **overrides})
     t0 = time.time()
     done = subprocess.run([*prefix, sys.executable, __file__, "--probe"], env=env, capture_output=True, text=True,
                           check=True)
