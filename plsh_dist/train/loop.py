@@ -302,9 +302,26 @@ def _resume(cfg: RunConfig, engine, data: DataPipeline, resume: tuple[Path, str]
         start_step = int(state["step"])
         if resume[0].resolve() == checkpoint_root(cfg.run.out_dir).resolve():
             valid_tags.add(resume[1])  # its manifest was just checked
+        _set_lr_of_next_step(engine)
     # Replay exactly the batches a continuous run would see.
     data.skip_to(start_step * cfg.optim.grad_accum_steps)
     return start_step, valid_tags
+
+
+def _set_lr_of_next_step(engine) -> None:
+    """After loading a checkpoint: the next step trains at this config's rate for it.
+
+    The restored optimizer holds the rate the checkpoint's scheduler set for that
+    step; when the resumed config's schedule differs there (resume_check.py lets it
+    differ only for steps not trained yet), the first resumed step would train at
+    the old rate and the next ones at the new. The rate is the scheduler's own
+    product (base rate x this config's factor at the restored step), so an
+    unchanged schedule gets the very value it restored."""
+    scheduler = engine.lr_scheduler
+    rates = [base * factor(scheduler.last_epoch) for factor, base in zip(scheduler.lr_lambdas, scheduler.base_lrs)]
+    for group, lr in zip(engine.optimizer.param_groups, rates):
+        group["lr"] = lr
+    scheduler._last_lr = rates  # what get_last_lr() reports
 
 
 def _accept(cfg: RunConfig, rank: int, start_step: int, resume: tuple[Path, str] | None,

@@ -4,7 +4,8 @@ A run can be refused before any training for five kinds of input: the
 ``config`` (values, or the parallel layout once the world size is known), the
 ``out_dir`` (another live run holds it, or it cannot be written: run_lock.py),
 the ``data`` (an empty or too small corpus), the ``resume`` choice (a
-checkpoint trained with another model, an unfinished tag) and the
+checkpoint trained with another model or at another sequence length, a
+schedule or step count it cannot continue, an unfinished tag) and the
 ``checkpoint`` itself (damaged, truncated, unsafe). These are the user's to fix, not crashes: the
 launcher prints ``<kind> error: <message>`` once, with no traceback, writes no
 failure file and exits ``EXIT_REFUSED``. Anything else (a bug, out of memory,
