@@ -26,10 +26,11 @@ token loss of the global batch, whatever the layout.
 
 Structure: ``train`` holds the run directory's lock for its whole call
 (rank 0; released however it ends, run_lock.py) around ``setup`` (device,
-process groups, data, model, engine, resume -> ``TrainSession``), then per optimizer step ``train_step``
-(its micro-steps -> ``StepStats``), ``_log_step`` (metrics, periodic
-validation) and ``_save_checkpoint`` (periodic / stop), and at the end
-``_finish`` (final validation, checkpoint, ``_export``).
+process groups, data, model, engine, resume -> ``TrainSession``), then per
+optimizer step ``train_step`` (its micro-steps -> ``StepStats``),
+``_log_step`` (metrics, periodic validation) and ``_save_checkpoint``
+(periodic / stop), and at the end ``_finish`` (final validation,
+checkpoint, ``_export``).
 
 Preemption (``[checkpoint].save_on_signal``, ``preemption.py``): ``train``
 installs a SIGTERM / SIGUSR1 handler that only sets a flag; each rank adds
