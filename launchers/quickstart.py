@@ -6,6 +6,10 @@ bias at 1x, 2x and 4x the train length).
     python launchers/quickstart.py [--fresh] [--section.key=value ...]
 
 Extra ``--section.key=value`` arguments override configs/quickstart.toml.
+A bad config or bad data exits 2 with one ``config error:`` / ``data error:``
+line before anything is replaced. ``--fresh`` (``make quickstart``) then moves
+the previous run in out_dir aside and deletes it only once every step has
+passed; if a step fails, the previous run is kept where the message says.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "configs" / "quickstart.toml"))
     parser.add_argument("--nproc", type=int, default=2, help="processes (SP = 2 needs 2)")
-    parser.add_argument("--fresh", action="store_true", help="delete the run's out_dir first (no resume)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="start a new run (no resume): once the config and data are checked, the previous "
+                             "run in out_dir is moved aside, and deleted when every step has passed")
     args, overrides = parser.parse_known_args()
 
     # One set of CPU code paths (one thread per rank among them) for the ranks and for this
@@ -45,20 +51,38 @@ def main() -> int:
     os.environ.update({k: v for k, v in env.items() if k != "PYTHONPATH"})
     from plsh_dist.distributed.ports import free_port
     from plsh_dist.train import load_config
+    from plsh_dist.train.run_dir import set_aside_previous_run
+    from plsh_dist.train.run_lock import live_holder
 
-    cfg = load_config(args.config, overrides)  # fails here, before any work, on a bad config
+    try:
+        cfg = load_config(args.config, overrides)  # fails here, before any work, on a bad config
+    except ValueError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
     out_dir = Path(cfg.run.out_dir)
-    if args.fresh and out_dir.exists():
-        shutil.rmtree(out_dir)
     t0 = time.time()
 
     print("[1/4] corpus, tokenizer and token caches", flush=True)
     from plsh_dist.data import prepare_data
 
-    prepared = prepare_data(cfg.data, cfg.tokenizer)
+    try:
+        prepared = prepare_data(cfg.data, cfg.tokenizer)
+    except ValueError as exc:  # the data package's refusal of bad data, naming the file and the fix
+        print(f"data error: {exc}", file=sys.stderr)
+        return 2
     print(f"      tokenizer {cfg.tokenizer.model_path} (vocab {prepared.tokenizer.vocab_size}); "
           f"train {prepared.train.num_tokens:,} tokens, val {prepared.val.num_tokens if prepared.val else 0:,} tokens "
           f"({time.time() - t0:.0f} s)", flush=True)
+    previous = None
+    if args.fresh:  # checked: replace the previous run, kept aside until every step has passed
+        busy = live_holder(out_dir)
+        if busy is not None:
+            print(f"out_dir error: {busy}", file=sys.stderr)
+            return 2
+        previous = set_aside_previous_run(out_dir)
+        if previous is not None:
+            print(f"      --fresh: previous run moved to {previous}; deleted once every step has passed, "
+                  f"kept if one fails", flush=True)
 
     print(f"[2/4] training with {args.nproc} processes (deepspeed launcher, CPU)", flush=True)
     t1 = time.time()
@@ -67,7 +91,8 @@ def main() -> int:
     print("      " + " ".join(cmd), flush=True)
     rc = subprocess.call(cmd, env=env, cwd=os.getcwd())
     if rc != 0:
-        print(f"training failed (exit {rc})", file=sys.stderr)
+        kept = f"; the previous run is kept at {previous}" if previous is not None else ""
+        print(f"training failed (exit {rc}){kept}", file=sys.stderr)
         return rc
     train_s = time.time() - t1
 
@@ -112,6 +137,9 @@ def main() -> int:
     parts = format_table(extrapolation).split("\n\n")  # [title, table, title, table, ..., long table]
     title = next(i for i, part in enumerate(parts) if part.startswith("**perplexity** (last"))
     print(parts[title] + "\n\n" + parts[title + 1])
+    if previous is not None:
+        shutil.rmtree(previous)
+        print(f"\n--fresh: deleted the previous run ({previous})")
     return 0
 
 

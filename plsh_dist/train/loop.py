@@ -24,11 +24,13 @@ norm equals the non-parallel run's (tested).
 The logged loss is ``sum S / sum N`` all-reduced over the world: the true mean
 token loss of the global batch, whatever the layout.
 
-Structure: ``train`` = ``setup`` (device, process groups, data, model,
-engine, resume -> ``TrainSession``), then per optimizer step ``train_step``
-(its micro-steps -> ``StepStats``), ``_log_step`` (metrics, periodic
-validation) and ``_save_checkpoint`` (periodic / stop), and at the end
-``_finish`` (final validation, checkpoint, ``_export``).
+Structure: ``train`` holds the run directory's lock for its whole call
+(rank 0; released however it ends, run_lock.py) around ``setup`` (device,
+process groups, data, model, engine, resume -> ``TrainSession``), then per
+optimizer step ``train_step`` (its micro-steps -> ``StepStats``),
+``_log_step`` (metrics, periodic validation) and ``_save_checkpoint``
+(periodic / stop), and at the end ``_finish`` (final validation,
+checkpoint, ``_export``).
 
 Preemption (``[checkpoint].save_on_signal``, ``preemption.py``): ``train``
 installs a SIGTERM / SIGUSR1 handler that only sets a flag; each rank adds
@@ -42,10 +44,11 @@ from __future__ import annotations
 import math
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -69,6 +72,8 @@ from plsh_dist.train.optim import build_optimizer, build_scheduler
 from plsh_dist.train.preemption import StopRequest, handle_stop_signals, preempted_line
 from plsh_dist.train.refusal import RunRefused, refusing
 from plsh_dist.train.resume_check import check_resume_config
+from plsh_dist.train.run_dir import set_aside_previous_run
+from plsh_dist.train.run_lock import RunDirLock, claim_out_dir
 from plsh_dist.train.validation import validation_loss
 
 if TYPE_CHECKING:
@@ -199,15 +204,19 @@ class TrainSession:
         return cfg.data.micro_batch_size * cfg.optim.grad_accum_steps * self.dims.dp_size * cfg.data.seq_len
 
 
-def setup(cfg: RunConfig) -> TrainSession:
+def setup(cfg: RunConfig, lock: RunDirLock | None = None) -> TrainSession:
     """Device, process groups, data, model, DeepSpeed engine, resume and logger; collective.
 
     Every check of the user's input comes first and refuses the run
     (``RunRefused``: config, resume choice, data, checkpoint; exit 2) with
     nothing written to ``out_dir``. Once the run is accepted (``_accept``),
-    rank 0 writes the resolved config and sets aside the checkpoints of an
-    abandoned line; then the logger opens metrics.jsonl and the start-up
-    summary is printed.
+    rank 0 moves a previous run aside if this one does not continue it
+    (run_dir.py), writes the resolved config and sets aside the checkpoints
+    of an abandoned line; then the logger opens metrics.jsonl and the
+    start-up summary is printed.
+
+    ``lock``: rank 0's lock of ``out_dir`` (``train`` takes it, run_lock.py),
+    kept when a previous run is moved aside; None elsewhere.
     """
     from plsh_dist.models import AttentionRuntime
 
@@ -238,7 +247,7 @@ def setup(cfg: RunConfig) -> TrainSession:
     runtime = AttentionRuntime(run_seed=cfg.run.seed)
     engine, n_params = _build_engine(cfg, model_cfg, attn_cfg, runtime, sp_group, device)
     start_step, valid_tags = _resume(cfg, engine, data, resume)
-    _accept(cfg, rank, start_step)
+    _accept(cfg, rank, start_step, resume, lock)
 
     log = MetricsLogger(cfg.run.out_dir, enabled=rank == 0, tensorboard=cfg.logging.tensorboard,
                         progress=cfg.logging.progress, total_steps=cfg.run.max_steps, initial_step=start_step)
@@ -294,15 +303,41 @@ def _resume(cfg: RunConfig, engine, data: DataPipeline, resume: tuple[Path, str]
         start_step = int(state["step"])
         if resume[0].resolve() == checkpoint_root(cfg.run.out_dir).resolve():
             valid_tags.add(resume[1])  # its manifest was just checked
+        _set_lr_of_next_step(engine)
     # Replay exactly the batches a continuous run would see.
     data.skip_to(start_step * cfg.optim.grad_accum_steps)
     return start_step, valid_tags
 
 
-def _accept(cfg: RunConfig, rank: int, start_step: int) -> None:
-    """The run is accepted: rank 0 writes its record (the resolved config) and moves the
-    checkpoints newer than ``start_step`` (an abandoned line, checkpoint_line.py) aside; collective."""
+def _set_lr_of_next_step(engine) -> None:
+    """After loading a checkpoint: the next step trains at this config's rate for it.
+
+    The restored optimizer holds the rate the checkpoint's scheduler set for that
+    step; when the resumed config's schedule differs there (resume_check.py lets it
+    differ only for steps not trained yet), the first resumed step would train at
+    the old rate and the next ones at the new. The rate is the scheduler's own
+    product (base rate x this config's factor at the restored step), so an
+    unchanged schedule gets the very value it restored."""
+    scheduler = engine.lr_scheduler
+    rates = [base * factor(scheduler.last_epoch) for factor, base in zip(scheduler.lr_lambdas, scheduler.base_lrs)]
+    for group, lr in zip(engine.optimizer.param_groups, rates):
+        group["lr"] = lr
+    scheduler._last_lr = rates  # what get_last_lr() reports
+
+
+def _accept(cfg: RunConfig, rank: int, start_step: int, resume: tuple[Path, str] | None,
+            lock: RunDirLock | None) -> None:
+    """The run is accepted: rank 0 moves a previous run aside unless this one continues it
+    from the out_dir's own checkpoints (run_dir.py), writes its record (the resolved config)
+    and moves the checkpoints newer than ``start_step`` (an abandoned line, checkpoint_line.py)
+    aside; collective."""
     if rank == 0:
+        out_dir = Path(cfg.run.out_dir)
+        continues = resume is not None and resume[0].resolve() == checkpoint_root(out_dir).resolve()
+        moved = None if continues else set_aside_previous_run(out_dir, lock)
+        if moved is not None:
+            print(f"plsh_dist: {out_dir} held a previous run and this one starts fresh: moved it, whole and "
+                  f"unchanged, to {moved} (nothing deleted)", flush=True)
         write_resolved(cfg, cfg.run.out_dir)
         set_aside_newer(checkpoint_root(cfg.run.out_dir), start_step, rank)
     dist.barrier()
@@ -477,10 +512,21 @@ def train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainResult:
     they arrive in, when ``[checkpoint].save_on_signal`` (module doc), and set
     ``TrainResult.preempted_at``.
     """
-    with handle_stop_signals(cfg.checkpoint.save_on_signal) as stop:
-        s = setup(cfg)
+    with handle_stop_signals(cfg.checkpoint.save_on_signal) as stop, _holding_out_dir(cfg) as lock:
+        s = setup(cfg, lock)
         s.stop = stop
         return _train_loop(s, stop_after)
+
+
+@contextmanager
+def _holding_out_dir(cfg: RunConfig) -> Iterator[RunDirLock | None]:
+    """Join the process group, then hold ``out_dir``'s lock (rank 0; every rank refuses a busy
+    out_dir, run_lock.py) until the block ends, however it ends; collective."""
+    with refusing("config"):
+        device = resolve_device(cfg.run.device)
+    init_distributed(device, cfg.parallel.timeout_s)
+    with claim_out_dir(cfg.run.out_dir, dist.get_rank()) as lock:
+        yield lock
 
 
 def _train_loop(s: TrainSession, stop_after: int | None) -> TrainResult:

@@ -1,10 +1,12 @@
 """Refusals: the user's input cannot be run as given. One message, exit code 2, nothing written.
 
-A run can be refused before any training for four kinds of input: the
+A run can be refused before any training for five kinds of input: the
 ``config`` (values, or the parallel layout once the world size is known), the
-``data`` (an empty or too small corpus), the ``resume`` choice (a checkpoint
-trained with another model, an unfinished tag) and the ``checkpoint`` itself
-(damaged, truncated, unsafe). These are the user's to fix, not crashes: the
+``out_dir`` (another live run holds it, or it cannot be written: run_lock.py),
+the ``data`` (an empty or too small corpus), the ``resume`` choice (a
+checkpoint trained with another model or at another sequence length, a
+schedule or step count it cannot continue, an unfinished tag) and the
+``checkpoint`` itself (damaged, truncated, unsafe). These are the user's to fix, not crashes: the
 launcher prints ``<kind> error: <message>`` once, with no traceback, writes no
 failure file and exits ``EXIT_REFUSED``. Anything else (a bug, out of memory,
 a lost peer) goes through ``failure.py``: exit 1 with its traceback, or 3.
@@ -29,7 +31,7 @@ from typing import Iterator
 __all__ = ["EXIT_REFUSED", "KINDS", "RunRefused", "refusing", "refusal_message"]
 
 EXIT_REFUSED = 2
-KINDS = ("config", "data", "resume", "checkpoint")
+KINDS = ("config", "out_dir", "data", "resume", "checkpoint")
 
 
 class RunRefused(Exception):

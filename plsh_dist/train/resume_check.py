@@ -1,24 +1,41 @@
-"""A resumed run continues the model its checkpoint trained, or refuses to start.
+"""A resumed run continues the run its checkpoint belongs to, or refuses to start.
 
 Every checkpoint holds the run config as resolved at launch
 (``config.resolved.json``). Before the weights load, the fields that define
 the trained function are compared with the config resuming it: the whole
 ``[model]`` table, ``[attention]`` except the fields that only choose how the
-same estimator is computed (:data:`COMPUTE_ONLY`), ``[data].document_masking``
-and ``[run].seed`` (it seeds the hash masks). A difference is an error naming
-each field, both values and the fix. Without it, a config that leaves a field
-to its default would silently switch estimator mid-run when a default changes
-(for instance ``[attention].num_samples`` or ``sampler``).
+same estimator is computed (:data:`COMPUTE_ONLY`), ``[data].document_masking``,
+``[data].seq_len`` (the length the model was trained at; it also places the
+data the resumed run replays) and ``[run].seed`` (it seeds the hash masks). A
+difference is an error naming each field, both values and the fix. Without
+it, a config that leaves a field to its default would silently switch
+estimator mid-run when a default changes (for instance
+``[attention].num_samples`` or ``sampler``).
+
+Then the steps (``check_resume_steps``): a checkpoint past ``[run].max_steps``
+is refused (a resume cannot take steps back, and the resolved config it writes
+must not claim fewer steps than were trained), and so is a learning-rate
+schedule that gives any step already trained another rate than the
+checkpoint's run gave it: the schedule is fixed by the run. Extending
+``max_steps`` moves the end of the cosine decay with it, so an extension must
+say where the decay ends (``[optim].decay_end``, the run's own end: the new
+steps train at ``min_lr``); the resolved config then describes every step of
+the run, old and new. Until a step past the peak has trained (warmup, then
+the step at the cosine's start) no trained step depends on the end, and
+``max_steps`` may change freely; the first resumed step then trains at the
+new schedule's rate (loop.py sets it after the optimizer state is restored).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from plsh_dist.train.optim import decay_end, lr_at
 from plsh_dist.train.run_config import RunConfig, read_resolved
 
-__all__ = ["COMPUTE_ONLY", "check_resume_config", "trained_differences"]
+__all__ = ["COMPUTE_ONLY", "check_resume_config", "check_resume_steps", "trained_differences"]
 
 #: [attention] fields that may change on resume: same masks and estimator, another way to compute them.
 COMPUTE_ONLY = frozenset({"backend", "method", "chunk_size"})
@@ -34,6 +51,7 @@ def trained_differences(saved: RunConfig, cfg: RunConfig) -> list[tuple[str, Any
             if old.get(key) != new.get(key):
                 diffs.append((f"[{section}].{key}", old.get(key), new.get(key)))
     for label, old, new in (("[data].document_masking", saved.data.document_masking, cfg.data.document_masking),
+                            ("[data].seq_len", saved.data.seq_len, cfg.data.seq_len),
                             ("[run].seed", saved.run.seed, cfg.run.seed)):
         if old != new:
             diffs.append((label, old, new))
@@ -51,6 +69,9 @@ def check_resume_config(cfg: RunConfig, tag_dir: str | Path) -> None:
     saved = read_resolved(tag_dir)
     diffs = trained_differences(saved, cfg)
     if not diffs:
+        step = _trained_steps(tag_dir)
+        if step is not None:
+            check_resume_steps(saved, cfg, step, tag_dir)
         return
     lines = "\n".join(f"  {name}: checkpoint {old!r}, this config {new!r}" for name, old, new in diffs)
     raise ValueError(
@@ -59,3 +80,45 @@ def check_resume_config(cfg: RunConfig, tag_dir: str | Path) -> None:
         "the config takes its current default, which may have changed), or start a fresh run "
         "([checkpoint].resume = \"never\" or another [run].out_dir); to continue the weights under other "
         "settings on purpose, export them (launchers/convert_checkpoint.py) and use [model].init_from.")
+
+
+def _trained_steps(tag_dir: str | Path) -> int | None:
+    """The optimizer steps checkpoint ``tag_dir`` has trained (its trainer_state.json), None if unreadable
+    (the manifest check of ``load_checkpoint`` names a missing or damaged file)."""
+    try:
+        return int(json.loads((Path(tag_dir) / "trainer_state.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_resume_steps(saved: RunConfig, cfg: RunConfig, step: int, tag_dir: str | Path) -> None:
+    """Raise ValueError if ``cfg`` cannot continue checkpoint ``tag_dir`` (of a run configured as
+    ``saved``) after its ``step`` trained steps: ``[run].max_steps`` below ``step``, or a learning-rate
+    schedule that changes the rate of a step already trained (module doc)."""
+    max_steps = cfg.run.max_steps
+    if step > max_steps:
+        raise ValueError(
+            f"cannot resume from {tag_dir}: it has trained {step} steps, more than [run].max_steps = {max_steps}; "
+            f"a resume continues a run and cannot take steps back. Set --run.max_steps={step} or more (with "
+            f"{step}, nothing is left to train), resume from an earlier checkpoint (--resume=<out_dir>/checkpoints/"
+            f"step_XXXXXXXX), or start a new run (--resume never)")
+    old_end, new_end = decay_end(saved.optim, saved.run.max_steps), decay_end(cfg.optim, max_steps)
+    changed = next((s for s in range(step)
+                    if lr_at(s, saved.optim, saved.run.max_steps) != lr_at(s, cfg.optim, max_steps)), None)
+    if changed is None:
+        return
+    fields = [(f"[optim].{name}", getattr(saved.optim, name), getattr(cfg.optim, name))
+              for name in ("lr", "min_lr", "warmup_steps") if getattr(saved.optim, name) != getattr(cfg.optim, name)]
+    if old_end != new_end:
+        fields.append(("end of the decay ([optim].decay_end, or [run].max_steps when decay_end = 0)", old_end,
+                       new_end))
+    lines = "\n".join(f"  {name}: checkpoint {old!r}, this config {new!r}" for name, old, new in fields)
+    fix = ("Set these to the checkpoint's values" if len(fields) > 1 or old_end == new_end else
+           f"To train on past step {old_end} at min_lr = {cfg.optim.min_lr:g} (the run's schedule continued), add "
+           f"--optim.decay_end={old_end}")
+    raise ValueError(
+        f"cannot resume from {tag_dir}: this config's learning-rate schedule gives step {changed + 1}, already "
+        f"trained, the rate {lr_at(changed, cfg.optim, max_steps):.4g} instead of the run's "
+        f"{lr_at(changed, saved.optim, saved.run.max_steps):.4g}; a resume keeps the schedule of the run\n{lines}\n"
+        f"{fix}. For a new schedule, start a new run from these weights (export them with "
+        f"launchers/convert_checkpoint.py, then set [model].init_from).")

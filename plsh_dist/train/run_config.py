@@ -120,6 +120,12 @@ class OptimSection:
     """Max global gradient norm; 0 disables clipping."""
     grad_accum_steps: int = 1
     """Micro-batches accumulated per optimizer step."""
+    decay_end: int = 0
+    """Optimizer step at which the cosine decay reaches min_lr (flat at min_lr
+    after it); 0 = [run].max_steps. A resume keeps the rate of every step
+    already trained, so training a run on past its planned end needs this set
+    to the run's own end: ``--run.max_steps=200 --optim.decay_end=40`` trains
+    steps 41..200 at min_lr (docs/training.md, "Resume")."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "optim")
@@ -133,7 +139,7 @@ class OptimSection:
         if self.weight_decay < 0 or self.eps <= 0 or self.grad_clip < 0:
             raise ValueError("[optim]: weight_decay and grad_clip must be >= 0 and eps > 0")
         _positive("optim", self, "grad_accum_steps")
-        _positive("optim", self, "warmup_steps", allow_zero=True)
+        _positive("optim", self, "warmup_steps", "decay_end", allow_zero=True)
 
 
 @dataclass

@@ -37,8 +37,9 @@ _TIMEOUT_S = 300
 
 
 def _launch(tiny_data, tmp_path: Path, out: Path, name: str, *extra: str, fault: str | None = None) -> Finished:
+    # Planned for 5 steps, run on to 7: the decay ends at step 5 (a resume keeps the run's schedule).
     overrides = base_overrides(tiny_data, out, "--checkpoint.every_steps=1", "--checkpoint.keep_last=2",
-                               "--logging.eval_batches=0", *extra)
+                               "--logging.eval_batches=0", "--optim.decay_end=5", *extra)
     cmd = [sys.executable, str(PRETRAIN), "--config", str(empty_config(tmp_path)), *overrides]
     return run(cmd, launcher_env(**({"PLSH_FAULT": fault} if fault else {})), tmp_path / "logs", name, _TIMEOUT_S)
 

@@ -135,6 +135,7 @@ def test_signal_mid_run_checkpoints_exits_75_and_resumes_exactly(tiny_data, tmp_
     assert complete_tags(out / "checkpoints") == [tag_for_step(step)]
     assert (out / "checkpoints" / "latest").read_text() == tag_for_step(step)
     assert sorted(_step_metrics(out)) == list(range(1, step + 1))  # it stopped right after that step
+    assert not (out / "run.lock").exists()  # exit 75 released the run directory's lock
 
     resumed = run(_cmd(launcher, tiny_data, out, "--checkpoint.resume=auto"), launcher_env(), tmp_path / "logs",
                   "resumed", _LAUNCH_TIMEOUT_S)

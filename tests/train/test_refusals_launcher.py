@@ -106,6 +106,7 @@ def test_a_bug_exits_1_with_its_traceback_and_failure_file(tiny_data, tmp_path):
     assert proc.returncode == 1, text[-3000:]
     assert "rank 0 failed: RuntimeError: injected fault" in text and "Traceback" in text
     assert (out / "failures" / "rank_0.txt").is_file()
+    assert not (out / "run.lock").exists()  # the error left train() through the lock's release
 
 
 @pytest.mark.slow

@@ -11,7 +11,8 @@ import dataclasses
 import pytest
 
 from plsh_dist.train.config import config_from_table, write_resolved
-from plsh_dist.train.resume_check import check_resume_config, trained_differences
+from plsh_dist.train.optim import lr_at
+from plsh_dist.train.resume_check import check_resume_config, check_resume_steps, trained_differences
 
 BASE = {"model": {"preset": "tiny"}, "attention": {"bias": "plsh", "num_samples": 8, "sampler": "iid"}}
 
@@ -48,6 +49,7 @@ def test_compute_only_and_schedule_fields_may_change(tag_dir, change):
     (dict(model={"num_layers": 2}), "[model].num_layers"),
     (dict(data={"document_masking": True}), "[data].document_masking"),
     (dict(run={"seed": 1}), "[run].seed"),
+    (dict(data={"seq_len": 512}), "[data].seq_len"),
 ])
 def test_a_changed_estimator_or_model_is_refused_naming_the_field(tag_dir, change, field):
     with pytest.raises(ValueError) as err:
@@ -78,3 +80,54 @@ def test_differences_list_every_field_with_both_values():
 
 def test_a_checkpoint_without_its_config_is_left_to_the_manifest_check(tmp_path):
     check_resume_config(_cfg(attention={"num_samples": 3}), tmp_path)
+
+
+# --- steps and learning-rate schedule ([run].max_steps, [optim]) ------------------------------------------
+
+RUN_40 = dict(run={"max_steps": 40}, optim={"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 5})
+
+
+def _run_40(**changes):
+    sections = {name: dict(values) for name, values in RUN_40.items()}
+    for name, values in changes.items():
+        sections.setdefault(name, {}).update(values)
+    return _cfg(**sections)
+
+
+def test_a_checkpoint_past_max_steps_is_refused():
+    with pytest.raises(ValueError, match=r"trained 40 steps, more than \[run\].max_steps = 20.*--run.max_steps=40"):
+        check_resume_steps(_run_40(), _run_40(run={"max_steps": 20}), 40, "ck")
+    check_resume_steps(_run_40(), _run_40(), 40, "ck")  # at its end: nothing left to train, accepted
+
+
+def test_extending_past_warmup_needs_the_decay_end_and_then_continues_at_min_lr():
+    saved, longer = _run_40(), _run_40(run={"max_steps": 200})
+    with pytest.raises(ValueError) as err:
+        check_resume_steps(saved, longer, 40, "ck")
+    assert "add --optim.decay_end=40" in str(err.value) and "checkpoint 40, this config 200" in str(err.value)
+    with pytest.raises(ValueError, match="--optim.decay_end=40"):  # stopped half way: the same
+        check_resume_steps(saved, longer, 20, "ck")
+    kept = _run_40(run={"max_steps": 200}, optim={"decay_end": 40})
+    check_resume_steps(saved, kept, 40, "ck")
+    assert [lr_at(s, kept.optim, 200) for s in range(40)] == [lr_at(s, saved.optim, 40) for s in range(40)]
+    assert {lr_at(s, kept.optim, 200) for s in range(40, 200)} == {3e-4}
+
+
+def test_max_steps_may_change_until_a_step_past_the_peak_has_trained():
+    """Warmup 5: steps 1..6 (the 6th at the peak, the cosine's start) do not depend on the decay's end."""
+    check_resume_steps(_run_40(), _run_40(run={"max_steps": 200}), 6, "ck")
+    with pytest.raises(ValueError, match="gives step 7, already trained"):
+        check_resume_steps(_run_40(), _run_40(run={"max_steps": 200}), 7, "ck")
+
+
+def test_a_changed_peak_rate_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"\[optim\].lr: checkpoint 0.003, this config 0.001"):
+        check_resume_steps(_run_40(), _run_40(optim={"lr": 1e-3}), 3, "ck")
+
+
+def test_the_checkpoint_step_comes_from_its_trainer_state(tmp_path):
+    tag = tmp_path / "step_00000040"
+    write_resolved(_run_40(), tag)
+    (tag / "trainer_state.json").write_text('{"step": 40}')
+    with pytest.raises(ValueError, match="--optim.decay_end=40"):
+        check_resume_config(_run_40(run={"max_steps": 200}), tag)
