@@ -42,8 +42,8 @@ def main() -> int:
     args, overrides = parser.parse_known_args()
 
     # One set of CPU code paths (one thread per rank among them) for the ranks and for this
-    # process, which evaluates the checkpoint: the printed figures are the same bits on any
-    # x86-64 CPU with AVX2. Set before torch is imported, which reads them.
+    # process, which evaluates the checkpoint, so that the printed figures agree across x86-64
+    # CPUs (docs/training.md). Set before torch is imported, which reads them.
     from plsh_dist.cpu_paths import pinned_cpu_env
 
     env = dict(pinned_cpu_env(), DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
