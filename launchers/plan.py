@@ -4,6 +4,7 @@
         [--seq-len 32k] [--sp-size 4] [--world-size 8] [--device cuda|cpu] [--per-layer] [--section.key=value ...]
     python launchers/plan.py --config configs/qwen3_0.6b_*.toml --seq-len 8k,32k,128k,1M --table
     python launchers/plan.py --config configs/debug.toml --device cpu --world-size 1 --measure
+    python launchers/plan.py --config configs/debug.toml --device cpu --world-size 2 [--cpu-memory-gib 64] [--nodes 1]
 
 Several configs or lengths print one markdown table row each (``--table``
 forces the table for one). ``--measure`` (CPU, one process) also runs two
