@@ -70,8 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from plsh_dist.eval.extrapolation import EvalSettings, evaluate_checkpoint, format_table
+    from plsh_dist.writable import check_writable_dir
 
     try:
+        check_writable_dir(args.out, "--out")  # before the evaluation: its results must have somewhere to go
         lengths = _ints(args.lengths, "--lengths")
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         scorings = [s.strip() for s in args.scoring.split(",") if s.strip()]

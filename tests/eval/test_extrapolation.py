@@ -259,3 +259,23 @@ def test_document_masking_scores_each_document_on_its_own(tiny):
                 losses.append(F.cross_entropy(logits.double(), w[a + 1:b + 1], reduction="none"))
     assert masked["loss_mean"] == pytest.approx(torch.cat(losses).mean().item(), **METRIC_TOL)
     assert abs(masked["loss_mean"] - plain["loss_mean"]) > 1e-6
+
+
+def test_evaluate_launcher_refuses_an_unwritable_out_before_evaluating(tiny, tmp_path):
+    """launchers/evaluate.py checks --out first: exit 2 naming it, no evaluation lost."""
+    import subprocess
+    import sys
+
+    from tests.unwritable import unwritable_dir
+
+    root = Path(__file__).resolve().parents[2]
+    with unwritable_dir(tmp_path / "ro") as ro:
+        done = subprocess.run([sys.executable, str(root / "launchers" / "evaluate.py"), "--checkpoint",
+                               str(tiny.export), "--lengths", "16,32", "--modes", "alibi", "--max-windows", "2",
+                               "--out", str(ro / "eval"), "--no-progress"],
+                              capture_output=True, text=True, timeout=120, cwd=root,
+                              env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.startswith(f"evaluate: error: --out = {str(ro / 'eval')!r} would be created in "
+                                  f"{str(ro)!r}, not writable"), done.stderr
+    assert done.stdout == "" and "Traceback" not in done.stderr

@@ -260,3 +260,35 @@ def test_launcher_exits_2_and_writes_nothing(tmp_path, overrides, expected):
     assert proc.returncode == 2, proc.stderr
     assert "config error: " in proc.stderr and expected in proc.stderr
     assert not out.exists() and list(tmp_path.iterdir()) == []  # no corpus, cache, tokenizer or output
+
+
+
+@pytest.mark.parametrize("where", ["existing-file", "unwritable-dir"])
+def test_launcher_refuses_an_out_dir_it_cannot_write(tmp_path, where):
+    """An out_dir that is a file or cannot be written (read-only filesystem, permissions): exit 2 before any
+    work, one message naming [run].out_dir, nothing written (the cases: tests/test_writable.py)."""
+    from tests.unwritable import unwritable_dir
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+
+    def launch():
+        return subprocess.run(
+            [sys.executable, str(ROOT / "launchers" / "pretrain.py"), "--config",
+             str(ROOT / "configs" / "quickstart.toml"), f"--run.out_dir={out}", "--local_rank=0"],
+            capture_output=True, text=True, timeout=120, cwd=work,
+            env={**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
+
+    if where == "existing-file":
+        out.write_text("a file\n")
+        proc = launch()
+        expected = "is an existing file, not a directory; choose another [run].out_dir"
+    else:
+        with unwritable_dir(out):
+            proc = launch()
+        expected = "is not writable (a read-only filesystem or no permission); choose another [run].out_dir"
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.startswith(f"config error: [run].out_dir = {str(out)!r} ") and expected in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert list(work.iterdir()) == []  # no corpus, cache or tokenizer either
+    assert out.is_file() or list(out.iterdir()) == []
