@@ -45,7 +45,7 @@ import torch
 
 from plsh_dist.data import Tokenizer
 from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig, model_with_weights
-from plsh_dist.models.hf_config import MODEL_TYPES, check_against_run, read_safetensors_dir
+from plsh_dist.models.hf_config import MODEL_TYPES, check_against_run, check_safetensors_dir, read_safetensors_dir
 from plsh_dist.train.checkpoint import complete_tags
 from plsh_dist.train.checkpoint_io import safe_torch_load
 from plsh_dist.train.run_config import RunConfig, read_resolved
@@ -181,7 +181,7 @@ def load_model(path: str | Path, *, tokenizer: str | Path | None = None, attenti
 
 def read_pretrained(path: str | Path, field: str) -> tuple[dict, ModelConfig]:
     """A transformers directory (``save_pretrained``) -> ``(its config.json, its ModelConfig)``,
-    weights present (safetensors only) but not read. ``field`` names the setting in errors."""
+    weights present (safetensors only, headers intact) but not read. ``field`` names the setting in errors."""
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"{field} = {str(path)!r} is not a directory; point it at a model saved by transformers "
@@ -195,8 +195,7 @@ def read_pretrained(path: str | Path, field: str) -> tuple[dict, ModelConfig]:
     except ValueError as exc:
         raise ValueError(f"{cfg_file} is not valid JSON ({exc})") from None
     source = ModelConfig.from_hf_config(hf, source=str(cfg_file))
-    if not _has_safetensors(path):
-        read_safetensors_dir(path, what=f"{field} =")  # raises the pickle or no-weights message
+    check_safetensors_dir(path, what=f"{field} =")  # present, safetensors, not truncated
     return hf, source
 
 

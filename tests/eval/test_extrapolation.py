@@ -279,3 +279,25 @@ def test_evaluate_launcher_refuses_an_unwritable_out_before_evaluating(tiny, tmp
     assert done.stderr.startswith(f"evaluate: error: --out = {str(ro / 'eval')!r} would be created in "
                                   f"{str(ro)!r}, not writable"), done.stderr
     assert done.stdout == "" and "Traceback" not in done.stderr
+
+
+def test_truncated_export_is_named_by_generate_and_evaluate(tiny, tmp_path):
+    """A truncated model.safetensors (an interrupted copy, a full disk): both launchers exit 2 naming it."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    export = tmp_path / "final"
+    shutil.copytree(tiny.export, export)
+    weights = export / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    for launcher, args in [("generate.py", ["--prompt", "x"]),
+                           ("evaluate.py", ["--lengths", "16", "--modes", "alibi", "--out", str(tmp_path / "eval")])]:
+        done = subprocess.run([sys.executable, str(root / "launchers" / launcher), "--checkpoint", str(export), *args],
+                              capture_output=True, text=True, timeout=120, cwd=root, env=env)
+        assert done.returncode == 2, (launcher, done.stderr[-3000:])
+        name = launcher.removesuffix(".py")
+        assert done.stderr.startswith(f"{name}: error: {weights} is damaged or truncated ("), done.stderr
+        assert "Traceback" not in done.stderr
+    assert not (tmp_path / "eval").exists()
