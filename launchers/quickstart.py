@@ -43,7 +43,11 @@ def main() -> int:
     from plsh_dist.distributed.ports import free_port
     from plsh_dist.train import load_config
 
-    cfg = load_config(args.config, overrides)  # fails here, before any work, on a bad config
+    try:
+        cfg = load_config(args.config, overrides)  # fails here, before any work, on a bad config
+    except ValueError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
     out_dir = Path(cfg.run.out_dir)
     if args.fresh and out_dir.exists():
         shutil.rmtree(out_dir)
@@ -52,7 +56,11 @@ def main() -> int:
     print("[1/4] corpus, tokenizer and token caches", flush=True)
     from plsh_dist.data import prepare_data
 
-    prepared = prepare_data(cfg.data, cfg.tokenizer)
+    try:
+        prepared = prepare_data(cfg.data, cfg.tokenizer)
+    except ValueError as exc:  # an empty, binary or too small corpus: the user's to fix
+        print(f"data error: {exc}", file=sys.stderr)
+        return 2
     print(f"      tokenizer {cfg.tokenizer.model_path} (vocab {prepared.tokenizer.vocab_size}); "
           f"train {prepared.train.num_tokens:,} tokens, val {prepared.val.num_tokens if prepared.val else 0:,} tokens "
           f"({time.time() - t0:.0f} s)", flush=True)
