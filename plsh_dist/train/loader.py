@@ -83,12 +83,22 @@ def _has_safetensors(p: Path) -> bool:
     return (p / "model.safetensors").is_file() or (p / "model.safetensors.index.json").is_file()
 
 
+def _what_exists(missing: Path) -> str:
+    """The fix for a missing checkpoint path: the tags that do exist beside it (a tag pruned by
+    [checkpoint].keep_last, a typo), else the kinds of path accepted."""
+    tags = complete_tags(missing.parent)
+    if tags:
+        run = missing.parent.parent
+        return (f"the checkpoints in {missing.parent} are {', '.join(tags)} ([checkpoint].keep_last prunes older "
+                f"ones); pass one of them, or the run directory {run} (its final/ export or newest checkpoint)")
+    return "pass a run directory (out_dir), its final/ export or a checkpoints/step_XXXXXXXX directory"
+
+
 def locate(path: str | Path) -> tuple[Path, str]:
     """``path`` -> ``(directory holding the weights, kind)``, kind ``"export"`` or ``"deepspeed"``."""
     p = Path(path)
     if not p.exists():
-        raise ValueError(f"checkpoint {str(p)!r} does not exist; pass a run directory (out_dir), its final/ "
-                         f"export or a checkpoints/step_XXXXXXXX directory")
+        raise ValueError(f"checkpoint {str(p)!r} does not exist; {_what_exists(p)}")
     if _has_safetensors(p):
         return p, "export"
     if (p / _DS_MODEL_FILE).is_file():

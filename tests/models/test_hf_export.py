@@ -249,3 +249,22 @@ def test_converter_rewrites_deepspeed_tags_and_old_exports(corpus, tmp_path):
     with torch.no_grad():
         got = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "new"))(input_ids=ids).logits
     assert torch.equal(got, want)
+
+
+def test_converter_names_the_tags_that_exist_when_one_was_pruned(tmp_path):
+    """The README's convert command on a run whose keep_last pruned the tag: exit 2, the existing tags listed."""
+    ckpts = tmp_path / "run" / "checkpoints"
+    for tag in ("step_00000200", "step_00000250"):
+        (ckpts / tag).mkdir(parents=True)
+        (ckpts / tag / "trainer_state.json").write_text("{}")
+    (ckpts / "step_00000300.partial").mkdir()  # not a tag: not offered
+    done = subprocess.run([sys.executable, str(ROOT / "launchers" / "convert_checkpoint.py"), "--checkpoint",
+                           str(ckpts / "step_00000100"), "--out", str(tmp_path / "exports" / "q100")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.startswith(
+        f"convert_checkpoint: error: checkpoint {str(ckpts / 'step_00000100')!r} does not exist; the checkpoints "
+        f"in {ckpts} are step_00000200, step_00000250 ([checkpoint].keep_last prunes older ones); pass one of them, "
+        f"or the run directory {tmp_path / 'run'}"), done.stderr
+    assert not (tmp_path / "exports").exists()
