@@ -24,15 +24,16 @@ venv: $(STAMP)
 # package with its extras.
 # DeepSpeed's CPU communication backend loads its shared-memory op
 # (deepspeed_shm_comm) in every process it starts; not prebuilt, each launch
-# JIT-compiles it into ~/.cache/torch_extensions (about 3 minutes on 2 cores,
+# JIT-compiles it into ~/.cache/torch_extensions (40 s to 3 minutes on 2 cores,
 # again wherever that cache is not kept, and a build killed midway leaves a
 # lock that stalls the next). DS_BUILD_SHM_COMM=1 compiles it once, here, for
 # the CPU accelerator: a deepspeed installed without it is replaced,
 # --no-cache-dir keeps pip from reusing a wheel built without it, and the
-# check after the install fails the recipe if it is still missing.
+# check after the install fails the recipe if it is still missing. The stamp
+# depends on this Makefile too, so an existing .venv gets the op at its next use.
 SHM_OP_CHECK = DS_ACCELERATOR=cpu $(PY) -c "from deepspeed.git_version_info import installed_ops, accelerator_name; \
     assert installed_ops.get('deepspeed_shm_comm') and accelerator_name == 'cpu', 'deepspeed has no prebuilt CPU shm op'"
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet torch==2.13.0
