@@ -123,7 +123,8 @@ def test_launcher_reports_disk_full_during_a_checkpoint(tiny_data, tmp_path):
                           text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-3000:]
     root = checkpoint_root(out)
-    head = f"rank 0 failed: DiskFullError: disk full: no space left to write checkpoint {root / 'step_00000002.partial'}"
+    partial = root / "step_00000002.partial"
+    head = f"rank 0 failed: DiskFullError: disk full: no space left to write checkpoint {partial}"
     assert head in done.stderr
     assert (out / "failures" / "rank_0.txt").read_text().startswith(head)
-    assert complete_tags(root) == [tag_for_step(1)] and not (root / "step_00000002.partial").exists()
+    assert complete_tags(root) == [tag_for_step(1)] and not partial.exists()
