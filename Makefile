@@ -22,12 +22,26 @@ venv: $(STAMP)
 # tests and sm_90 / sm_80 compiles; the CPU torch wheel does not bring it),
 # then deepspeed without build isolation (its setup imports torch), then the
 # package with its extras.
-$(STAMP): pyproject.toml
+# DeepSpeed's CPU communication backend loads its shared-memory op
+# (deepspeed_shm_comm) in every process it starts; not prebuilt, each launch
+# JIT-compiles it into ~/.cache/torch_extensions (40 s to 3 minutes on 2 cores,
+# again wherever that cache is not kept, and a build killed midway leaves a
+# lock that stalls the next). DS_BUILD_SHM_COMM=1 compiles it once, here, for
+# the CPU accelerator: a deepspeed installed without it is replaced,
+# --no-cache-dir keeps pip from reusing a wheel built without it, and the
+# check after the install fails the recipe if it is still missing. The stamp
+# depends on this Makefile too, so an existing .venv gets the op at its next use.
+SHM_OP_CHECK = DS_ACCELERATOR=cpu $(PY) -c "from deepspeed.git_version_info import installed_ops, accelerator_name; \
+    assert installed_ops.get('deepspeed_shm_comm') and accelerator_name == 'cpu', 'deepspeed has no prebuilt CPU shm op'"
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet "triton==3.6.*"
-	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --no-build-isolation "deepspeed>=0.14"
+	$(SHM_OP_CHECK) 2>/dev/null || $(PY) -m pip uninstall --quiet --yes deepspeed
+	DS_ACCELERATOR=cpu DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(PY) -m pip install --quiet --no-cache-dir \
+	    --no-build-isolation "deepspeed>=0.14"
+	$(SHM_OP_CHECK)
 	$(PY) -m pip install --quiet --no-build-isolation -e ".[train,dev]"
 	touch $(STAMP)
 

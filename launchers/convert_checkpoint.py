@@ -1,6 +1,6 @@
 """Write the self-describing export of any checkpoint (for transformers' from_pretrained).
 
-    python launchers/convert_checkpoint.py --checkpoint runs/quickstart/checkpoints/step_00000100 --out exports/q100
+    python launchers/convert_checkpoint.py --checkpoint runs/quickstart/checkpoints/step_00000200 --out exports/q200
     python launchers/convert_checkpoint.py --checkpoint old_runs/x/final --out exports/x     # an older export
 
 --checkpoint: a DeepSpeed tag (ZeRO 0-2), a run directory (its final/ or newest

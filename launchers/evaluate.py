@@ -13,8 +13,7 @@ every length aligned to end at the same tokens, so every cell scores the same
 target tokens (--no-align: windows start at multiples of K instead); each cell
 has a confidence interval over windows (--ci se|bootstrap, --ci-level) and,
 with --reference MODE, the paired perplexity ratio of every mode to MODE.
-Modes: plsh[:s=N][:sigma=X][:sampler=...], alibi, fixed, window:W, none; any
-with :rope=true|false (see plsh_dist/eval/modes.py). --data: omit for the
+Modes: see --modes below (plsh_dist/eval/modes.py). --data: omit for the
 checkpoint's own validation split, else files/globs (comma-separated) or a
 datasets name (owner/name[:config], --split).
 """
@@ -40,12 +39,15 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from plsh_dist.eval.modes import spec_usage
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="run dir, its final/ export, or checkpoints/step_XXXXXXXX")
     p.add_argument("--data", default=None, help="files/globs or a datasets name; default: the checkpoint's val split")
     p.add_argument("--split", default="val", help="split of a datasets name (or of the checkpoint's data)")
     p.add_argument("--lengths", required=True, help="context lengths, e.g. 2048,4096,8192")
-    p.add_argument("--modes", default="plsh:s=8,plsh:s=32,alibi,fixed,window:512,none")
+    p.add_argument("--modes", default="plsh:s=8,plsh:s=32,alibi,fixed,window:512,none",
+                   help=f"comma-separated attention modes: {spec_usage()} (default: %(default)s)")
     p.add_argument("--seeds", default="0,1,2", help="hash seeds of PLSH modes (mean and std over them)")
     p.add_argument("--scoring", default="last", help="last (default), whole or whole,last")
     p.add_argument("--last-tokens", type=int, default=None,
@@ -70,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from plsh_dist.eval.extrapolation import EvalSettings, evaluate_checkpoint, format_table
+    from plsh_dist.writable import check_writable_dir
 
     try:
+        check_writable_dir(args.out, "--out")  # before the evaluation: its results must have somewhere to go
         lengths = _ints(args.lengths, "--lengths")
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         scorings = [s.strip() for s in args.scoring.split(",") if s.strip()]

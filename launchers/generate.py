@@ -5,9 +5,8 @@
         --temperature 0.8 --top-p 0.95
 
 --checkpoint: a run dir, its final/ export or a checkpoints/step_XXXXXXXX tag.
---mode: one of evaluate.py's modes (plsh[:s=N], alibi, fixed, window:W, none,
-any with :rope=true|false); default the trained attention. The text goes to
-stdout, the statistics (tokens/s) to stderr.
+--mode: one of evaluate.py's modes (listed under --mode below); default the
+trained attention. The text goes to stdout, the statistics (tokens/s) to stderr.
 
 Decoding keeps a KV cache (one forward per new token, the logits of a full
 forward); --no-cache re-runs the whole sequence per token instead
@@ -24,13 +23,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 
 
 def main(argv: list[str] | None = None) -> int:
+    from plsh_dist.eval.modes import spec_usage
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="run dir, its final/ export, or checkpoints/step_XXXXXXXX")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", help="file holding the prompt (UTF-8)")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--mode", default=None, help="attention mode (default: the trained one), e.g. plsh:s=16, alibi")
+    p.add_argument("--mode", default=None, help=f"attention mode (default: the trained one), one of: {spec_usage()}")
     p.add_argument("--hash-seed", type=int, default=None, help="seed of the PLSH masks (default: the run's seed)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0)

@@ -46,9 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     from plsh_dist.train.failure import run_reporting_failures
     from plsh_dist.train.preemption import EXIT_PREEMPTED, ignore_stop_signals
     from plsh_dist.train.refusal import EXIT_REFUSED
+    from plsh_dist.writable import check_writable_dir
 
     try:
         cfg = load_config(args.config, overrides)  # the checks that need no process group, before any work
+        check_writable_dir(cfg.run.out_dir, "[run].out_dir")
     except ValueError as exc:
         # Every rank reads the same config and refuses alike: one message per node, from its first rank.
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:

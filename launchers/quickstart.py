@@ -67,7 +67,7 @@ def main() -> int:
 
     try:
         prepared = prepare_data(cfg.data, cfg.tokenizer)
-    except ValueError as exc:  # the data package's refusal of bad data, naming the file and the fix
+    except ValueError as exc:  # an empty, binary or too small corpus: the user's to fix
         print(f"data error: {exc}", file=sys.stderr)
         return 2
     print(f"      tokenizer {cfg.tokenizer.model_path} (vocab {prepared.tokenizer.vocab_size}); "

@@ -5,13 +5,14 @@ whose ``__post_init__`` first calls ``check_field_types(self, "section")``;
 value checks (ranges, choices) follow. A wrong type then fails the same way
 in every section, naming the field, what it got and a valid line to write:
 
-    [optim].lr must be a float, got 'fast' (str); e.g. lr = 0.0003
+    [optim].lr must be a finite float, got 'fast' (str); e.g. lr = 0.0003
 
 Rules (TOML values are what arrives here):
 
 - ``int``: ints only; ``True``/``False`` are refused (Python's bool is an int,
   TOML's is not), and so is ``2.0`` (a float where a count is meant is a typo).
-- ``float``: floats, and ints (converted: ``lr = 1`` means 1.0).
+- ``float``: finite floats, and ints (converted: ``lr = 1`` means 1.0); ``inf`` and
+  ``nan`` are refused: no setting means them, and they fail only later, mid-run.
 - ``bool``: ``true``/``false`` only; neither 1 nor "yes".
 - ``str``: strings only.
 - ``list[str]``: a list (or tuple, converted to a list) of strings.
@@ -23,13 +24,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import types
 import typing
 from typing import Any
 
 __all__ = ["check_field_types", "describe_type", "toml_literal", "did_you_mean"]
 
-_NAMES = {int: "an int", float: "a float", bool: "a bool (true or false)", str: "a string"}
+_NAMES = {int: "an int", float: "a finite float", bool: "a bool (true or false)", str: "a string"}
 # A valid value per type, for fields whose default cannot serve as the example (None).
 _PLACEHOLDERS: dict[Any, Any] = {int: 1, float: 1.0, bool: True, str: "...", list: ["..."]}
 
@@ -86,7 +88,7 @@ def _coerce(value: Any, tp) -> tuple[bool, Any]:
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool), value
     if tp is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         return ok, float(value) if ok else value
     if tp is str:
         return isinstance(value, str), value

@@ -251,7 +251,8 @@ def train_tokenizer(
 
 
 def load_or_train_tokenizer(model_path: str | os.PathLike, train_inputs, vocab_size: int = 8192, **kwargs) -> Tokenizer:
-    """Load ``model_path`` if it exists, else train it from ``train_inputs`` (quickstart path).
+    """Load ``model_path`` if it exists, else train it from ``train_inputs`` (quickstart path),
+    saying so first: a mistyped path must not pass for the tokenizer meant.
 
     ``model_path`` ends in ``.model``; extra kwargs go to ``train_tokenizer``.
     """
@@ -263,4 +264,7 @@ def load_or_train_tokenizer(model_path: str | os.PathLike, train_inputs, vocab_s
         if tok.vocab_size != vocab_size:
             logger.warning("tokenizer %s has vocab %d, config asks %d; using the file", model_path, tok.vocab_size, vocab_size)
         return tok
+    logger.warning("tokenizer %s does not exist: training a new %d-piece tokenizer there from the training data "
+                   "(the run's token ids come from it; to use an existing tokenizer, point [tokenizer].model_path "
+                   "at its .model file)", model_path, vocab_size)
     return train_tokenizer(train_inputs, model_path.with_suffix(""), vocab_size, **kwargs)

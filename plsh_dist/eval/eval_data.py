@@ -23,6 +23,9 @@ _FILE_SUFFIXES = (".txt", ".py", ".md", ".json", ".jsonl", ".parquet", ".gz", ".
 def _source_of(ck: LoadedCheckpoint, data: str | None, split: str) -> tuple[Source, str]:
     cfg = ck.run_config.data
     if data is None:
+        if ck.run_config_file is None:
+            raise ValueError(f"{ck.path} has no config.resolved.json, so the data its model was trained on is "
+                             f"unknown; pass --data PATH (files/globs) or a datasets name")
         sources = data_sources(cfg)
         if split in sources:
             return sources[split], f"the checkpoint's {split} split"

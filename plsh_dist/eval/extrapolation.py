@@ -213,7 +213,8 @@ def evaluate_checkpoint(checkpoint: str | Path, settings: EvalSettings, out_dir:
         "checkpoint": str(ck.path),
         "data": data_desc,
         "data_tokens": int(len(tokens)),
-        "trained": {"seq_len": ck.run_config.data.seq_len, "attention": ck.trained_attention.to_dict(),
+        "trained": {"seq_len": ck.run_config.data.seq_len if ck.run_config_file else None,  # None: not recorded
+                    "attention": ck.trained_attention.to_dict(),
                     "model": ck.model_cfg.to_dict()},
         "lengths": list(st.lengths),
         "document_masking": bool(st.document_masking),

@@ -27,7 +27,7 @@ from typing import Any
 from plsh_dist.models import AttentionConfig
 from plsh_dist.models.modes import MODES
 
-__all__ = ["EvalMode", "parse_modes", "attention_for"]
+__all__ = ["EvalMode", "parse_modes", "attention_for", "spec_usage"]
 
 #: spec name -> AttentionConfig.bias (the vocabulary is :data:`plsh_dist.models.modes.MODES`)
 _BIAS_OF = {name: m.bias for m in MODES.values() for name in (m.spec, *m.aliases)}
@@ -36,6 +36,27 @@ _OPTION_FIELD = {"s": "num_samples", "num_samples": "num_samples", "sigma": "sig
                  "w": "window", "window": "window", "rope": "rope", "chunk": "chunk_size", "c": "truncate_c"}
 _INT_FIELDS = ("num_samples", "window", "chunk_size")
 _VALID_OPTIONS = {m.bias: m.options for m in MODES.values()}
+#: What a usage line shows for an option's value.
+_OPTION_VALUE = {"s": "N", "num_samples": "N", "sigma": "X", "sampler": "NAME", "w": "W", "window": "W",
+                 "rope": "true|false", "chunk": "N", "c": "X"}
+
+
+def spec_usage() -> str:
+    """Every mode's spec form, generated from the registry (:data:`MODES`), for ``--help`` texts:
+    ``"none, alibi[:sigma=X][:chunk=N], ..., window:W[:sigma=X][:chunk=N], ...; any with :rope=true|false"``.
+    Each option is shown once, under its first name (``s``, not ``num_samples``)."""
+    forms = []
+    for mode in MODES.values():
+        form, shown = mode.spec, {"rope"}
+        if mode.bias == "window":  # its width is positional and required: "window:512"
+            form, shown = form + ":W", shown | {"window"}
+        for option in mode.options:
+            field = _OPTION_FIELD[option]
+            if option not in shown and field not in shown:
+                form += f"[:{option}={_OPTION_VALUE[option]}]"
+                shown.add(field)
+        forms.append(form)
+    return ", ".join(forms) + "; any with :rope=true|false"
 
 
 @dataclass(frozen=True)

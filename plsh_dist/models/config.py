@@ -128,9 +128,10 @@ class AttentionConfig:
                 f"got {self.num_samples!r}; e.g. num_samples = 8"
             )
         if self.sigma is not None:
-            if isinstance(self.sigma, bool) or not isinstance(self.sigma, (int, float)) or not self.sigma > 0:
+            if isinstance(self.sigma, bool) or not isinstance(self.sigma, (int, float)) or not (
+                    self.sigma > 0 and math.isfinite(self.sigma)):
                 raise ValueError(
-                    f"attention.sigma must be a float > 0 (a kernel scale in tokens), got {self.sigma!r}; "
+                    f"attention.sigma must be a finite float > 0 (a kernel scale in tokens), got {self.sigma!r}; "
                     f"e.g. sigma = 256.0 (the paper's), or leave sigma out for per-head 1/alibi_slope"
                 )
             self.sigma = float(self.sigma)

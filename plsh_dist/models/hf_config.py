@@ -51,7 +51,8 @@ from plsh_dist.models.runtime import AttentionRuntime
 
 __all__ = [
     "SECTION", "FORMAT", "CONFIG_CLASSES", "MODEL_CLASSES", "MODEL_TYPES", "PLSH_CONFIG_TYPES",
-    "describe", "read_section", "check_against_run", "read_safetensors_dir", "load_pretrained", "register",
+    "describe", "read_section", "check_against_run", "read_safetensors_dir", "check_safetensors_dir",
+    "load_pretrained", "register",
 ]
 
 #: Key of plsh_dist's section in ``config.json``.
@@ -188,28 +189,22 @@ def read_section(hf: Any, source: str = "config.json") -> tuple[AttentionConfig,
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
-def read_safetensors_dir(directory: str | Path, *, what: str = "weights") -> dict[str, torch.Tensor]:
-    """All tensors of ``directory``'s ``model.safetensors`` (or its sharded
-    ``model.safetensors.index.json``), on the CPU. Pickle files are never
-    opened (unpickling runs arbitrary code): a directory with only those is
-    refused with the conversion to use. ``what`` names the directory in errors."""
-    from safetensors.torch import load_file
-
-    directory = Path(directory)
+def _safetensors_files(directory: Path, what: str) -> list[Path]:
+    """The safetensors files of ``directory``: ``model.safetensors``, or the shards its
+    ``model.safetensors.index.json`` names (``read_safetensors_dir``'s errors otherwise)."""
     single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
     if single.is_file():
-        return load_file(str(single), device="cpu")
+        return [single]
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{index}: not a safetensors index (no weight_map): {exc}") from None
-        state: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(weight_map.values())):
-            if not (directory / shard).is_file():
-                raise ValueError(f"{index} names shard {shard!r}, which is missing from {directory}")
-            state.update(load_file(str(directory / shard), device="cpu"))
-        return state
+        shards = [directory / shard for shard in sorted(set(weight_map.values()))]
+        for shard in shards:
+            if not shard.is_file():
+                raise ValueError(f"{index} names shard {shard.name!r}, which is missing from {directory}")
+        return shards
     pickles = sorted(p.name for p in directory.iterdir() if p.suffix in _PICKLE_SUFFIXES) if directory.is_dir() else []
     if pickles:
         raise ValueError(
@@ -220,6 +215,44 @@ def read_safetensors_dir(directory: str | Path, *, what: str = "weights") -> dic
             f"and point at {directory}-safetensors"
         )
     raise ValueError(f"{what} {directory} has no model.safetensors (or model.safetensors.index.json)")
+
+
+def _damaged(path: Path, exc: Exception) -> ValueError:
+    return ValueError(f"{path} is damaged or truncated ({exc}): copy or export it again (an interrupted copy or a "
+                      f"full disk leaves a short file); a run's export is rewritten from its checkpoints by "
+                      f"launchers/convert_checkpoint.py")
+
+
+def check_safetensors_dir(directory: str | Path, *, what: str = "weights") -> None:
+    """Raise ValueError naming the file when a safetensors file of ``directory`` is missing,
+    damaged or truncated: its header is read and checked against the file's size, the tensors
+    are not loaded (so it is cheap before any work starts)."""
+    from safetensors import SafetensorError, safe_open
+
+    for path in _safetensors_files(Path(directory), what):
+        try:
+            with safe_open(str(path), framework="pt", device="cpu"):
+                pass
+        except (SafetensorError, OSError) as exc:
+            raise _damaged(path, exc) from None
+
+
+def read_safetensors_dir(directory: str | Path, *, what: str = "weights") -> dict[str, torch.Tensor]:
+    """All tensors of ``directory``'s ``model.safetensors`` (or its sharded
+    ``model.safetensors.index.json``), on the CPU. Pickle files are never
+    opened (unpickling runs arbitrary code): a directory with only those is
+    refused with the conversion to use; a damaged or truncated file is named.
+    ``what`` names the directory in errors."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for path in _safetensors_files(Path(directory), what):
+        try:
+            state.update(load_file(str(path), device="cpu"))
+        except (SafetensorError, OSError) as exc:
+            raise _damaged(path, exc) from None
+    return state
 
 
 # --- from_pretrained ------------------------------------------------------------------

@@ -23,7 +23,7 @@ def _loss_name(chunk: int) -> str:
 def fit_line(plan: Plan, device_bytes: int, advice: Advice) -> str:
     """``fits`` / ``does not fit`` with the margin, and the changes that make it fit."""
     peak, budget = plan.memory.peak, HEADROOM * device_bytes
-    where = f"{gib(device_bytes)} {'GPU' if plan.device == 'cuda' else 'CPU memory'}"
+    where = f"{gib(device_bytes)} {'GPU' if plan.device == 'cuda' else 'CPU memory (its share of the machine)'}"
     if peak <= budget:
         return f"FITS: peak {gib(peak)} per rank of {where} ({peak / device_bytes:.0%}; limit {HEADROOM:.0%})"
     head = f"DOES NOT FIT: peak {gib(peak)} per rank > {HEADROOM:.0%} of {where}"

@@ -45,6 +45,7 @@ import torch.distributed as dist
 
 from plsh_dist.train.checkpoint_files import MANIFEST, fsync_dir, verify_manifest, write_manifest, write_text_atomic
 from plsh_dist.train.checkpoint_io import CheckpointLoadError, install_safe_loader
+from plsh_dist.train.disk_full import DiskFullError, free_bytes, is_disk_full, release_frames
 from plsh_dist.train.checkpoint_line import (
     DELETING_SUFFIX, PARTIAL_SUFFIX, checkpoint_root, complete_tags, prune, remove_tag, set_aside_newer, tag_for_step,
     unfinished,
@@ -124,6 +125,8 @@ def save_checkpoint(engine, cfg: RunConfig, step: int, state: dict[str, Any], to
     ranks hash + fsync the files into ``manifest.json``; rank 0 renames the
     directory to ``<tag>``, then replaces ``latest``; then old tags are pruned
     (``checkpoint_line.prune``: the newest ``keep_last`` valid ones stay).
+    A write that fails for lack of space raises ``DiskFullError`` ("disk full",
+    the path named) after removing the unfinished ``<tag>.partial``.
 
     ``valid_tags``: tags this process wrote or verified (the training session
     keeps it across saves so older tags are hashed once); the new tag is added.
@@ -137,24 +140,47 @@ def save_checkpoint(engine, cfg: RunConfig, step: int, state: dict[str, Any], to
         for stale in unfinished(root):  # left by a crash; nobody else writes here now
             shutil.rmtree(stale, ignore_errors=True)
     _barrier()
-    engine.save_checkpoint(str(root), tag=partial.name, client_state={"trainer_state": state}, save_latest=False)
-    maybe_fail("in_checkpoint", step, rank)
-    if rank == 0:
-        write_resolved(cfg, partial)
-        if Path(tokenizer_path).is_file():
-            shutil.copy2(tokenizer_path, partial / "tokenizer.model")
-        (partial / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
-    _barrier()
-    write_manifest(partial)
-    _barrier()
-    if rank == 0:
-        _publish(root, partial, tag)
+    try:
+        engine.save_checkpoint(str(root), tag=partial.name, client_state={"trainer_state": state}, save_latest=False)
+        maybe_fail("in_checkpoint", step, rank)
+        if rank == 0:
+            write_resolved(cfg, partial)
+            if Path(tokenizer_path).is_file():
+                shutil.copy2(tokenizer_path, partial / "tokenizer.model")
+            (partial / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
+        _barrier()
+        write_manifest(partial)
+        _barrier()
+        if rank == 0:
+            _publish(root, partial, tag)
+    except (OSError, RuntimeError) as exc:
+        if not is_disk_full(exc, root):
+            raise
+        raise _disk_full(root, partial, exc) from exc
     _barrier()
     valid_tags = set() if valid_tags is None else valid_tags
     valid_tags.add(tag)
     prune(root, cfg.checkpoint.keep_last, valid_tags, step)
     _barrier()
     return root / tag
+
+
+def _disk_full(root: Path, partial: Path, exc: BaseException) -> DiskFullError:
+    """The error of a save that ran out of space. The unfinished save is removed first (never
+    published, and a later save would remove it anyway): that frees the space the failure report
+    and the next attempt need. The writer that failed still holds its file open from the frames of
+    ``exc``'s traceback; clearing their locals closes it, so the space is really freed."""
+    free = free_bytes(root)  # when the write failed
+    release_frames(exc)
+    shutil.rmtree(partial, ignore_errors=True)
+    tags = complete_tags(root)
+    kept, again = ((f"the newest complete checkpoint, {root / tags[-1]}, is intact", "it resumes from there")
+                   if tags else ("no earlier checkpoint exists", "it starts again from step 0"))
+    return DiskFullError(
+        f"disk full: no space left to write checkpoint {partial}"
+        + (f" ({free / 2**20:.1f} MiB were free on its filesystem)" if free is not None else "")
+        + f"; the unfinished save was removed and {kept}. Free space there (or move [run].out_dir to a larger "
+        f"disk) and run the same command again: {again}")
 
 
 def _advice(load_dir: Path, tag: str) -> str:

@@ -36,13 +36,17 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``path`` so that readers see the old content or the new, never a mix."""
+    """Write ``path`` so that readers see the old content or the new, never a mix (nor an empty file)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # e.g. a full disk: no half-written file left behind
+        raise
     fsync_dir(path.parent)
 
 

@@ -100,6 +100,10 @@ def export_loaded(ck: LoadedCheckpoint, out_dir: str | Path) -> Path:
     """Write the export of ``ck`` (``load_model``'s checkpoint) into ``out_dir``,
     which must be a new or empty directory other than the checkpoint's own."""
     out = Path(out_dir)
+    if ck.run_config_file is None:
+        raise ValueError(f"{ck.path} has no config.resolved.json: a new export would record default training "
+                         f"settings as the run's; its config.json already loads with transformers (and "
+                         f"plsh_dist's loader) as it is")
     if out.exists() and (out.resolve() == ck.path.resolve() or any(out.iterdir())):
         raise ValueError(f"--out {out} is the checkpoint itself or not empty; write the export to a new directory")
     return save_export(ck.model, ck.run_config, ck.tokenizer.path, out)

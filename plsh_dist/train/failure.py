@@ -117,9 +117,11 @@ def report_failure(exc: BaseException, rank: int, out_dir: str | Path | None) ->
     banner = "=" * 78
     print(f"{banner}\n{text.rstrip()}\n{banner}", file=sys.stderr, flush=True)
     if failure_dir is not None:
+        from plsh_dist.train.checkpoint_files import write_text_atomic
+
         try:
             failure_dir.mkdir(parents=True, exist_ok=True)
-            (failure_dir / f"rank_{rank}.txt").write_text(text)
+            write_text_atomic(failure_dir / f"rank_{rank}.txt", text)  # the whole report or no file, never empty
         except OSError as write_error:  # a full or read-only disk must not hide the real error
             print(f"rank {rank}: could not write {failure_dir}/rank_{rank}.txt: {write_error}", file=sys.stderr)
     _record_for_torchrun(exc)

@@ -4,7 +4,8 @@ Off unless ``PLSH_FAULT`` is set (the launchers pass the environment on to
 every rank). Format: ``ACTION:RANK:STEP[:WHERE]``
 
 - ACTION: ``kill`` (SIGKILL itself, as the OOM killer or a lost node would),
-  ``raise`` (a ``RuntimeError`` carrying ``PLSH_FAULT``), ``hang`` (sleep
+  ``raise`` (a ``RuntimeError`` carrying ``PLSH_FAULT``), ``enospc`` (an
+  ``OSError`` with errno ENOSPC, as a write to a full disk raises), ``hang`` (sleep
   forever without joining collectives), ``sigterm`` / ``sigusr1`` (send
   itself that signal, as a scheduler preempting the job would, and carry on:
   the preemption tests, see preemption.py);
@@ -25,13 +26,14 @@ Example: ``PLSH_FAULT=kill:1:3`` kills rank 1 right after step 3;
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
 
 __all__ = ["maybe_fail"]
 
-_ACTIONS = ("kill", "raise", "hang", "sigterm", "sigusr1")
+_ACTIONS = ("kill", "raise", "enospc", "hang", "sigterm", "sigusr1")
 _PLACES = ("after_step", "in_checkpoint", "in_prune", "in_set_aside", "in_step")
 
 
@@ -61,5 +63,8 @@ def maybe_fail(where: str, step: int, rank: int) -> None:
         return
     if action == "raise":
         raise RuntimeError(f"injected fault on rank {rank} at step {step} ({where}): PLSH_FAULT={spec}")
+    if action == "enospc":
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected on rank {rank} at step {step}, "
+                                    f"{where}: PLSH_FAULT={spec})")
     while True:  # hang: the other ranks must time out, not wait forever
         time.sleep(3600)

@@ -14,7 +14,12 @@ export, and ``[model].init_from`` (:func:`read_pretrained`). Kinds of path:
   architecture) or loading stops naming both files; an older export whose
   ``config.json`` says plain ``qwen3`` loads with a warning (plain
   transformers would rebuild it with RoPE/SDPA): ``convert_checkpoint.py``
-  rewrites it;
+  rewrites it. Without ``config.resolved.json`` (an export copied without
+  it, or saved again by transformers) the model is rebuilt from
+  ``config.json`` alone, as transformers does: architecture, attention and
+  seed; the run's data and training settings are then unknown
+  (``LoadedCheckpoint.run_config_file`` is None) and what needs them asks for
+  them (evaluation without ``--data``, exported validation, re-exporting);
 - a **run directory** (``out_dir``): its ``final/`` if present, else its
   newest complete DeepSpeed tag;
 - a **DeepSpeed tag** (``out_dir/checkpoints/step_00000100``), ZeRO stage 0-2
@@ -45,10 +50,11 @@ import torch
 
 from plsh_dist.data import Tokenizer
 from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig, model_with_weights
-from plsh_dist.models.hf_config import MODEL_TYPES, check_against_run, read_safetensors_dir
+from plsh_dist.models.hf_config import (MODEL_TYPES, check_against_run, check_safetensors_dir, read_safetensors_dir,
+                                        read_section)
 from plsh_dist.train.checkpoint import complete_tags
 from plsh_dist.train.checkpoint_io import safe_torch_load
-from plsh_dist.train.run_config import RunConfig, read_resolved
+from plsh_dist.train.run_config import RunConfig, config_from_table, read_resolved
 
 __all__ = ["LoadedCheckpoint", "locate", "load_model", "read_pretrained", "pretrained_weights"]
 
@@ -68,6 +74,9 @@ class LoadedCheckpoint:
     """The directory the weights were read from."""
     kind: str
     """``"export"`` or ``"deepspeed"``."""
+    run_config_file: Path | None = None
+    """The ``config.resolved.json`` ``run_config`` was read from; None when it was rebuilt from an export's
+    ``config.json`` (model, attention and seed only: the data and training sections are defaults)."""
 
     @property
     def model_cfg(self) -> ModelConfig:
@@ -83,12 +92,22 @@ def _has_safetensors(p: Path) -> bool:
     return (p / "model.safetensors").is_file() or (p / "model.safetensors.index.json").is_file()
 
 
+def _what_exists(missing: Path) -> str:
+    """The fix for a missing checkpoint path: the tags that do exist beside it (a tag pruned by
+    [checkpoint].keep_last, a typo), else the kinds of path accepted."""
+    tags = complete_tags(missing.parent)
+    if tags:
+        run = missing.parent.parent
+        return (f"the checkpoints in {missing.parent} are {', '.join(tags)} ([checkpoint].keep_last prunes older "
+                f"ones); pass one of them, or the run directory {run} (its final/ export or newest checkpoint)")
+    return "pass a run directory (out_dir), its final/ export or a checkpoints/step_XXXXXXXX directory"
+
+
 def locate(path: str | Path) -> tuple[Path, str]:
     """``path`` -> ``(directory holding the weights, kind)``, kind ``"export"`` or ``"deepspeed"``."""
     p = Path(path)
     if not p.exists():
-        raise ValueError(f"checkpoint {str(p)!r} does not exist; pass a run directory (out_dir), its final/ "
-                         f"export or a checkpoints/step_XXXXXXXX directory")
+        raise ValueError(f"checkpoint {str(p)!r} does not exist; {_what_exists(p)}")
     if _has_safetensors(p):
         return p, "export"
     if (p / _DS_MODEL_FILE).is_file():
@@ -170,18 +189,46 @@ def load_model(path: str | Path, *, tokenizer: str | Path | None = None, attenti
     or a tokenizer that do not fit the saved config.
     """
     directory, kind = locate(path)
-    cfg = read_resolved(directory)
-    if kind == "export":
-        _check_export_config(directory, cfg)
+    resolved = directory / "config.resolved.json"
+    if kind == "export" and not resolved.is_file():
+        cfg, resolved = _config_from_export(directory), None
+    else:
+        cfg = read_resolved(directory)
+        if kind == "export":
+            _check_export_config(directory, cfg)
     tok = _tokenizer(directory, tokenizer, cfg)
     model = model_with_weights(cfg.model, attention or cfg.attention, AttentionRuntime(run_seed=cfg.run.seed),
                                _weights(directory, kind), source=directory, device=device, dtype=dtype)
-    return LoadedCheckpoint(model, cfg, tok, directory, kind)
+    return LoadedCheckpoint(model, cfg, tok, directory, kind, resolved)
+
+
+def _config_from_export(directory: Path) -> RunConfig:
+    """A run config holding what an export's ``config.json`` states (architecture, attention, the
+    masks' seed; its ``tokenizer.model``), the rest defaults: an export without config.resolved.json."""
+    path = directory / "config.json"
+    if not path.is_file():
+        raise ValueError(f"export {directory} has neither config.resolved.json nor config.json, so the model cannot "
+                         f"be rebuilt; copy them from the run's final/ (or re-export with "
+                         f"launchers/convert_checkpoint.py)")
+    try:
+        table = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); re-export with launchers/convert_checkpoint.py") from None
+    if table.get("model_type") not in MODEL_TYPES:
+        raise ValueError(f"export {directory} has no config.resolved.json and its config.json says model_type "
+                         f"{table.get('model_type')!r}, which does not state the attention the weights were trained "
+                         f"with; copy config.resolved.json from the run, or re-export with "
+                         f"launchers/convert_checkpoint.py")
+    attention, seeds = read_section(table, str(path))
+    model = ModelConfig.from_hf_config(table, source=str(path))
+    return config_from_table({"run": {"seed": seeds["run_seed"]}, "model": model.to_dict(),
+                              "attention": attention.to_dict(),
+                              "tokenizer": {"model_path": str(directory / "tokenizer.model")}}, source=str(path))
 
 
 def read_pretrained(path: str | Path, field: str) -> tuple[dict, ModelConfig]:
     """A transformers directory (``save_pretrained``) -> ``(its config.json, its ModelConfig)``,
-    weights present (safetensors only) but not read. ``field`` names the setting in errors."""
+    weights present (safetensors only, headers intact) but not read. ``field`` names the setting in errors."""
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"{field} = {str(path)!r} is not a directory; point it at a model saved by transformers "
@@ -195,8 +242,7 @@ def read_pretrained(path: str | Path, field: str) -> tuple[dict, ModelConfig]:
     except ValueError as exc:
         raise ValueError(f"{cfg_file} is not valid JSON ({exc})") from None
     source = ModelConfig.from_hf_config(hf, source=str(cfg_file))
-    if not _has_safetensors(path):
-        read_safetensors_dir(path, what=f"{field} =")  # raises the pickle or no-weights message
+    check_safetensors_dir(path, what=f"{field} =")  # present, safetensors, not truncated
     return hf, source
 
 

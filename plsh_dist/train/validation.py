@@ -53,6 +53,9 @@ def exported_validation(directory: str | Path, *, eval_batches: int | None = Non
     from plsh_dist.models import get_runtime
 
     ck = load_model(directory, attention=attn_cfg)
+    if ck.run_config_file is None:
+        raise ValueError(f"{ck.path} has no config.resolved.json: the run's validation data and batches are unknown; "
+                         f"evaluate it on given data with launchers/evaluate.py --data PATH")
     model, cfg = ck.model, ck.run_config
     prepared = prepare_data(cfg.data, cfg.tokenizer)
     stream = prepared.val if prepared.val is not None else prepared.train

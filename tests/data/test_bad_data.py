@@ -163,3 +163,28 @@ def test_report_round_trips_and_reads_old_reports():
     assert BadDataReport.from_dict(report.to_dict()) == report
     old = {"kept": 2, "counts": {"empty": 1}, "examples": {"empty": ["r 1"]}}  # written before files_read existed
     assert BadDataReport.from_dict(old) == BadDataReport(kept=2, counts={"empty": 1}, examples={"empty": ["r 1"]})
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("--data.train_files=['{d}/empty.txt', '{d}/image.txt']", "data error: no usable data file among"),
+    ("--optim.lr=\"fast\"", "config error: [optim].lr must be a finite float, got 'fast' (str)"),
+], ids=["empty-and-binary-corpus", "bad-config"])
+def test_quickstart_refuses_bad_data_and_config_with_exit_2(messy, tmp_path, override, expected):
+    """launchers/quickstart.py: one message and exit 2, no traceback, no training started."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, str(root / "launchers" / "quickstart.py"), override.format(d=messy),
+         f"--data.cache_dir={tmp_path / 'cache'}", f"--tokenizer.model_path={tmp_path / 'tok.model'}",
+         f"--run.out_dir={out}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 2, done.stderr[-3000:]
+    # The last line is the one message (before it, at most the notice that a tokenizer would be trained).
+    assert done.stderr.splitlines()[-1].startswith(expected) and "Traceback" not in done.stderr, done.stderr
+    assert "[2/4] training" not in done.stdout and not out.exists()

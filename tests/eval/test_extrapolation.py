@@ -259,3 +259,45 @@ def test_document_masking_scores_each_document_on_its_own(tiny):
                 losses.append(F.cross_entropy(logits.double(), w[a + 1:b + 1], reduction="none"))
     assert masked["loss_mean"] == pytest.approx(torch.cat(losses).mean().item(), **METRIC_TOL)
     assert abs(masked["loss_mean"] - plain["loss_mean"]) > 1e-6
+
+
+def test_evaluate_launcher_refuses_an_unwritable_out_before_evaluating(tiny, tmp_path):
+    """launchers/evaluate.py checks --out first: exit 2 naming it, no evaluation lost."""
+    import subprocess
+    import sys
+
+    from tests.unwritable import unwritable_dir
+
+    root = Path(__file__).resolve().parents[2]
+    with unwritable_dir(tmp_path / "ro") as ro:
+        done = subprocess.run([sys.executable, str(root / "launchers" / "evaluate.py"), "--checkpoint",
+                               str(tiny.export), "--lengths", "16,32", "--modes", "alibi", "--max-windows", "2",
+                               "--out", str(ro / "eval"), "--no-progress"],
+                              capture_output=True, text=True, timeout=120, cwd=root,
+                              env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.startswith(f"evaluate: error: --out = {str(ro / 'eval')!r} would be created in "
+                                  f"{str(ro)!r}, not writable"), done.stderr
+    assert done.stdout == "" and "Traceback" not in done.stderr
+
+
+def test_truncated_export_is_named_by_generate_and_evaluate(tiny, tmp_path):
+    """A truncated model.safetensors (an interrupted copy, a full disk): both launchers exit 2 naming it."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    export = tmp_path / "final"
+    shutil.copytree(tiny.export, export)
+    weights = export / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    for launcher, args in [("generate.py", ["--prompt", "x"]),
+                           ("evaluate.py", ["--lengths", "16", "--modes", "alibi", "--out", str(tmp_path / "eval")])]:
+        done = subprocess.run([sys.executable, str(root / "launchers" / launcher), "--checkpoint", str(export), *args],
+                              capture_output=True, text=True, timeout=120, cwd=root, env=env)
+        assert done.returncode == 2, (launcher, done.stderr[-3000:])
+        name = launcher.removesuffix(".py")
+        assert done.stderr.startswith(f"{name}: error: {weights} is damaged or truncated ("), done.stderr
+        assert "Traceback" not in done.stderr
+    assert not (tmp_path / "eval").exists()

@@ -126,3 +126,18 @@ def test_sampling_filters():
     g = torch.Generator().manual_seed(0)
     assert {sample_next(logits, temperature=1.0, top_k=2, generator=g) for _ in range(50)} <= {1, 2}
     assert {sample_next(logits, temperature=1.0, top_p=0.5, generator=g) for _ in range(20)} == {1}
+
+
+def test_launcher_text_ends_with_a_newline_before_the_stats_line(exports):
+    """stdout and stderr on one terminal: the statistics line starts a line of its own."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(root / "launchers" / "generate.py"), "--checkpoint",
+                           str(exports["plsh"]), "--prompt", "x = ", "--max-new-tokens", "3", "--no-stop"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stdout
+    assert done.stdout.endswith("\n")
+    text, stats = done.stdout[:-1].rsplit("\n", 1)
+    assert text.startswith("x = ") and stats.startswith("generated 3 tokens in "), done.stdout

@@ -249,3 +249,55 @@ def test_converter_rewrites_deepspeed_tags_and_old_exports(corpus, tmp_path):
     with torch.no_grad():
         got = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "new"))(input_ids=ids).logits
     assert torch.equal(got, want)
+
+
+def test_converter_names_the_tags_that_exist_when_one_was_pruned(tmp_path):
+    """The README's convert command on a run whose keep_last pruned the tag: exit 2, the existing tags listed."""
+    ckpts = tmp_path / "run" / "checkpoints"
+    for tag in ("step_00000200", "step_00000250"):
+        (ckpts / tag).mkdir(parents=True)
+        (ckpts / tag / "trainer_state.json").write_text("{}")
+    (ckpts / "step_00000300.partial").mkdir()  # not a tag: not offered
+    done = subprocess.run([sys.executable, str(ROOT / "launchers" / "convert_checkpoint.py"), "--checkpoint",
+                           str(ckpts / "step_00000100"), "--out", str(tmp_path / "exports" / "q100")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.startswith(
+        f"convert_checkpoint: error: checkpoint {str(ckpts / 'step_00000100')!r} does not exist; the checkpoints "
+        f"in {ckpts} are step_00000200, step_00000250 ([checkpoint].keep_last prunes older ones); pass one of them, "
+        f"or the run directory {tmp_path / 'run'}"), done.stderr
+    assert not (tmp_path / "exports").exists()
+
+
+def test_export_without_resolved_config_loads_from_config_json(corpus, tmp_path):
+    """An export copied without config.resolved.json loads as transformers loads it: architecture,
+    attention and seed from config.json; what needs the run's data asks for it."""
+    from plsh_dist.eval.extrapolation import EvalSettings, evaluate_checkpoint
+
+    full = _export(corpus, tmp_path / "full", attention={"bias": "plsh", "num_samples": 3, "sigma": 6.0,
+                                                         "rope": False}, seed=11)
+    bare = tmp_path / "bare"
+    shutil.copytree(full, bare)
+    (bare / "config.resolved.json").unlink()
+    (bare / "config.resolved.toml").unlink(missing_ok=True)
+    want, got = load_model(full), load_model(bare)
+    assert got.run_config_file is None and want.run_config_file == full / "config.resolved.json"
+    assert got.model_cfg == want.model_cfg and got.trained_attention == want.trained_attention
+    assert got.run_config.run.seed == 11
+    ids = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(got.model(input_ids=ids).logits, want.model(input_ids=ids).logits)
+    settings = EvalSettings([16], "alibi", max_windows=1, progress=False)
+    with pytest.raises(ValueError, match="has no config.resolved.json, so the data its model was trained on is "
+                                         "unknown; pass --data PATH"):
+        evaluate_checkpoint(bare, settings)
+    res = evaluate_checkpoint(bare, EvalSettings([16], "alibi", max_windows=1, progress=False,
+                                                 data=str(corpus / "text.txt")))
+    assert res["trained"]["seq_len"] is None and res["rows"]
+    with pytest.raises(ValueError, match="a new export would record default training settings"):
+        convert_to_export(bare, tmp_path / "again")
+    (bare / "config.json").write_text(json.dumps({**json.loads((bare / "config.json").read_text()),
+                                                  "model_type": "qwen3"}))
+    with pytest.raises(ValueError, match="does not state the attention the weights were trained with"):
+        load_model(bare)

@@ -27,7 +27,9 @@ from plsh_dist.models import (
         (dict(backend="cuda"), "attention.backend"),
         (dict(chunk_size=0), "attention.chunk_size"),
         (dict(truncate_c=0.0), "attention.truncate_c"),
-        (dict(truncate_c=float("inf")), "attention.truncate_c"),
+        (dict(truncate_c=float("inf")), r"\[attention\]\.truncate_c must be a finite float"),
+        (dict(sigma=float("inf")), r"\[attention\]\.sigma must be a finite float"),
+        (dict(sigma=float("nan")), r"\[attention\]\.sigma must be a finite float"),
         (dict(truncate_c="wide"), r"\[attention\]\.truncate_c"),
         (dict(rope="yes"), r"\[attention\]\.rope"),  # the generic type check's wording
     ],

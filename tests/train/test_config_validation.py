@@ -1,7 +1,8 @@
 """Config validation before any work starts: one named test (or parametrized id) per case.
 
 Each error must name the field and the fix. Cases: unknown keys, wrong types
-(every field of every section, from the dataclass annotations), sigma <= 0,
+(every field of every section, from the dataclass annotations; inf and nan
+for every float), sigma <= 0,
 num_samples < 1, heads vs KV heads, world size vs sp_size, seq_len vs sp_size,
 missing data paths, tokenizer vocabulary larger than the model's, bf16 on a
 CPU; and the launcher's exit 2 with nothing written for two of them.
@@ -85,8 +86,9 @@ def _wrong_values(tp) -> list[tuple[str, str, str]]:
         return [('"yes"', "'yes'", "str"), ("1", "1", "int")]
     if base is int:
         return [('"8"', "'8'", "str"), ("true", "True", "bool"), ("1.5", "1.5", "float")]
-    if base is float:
-        return [('"fast"', "'fast'", "str"), ("false", "False", "bool")]
+    if base is float:  # inf and nan too: no setting means them (they would fail mid-run)
+        return [('"fast"', "'fast'", "str"), ("false", "False", "bool"), ("inf", "inf", "float"),
+                ("nan", "nan", "float")]
     if base is str:
         return [("5", "5", "int")]
     if typing.get_origin(base) is list:
@@ -128,10 +130,10 @@ def test_type_check_normalises_ints_to_floats_and_tuples_to_lists():
 # --- value checks -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", ["0.0", "-1.0", "0"], ids=["zero", "negative", "int-zero"])
+@pytest.mark.parametrize("value", ["0.0", "-1.0", "0", "-inf"], ids=["zero", "negative", "int-zero", "-inf"])
 def test_sigma_must_be_positive(value):
     msg = _error([f"--attention.sigma={value}"])
-    assert "attention.sigma must be a float > 0" in msg and "e.g. sigma = 256.0" in msg
+    assert "sigma must be a finite float" in msg and "e.g. sigma = 256.0" in msg
 
 
 def test_num_samples_must_be_at_least_one():
@@ -243,7 +245,10 @@ def test_bf16_with_auto_device_on_cpu_fails_at_train_start():
 @pytest.mark.parametrize("overrides,expected", [
     (["--data.train_files=['no/such/dir/*.txt']"], "[data].train_files: data file pattern 'no/such/dir/*.txt'"),
     (["--deepspeed.precision=bf16"], '[deepspeed].precision = "bf16" needs a GPU but [run].device = "cpu"'),
-], ids=["missing-data-path", "bf16-on-cpu"])
+    (["--attention.sigma=inf"], "[attention].sigma must be a finite float (or left out), got inf (float); "
+                                "e.g. sigma = 256.0"),
+    (["--attention.sigma=nan"], "[attention].sigma must be a finite float (or left out), got nan (float)"),
+], ids=["missing-data-path", "bf16-on-cpu", "sigma-inf", "sigma-nan"])
 def test_launcher_exits_2_and_writes_nothing(tmp_path, overrides, expected):
     out = tmp_path / "never"
     proc = subprocess.run(
@@ -255,3 +260,35 @@ def test_launcher_exits_2_and_writes_nothing(tmp_path, overrides, expected):
     assert proc.returncode == 2, proc.stderr
     assert "config error: " in proc.stderr and expected in proc.stderr
     assert not out.exists() and list(tmp_path.iterdir()) == []  # no corpus, cache, tokenizer or output
+
+
+
+@pytest.mark.parametrize("where", ["existing-file", "unwritable-dir"])
+def test_launcher_refuses_an_out_dir_it_cannot_write(tmp_path, where):
+    """An out_dir that is a file or cannot be written (read-only filesystem, permissions): exit 2 before any
+    work, one message naming [run].out_dir, nothing written (the cases: tests/test_writable.py)."""
+    from tests.unwritable import unwritable_dir
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+
+    def launch():
+        return subprocess.run(
+            [sys.executable, str(ROOT / "launchers" / "pretrain.py"), "--config",
+             str(ROOT / "configs" / "quickstart.toml"), f"--run.out_dir={out}", "--local_rank=0"],
+            capture_output=True, text=True, timeout=120, cwd=work,
+            env={**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
+
+    if where == "existing-file":
+        out.write_text("a file\n")
+        proc = launch()
+        expected = "is an existing file, not a directory; choose another [run].out_dir"
+    else:
+        with unwritable_dir(out):
+            proc = launch()
+        expected = "is not writable (a read-only filesystem or no permission); choose another [run].out_dir"
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.startswith(f"config error: [run].out_dir = {str(out)!r} ") and expected in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert list(work.iterdir()) == []  # no corpus, cache or tokenizer either
+    assert out.is_file() or list(out.iterdir()) == []

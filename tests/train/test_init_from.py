@@ -112,3 +112,28 @@ def test_bad_init_from_is_refused_naming_the_field(tiny_data, tmp_path):
     table = json.loads((tmp_path / "copy" / "config.json").read_text())
     (tmp_path / "copy" / "config.json").write_text(json.dumps({**table, "model_type": "qwen3_plsh"}))
     _cfg(tiny_data, tmp_path / "run", tmp_path / "copy", "--model.hidden_size=96", "--model.num_heads=6")
+
+
+def test_truncated_init_from_weights_exit_2_naming_the_file(tiny_data, tmp_path):
+    """A model.safetensors cut short (an interrupted copy) is refused when the config loads, before any
+    work: the launcher exits 2 naming the file, not a traceback from the model build."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.train.launcher_runs import PRETRAIN, empty_config, launcher_env
+
+    src = tmp_path / "src"
+    _source(src)
+    weights = src / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(PRETRAIN), "--config", str(empty_config(tmp_path)),
+           *base_overrides(tiny_data, out, f"--model.init_from={src}", "--attention.bias=plsh",
+                           "--attention.rope=false", "--attention.num_samples=2", "--model.rope_theta=10000.0")]
+    done = subprocess.run(cmd, env=launcher_env(), capture_output=True, text=True, timeout=120, cwd=os.getcwd())
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.startswith(f"config error: {weights} is damaged or truncated (") and "Traceback" not in \
+        done.stderr
+    assert "copy or export it again" in done.stderr
+    assert not out.exists()

@@ -1,0 +1,73 @@
+"""``launchers/plan.py``'s flags: bad values exit 2 naming the flag and a valid value; on CPU the
+plan counts on the machine's memory, shared by the ranks on it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plsh_dist.plan import machine
+from plsh_dist.plan.machine import MachineMemory, machine_memory
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAN = ROOT / "launchers" / "plan.py"
+CONFIG = "configs/debug.toml"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--seq-len", "0"], "argument --seq-len: '0': a sequence length is at least 1 token; e.g. --seq-len 32k"),
+    (["--seq-len", "8k,0"], "argument --seq-len: '0'"),
+    (["--seq-len", "abc"], "argument --seq-len: 'abc' is not a token count; write e.g. 32768, 32k or 1M"),
+    (["--sp-size", "0"], "argument --sp-size: 0 is not >= 1; e.g. --sp-size 4"),
+    (["--world-size", "-2"], "argument --world-size: -2 is not >= 1"),
+    (["--gpu-memory-gib", "-5"], "argument --gpu-memory-gib: '-5' is not a memory size > 0; e.g. --gpu-memory-gib 80"),
+    (["--gpu-memory-gib", "inf"], "argument --gpu-memory-gib: 'inf' is not a memory size > 0"),
+    (["--gpu-memory-gb", "0"], "argument --gpu-memory-gb: '0' is not a memory size > 0"),
+    (["--device", "cpu", "--cpu-memory-gib", "abc"], "argument --cpu-memory-gib: 'abc' is not a number of GiB"),
+    (["--device", "cpu", "--gpu-memory-gib", "80"], "with --device cpu the ranks of a machine share its memory: "
+                                                    "give --cpu-memory-gib"),
+    (["--cpu-memory-gib", "64"], "--cpu-memory-gib and --nodes are for --device cpu"),
+    (["--device", "cpu", "--world-size", "3", "--nodes", "2"], "--nodes 2 does not divide --world-size 3"),
+])
+def test_bad_flags_exit_2_naming_the_flag(flags, message):
+    done = subprocess.run([sys.executable, str(PLAN), "--config", CONFIG, *flags], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert done.stdout == ""
+
+
+def test_cpu_ranks_share_the_machines_memory(monkeypatch, capsys):
+    """The debug run peaks at ~1.9 GiB per rank: one rank fits a 4 GiB machine, two sharing it do not."""
+    from launchers.plan import main
+
+    monkeypatch.setattr(machine, "machine_memory",
+                        lambda: MachineMemory(available=4 * 2**30, total=5 * 2**30, source="MemAvailable (test)"))
+    assert main(["--config", CONFIG, "--device", "cpu", "--world-size", "1"]) == 0
+    one = capsys.readouterr().out
+    assert "CPU memory: 4.00 GiB per machine (MemAvailable (test); 5.00 GiB in all), shared by its 1 rank(s): " \
+           "4.00 GiB per rank" in one
+    assert "FITS: peak" in one and "of 4.00 GiB CPU memory (its share of the machine)" in one
+    assert main(["--config", CONFIG, "--device", "cpu", "--world-size", "2"]) == 0
+    two = capsys.readouterr().out
+    assert "shared by its 2 rank(s): 2.00 GiB per rank" in two
+    assert "DOES NOT FIT" in two and "> 90% of 2.00 GiB CPU memory (its share of the machine)" in two
+    # Two machines of 4 GiB, one rank each: fits again; --cpu-memory-gib replaces this machine's figure.
+    assert main(["--config", CONFIG, "--device", "cpu", "--world-size", "2", "--nodes", "2"]) == 0
+    assert "FITS: peak" in capsys.readouterr().out
+    assert main(["--config", CONFIG, "--device", "cpu", "--world-size", "2", "--cpu-memory-gib", "64"]) == 0
+    assert "CPU memory: 64.00 GiB per machine (--cpu-memory-gib), shared by its 2 rank(s): 32.00 GiB per rank" \
+           in capsys.readouterr().out
+
+
+def test_machine_memory_reads_memavailable(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24684084 kB\nMemFree:        20561956 kB\nMemAvailable:   22362364 kB\n")
+    mem = machine_memory(meminfo)
+    assert (mem.available, mem.total) == (22362364 * 1024, 24684084 * 1024)
+    assert mem.source == f"MemAvailable in {meminfo}"
+    fallback = machine_memory(tmp_path / "absent")  # no /proc/meminfo: the physical memory
+    assert fallback.available == fallback.total > 0 and "SC_PHYS_PAGES" in fallback.source
