@@ -127,7 +127,8 @@ def _count_tile(anchor, offs_m, offs_n, pos_n, doc_m, doc_n, n_tokens, row_tile,
 def _logits(qk, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, row_tile, kmin, kmax, hh, num_row_tiles,
             Starts, Lasts, Spans, Sigma, Window, scale_log2, NUM_SAMPLES: tl.constexpr, MODE: tl.constexpr,
             CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr, TRANS: tl.constexpr = False):
-    """(BM, BN) (``TRANS``: (BN, BM), ``qk`` then ``k q^T``) base-2 logits and weights of one tile: ``p = w exp2(s - m)`` (module doc).
+    """(BM, BN) (``TRANS``: (BN, BM), ``qk`` then ``k q^T``) base-2 logits and weights of one tile:
+    ``p = w exp2(s - m)`` (module doc).
 
     Count: ``s = qk scale`` where ``c > 0`` (``-inf`` elsewhere), ``w = c``: the bias
     ``log2 c`` becomes a weight after the exponential (no logarithm); the biased row max
