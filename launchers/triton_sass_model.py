@@ -77,12 +77,38 @@ def write_cubins(built, out: Path) -> None:
     (out / "index.json").write_text(json.dumps(index, indent=1) + "\n")
 
 
+# -- the count's branch share -------------------------------------------------------------------
+
+_SHARES: dict = {}
+
+
+def share(m, s: int, T: int = TOKENS) -> float:
+    """Share of ``m``'s (tile, sample) pairs that run the count's per-score block (1 for other biases),
+    from the benchmark's hash (per-head sigma, seed 0) at ``m``'s tiles
+    (:func:`plsh_dist.plan.kernel_tiles.boundary_share`)."""
+    if m.bias != "count":
+        return 1.0
+    key = (m.kernel, m.block_m, m.block_n, s, T)
+    if key not in _SHARES:
+        import torch  # noqa: PLC0415
+
+        from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: PLC0415
+        from plsh_dist.ops.tile_bands import CountBias  # noqa: PLC0415
+        from plsh_dist.plan.kernel_tiles import boundary_share  # noqa: PLC0415
+
+        lsh = PositionalLSH(alibi_slopes(HEADS).double().reciprocal(), s, seed=0)
+        _SHARES[key] = boundary_share(CountBias.of(lsh, torch.device("cpu")), T, m.kernel, m.block_m, m.block_n)
+    return _SHARES[key]
+
+
 # -- predictions --------------------------------------------------------------------------------
 
 
-def predict(models: dict, lengths, samples_list) -> list[dict]:
+def predict(models: dict, by_s: dict, lengths, samples_list) -> list[dict]:
     """Forward + backward clocks of PLSH (count, per-head sigma) against the calibration over the full
-    causal triangle, at the targets' dtype / D / arch, per (s, T)."""
+    causal triangle, at the targets' dtype / D / arch, per (s, T): each s on its own build
+    (``by_s[(kernel, s)]``), the count's branch share measured at the benchmark's T (the hash's
+    statistics do not depend on position; at 128k the share is the 8k one)."""
     import torch  # noqa: PLC0415
 
     from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: PLC0415
@@ -92,11 +118,7 @@ def predict(models: dict, lengths, samples_list) -> list[dict]:
 
     at = lambda k, b: models[(k, b, TARGET["dtype"], TARGET["head_dim"], TARGET["arch"])]  # noqa: E731
     fwd, dkdv, dq = (at(k, "count") for k in KERNELS)
-    if (dkdv.block_m, dkdv.block_n) != (dq.block_m, dq.block_n):
-        raise SystemExit("the dK/dV and dQ kernels use different tiles: plsh_dist.plan.kernel_tiles counts one "
-                         "backward tile shape; teach it two")
-    tiles = (TileConfig(fwd.block_m, fwd.block_n, fwd.num_warps, fwd.num_stages),
-             TileConfig(dkdv.block_m, dkdv.block_n, dkdv.num_warps, dkdv.num_stages))
+    tiles = tuple(TileConfig(m.block_m, m.block_n, m.num_warps, m.num_stages) for m in (fwd, dkdv, dq))
     calib = [at(k, "none") for k in KERNELS]
     rows = []
     for T in lengths:
@@ -106,8 +128,9 @@ def predict(models: dict, lengths, samples_list) -> list[dict]:
         for s in samples_list:
             lsh = PositionalLSH(alibi_slopes(HEADS).double().reciprocal(), s, seed=0)
             kt = bias_tiles(CountBias.of(lsh, torch.device("cpu")), T, HEADS, tiles=tiles)
-            plsh_fwd = kt.forward * fwd.tile_cycles(s)
-            plsh_bwd = kt.backward_dkdv * dkdv.tile_cycles(s) + kt.backward_dq * dq.tile_cycles(s)
+            cyc = {k: by_s[(k, s)].tile_cycles(s, share(by_s[(k, s)], s)) for k in KERNELS}
+            plsh_fwd = kt.forward * cyc["fwd"]
+            plsh_bwd = kt.backward_dkdv * cyc["bwd_dkdv"] + kt.backward_dq * cyc["bwd_dq"]
             rows.append({"T": T, "s": s, "tiles": (kt.forward, kt.backward_dkdv, kt.backward_dq),
                          "floor_tiles": tuple(floor[k] for k in KERNELS), "plsh_cycles": plsh_fwd + plsh_bwd,
                          "floor_cycles": floor_fwd + floor_bwd, "speedup_fwd": floor_fwd / plsh_fwd,
@@ -129,14 +152,18 @@ def _verdict(value: float, target: float, speedup: bool = False) -> str:
 def _why(m, s: int) -> str:
     """What sets a build's bound at s samples, from its counts."""
     lp = m.loop
-    if m.tensor_bound(s):
+    t = share(m, s)
+    if m.tensor_bound(s, t):
         return f"tensor-bound, executed / useful {m.mma_ratio:.2f}"
     work = f"{lp.per_tile} + {s} x {lp.per_sample}" if lp.sample_loops else f"{lp.per_tile}"
+    if 0 < lp.skippable_blocks <= s and m.bias == "count":
+        work = (f"{lp.per_tile - lp.skippable} + {t:.0%} of {lp.skippable} in {s} per-sample blocks = "
+                f"{lp.instructions(s, t):.0f}")
     f64 = f", {lp.f64_per_tile + s * lp.f64_per_sample} f64" if lp.f64_per_tile or lp.f64_per_sample else ""
     return f"issue-bound: {work} instructions / warp / tile{f64}, executed / useful {m.mma_ratio:.2f}"
 
 
-def targets(models: dict, predictions: list[dict]) -> list[tuple[str, str, str]]:
+def targets(models: dict, by_s: dict, predictions: list[dict]) -> list[tuple[str, str, str]]:
     """(target, model's figure, verdict) of issue 32's static targets."""
     from plsh_dist.plan.sass_model import area_rate  # noqa: PLC0415
 
@@ -150,19 +177,20 @@ def targets(models: dict, predictions: list[dict]) -> list[tuple[str, str, str]]
                     f"{cal_fwd / peak:.0%}", _verdict(cal_fwd / peak, CALIBRATION_FWD)))
         out.append(("calibration backward >= 45% of the tensor peak", f"{cal_bwd:.0f} TFLOP/s = "
                     f"{cal_bwd / peak:.0%}", _verdict(cal_bwd / peak, CALIBRATION_BWD)))
-        fwd = at("fwd", "count")
-        if fwd:
-            for s, share in FWD_SHARE.items():
-                got = fwd.bound_tflops(s) / cal_fwd
-                out.append((f"PLSH forward, s = {s}: >= {share:.0%} of the calibration forward",
-                            f"{fwd.bound_tflops(s):.0f} TFLOP/s = {got:.1%} ({_why(fwd, s)})",
-                            _verdict(got, share)))
+        for s, want in FWD_SHARE.items():
+            fwd = by_s.get(("fwd", s))
+            if fwd:
+                bound = fwd.bound_tflops(s, share(fwd, s))
+                out.append((f"PLSH forward, s = {s}: >= {want:.0%} of the calibration forward",
+                            f"{bound:.0f} TFLOP/s = {bound / cal_fwd:.1%} ({_why(fwd, s)})",
+                            _verdict(bound / cal_fwd, want)))
         for k in KERNELS[1:]:
             m = at(k, "count")
             if m:
-                got = m.bound_tflops(8) / cal_bwd
+                bound = m.bound_tflops(8, share(m, 8))
+                got = bound / cal_bwd
                 out.append((f"PLSH {k}, s = 8: >= {BWD_SHARE:.0%} of the calibration backward",
-                            f"{m.bound_tflops(8):.0f} TFLOP/s = {got:.1%} ({_why(m, 8)})",
+                            f"{bound:.0f} TFLOP/s = {got:.1%} ({_why(m, 8)})",
                             _verdict(got, BWD_SHARE)))
                 out.append((f"PLSH {k} uses wgmma", ", ".join(m.loop.mma) or "none",
                             "met" if m.uses_wgmma else "**missed**: mma.sync (HMMA), not wgmma (HGMMA)"))
@@ -192,14 +220,16 @@ def _mma(m) -> str:
 def _bound(m, s) -> str:
     if not m.loop:
         return "-"
-    mark = " (tensor)" if m.tensor_bound(s) else ""
-    return f"{m.bound_tflops(s):.0f}{mark}"
+    t = share(m, s)
+    mark = " (tensor)" if m.tensor_bound(s, t) else ""
+    return f"{m.bound_tflops(s, t):.0f}{mark}"
 
 
 def kernel_table(models: list) -> list[str]:
     head = ("| arch | dtype | D | kernel | bias | tile | warps | stages | regs | smem KiB | spill STL/LDL | "
             "instr / tile | instr / sample | f64 / tile | f64 / sample | calls | matrix instr / tile | "
-            "executed / useful | pipelined | bound s=8 | bound s=100 |")
+            "executed / useful | pipelined | skippable instr / tile (blocks) | branch share s=8 | bound s=8 | "
+            "static bound s=8 |")
     lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
     for m in models:
         lp = m.loop
@@ -209,15 +239,17 @@ def kernel_table(models: list) -> list[str]:
         if lp:
             cells += [str(lp.per_tile), str(lp.per_sample) if lp.sample_loops else "-", str(lp.f64_per_tile),
                       str(lp.f64_per_sample) if lp.sample_loops else "-", str(lp.calls), _mma(m),
-                      f"{m.mma_ratio:.2f}", lp.pipelined, _bound(m, 8),
-                      _bound(m, 100) if lp.sample_loops else "="]
+                      f"{m.mma_ratio:.2f}", lp.pipelined,
+                      f"{lp.skippable} ({lp.skippable_blocks})" if lp.skippable else "-",
+                      f"{share(m, 8):.0%}" if m.bias == "count" else "-", _bound(m, 8),
+                      f"{m.bound_tflops(8):.0f}"]
         else:
-            cells += ["no loop with matrix instructions"] + ["-"] * 9
+            cells += ["no loop with matrix instructions"] + ["-"] * 11
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def markdown(models: list, by_key: dict, predictions: list[dict], checks, command: str, same_code: dict) -> str:
+def markdown(models: list, by_key: dict, predictions: list[dict], checks, command: str, by_s: dict) -> str:
     import triton  # noqa: PLC0415
 
     from plsh_dist.plan.sass_model import MACHINES  # noqa: PLC0415
@@ -264,14 +296,32 @@ def markdown(models: list, by_key: dict, predictions: list[dict], checks, comman
         "",
         "## Every build",
         "",
-        f"Bounds in useful TFLOP/s at s = 8 and s = 100 (only the count has a sample loop; `=`: the same). "
-        "s = 8 and s = 100 specialise alike (neither is 1 nor divisible by 16): "
-        + ("the s = 100 builds compile to the same cubins." if all(same_code.values()) else
-           f"the s = 100 builds differ for {[k for k, v in same_code.items() if not v]}."),
+        f"Bounds in useful TFLOP/s at s = {SAMPLES} (the count's sample count is a constexpr: its per-sample blocks "
+        "are unrolled, so each s is its own build; the s = 100 builds of the targets are below). *skippable*: "
+        "instructions inside the regions the loop's forward conditional branches skip (the count's per-sample "
+        "blocks: run only where a sample's blocks cut the tile), and how many regions. *branch share*: the share of "
+        "(visited tile, sample) pairs that run one, measured on the benchmark's hash at the build's tiles "
+        "(`plsh_dist/plan/kernel_tiles.py`, `boundary_share`: the kernels' own test on the launcher's own tables). "
+        "*bound*: the skippable regions weighted by that share (the branch is uniform over the program: no "
+        "divergence); *static bound*: every instruction counted every trip.",
         "",
         *kernel_table(models),
         "",
     ]
+    others = [m for (k, n), m in sorted(by_s.items(), key=lambda x: (x[0][1], KERNELS.index(x[0][0])))
+              if n != SAMPLES]
+    if others:
+        lines += ["Builds of the targets at other s (bf16, D = 128, sm_90):", "",
+                  "| kernel | s | regs | spill STL/LDL | instr / tile | skippable (blocks) | branch share | bound | "
+                  "static bound | pipelined |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for (k, n), m in sorted(by_s.items(), key=lambda x: (x[0][1], KERNELS.index(x[0][0]))):
+            if n == SAMPLES:
+                continue
+            lp = m.loop
+            lines.append(f"| {k} | {n} | {m.regs} | {m.spill_stores}/{m.spill_loads} | {lp.per_tile} | "
+                         f"{lp.skippable} ({lp.skippable_blocks}) | {share(m, n):.0%} | "
+                         f"{m.bound_tflops(n, share(m, n)):.0f} | {m.bound_tflops(n):.0f} | {lp.pipelined} |")
+        lines.append("")
     if predictions:
         lines += [
             "## Predicted speedup over the causal flash floor",
@@ -336,18 +386,18 @@ def main(argv=None) -> int:
     main_builds = [b for b in built if b[0].case["samples"] == SAMPLES]
     by_key = {_key(m): m for _, m, _ in main_builds}
     cubins = {_key(m): c for _, m, c in main_builds}
-    same_code = {f"{m.kernel} s={l.case['samples']}": c == cubins[_key(m)] for l, m, c in built
-                 if l.case["samples"] != SAMPLES}
     order = {k: i for i, k in enumerate(KERNELS)}
     models = sorted(by_key.values(), key=lambda m: (-m.arch, m.dtype, m.head_dim, order.get(m.kernel, 9),
                                                     BIASES.index(m.bias)))
     complete = all(_key_t in by_key for _key_t in
                    [(k, b, TARGET["dtype"], TARGET["head_dim"], TARGET["arch"]) for k in KERNELS
                     for b in ("count", "none")])
-    predictions = predict(by_key, args.lengths, args.samples) if complete else []
-    checks = targets(by_key, predictions)
+    by_s = {(m.kernel, l.case["samples"]): m for l, m, _ in built
+            if m.bias == "count" and all(getattr(m, k) == v for k, v in TARGET.items())}
+    predictions = predict(by_key, by_s, args.lengths, args.samples) if complete else []
+    checks = targets(by_key, by_s, predictions)
     command = "python launchers/triton_sass_model.py" + (f" --out {args.out}" if args.out else "")
-    text = markdown(models, by_key, predictions, checks, command, same_code)
+    text = markdown(models, by_key, predictions, checks, command, by_s)
     if args.cubin_dir:
         write_cubins(main_builds, args.cubin_dir)
     if args.json:

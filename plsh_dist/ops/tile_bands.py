@@ -34,7 +34,8 @@ import torch
 from plsh_dist.hashing import PositionalLSH, _bucket
 
 __all__ = ["TileConfig", "TILES", "tiles_for", "TokenLayout", "CountBias", "WindowBias",
-           "query_tile_bands", "key_tile_bands", "bucket_start_nosync", "num_tiles"]
+           "query_tile_bands", "key_tile_bands", "bucket_start_nosync", "num_tiles", "block_bounds", "row_spans",
+           "key_spans"]
 
 
 @dataclass(frozen=True)
@@ -47,23 +48,25 @@ class TileConfig:
     num_stages: int
 
 
-#: Shipped tiles, (compute capability major, head dim) -> (forward, backward); the backward's
-#: dK/dV and dQ kernels share one shape. The largest that compile without register spills
-#: (``launchers/triton_compile_table.py``, ``results/triton/compile.md``): the count's
-#: float64 block bounds per query row and sample cost registers beyond plain flash attention.
+#: Shipped tiles, (compute capability major, head dim) -> (forward, dK/dV, dQ). Chosen with the
+#: static cost model of the compiled code (``launchers/triton_sass_model.py``, ``results/triton/sass.md``,
+#: docs/gpu.md): on Hopper every product a wgmma (at least 64 rows a warpgroup, no warpgroup
+#: repeating another's work: the dK/dV kernel's transposed tiles have the key tile's rows),
+#: software-pipelined (cp.async), no register spills, and the fewest clocks per score among
+#: those. Larger tiles spill (the count's per-sample block bounds add registers to flash's).
 TILES = {
-    (9, 64): (TileConfig(128, 32, 8, 2), TileConfig(32, 64, 8, 2)),
-    (9, 128): (TileConfig(64, 32, 8, 2), TileConfig(32, 32, 8, 2)),
-    (8, 64): (TileConfig(64, 32, 8, 2), TileConfig(32, 32, 8, 2)),
-    (8, 128): (TileConfig(32, 32, 8, 2), TileConfig(32, 32, 8, 2)),
+    (9, 64): (TileConfig(128, 32, 8, 2), TileConfig(32, 128, 8, 2), TileConfig(128, 64, 8, 2)),
+    (9, 128): (TileConfig(128, 32, 8, 2), TileConfig(32, 128, 8, 2), TileConfig(128, 32, 8, 2)),
+    (8, 64): (TileConfig(128, 32, 8, 2), TileConfig(32, 32, 4, 2), TileConfig(128, 32, 8, 2)),
+    (8, 128): (TileConfig(128, 32, 8, 2), TileConfig(32, 32, 4, 2), TileConfig(64, 32, 4, 2)),
 }
 #: Architectures the tiles are shipped for (Hopper, Ampere); newer ones use Hopper's.
 ARCHS = (9, 8)
 HEAD_DIMS = (64, 128)
 
 
-def tiles_for(head_dim: int, arch: int = 9) -> tuple[TileConfig, TileConfig]:
-    """(forward, backward) tiles for ``head_dim`` (the smallest shipped dim >= it) on compute
+def tiles_for(head_dim: int, arch: int = 9) -> tuple[TileConfig, TileConfig, TileConfig]:
+    """(forward, dK/dV, dQ) tiles for ``head_dim`` (the smallest shipped dim >= it) on compute
     capability major ``arch`` (9 and above: Hopper's; the CPU interpreter uses Hopper's too)."""
     dims = [d for d in HEAD_DIMS if d >= head_dim]
     if not dims:
@@ -177,6 +180,45 @@ class CountBias:
         b = _bucket(layout.positions[tokens][None], pitch, shift)
         end = bucket_start_nosync(b + 1, pitch, shift) + layout.shift(tokens)[None]
         return layout.clamp_end(torch.searchsorted(layout.virtual, end.contiguous()), tokens).amax(dim=0)
+
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def block_bounds(bias: "CountBias", layout: TokenLayout, causal: bool):
+    """Every token's block per sample, as the kernels compare it: first and last position,
+    int32 Tensors (Hh, s, n) each (``lasts`` None when causal: ``p_j <= p_i`` is inside already).
+
+    From the hash's own float64 arithmetic (:func:`bucket_start_nosync`), all heads and
+    samples at once; clamped to int32 (a block of a huge sigma reaches past any position the
+    kernel holds: positions are in [0, 2^31))."""
+    pitch, shift = bias.pitch.T[:, :, None], bias.shift.T[:, :, None]  # (Hh, s, 1)
+    b = _bucket(layout.positions[None, None], pitch, shift)  # (Hh, s, n)
+    starts = bucket_start_nosync(b, pitch, shift).clamp(INT32_MIN, INT32_MAX).to(torch.int32).contiguous()
+    if causal:
+        return starts, None
+    lasts = (bucket_start_nosync(b + 1, pitch, shift) - 1).clamp(INT32_MIN, INT32_MAX).to(torch.int32).contiguous()
+    return starts, lasts
+
+
+def row_spans(starts: torch.Tensor, lasts: torch.Tensor | None, block_m: int) -> torch.Tensor:
+    """int32 (Hh, s, nq, 4): per query tile of ``block_m`` and sample, its rows' smallest and largest
+    block start, then smallest and largest block last position (the starts again when ``lasts``
+    is None): the kernels' per-tile test of whether a sample's blocks hold all, none or some keys."""
+    n = starts.shape[-1]
+    pad = num_tiles(n, block_m) * block_m - n
+    lasts = starts if lasts is None else lasts
+    tiles = lambda x, fill: torch.nn.functional.pad(x, (0, pad), value=fill).unflatten(-1, (-1, block_m))  # noqa: E731
+    return torch.stack([tiles(starts, INT32_MAX).amin(-1), tiles(starts, INT32_MIN).amax(-1),
+                        tiles(lasts, INT32_MAX).amin(-1), tiles(lasts, INT32_MIN).amax(-1)], -1).contiguous()
+
+
+def key_spans(layout: TokenLayout, block_n: int) -> torch.Tensor:
+    """int32 (nk, 2): smallest and largest position of each key tile of ``block_n``."""
+    pos = layout.kernel_positions
+    pad = num_tiles(layout.n, block_n) * block_n - layout.n
+    tiles = lambda fill: torch.nn.functional.pad(pos, (0, pad), value=fill).unflatten(-1, (-1, block_n))  # noqa: E731
+    return torch.stack([tiles(INT32_MAX).amin(-1), tiles(INT32_MIN).amax(-1)], -1).contiguous()
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,8 @@ import torch
 
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
-from plsh_dist.ops.tile_bands import (CountBias, TokenLayout, WindowBias, key_tile_bands, num_tiles,
-                                      query_tile_bands, tiles_for)
+from plsh_dist.ops.tile_bands import (CountBias, TokenLayout, WindowBias, block_bounds, key_spans,
+                                      key_tile_bands, num_tiles, query_tile_bands, row_spans, tiles_for)
 
 __all__ = ["TritonOnePass", "triton_cuda", "triton_interpreter", "triton_status", "interpreting", "kernels",
            "banded_forward", "banded_backward", "triton_onepass_forward",
@@ -125,12 +125,41 @@ def _arch(device: torch.device) -> int:
     return torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 9
 
 
-def _bias_args(bias, device):
-    """(MODE, Pitch, Shift, Sigma, Window, s) kernel arguments; unused ones get a dummy tensor."""
-    dummy = torch.zeros(1, dtype=torch.float64, device=device)
-    if isinstance(bias, CountBias):
-        return 0, bias.pitch, bias.shift, dummy.float(), dummy.long(), bias.num_samples
-    return 1, dummy, dummy, bias.sigma, bias.window, 1
+@dataclass(frozen=True)
+class KernelBias:
+    """A bias as the kernels read it, for one call (forward and backward share it).
+
+    Attributes:
+        bias: the :class:`CountBias` or :class:`WindowBias`; layout: the tokens; causal.
+        starts, lasts: int32 (Hh, s, n) block bounds of the count (:func:`block_bounds`;
+            None for the window, lasts None when causal).
+    """
+
+    bias: CountBias | WindowBias
+    layout: TokenLayout
+    causal: bool
+    starts: torch.Tensor | None = None
+    lasts: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, bias, layout: TokenLayout, causal: bool) -> "KernelBias":
+        if isinstance(bias, CountBias):
+            return cls(bias, layout, causal, *block_bounds(bias, layout, causal))
+        return cls(bias, layout, causal)
+
+    def args(self, block_m: int, block_n: int) -> tuple[list, dict]:
+        """Kernel arguments (KSpan, Starts, Lasts, Spans, Sigma, Window) and constexprs (MODE,
+        NUM_SAMPLES) for tiles of ``block_m`` x ``block_n``; unused ones get a dummy tensor."""
+        device = self.layout.positions.device
+        kspan = key_spans(self.layout, block_n)
+        if self.starts is None:
+            dummy = torch.zeros(1, dtype=torch.int32, device=device)
+            return [kspan, dummy, dummy, dummy, self.bias.sigma, self.bias.window], dict(MODE=1, NUM_SAMPLES=1)
+        spans = row_spans(self.starts, self.lasts, block_m)
+        lasts = self.starts if self.lasts is None else self.lasts
+        dummy = torch.zeros(1, dtype=torch.float32, device=device)
+        return ([kspan, self.starts, lasts, spans, dummy, dummy.long()],
+                dict(MODE=0, NUM_SAMPLES=self.bias.num_samples))
 
 
 def _check(q, k, v, layout: TokenLayout, bias):
@@ -149,42 +178,50 @@ def _check(q, k, v, layout: TokenLayout, bias):
         raise ValueError("q, k, v need a unit stride on the head dim (call .contiguous())")
 
 
-def banded_forward(q, k, v, bias, layout: TokenLayout, *, causal: bool, scale: float):
+def banded_forward(q, k, v, bias, layout: TokenLayout, *, causal: bool, scale: float,
+                   kernel_bias: KernelBias | None = None, emulate_bf16: bool = False):
     """Forward of ``softmax(q k^T scale + bias) v``.
 
-    q: (B, n, Hq, D); k, v: (B, n, Hkv, D); bias: CountBias or WindowBias on q's device.
+    q: (B, n, Hq, D); k, v: (B, n, Hkv, D); bias: CountBias or WindowBias on q's device;
+    kernel_bias: its :class:`KernelBias` when the caller keeps one for the backward.
+    emulate_bf16 (tests, fp32 inputs holding bf16 values): p rounded to bf16 before its
+    product, as the compiled bf16 kernel does.
     Returns out (B, n, Hq, D) in q's dtype and lse (B, Hq, n) fp32 (flash-attn's layout).
     """
     _check(q, k, v, layout, bias)
     B, n, Hq, D = q.shape
     Hkv = k.shape[2]
     cfg = tiles_for(D, _arch(q.device))[0]
+    kb = kernel_bias if kernel_bias is not None else KernelBias.of(bias, layout, causal)
     lo, hi = query_tile_bands(bias, layout, cfg.block_m, cfg.block_n, causal)
     out = torch.empty_like(q)
     lse = torch.empty(B, Hq, n, dtype=torch.float32, device=q.device)
-    mode, pitch, shift, sigma, window, s = _bias_args(bias, q.device)
+    tables, consts = kb.args(cfg.block_m, cfg.block_n)
     mod = _launch(q.device)
     grid = (num_tiles(n, cfg.block_m), B * Hq)
     mod.onepass_fwd_kernel[grid](
-        q, k, v, out, lse, layout.kernel_positions, _doc(layout), pitch, shift, sigma, window, lo, hi,
+        q, k, v, out, lse, layout.kernel_positions, _doc(layout), *tables, lo, hi,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-        n, Hq, Hq // Hkv, bias.num_heads, s, grid[0], scale * LOG2E,
-        HEAD_DIM=_padded(D), D_REAL=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, MODE=mode, CAUSAL=causal,
+        n, Hq, Hq // Hkv, grid[0], scale * LOG2E,
+        HEAD_DIM=_padded(D), D_REAL=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
         HAS_DOCS=layout.doc is not None, PER_HEAD=bias.num_heads > 1, IEEE=q.dtype == torch.float32,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        EMULATE_BF16=emulate_bf16, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
     )
     return out, lse
 
 
-def banded_backward(dout, q, k, v, out, lse, bias, layout: TokenLayout, *, causal: bool, scale: float):
-    """Gradients of :func:`banded_forward` from its ``out`` and ``lse``.
+def banded_backward(dout, q, k, v, out, lse, bias, layout: TokenLayout, *, causal: bool, scale: float,
+                    kernel_bias: KernelBias | None = None, emulate_bf16: bool = False):
+    """Gradients of :func:`banded_forward` from its ``out`` and ``lse`` (a row that saw no key,
+    lse = -inf, gets zero gradients).
 
     Returns dq (B, n, Hq, D), dk, dv (B, n, Hkv, D) in the inputs' dtypes.
     """
     _check(q, k, v, layout, bias)
     B, n, Hq, D = q.shape
     Hkv = k.shape[2]
-    cfg = tiles_for(D, _arch(q.device))[1]
+    _, kv_cfg, q_cfg = tiles_for(D, _arch(q.device))
+    kb = kernel_bias if kernel_bias is not None else KernelBias.of(bias, layout, causal)
     dout = dout.contiguous() if dout.stride(-1) != 1 else dout
     # D_i = rowsum(dO o O), fp32 (B, Hq, n) like lse; one head at a time keeps the fp32
     # temporaries at 1/Hq of a q-sized tensor
@@ -193,27 +230,31 @@ def banded_backward(dout, q, k, v, out, lse, bias, layout: TokenLayout, *, causa
         delta[:, h] = (dout[:, :, h].float() * out[:, :, h].float()).sum(-1)
     lse = lse.float().contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    mode, pitch, shift, sigma, window, s = _bias_args(bias, q.device)
     mod = _launch(q.device)
-    common = dict(HEAD_DIM=_padded(D), D_REAL=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, MODE=mode,
-                  CAUSAL=causal, HAS_DOCS=layout.doc is not None, PER_HEAD=bias.num_heads > 1,
-                  IEEE=q.dtype == torch.float32,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    common = dict(HEAD_DIM=_padded(D), D_REAL=D, CAUSAL=causal, HAS_DOCS=layout.doc is not None,
+                  PER_HEAD=bias.num_heads > 1, IEEE=q.dtype == torch.float32, EMULATE_BF16=emulate_bf16)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
-    k_lo, k_hi = key_tile_bands(bias, layout, cfg.block_m, cfg.block_n, causal)
-    q_lo, q_hi = query_tile_bands(bias, layout, cfg.block_m, cfg.block_n, causal)
-    nk, nq = num_tiles(n, cfg.block_n), num_tiles(n, cfg.block_m)
+    tables, consts = kb.args(kv_cfg.block_m, kv_cfg.block_n)
+    k_lo, k_hi = key_tile_bands(bias, layout, kv_cfg.block_m, kv_cfg.block_n, causal)
+    nk, nq = num_tiles(n, kv_cfg.block_n), num_tiles(n, kv_cfg.block_m)
     mod.onepass_bwd_dkdv_kernel[(nk, B * Hkv)](
-        q, k, v, dout, lse, delta, dk, dv, layout.kernel_positions, _doc(layout), pitch, shift, sigma, window,
+        q, k, v, dout, lse, delta, dk, dv, layout.kernel_positions, _doc(layout), *tables,
         k_lo, k_hi, *strides, *dk.stride()[:3], *dv.stride()[:3],
-        n, Hq, Hkv, Hq // Hkv, bias.num_heads, s, nk, scale, scale * LOG2E, **common,
+        n, Hq, Hkv, Hq // Hkv, nk, nq, scale, scale * LOG2E, **common, **consts, **_launch_shape(kv_cfg),
     )
+    tables, consts = kb.args(q_cfg.block_m, q_cfg.block_n)
+    q_lo, q_hi = query_tile_bands(bias, layout, q_cfg.block_m, q_cfg.block_n, causal)
+    nq = num_tiles(n, q_cfg.block_m)
     mod.onepass_bwd_dq_kernel[(nq, B * Hq)](
-        q, k, v, dout, lse, delta, dq, layout.kernel_positions, _doc(layout), pitch, shift, sigma, window,
+        q, k, v, dout, lse, delta, dq, layout.kernel_positions, _doc(layout), *tables,
         q_lo, q_hi, *strides, *dq.stride()[:3],
-        n, Hq, Hq // Hkv, bias.num_heads, s, nq, scale, scale * LOG2E, **common,
+        n, Hq, Hq // Hkv, nq, scale, scale * LOG2E, **common, **consts, **_launch_shape(q_cfg),
     )
     return dq, dk, dv
+
+
+def _launch_shape(cfg) -> dict:
+    return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _doc(layout: TokenLayout) -> torch.Tensor:
@@ -232,16 +273,25 @@ def triton_onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor,
     document of ``docs``, a batch-1 call's documents). Returns out (B, n, Hq, D) in
     q's dtype, lse (B, Hq, n) fp32.
     """
+    return _plsh_forward(q, k, v, lsh, positions, causal=causal, scale=scale, docs=docs)[:2]
+
+
+def _plsh_forward(q, k, v, lsh, positions, *, causal, scale, docs=None):
+    """(out, lse, the call's :class:`KernelBias`, kept for the backward)."""
     layout = TokenLayout.build(positions, q.device, docs)
-    return banded_forward(q, k, v, CountBias.of(lsh, q.device), layout, causal=causal, scale=scale)
+    kb = KernelBias.of(CountBias.of(lsh, q.device), layout, causal)
+    return (*banded_forward(q, k, v, kb.bias, layout, causal=causal, scale=scale, kernel_bias=kb), kb)
 
 
 def triton_onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool,
-                            scale: float, docs: Documents | None = None):
-    """Gradients of :func:`triton_onepass_forward`: dq (B, n, Hq, D), dk, dv (B, n, Hkv, D)."""
-    layout = TokenLayout.build(positions, q.device, docs)
-    return banded_backward(dout, q, k, v, out, lse, CountBias.of(lsh, q.device), layout, causal=causal,
-                           scale=scale)
+                            scale: float, docs: Documents | None = None, kernel_bias: KernelBias | None = None):
+    """Gradients of :func:`triton_onepass_forward`: dq (B, n, Hq, D), dk, dv (B, n, Hkv, D).
+    ``kernel_bias``: the forward's (:meth:`TritonOnePass.forward`'s plan), else rebuilt."""
+    if kernel_bias is None:
+        layout = TokenLayout.build(positions, q.device, docs)
+        kernel_bias = KernelBias.of(CountBias.of(lsh, q.device), layout, causal)
+    return banded_backward(dout, q, k, v, out, lse, kernel_bias.bias, kernel_bias.layout, causal=causal,
+                           scale=scale, kernel_bias=kernel_bias)
 
 
 @dataclass(frozen=True)
@@ -251,13 +301,14 @@ class TritonOnePass:
     onepass = True
 
     def forward(self, q, k, v, lsh, positions, *, causal, scale, docs=None):
-        """``(out, lse, plan)``; no plan (the backward recomputes the counts from the hash)."""
-        return (*triton_onepass_forward(q, k, v, lsh, positions, causal=causal, scale=scale, docs=docs), None)
+        """``(out, lse, plan)``; the plan is the call's :class:`KernelBias` (block bounds, shared with
+        the backward, which recomputes the counts from them)."""
+        return _plsh_forward(q, k, v, lsh, positions, causal=causal, scale=scale, docs=docs)
 
     def backward(self, dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, plan=None):
         """``(dq, dk, dv)``."""
         return triton_onepass_backward(dout, q, k, v, out, lse, lsh, positions, causal=causal, scale=scale,
-                                       docs=docs)
+                                       docs=docs, kernel_bias=plan)
 
 
 #: dtypes the kernel takes (fp32 accumulation; fp32 inputs use IEEE fp32 products).
@@ -297,17 +348,18 @@ class BandedAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, layout, causal, scale):
-        out, lse = banded_forward(q, k, v, bias, layout, causal=causal, scale=scale)
+        kb = KernelBias.of(bias, layout, causal)
+        out, lse = banded_forward(q, k, v, bias, layout, causal=causal, scale=scale, kernel_bias=kb)
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.bias, ctx.layout, ctx.causal, ctx.scale = bias, layout, causal, scale
+        ctx.bias, ctx.layout, ctx.causal, ctx.scale, ctx.kernel_bias = bias, layout, causal, scale, kb
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = banded_backward(dout, q, k, v, out, lse, ctx.bias, ctx.layout, causal=ctx.causal,
-                                     scale=ctx.scale)
+                                     scale=ctx.scale, kernel_bias=ctx.kernel_bias)
         return dq, dk, dv, None, None, None, None
 
 
@@ -349,9 +401,11 @@ def count_matrix(lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, d
     bias = CountBias.of(lsh, device)
     n, H = layout.n, bias.num_heads
     out = torch.zeros(H, n, n, dtype=torch.int32, device=device)
+    tables, consts = KernelBias.of(bias, layout, causal).args(block, block)
     mod = _launch(device)
     mod.count_tile_kernel[(math.ceil(n / block), math.ceil(n / block), H)](
-        out, layout.kernel_positions, _doc(layout), bias.pitch, bias.shift, n, H, bias.num_samples,
-        BLOCK_M=block, BLOCK_N=block, CAUSAL=causal, HAS_DOCS=layout.doc is not None,
+        out, layout.kernel_positions, _doc(layout), *tables[:4], n, math.ceil(n / block),
+        BLOCK_M=block, BLOCK_N=block, NUM_SAMPLES=consts["NUM_SAMPLES"], CAUSAL=causal,
+        HAS_DOCS=layout.doc is not None,
     )
     return out.cpu()

@@ -4,24 +4,35 @@ Imported only where Triton is importable (:mod:`plsh_dist.ops.triton_onepass`
 launches them). Scores are in base 2 (``exp2`` / ``log2``: no libdevice, so
 Triton's CPU interpreter runs the same code).
 
-Bias of one (query tile, key tile), :func:`_bias_tile` (shared by every kernel):
+Logits and weights of one (query tile, key tile), :func:`_logits` (shared by every kernel),
+``p = w exp2(s - m)``:
 
-- ``MODE == 0``, count: ``log2 c_ij``, ``c_ij = #{t : bucket_t(p_i) == bucket_t(p_j)}``
-  with ``bucket = floor((p - shift) / pitch)`` in float64, the exact arithmetic
-  of :func:`plsh_dist.hashing._bucket` (IEEE division, ``div.rn.f64`` on the GPU),
-  so the kernel's blocks are the hash's bit for bit (:func:`_count_tile`);
-- ``MODE == 1``, ALiBi window: ``-|p_i - p_j| / sigma_h * log2(e)`` where
-  ``|p_i - p_j| < window_h``.
+- ``MODE == 0``, count: ``s = qk scale`` and the weight ``w = c_ij``,
+  ``c_ij = #{t : bucket_t(p_i) == bucket_t(p_j)}`` (:func:`_count_tile`): the bias
+  ``log2 c`` applied after the exponential, with no logarithm. Integers only: each
+  token's block per sample (first and last position) comes from the launcher, computed
+  once per call with the hash's own float64 arithmetic
+  (:func:`plsh_dist.ops.tile_bands.block_bounds`), so the kernel's blocks are the hash's
+  bit for bit; a sample whose blocks hold every key of the tile for every row, or none,
+  costs two scalar compares (per-tile spans of the blocks, ``row_spans`` / ``key_spans``);
+  only the others compare per score;
+- ``MODE == 1``, ALiBi window: ``s = qk scale - |p_i - p_j| / sigma_h * log2(e)`` where
+  ``|p_i - p_j| < window_h``, ``w = 1``.
 
-Hidden (``-inf``): keys past the sequence, other documents, ``j > i`` when
+The dK/dV kernel works on transposed tiles (keys by queries, ``TRANS``) so that every product
+has the key tile's rows (wgmma on Hopper needs 64 a warpgroup).
+
+Hidden (``s = -inf``, ``p = 0``): keys past the sequence, other documents, ``j > i`` when
 causal, ``c = 0``. A row with only hidden keys in a tile adds nothing and
-produces no NaN (its running max stays ``-inf`` and exponentials use 0).
+produces no NaN (its running max stays ``-inf`` and exponentials use 0); a row that
+sees no key at all gets out = 0, lse = -inf and zero gradients.
 
 Layouts: q, dq, out, dout (B, n, Hq, D); k, v, dk, dv (B, n, Hkv, D), any
 strides with a unit last one (``HEAD_DIM``: D padded to a power of two, ``D_REAL``: D);
 lse and delta (B, Hq, n) fp32; positions
-int32[n] (below 2^31); documents int32[n]; pitch, shift float64[s, Hh]; sigma
-float32[Hh], window int64[Hh]; bands int32[Hh, tiles].
+int32[n] (below 2^31); documents int32[n]; block starts / lasts int32[Hh, s, n]; row spans
+int32[Hh, s, row tiles, 4]; key spans int32[key tiles, 2]; sigma float32[Hh], window
+int64[Hh]; bands int32[Hh, tiles].
 """
 
 from __future__ import annotations
@@ -36,79 +47,117 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr):
-    """(BM, BN) True where key j may be seen by query i at all: in range, causal, same document."""
-    visible = (offs_m[:, None] < n_tokens) & (offs_n[None, :] < n_tokens)
+def _q_side(x, TRANS: tl.constexpr):
+    """A per-query vector broadcast over a tile: rows, or columns of a transposed tile (keys by queries)."""
+    if TRANS:
+        y = x[None, :]
+    else:
+        y = x[:, None]
+    return y
+
+
+@triton.jit
+def _k_side(x, TRANS: tl.constexpr):
+    """A per-key vector broadcast over a tile: columns, or rows of a transposed tile."""
+    if TRANS:
+        y = x[:, None]
+    else:
+        y = x[None, :]
+    return y
+
+
+@triton.jit
+def _visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr,
+             TRANS: tl.constexpr):
+    """(BM, BN) (``TRANS``: (BN, BM)) True where key j may be seen by query i at all: in range, causal,
+    same document."""
+    visible = (_q_side(offs_m, TRANS) < n_tokens) & (_k_side(offs_n, TRANS) < n_tokens)
     if CAUSAL:
-        visible = visible & (offs_n[None, :] <= offs_m[:, None])
+        visible = visible & (_k_side(offs_n, TRANS) <= _q_side(offs_m, TRANS))
     if HAS_DOCS:
-        visible = visible & (doc_m[:, None] == doc_n[None, :])
+        visible = visible & (_q_side(doc_m, TRANS) == _k_side(doc_n, TRANS))
     return visible
 
 
 @triton.jit
-def _bucket(p, pitch, shift):
-    """:func:`plsh_dist.hashing._bucket` (float64 positions in, float64 integers out)."""
-    return tl.floor((p - shift) / pitch)
+def _count_tile(anchor, offs_m, offs_n, pos_n, doc_m, doc_n, n_tokens, row_tile, kmin, kmax, hh, num_row_tiles,
+                Starts, Lasts, Spans, NUM_SAMPLES: tl.constexpr, CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr,
+                TRANS: tl.constexpr):
+    """(BM, BN) (``TRANS``: (BN, BM)) int32 ``c_ij`` (0 where hidden): the samples whose block of ``p_i`` holds ``p_j``.
+
+    ``anchor``: any (BM, BN) tensor (its shape).
+
+    Integers only: each token's block ``[start, last]`` per sample comes from the launcher
+    (:class:`~plsh_dist.ops.tile_bands.CountTables`, the hash's own float64 arithmetic, once
+    per call), so bucket(p_j) == bucket(p_i) is ``start <= p_j <= last`` (buckets are monotone
+    in position; causally ``p_j <= p_i <= last`` already). Per sample, two scalars of the query
+    tile (its rows' smallest and largest start, ``Spans``) against the key tile's smallest
+    and largest position (``kmin``, ``kmax``) decide the whole tile: every row's block holds
+    every key (add 1, a scalar), none does (nothing), or only then the per-score compare."""
+    count = tl.zeros(anchor.shape, dtype=tl.int32)
+    full = 0
+    in_m = offs_m < n_tokens
+    for t in tl.static_range(NUM_SAMPLES):
+        sample = hh * NUM_SAMPLES + t
+        span = Spans + (sample * num_row_tiles + row_tile) * 4
+        lo_start = tl.load(span)
+        hi_start = tl.load(span + 1)
+        if CAUSAL:
+            every = hi_start <= kmin
+            none = lo_start > kmax
+        else:
+            lo_last = tl.load(span + 2)
+            hi_last = tl.load(span + 3)
+            every = (hi_start <= kmin) & (lo_last >= kmax)
+            none = (lo_start > kmax) | (hi_last < kmin)
+        full += every.to(tl.int32)
+        if (every.to(tl.int32) + none.to(tl.int32)) == 0:
+            row = sample.to(tl.int64) * n_tokens
+            start = tl.load(Starts + row + offs_m, mask=in_m, other=0)
+            inside = _k_side(pos_n, TRANS) >= _q_side(start, TRANS)
+            if not CAUSAL:
+                last = tl.load(Lasts + row + offs_m, mask=in_m, other=0)
+                inside = inside & (_k_side(pos_n, TRANS) <= _q_side(last, TRANS))
+            count += inside.to(tl.int32)
+    count += full
+    return tl.where(_visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL, HAS_DOCS, TRANS), count, 0)
 
 
 @triton.jit
-def _bucket_start(b, pitch, shift):
-    """Smallest integer position whose bucket is >= ``b`` (float64), as
-    :func:`plsh_dist.hashing._bucket_start`: the float estimate is off by at most one
-    position, and each round steps it towards the hash's own rule."""
-    c = tl.ceil(shift + b * pitch)
-    for _ in tl.static_range(2):
-        c = tl.where(_bucket(c - 1.0, pitch, shift) >= b, c - 1.0, c)
-        c = tl.where(_bucket(c, pitch, shift) < b, c + 1.0, c)
-    return c
+def _logits(qk, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, row_tile, kmin, kmax, hh, num_row_tiles,
+            Starts, Lasts, Spans, Sigma, Window, scale_log2, NUM_SAMPLES: tl.constexpr, MODE: tl.constexpr,
+            CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr, TRANS: tl.constexpr = False):
+    """(BM, BN) (``TRANS``: (BN, BM), ``qk`` then ``k q^T``) base-2 logits and weights of one tile:
+    ``p = w exp2(s - m)`` (module doc).
 
-
-@triton.jit
-def _count_tile(anchor, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples, Pitch, Shift,
-                CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr):
-    """(BM, BN) int32 ``c_ij`` (0 where hidden): the samples whose block of ``p_i`` holds ``p_j``.
-
-    ``anchor``: the tile's scores ``q k^T`` (any (BM, BN) tensor); the count starts from
-    it, so the compiler lays the count out as the scores (the MMA layout: a few query rows
-    per thread) instead of a blocked layout holding 32 rows per thread, whose float64
-    work per row spilled registers (measured with ``launchers/triton_compile_table.py``).
-
-    Per sample, each query row's block ``[start, end)`` comes from the hash's float64
-    arithmetic (:func:`_bucket_start`), then the keys are integer compares: bucket(p_j)
-    == bucket(p_i) exactly when start <= p_j < end (buckets are monotone in position).
-    Causally ``p_j <= p_i < end`` already, so only the start is compared."""
-    pq = pos_m.to(tl.float64)
-    count = (anchor * 0.0).to(tl.int32)  # zeros in the anchor's layout
-    for t in range(0, num_samples):
-        pitch = tl.load(Pitch + t * num_hh + hh)
-        shift = tl.load(Shift + t * num_hh + hh)
-        b = _bucket(pq, pitch, shift)
-        start = _bucket_start(b, pitch, shift).to(tl.int32)
-        inside = pos_n[None, :] >= start[:, None]
-        if not CAUSAL:
-            end = _bucket_start(b + 1.0, pitch, shift).to(tl.int32)
-            inside = inside & (pos_n[None, :] < end[:, None])
-        count += inside.to(tl.int32)
-    return tl.where(_visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL, HAS_DOCS), count, 0)
-
-
-@triton.jit
-def _bias_tile(anchor, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples,
-               Pitch, Shift, Sigma, Window,
-               MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr):
-    """(BM, BN) additive bias in log2 units, ``-inf`` where hidden (module doc)."""
+    Count: ``s = qk scale`` where ``c > 0`` (``-inf`` elsewhere), ``w = c``: the bias
+    ``log2 c`` becomes a weight after the exponential (no logarithm); the biased row max
+    exceeds the unbiased one by at most ``log2 s``, so ``p <= s`` stays in range.
+    Window: ``s = qk scale - |p_i - p_j| log2(e) / sigma_h`` inside the window, ``w = 1``."""
     if MODE == 0:
-        count = _count_tile(anchor, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples,
-                            Pitch, Shift, CAUSAL, HAS_DOCS)
-        visible = count > 0
-        bias = tl.log2(tl.maximum(count, 1).to(tl.float32))
+        count = _count_tile(qk, offs_m, offs_n, pos_n, doc_m, doc_n, n_tokens, row_tile, kmin, kmax, hh,
+                            num_row_tiles, Starts, Lasts, Spans, NUM_SAMPLES, CAUSAL, HAS_DOCS, TRANS)
+        s = tl.where(count > 0, qk * scale_log2, float("-inf"))
+        w = count.to(tl.float32)
     else:
-        dist = tl.abs(pos_m[:, None] - pos_n[None, :])
+        dist = tl.abs(_q_side(pos_m, TRANS) - _k_side(pos_n, TRANS))
         window = tl.load(Window + hh).to(tl.int32)
-        visible = _visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL, HAS_DOCS) & (dist < window)
-        bias = dist.to(tl.float32) * (-LOG2E / tl.load(Sigma + hh))
-    return tl.where(visible, bias, float("-inf"))
+        visible = _visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL, HAS_DOCS, TRANS) & (dist < window)
+        s = tl.where(visible, qk * scale_log2 + dist.to(tl.float32) * (-LOG2E / tl.load(Sigma + hh)), float("-inf"))
+        w = 1.0
+    return s, w
+
+
+@triton.jit
+def _operand(x, dtype, EMULATE_BF16: tl.constexpr):
+    """``x`` (fp32) as a matrix operand of ``dtype``; ``EMULATE_BF16``: rounded to bf16 (nearest, ties
+    to even) but kept in fp32, as the compiled bf16 kernel rounds it (tests on Triton's interpreter,
+    whose bf16 ``tl.dot`` is wrong; finite values only)."""
+    if EMULATE_BF16:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+        return bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)
 
 
 @triton.jit
@@ -157,12 +206,12 @@ def _query_tile(Q, Pos, Doc, BandLo, BandHi, m, bh, stride_qb, stride_qt, stride
 
 
 @triton.jit
-def _key_tile(q, K_h, V_h, nt, rel_n, offs_d, offs_m, pos_m, doc_m, Pos, Doc, n_tokens, hh, num_hh, num_samples,
-              Pitch, Shift, Sigma, Window, stride_kt, stride_vt, scale_log2, HEAD_DIM: tl.constexpr,
-              D_REAL: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
-              HAS_DOCS: tl.constexpr, IEEE: tl.constexpr):
-    """Key tile ``nt`` of a query tile's band: its k and v, and the base-2 logits ``qk scale + bias``
-    (the forward and the dQ kernel walk the same tiles)."""
+def _key_tile(q, K_h, V_h, nt, rel_n, offs_d, m, offs_m, pos_m, doc_m, Pos, Doc, KSpan, n_tokens, hh, num_m_tiles,
+              Starts, Lasts, Spans, Sigma, Window, stride_kt, stride_vt, scale_log2, HEAD_DIM: tl.constexpr,
+              D_REAL: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SAMPLES: tl.constexpr, MODE: tl.constexpr,
+              CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr, IEEE: tl.constexpr):
+    """Key tile ``nt`` of query tile ``m``'s band: its k and v, the base-2 logits and the weights
+    (:func:`_logits`; the forward and the dQ kernel walk the same tiles)."""
     offs_n = nt * BLOCK_N + rel_n
     in_n = offs_n < n_tokens
     n_rows = _rows(in_n, offs_d, HEAD_DIM, D_REAL)
@@ -171,20 +220,31 @@ def _key_tile(q, K_h, V_h, nt, rel_n, offs_d, offs_m, pos_m, doc_m, Pos, Doc, n_
     v = tl.load(V_h + col0 * stride_vt + rel_n[:, None] * stride_vt + offs_d[None, :], mask=n_rows, other=0.0)
     pos_n = tl.load(Pos + offs_n, mask=in_n, other=0)
     doc_n = tl.load(Doc + offs_n, mask=in_n, other=-2) if HAS_DOCS else offs_n
+    kmin = tl.load(KSpan + 2 * nt)
+    kmax = tl.load(KSpan + 2 * nt + 1)
     qk = _dot(q, tl.trans(k), IEEE)
-    bias = _bias_tile(qk, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples,
-                      Pitch, Shift, Sigma, Window, MODE, CAUSAL, HAS_DOCS)
-    return k, v, qk * scale_log2 + bias
+    s, w = _logits(qk, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, m, kmin, kmax, hh, num_m_tiles,
+                   Starts, Lasts, Spans, Sigma, Window, scale_log2, NUM_SAMPLES, MODE, CAUSAL, HAS_DOCS)
+    return k, v, s, w
+
+
+@triton.jit
+def _lse2(Lse, rows, in_m):
+    """Saved lse in base 2 for the backward; a row that saw no key (lse = -inf, out = 0) reads
+    +inf, so that its ``p = exp2(-inf - inf) = 0`` and its gradients are zero, not NaN."""
+    lse2 = tl.load(Lse + rows, mask=in_m, other=0.0) * LOG2E
+    return tl.where(lse2 == float("-inf"), float("inf"), lse2)
 
 
 @triton.jit
 def onepass_fwd_kernel(
-    Q, K, V, Out, Lse, Pos, Doc, Pitch, Shift, Sigma, Window, BandLo, BandHi,
+    Q, K, V, Out, Lse, Pos, Doc, KSpan, Starts, Lasts, Spans, Sigma, Window, BandLo, BandHi,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_ob, stride_ot, stride_oh,
-    n_tokens, num_q_heads, group, num_hh, num_samples, num_m_tiles, scale_log2,
-    HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr, PER_HEAD: tl.constexpr, IEEE: tl.constexpr,
+    n_tokens, num_q_heads, group, num_m_tiles, scale_log2,
+    HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SAMPLES: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr,
+    PER_HEAD: tl.constexpr, IEEE: tl.constexpr, EMULATE_BF16: tl.constexpr,
 ):
     """Grid (query tiles, B * Hq): out and lse of one query tile of one head."""
     m = tl.program_id(0)
@@ -199,15 +259,15 @@ def onepass_fwd_kernel(
     V_h = V + b * stride_vb + kvh * stride_vh
     rel_n = tl.arange(0, BLOCK_N)
     for nt in range(lo, hi):
-        k, v, s = _key_tile(q, K_h, V_h, nt, rel_n, offs_d, offs_m, pos_m, doc_m, Pos, Doc, n_tokens, hh, num_hh,
-                            num_samples, Pitch, Shift, Sigma, Window, stride_kt, stride_vt, scale_log2, HEAD_DIM,
-                            D_REAL, BLOCK_N, MODE, CAUSAL, HAS_DOCS, IEEE)
+        k, v, s, w = _key_tile(q, K_h, V_h, nt, rel_n, offs_d, m, offs_m, pos_m, doc_m, Pos, Doc, KSpan, n_tokens,
+                               hh, num_m_tiles, Starts, Lasts, Spans, Sigma, Window, stride_kt, stride_vt,
+                               scale_log2, HEAD_DIM, D_REAL, BLOCK_N, NUM_SAMPLES, MODE, CAUSAL, HAS_DOCS, IEEE)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all hidden so far: exp2(-inf) = 0, not NaN
-        p = tl.exp2(s - m_use[:, None])
+        p = tl.exp2(s - m_use[:, None]) * w
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+        acc = acc * alpha[:, None] + _dot(_operand(p, v.dtype, EMULATE_BF16), v, IEEE)
         m_i = m_new
     l_use = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_use[:, None]
@@ -219,12 +279,13 @@ def onepass_fwd_kernel(
 
 @triton.jit
 def onepass_bwd_dkdv_kernel(
-    Q, K, V, DO, Lse, Delta, DK, DV, Pos, Doc, Pitch, Shift, Sigma, Window, BandLo, BandHi,
+    Q, K, V, DO, Lse, Delta, DK, DV, Pos, Doc, KSpan, Starts, Lasts, Spans, Sigma, Window, BandLo, BandHi,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_dob, stride_dot, stride_doh, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
-    n_tokens, num_q_heads, num_kv_heads, group, num_hh, num_samples, num_n_tiles, scale, scale_log2,
-    HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr, PER_HEAD: tl.constexpr, IEEE: tl.constexpr,
+    n_tokens, num_q_heads, num_kv_heads, group, num_n_tiles, num_m_tiles, scale, scale_log2,
+    HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SAMPLES: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr,
+    PER_HEAD: tl.constexpr, IEEE: tl.constexpr, EMULATE_BF16: tl.constexpr,
 ):
     """Grid (key tiles, B * Hkv): dK, dV of one key tile, summed over the query heads of its
     group in one program (deterministic: no atomics)."""
@@ -244,6 +305,8 @@ def onepass_bwd_dkdv_kernel(
                 mask=n_rows, other=0.0)
     pos_n = tl.load(Pos + offs_n, mask=in_n, other=0)
     doc_n = tl.load(Doc + offs_n, mask=in_n, other=-2) if HAS_DOCS else offs_n
+    kmin = tl.load(KSpan + 2 * nt)
+    kmax = tl.load(KSpan + 2 * nt + 1)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     rel_m = tl.arange(0, BLOCK_M)
@@ -264,19 +327,21 @@ def onepass_bwd_dkdv_kernel(
                         other=0.0)
             do = tl.load(DO_h + row0 * stride_dot + rel_m[:, None] * stride_dot + offs_d[None, :],
                          mask=m_rows, other=0.0)
-            lse2 = tl.load(Lse + row_h + offs_m, mask=in_m, other=0.0) * LOG2E
+            lse2 = _lse2(Lse, row_h + offs_m, in_m)
             delta = tl.load(Delta + row_h + offs_m, mask=in_m, other=0.0)
             pos_m = tl.load(Pos + offs_m, mask=in_m, other=0)
             doc_m = tl.load(Doc + offs_m, mask=in_m, other=-1) if HAS_DOCS else offs_m
-            qk = _dot(q, tl.trans(k), IEEE)
-            bias = _bias_tile(qk, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples,
-                              Pitch, Shift, Sigma, Window, MODE, CAUSAL, HAS_DOCS)
-            s = qk * scale_log2 + bias
-            p = tl.exp2(s - lse2[:, None])  # (BM, BN); 0 where hidden
-            dv += _dot(tl.trans(p.to(do.dtype)), do, IEEE)
-            dp = _dot(do, tl.trans(v), IEEE)
-            ds = p * (dp - delta[:, None])
-            dk += _dot(tl.trans(ds.to(q.dtype)), q, IEEE)
+            # transposed tiles (keys by queries), as Triton's fused-attention backward: every
+            # product has the key tile's BLOCK_N rows, which wgmma needs (>= 64 per warpgroup)
+            kq = _dot(k, tl.trans(q), IEEE)
+            s, w = _logits(kq, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, mt, kmin, kmax, hh,
+                           num_m_tiles, Starts, Lasts, Spans, Sigma, Window, scale_log2, NUM_SAMPLES, MODE, CAUSAL,
+                           HAS_DOCS, True)
+            p = tl.exp2(s - lse2[None, :]) * w  # (BN, BM); 0 where hidden
+            dv += _dot(_operand(p, do.dtype, EMULATE_BF16), do, IEEE)
+            dp = _dot(v, tl.trans(do), IEEE)
+            ds = p * (dp - delta[None, :])
+            dk += _dot(_operand(ds, q.dtype, EMULATE_BF16), q, IEEE)
     dk = dk * scale
     tl.store(DK + b * stride_dkb + kvh * stride_dkh + col0 * stride_dkt + rel_n[:, None] * stride_dkt
              + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=n_rows)
@@ -286,12 +351,13 @@ def onepass_bwd_dkdv_kernel(
 
 @triton.jit
 def onepass_bwd_dq_kernel(
-    Q, K, V, DO, Lse, Delta, DQ, Pos, Doc, Pitch, Shift, Sigma, Window, BandLo, BandHi,
+    Q, K, V, DO, Lse, Delta, DQ, Pos, Doc, KSpan, Starts, Lasts, Spans, Sigma, Window, BandLo, BandHi,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_dob, stride_dot, stride_doh, stride_dqb, stride_dqt, stride_dqh,
-    n_tokens, num_q_heads, group, num_hh, num_samples, num_m_tiles, scale, scale_log2,
-    HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr, PER_HEAD: tl.constexpr, IEEE: tl.constexpr,
+    n_tokens, num_q_heads, group, num_m_tiles, scale, scale_log2,
+    HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SAMPLES: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr,
+    PER_HEAD: tl.constexpr, IEEE: tl.constexpr, EMULATE_BF16: tl.constexpr,
 ):
     """Grid (query tiles, B * Hq): dQ of one query tile over the key tiles of its band."""
     m = tl.program_id(0)
@@ -301,28 +367,29 @@ def onepass_bwd_dq_kernel(
     do = tl.load(DO + b * stride_dob + h * stride_doh + row0 * stride_dot + rel_m[:, None] * stride_dot
                  + offs_d[None, :], mask=m_rows, other=0.0)
     row_h = (b * num_q_heads + h) * n_tokens
-    lse2 = tl.load(Lse + row_h + offs_m, mask=in_m, other=0.0) * LOG2E
+    lse2 = _lse2(Lse, row_h + offs_m, in_m)
     delta = tl.load(Delta + row_h + offs_m, mask=in_m, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     K_h = K + b * stride_kb + kvh * stride_kh
     V_h = V + b * stride_vb + kvh * stride_vh
     rel_n = tl.arange(0, BLOCK_N)
     for nt in range(lo, hi):
-        k, v, s = _key_tile(q, K_h, V_h, nt, rel_n, offs_d, offs_m, pos_m, doc_m, Pos, Doc, n_tokens, hh, num_hh,
-                            num_samples, Pitch, Shift, Sigma, Window, stride_kt, stride_vt, scale_log2, HEAD_DIM,
-                            D_REAL, BLOCK_N, MODE, CAUSAL, HAS_DOCS, IEEE)
-        p = tl.exp2(s - lse2[:, None])
+        k, v, s, w = _key_tile(q, K_h, V_h, nt, rel_n, offs_d, m, offs_m, pos_m, doc_m, Pos, Doc, KSpan, n_tokens,
+                               hh, num_m_tiles, Starts, Lasts, Spans, Sigma, Window, stride_kt, stride_vt,
+                               scale_log2, HEAD_DIM, D_REAL, BLOCK_N, NUM_SAMPLES, MODE, CAUSAL, HAS_DOCS, IEEE)
+        p = tl.exp2(s - lse2[:, None]) * w
         dp = _dot(do, tl.trans(v), IEEE)
         ds = p * (dp - delta[:, None])
-        dq += _dot(ds.to(k.dtype), k, IEEE)
+        dq += _dot(_operand(ds, k.dtype, EMULATE_BF16), k, IEEE)
     dq = dq * scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + row0 * stride_dqt + rel_m[:, None] * stride_dqt + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=m_rows)
 
 
 @triton.jit
-def count_tile_kernel(Out, Pos, Doc, Pitch, Shift, n_tokens, num_hh, num_samples,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr):
+def count_tile_kernel(Out, Pos, Doc, KSpan, Starts, Lasts, Spans, n_tokens, num_m_tiles,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SAMPLES: tl.constexpr, CAUSAL: tl.constexpr,
+                      HAS_DOCS: tl.constexpr):
     """Grid (query tiles, key tiles, Hh): the kernels' ``c_ij`` (0 where hidden), int32
     (Hh, n, n), from the same :func:`_count_tile`. Tests only: O(n^2)."""
     m = tl.program_id(0)
@@ -332,12 +399,13 @@ def count_tile_kernel(Out, Pos, Doc, Pitch, Shift, n_tokens, num_hh, num_samples
     offs_n = nt * BLOCK_N + tl.arange(0, BLOCK_N)
     in_m = offs_m < n_tokens
     in_n = offs_n < n_tokens
-    pos_m = tl.load(Pos + offs_m, mask=in_m, other=0)
     pos_n = tl.load(Pos + offs_n, mask=in_n, other=0)
     doc_m = tl.load(Doc + offs_m, mask=in_m, other=-1) if HAS_DOCS else offs_m
     doc_n = tl.load(Doc + offs_n, mask=in_n, other=-2) if HAS_DOCS else offs_n
+    kmin = tl.load(KSpan + 2 * nt)
+    kmax = tl.load(KSpan + 2 * nt + 1)
     anchor = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    count = _count_tile(anchor, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, hh, num_hh, num_samples, Pitch,
-                        Shift, CAUSAL, HAS_DOCS)
+    count = _count_tile(anchor, offs_m, offs_n, pos_n, doc_m, doc_n, n_tokens, m, kmin, kmax, hh, num_m_tiles,
+                        Starts, Lasts, Spans, NUM_SAMPLES, CAUSAL, HAS_DOCS, False)
     ptr = Out + hh.to(tl.int64) * n_tokens * n_tokens + offs_m.to(tl.int64)[:, None] * n_tokens + offs_n[None, :]
     tl.store(ptr, count, mask=in_m[:, None] & in_n[None, :])

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 import torch
 
 from plsh_dist.hashing import PositionalLSH
-from plsh_dist.ops.tile_bands import (CountBias, TileConfig, TokenLayout, WindowBias, key_tile_bands,
-                                      query_tile_bands, tiles_for)
+from plsh_dist.ops.tile_bands import (CountBias, TileConfig, TokenLayout, WindowBias, block_bounds, key_spans,
+                                      key_tile_bands, query_tile_bands, row_spans, tiles_for)
 
 __all__ = ["FLASH_TILE", "KernelTiles", "kernel_tiles", "window_tiles", "bias_tiles", "per_sample_tiles",
-           "floor_tiles"]
+           "floor_tiles", "boundary_share"]
 
 #: Tile edge of the flash kernels the other paths run (flash-attn 2's 128 x 128 forward tile).
 FLASH_TILE = 128
@@ -42,7 +42,7 @@ class KernelTiles:
         forward_area: score entries those tiles cover (the forward's computed q.k pairs).
         backward_area: score entries of the dK/dV kernel's tiles plus the dQ kernel's.
         backward_dkdv, backward_dq: (key tile, query tile) pairs the dK/dV kernel visits and
-            (query tile, key tile) pairs the dQ kernel visits (the backward's tile shape).
+            (query tile, key tile) pairs the dQ kernel visits (each kernel's own tile shape).
     """
 
     forward: int
@@ -61,7 +61,7 @@ def kernel_tiles(lsh: PositionalLSH, T: int, num_q_heads: int, *, head_dim: int 
                  causal: bool = True, tiles: tuple[TileConfig, TileConfig] | None = None) -> KernelTiles:
     """Tiles the fused kernel visits for one sequence of ``T`` tokens (module doc).
 
-    ``tiles``: (forward, backward) tile shapes instead of the shipped ones for
+    ``tiles``: (forward, dK/dV, dQ) tile shapes (or (forward, backward): one for both) instead of the shipped ones for
     ``head_dim`` / ``arch`` (what another tiling would visit).
     """
     return bias_tiles(CountBias.of(lsh, torch.device("cpu")), T, num_q_heads, head_dim=head_dim, arch=arch,
@@ -80,20 +80,55 @@ def window_tiles(sigma, window, T: int, num_q_heads: int, *, head_dim: int = 128
 
 
 def bias_tiles(bias, T: int, num_q_heads: int, *, head_dim: int = 128, arch: int = 9, causal: bool = True,
-               tiles: tuple[TileConfig, TileConfig] | None = None) -> KernelTiles:
+               tiles: tuple[TileConfig, ...] | None = None) -> KernelTiles:
     """Tiles the kernel visits for ``bias`` (:class:`~plsh_dist.ops.tile_bands.CountBias` or
     :class:`~plsh_dist.ops.tile_bands.WindowBias` on the CPU) over positions ``0..T-1``."""
     layout = TokenLayout.build(torch.arange(T), torch.device("cpu"))
     heads_per_hash = num_q_heads // bias.num_heads
-    fwd, bwd = tiles if tiles is not None else tiles_for(head_dim, arch)
+    fwd, kv, qt = _three(tiles if tiles is not None else tiles_for(head_dim, arch))
     lo, hi = query_tile_bands(bias, layout, fwd.block_m, fwd.block_n, causal)
     forward = int((hi - lo).long().sum()) * heads_per_hash
-    k_lo, k_hi = key_tile_bands(bias, layout, bwd.block_m, bwd.block_n, causal)
-    q_lo, q_hi = query_tile_bands(bias, layout, bwd.block_m, bwd.block_n, causal)
+    k_lo, k_hi = key_tile_bands(bias, layout, kv.block_m, kv.block_n, causal)
+    q_lo, q_hi = query_tile_bands(bias, layout, qt.block_m, qt.block_n, causal)
     dkdv = int((k_hi - k_lo).long().sum()) * heads_per_hash
     dq = int((q_hi - q_lo).long().sum()) * heads_per_hash
-    return KernelTiles(forward, forward * fwd.block_m * fwd.block_n, (dkdv + dq) * bwd.block_m * bwd.block_n, dkdv,
-                       dq)
+    return KernelTiles(forward, forward * fwd.block_m * fwd.block_n,
+                       dkdv * kv.block_m * kv.block_n + dq * qt.block_m * qt.block_n, dkdv, dq)
+
+
+def _three(tiles) -> tuple:
+    """(forward, dK/dV, dQ) tiles from a pair (one backward tile for both kernels) or a triple."""
+    return tuple(tiles) if len(tiles) == 3 else (tiles[0], tiles[1], tiles[1])
+
+
+def boundary_share(bias: CountBias, T: int, kernel: str, block_m: int, block_n: int, causal: bool = True) -> float:
+    """Share of the (visited tile, sample) pairs of ``kernel`` ("fwd", "bwd_dkdv", "bwd_dq") at
+    tiles of ``block_m`` x ``block_n`` over positions ``0..T-1`` where the count's per-score block
+    runs: the sample's blocks neither hold every key of the tile for every row nor miss them all
+    (the kernels' own test, on the launcher's own tables :func:`~plsh_dist.ops.tile_bands.row_spans`
+    and :func:`~plsh_dist.ops.tile_bands.key_spans`). One head at a time: O(s T) memory."""
+    layout = TokenLayout.build(torch.arange(T), torch.device("cpu"))
+    kspan = key_spans(layout, block_n).long()
+    taken = total = 0
+    for h in range(bias.num_heads):
+        one = CountBias(bias.pitch[:, h:h + 1].contiguous(), bias.shift[:, h:h + 1].contiguous())
+        spans = row_spans(*block_bounds(one, layout, causal), block_m)[0].long()  # (s, nq, 4)
+        bands = key_tile_bands if kernel == "bwd_dkdv" else query_tile_bands
+        lo, hi = (x[0].long() for x in bands(one, layout, block_m, block_n, causal))
+        inner = lo[:, None] + torch.arange(max(int((hi - lo).max()), 1))
+        valid = inner < hi[:, None]
+        inner = torch.minimum(inner, hi[:, None] - 1).clamp(min=0)
+        outer = torch.arange(lo.numel())[:, None].expand_as(inner)
+        m, nt = (inner, outer) if kernel == "bwd_dkdv" else (outer, inner)
+        sp, kmin, kmax = spans[:, m], kspan[nt, 0], kspan[nt, 1]
+        every = sp[..., 1] <= kmin
+        none = sp[..., 0] > kmax
+        if not causal:
+            every = every & (sp[..., 2] >= kmax)
+            none = none | (sp[..., 3] < kmin)
+        taken += int((~(every | none) & valid).sum())
+        total += int(valid.sum()) * spans.shape[0]
+    return taken / total
 
 
 def _block_tiles(lengths: torch.Tensor, causal: bool) -> int:

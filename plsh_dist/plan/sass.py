@@ -151,6 +151,10 @@ class LoopCost:
         pipelined: "TMA" (``UTMALDG`` / ``UBLKCP``), "cp.async" (``LDGSTS``) or "no": how the
             trip's loads reach shared memory.
         sample_loops, wait_loops: the nested loops, by kind.
+        skippable: instructions of the trip (outside sample loops) inside the regions its forward
+            conditional branches skip, outermost regions only, none holding a matrix instruction
+            (the count's per-sample blocks, run only where a sample's blocks cut the tile).
+        skippable_blocks: how many such regions.
     """
 
     loop: Loop
@@ -164,10 +168,13 @@ class LoopCost:
     pipelined: str
     sample_loops: list[Loop] = field(default_factory=list)
     wait_loops: list[Loop] = field(default_factory=list)
+    skippable: int = 0
+    skippable_blocks: int = 0
 
-    def instructions(self, samples: int) -> int:
-        """Instructions per warp of one trip at ``samples`` samples."""
-        return self.per_tile + samples * self.per_sample
+    def instructions(self, samples: int, taken: float = 1.0) -> float:
+        """Instructions per warp of one trip at ``samples`` samples, the skippable regions run in
+        a share ``taken`` of the trips (1: every instruction counted, the static reading)."""
+        return self.per_tile - (1.0 - taken) * self.skippable + samples * self.per_sample
 
     @property
     def mma_instructions(self) -> int:
@@ -211,9 +218,25 @@ def _loop_cost(instructions, loop: Loop, nested: list[Loop]) -> LoopCost:
             mma[i.opcode] = mma.get(i.opcode, 0) + 1
     ops = {i.base for i in body}
     pipelined = "TMA" if ops & {"UTMALDG", "UBLKCP"} else "cp.async" if "LDGSTS" in ops else "no"
+    regions = _skipped_regions(tile)
     return LoopCost(loop, len(tile), len(sample), sum(i.is_f64 for i in tile), sum(i.is_f64 for i in sample), mma,
                     sum(i.mma_flops_per_warp for i in body), sum(i.base == "CALL" for i in body), pipelined,
-                    samples, waits)
+                    samples, waits, sum(len(r) for r in regions), len(regions))
+
+
+def _skipped_regions(body: list[Instruction]) -> list[list[Instruction]]:
+    """Outermost regions ``(branch, target)`` of the body's forward conditional branches that hold
+    no matrix instruction and no other branch's target from outside (a plain if-block)."""
+    out, end = [], -1
+    for n, i in enumerate(body):
+        target = i.branch_target
+        if i.address <= end or target is None or target <= i.address or not i.predicate:
+            continue
+        region = [x for x in body[n + 1:] if x.address < target]
+        if region and len(region) == len(body[n + 1:n + 1 + len(region)]) and not any(x.mma_shape for x in region):
+            out.append(region)
+            end = target
+    return out
 
 
 def analyse(name: str, instructions: list[Instruction]) -> SassKernel:

@@ -111,24 +111,28 @@ class KernelModel:
     def uses_wgmma(self) -> bool:
         return bool(self.loop) and any(op.startswith("HGMMA") for op in self.loop.mma)
 
-    def issue_cycles(self, samples: int) -> float:
-        return self.num_warps * self.loop.instructions(samples) / self.machine.schedulers
+    def issue_cycles(self, samples: int, taken: float = 1.0) -> float:
+        """``taken``: share of trips that run the loop's skippable regions (:attr:`LoopCost.skippable`),
+        applied only to a count build with at most one region a sample (each is a sample's block; a
+        block not recognised as one stays counted every trip)."""
+        share = taken if self.bias == "count" and 0 < self.loop.skippable_blocks <= samples else 1.0
+        return self.num_warps * self.loop.instructions(samples, share) / self.machine.schedulers
 
     @property
     def tensor_cycles(self) -> float:
         return self.executed_flops / self.machine.tensor_flops_per_clock
 
-    def tile_cycles(self, samples: int) -> float:
+    def tile_cycles(self, samples: int, taken: float = 1.0) -> float:
         """SM clocks of one tile: issue or tensor, whichever is longer."""
-        return max(self.issue_cycles(samples), self.tensor_cycles)
+        return max(self.issue_cycles(samples, taken), self.tensor_cycles)
 
-    def bound_tflops(self, samples: int) -> float:
+    def bound_tflops(self, samples: int, taken: float = 1.0) -> float:
         """Useful TFLOP/s of the whole GPU at this tile cost (the issue-cycle bound)."""
         m = self.machine
-        return self.useful_flops / self.tile_cycles(samples) * m.sms * m.clock_hz / 1e12
+        return self.useful_flops / self.tile_cycles(samples, taken) * m.sms * m.clock_hz / 1e12
 
-    def tensor_bound(self, samples: int) -> bool:
-        return self.tensor_cycles >= self.issue_cycles(samples)
+    def tensor_bound(self, samples: int, taken: float = 1.0) -> bool:
+        return self.tensor_cycles >= self.issue_cycles(samples, taken)
 
 
 def model_launch(launch: Launch) -> tuple[KernelModel, bytes]:
@@ -160,10 +164,11 @@ def causal_floor_tiles(kernel: str, T: int, block_m: int, block_n: int) -> int:
     return sum(math.ceil(min(T, (i + 1) * block_m) / block_n) for i in range(math.ceil(T / block_m)))
 
 
-def area_rate(models: list[KernelModel], samples: int) -> float:
+def area_rate(models: list[KernelModel], samples: int, taken: list[float] | None = None) -> float:
     """Useful TFLOP/s bound of kernels that each cover the same score area once (a backward's
     dK/dV and dQ): their useful FLOPs and clocks per score entry added."""
+    taken = taken or [1.0] * len(models)
     useful = sum(m.useful_flops / (m.block_m * m.block_n) for m in models)
-    cycles = sum(m.tile_cycles(samples) / (m.block_m * m.block_n) for m in models)
+    cycles = sum(m.tile_cycles(samples, t) / (m.block_m * m.block_n) for m, t in zip(models, taken))
     machine = models[0].machine
     return useful / cycles * machine.sms * machine.clock_hz / 1e12

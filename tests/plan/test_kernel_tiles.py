@@ -30,13 +30,16 @@ def _nonzero_tiles(lsh, T, bm, bn) -> int:
 @pytest.mark.parametrize("sampler", ["iid", "stratified"])
 def test_kernel_tiles_are_the_tiles_with_a_count(sampler):
     T, lsh = 300, PositionalLSH(SIGMA, 8, seed=4, sampler=sampler)
-    fwd, bwd = tiles_for(128)
+    fwd, kv, qt = tiles_for(128)
     got = kernel_tiles(lsh, T, 4, head_dim=128)
     assert got.forward == _nonzero_tiles(lsh, T, fwd.block_m, fwd.block_n)
     assert got.forward_area == got.forward * fwd.block_m * fwd.block_n
-    # backward: the dQ kernel's pairs plus the dK/dV kernel's (the same set, seen from the keys)
-    assert got.backward_area == 2 * _nonzero_tiles(lsh, T, bwd.block_m, bwd.block_n) * bwd.block_m * bwd.block_n
-    assert got.backward_dkdv == got.backward_dq == _nonzero_tiles(lsh, T, bwd.block_m, bwd.block_n)
+    # backward: the dQ kernel's pairs plus the dK/dV kernel's (each at its own tile shape; the same set,
+    # seen from the keys, where the shapes agree)
+    assert got.backward_dkdv == _nonzero_tiles(lsh, T, kv.block_m, kv.block_n)
+    assert got.backward_dq == _nonzero_tiles(lsh, T, qt.block_m, qt.block_n)
+    assert got.backward_area == (got.backward_dkdv * kv.block_m * kv.block_n
+                                 + got.backward_dq * qt.block_m * qt.block_n)
     shared = PositionalLSH(6.0, 3, seed=1)
     assert kernel_tiles(shared, T, 4).forward == 4 * _nonzero_tiles(shared, T, fwd.block_m, fwd.block_n)
 
