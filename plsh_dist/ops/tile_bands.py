@@ -31,10 +31,11 @@ from dataclasses import dataclass
 
 import torch
 
-from plsh_dist.hashing import PositionalLSH, _bucket
+from plsh_dist.hashing import PositionalLSH
 
 __all__ = ["TileConfig", "TILES", "tiles_for", "TokenLayout", "CountBias", "WindowBias",
-           "query_tile_bands", "key_tile_bands", "bucket_start_nosync", "num_tiles", "block_bounds", "row_spans",
+           "query_tile_bands", "key_tile_bands", "query_bands", "key_bands", "block_start", "num_tiles", "block_bounds",
+           "row_spans", "tile_index", "CountReach", "WindowReach",
            "key_spans"]
 
 
@@ -132,15 +133,19 @@ class TokenLayout:
         return self.virtual[tokens] - self.positions[tokens]
 
 
-def bucket_start_nosync(b: torch.Tensor, pitch: torch.Tensor, shift: torch.Tensor, rounds: int = 4) -> torch.Tensor:
-    """:func:`plsh_dist.hashing._bucket_start` without its convergence check (a host sync on
-    CUDA): the float estimate is off by at most one position (one ulp's worth at a
-    boundary), and each round moves it one step towards the hash's own rule; the tests
-    hold the result equal to ``PositionalLSH.block_bounds``."""
-    c = torch.ceil(shift + b.to(torch.float64) * pitch).to(torch.long)
-    for _ in range(rounds):
-        c = c - (_bucket(c - 1, pitch, shift) >= b).long() + (_bucket(c, pitch, shift) < b).long()
-    return c
+def block_start(b: torch.Tensor, pitch: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Smallest integer position whose bucket is >= ``b`` (float64 holding integers, broadcasting
+    with pitch, shift), float64: :func:`plsh_dist.hashing._bucket_start` without its convergence
+    check (a host sync on CUDA).
+
+    The estimate ``ceil(shift + b pitch)`` is within one position of the rule: its float64 error
+    is a few ulps of numbers below 2^49 (positions below 2^31, pitches below 2^48), far less than
+    one. So one correction against the hash's own rule (:func:`_bucket` at the estimate minus one
+    and at the estimate, counted in one pass) lands on it; the tests hold the result equal to
+    ``PositionalLSH.block_bounds``."""
+    c = torch.ceil(shift + b * pitch)
+    cand = c + torch.arange(-1, 1, dtype=c.dtype, device=c.device).view(2, *[1] * c.dim())  # c - 1, c
+    return cand[0] + (torch.floor((cand - shift) / pitch) < b).sum(0)
 
 
 @dataclass(frozen=True)
@@ -167,38 +172,178 @@ class CountBias:
     def num_samples(self) -> int:
         return self.pitch.shape[0]
 
-    def reach(self, layout: TokenLayout, tokens: torch.Tensor, head: int) -> torch.Tensor:
-        """Earliest first token of the blocks holding ``tokens`` (LongTensor[m]), LongTensor[m]."""
-        pitch, shift = self.pitch[:, head, None], self.shift[:, head, None]  # (s, 1)
-        b = _bucket(layout.positions[tokens][None], pitch, shift)  # (s, m)
-        start = bucket_start_nosync(b, pitch, shift) + layout.shift(tokens)[None]
-        return layout.token_at(start, tokens.expand_as(start)).amin(dim=0)
-
-    def reach_end(self, layout: TokenLayout, tokens: torch.Tensor, head: int) -> torch.Tensor:
-        """One past the latest last token of the blocks holding ``tokens``, LongTensor[m]."""
-        pitch, shift = self.pitch[:, head, None], self.shift[:, head, None]
-        b = _bucket(layout.positions[tokens][None], pitch, shift)
-        end = bucket_start_nosync(b + 1, pitch, shift) + layout.shift(tokens)[None]
-        return layout.clamp_end(torch.searchsorted(layout.virtual, end.contiguous()), tokens).amax(dim=0)
+    def bounds(self, layout: TokenLayout, tokens=slice(None), step: int = 0) -> torch.Tensor:
+        """First position of bucket ``+ step`` of the blocks holding ``tokens`` (a slice or a
+        LongTensor[m]), every head and sample at once: float64 (Hh, s, m) holding integers."""
+        pitch, shift = self.pitch.T[:, :, None], self.shift.T[:, :, None]  # (Hh, s, 1)
+        b = torch.floor((layout.positions[tokens].to(torch.float64) - shift) / pitch)
+        return block_start(b + step if step else b, pitch, shift)
 
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def tile_index(n: int, largest: int, device) -> torch.Tensor:
+    """LongTensor[n + largest - 1]: ``0..n-1`` then ``n - 1`` repeated. Indexing a token axis with
+    its first ``num_tiles(n, size) * size`` entries (any ``size <= largest``) pads the last tile by
+    repeating the last token: each tile's smallest and largest value and its last token are the
+    real ones."""
+    return torch.arange(n + largest - 1, device=device).clamp_(max=n - 1)
+
+
+def _tile_lasts(index: torch.Tensor, n: int, size: int) -> torch.Tensor:
+    """Last token of each tile of ``size`` (a view of :func:`tile_index`)."""
+    return index[size - 1:num_tiles(n, size) * size:size]
+
+
+def _min_max(padded: torch.Tensor, n: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Smallest and largest value of each tile of ``size`` along the last axis of ``padded``
+    (indexed by :func:`tile_index`), (..., num_tiles) each."""
+    return padded[..., :num_tiles(n, size) * size].unflatten(-1, (-1, size)).aminmax(dim=-1)
+
+
+class Reach:
+    """How far the tokens at the ends of tiles reach, every bias head at once.
+
+    ``first(size)``: LongTensor (Hh, num_tiles): earliest token seen by the first token of
+    each tile of ``size``; ``last_end(size)``: one past the latest token seen by each tile's
+    last token. Built by :meth:`CountReach.build` / :meth:`WindowReach.build`; ``index`` is
+    the :func:`tile_index` of the layout."""
+
+    layout: TokenLayout
+    index: torch.Tensor
+    _positions: torch.Tensor | None = None
+
+    def key_spans(self, block_n: int) -> torch.Tensor:
+        """:func:`key_spans` on this reach's :attr:`index` (the padded positions shared by every tile size)."""
+        if self._positions is None:
+            self._positions = self.layout.kernel_positions[self.index]
+        return torch.stack(_min_max(self._positions, self.layout.n, block_n), -1)
+
+    def _first(self, reached: torch.Tensor, size: int) -> torch.Tensor:
+        """Token of the earliest virtual position ``reached`` (Hh, num_tiles) by each tile's first token."""
+        tokens = slice(None, None, size)
+        t = torch.searchsorted(self.layout.virtual, reached.contiguous())
+        return t if self.layout.doc_first is None else torch.maximum(t, self.layout.doc_first[tokens])
+
+    def _last_end(self, reached: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """One past the token of the latest virtual position ``reached`` (Hh, m) by ``tokens``."""
+        t = torch.searchsorted(self.layout.virtual, reached.contiguous(), right=True)
+        return self.layout.clamp_end(t, tokens)
+
+
+class CountReach(Reach):
+    """The count's block bounds for one call, all heads and samples at once: the kernels'
+    tables (:meth:`table`, :meth:`row_spans`) and the tiles' reach.
+
+    Block starts (and window starts) are monotone in the token, and so is a position's token
+    (``searchsorted``, then the document's clamp): the earliest token over the samples is the
+    token of the earliest block start, so the samples are reduced before the search."""
+
+    def __init__(self, layout: TokenLayout, index: torch.Tensor, causal: bool, starts: dict, lasts: dict,
+                 table: torch.Tensor | None = None):
+        """``starts`` / ``lasts``: tile size -> float64 (Hh, s, num_tiles) first / last position of the
+        blocks holding each tile's first / last token; key None: every token's (Hh, s, n).
+        ``table``: int32 (1 or 2, Hh, s, n), the starts (and lasts) clamped to int32."""
+        self.layout, self.index, self.causal = layout, index, causal
+        self._starts, self._lasts, self._table, self._padded = starts, lasts, table, None
+
+    @classmethod
+    def build(cls, bias: "CountBias", layout: TokenLayout, causal: bool, largest: int, end_sizes=()) -> "CountReach":
+        """Every token's block bounds (the kernels' tables), and the block ends at the last
+        tokens of the tiles of ``end_sizes`` (causal: the dK/dV kernel's key tiles), tiles of
+        at most ``largest`` tokens."""
+        n = layout.n
+        index = tile_index(n, largest, layout.positions.device)
+        pitch, shift = bias.pitch.T[:, :, None], bias.shift.T[:, :, None]  # (Hh, s, 1)
+        b = torch.floor((layout.positions.to(torch.float64) - shift) / pitch)  # (Hh, s, n)
+        if causal:  # the block ends only where a band needs them, after the starts on one axis
+            tokens = [_tile_lasts(index, n, size) for size in end_sizes]
+            ends = torch.cat(tokens) if len(tokens) > 1 else tokens[0] if tokens else index[:0]
+            bounds = block_start(torch.cat([b, b[..., ends] + 1], -1), pitch, shift)  # (Hh, s, n + ends)
+            bounds[..., n:] -= 1
+            table = bounds[..., :n].clamp(INT32_MIN, INT32_MAX).to(torch.int32).contiguous()[None]
+            lasts, at = {}, n
+            for size, toks in zip(end_sizes, tokens):
+                lasts[size], at = bounds[..., at:at + toks.numel()], at + toks.numel()
+            return cls(layout, index, causal, {None: bounds[..., :n]}, lasts, table)
+        bounds = block_start(torch.stack([b, b + 1]), pitch, shift)  # (2, Hh, s, n): starts, next starts
+        bounds[1] -= 1
+        table = bounds.clamp(INT32_MIN, INT32_MAX).to(torch.int32).contiguous()
+        return cls(layout, index, causal, {None: bounds[0]}, {None: bounds[1]}, table)
+
+    @classmethod
+    def at_tiles(cls, bias: "CountBias", layout: TokenLayout, first_size: int, last_size: int | None) -> "CountReach":
+        """Block bounds only at the first tokens of tiles of ``first_size`` and the last tokens of
+        tiles of ``last_size`` (the bands alone, without the kernels' tables: O(s n / size))."""
+        index = tile_index(layout.n, max(first_size, last_size or 1), layout.positions.device)
+        starts = {first_size: bias.bounds(layout, slice(None, None, first_size))}
+        lasts = {}
+        if last_size is not None:
+            lasts[last_size] = bias.bounds(layout, _tile_lasts(index, layout.n, last_size), step=1) - 1
+        return cls(layout, index, True, starts, lasts)
+
+    def first(self, size: int) -> torch.Tensor:
+        starts = self._starts[size] if size in self._starts else self._starts[None][..., ::size]
+        start = starts.amin(1).long()  # (Hh, nt): earliest block start
+        if self.layout.doc is not None:
+            tokens = slice(None, None, size)
+            start = start + (self.layout.virtual[tokens] - self.layout.positions[tokens])
+        return self._first(start, size)
+
+    def last_end(self, size: int) -> torch.Tensor:
+        tokens = _tile_lasts(self.index, self.layout.n, size)
+        lasts = self._lasts[size] if size in self._lasts else self._lasts[None][..., tokens]
+        last = lasts.amax(1).long()  # (Hh, nt): latest block last position
+        if self.layout.doc is not None:
+            last = last + self.layout.shift(tokens)
+        return self._last_end(last, tokens)
+
+    def table(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(starts, lasts): int32 (Hh, s, n) each, clamped to int32 (``lasts`` None when causal:
+        ``p_j <= p_i`` is inside the block already)."""
+        return self._table[0], None if self.causal else self._table[1]
+
+    def padded_table(self) -> torch.Tensor:
+        """The table indexed by :attr:`index`: int32 (1 or 2, Hh, s, n + largest - 1)."""
+        if self._padded is None:
+            self._padded = self._table[..., self.index]
+        return self._padded
+
+    def row_spans(self, block_m: int) -> torch.Tensor:
+        """:func:`row_spans` of :meth:`table`."""
+        return _row_spans(self.padded_table(), self.layout.n, block_m, self.causal)
+
+
+class WindowReach(Reach):
+    """The reach of tiles under a :class:`WindowBias`, every head at once."""
+
+    def __init__(self, bias: "WindowBias", layout: TokenLayout, largest: int):
+        self.layout, self.index = layout, tile_index(layout.n, largest, layout.positions.device)
+        self._behind = bias.window[:, None] - 1  # (Hh, 1): farthest distance seen
+
+    def first(self, size: int) -> torch.Tensor:
+        return self._first(self.layout.virtual[::size] - self._behind, size)
+
+    def last_end(self, size: int) -> torch.Tensor:
+        tokens = _tile_lasts(self.index, self.layout.n, size)
+        return self._last_end(self.layout.virtual[tokens] + self._behind, tokens)
 
 
 def block_bounds(bias: "CountBias", layout: TokenLayout, causal: bool):
     """Every token's block per sample, as the kernels compare it: first and last position,
     int32 Tensors (Hh, s, n) each (``lasts`` None when causal: ``p_j <= p_i`` is inside already).
 
-    From the hash's own float64 arithmetic (:func:`bucket_start_nosync`), all heads and
-    samples at once; clamped to int32 (a block of a huge sigma reaches past any position the
-    kernel holds: positions are in [0, 2^31))."""
-    pitch, shift = bias.pitch.T[:, :, None], bias.shift.T[:, :, None]  # (Hh, s, 1)
-    b = _bucket(layout.positions[None, None], pitch, shift)  # (Hh, s, n)
-    starts = bucket_start_nosync(b, pitch, shift).clamp(INT32_MIN, INT32_MAX).to(torch.int32).contiguous()
-    if causal:
-        return starts, None
-    lasts = (bucket_start_nosync(b + 1, pitch, shift) - 1).clamp(INT32_MIN, INT32_MAX).to(torch.int32).contiguous()
-    return starts, lasts
+    From the hash's own float64 arithmetic (:func:`block_start`), all heads and samples at
+    once; clamped to int32 (a block of a huge sigma reaches past any position the kernel
+    holds: positions are in [0, 2^31))."""
+    return CountReach.build(bias, layout, causal, 1).table()
+
+
+def _row_spans(padded: torch.Tensor, n: int, block_m: int, causal: bool) -> torch.Tensor:
+    mn, mx = _min_max(padded, n, block_m)
+    parts = [mn[0], mx[0], mn[0], mx[0]] if causal else [mn[0], mx[0], mn[1], mx[1]]
+    return torch.stack(parts, -1)
 
 
 def row_spans(starts: torch.Tensor, lasts: torch.Tensor | None, block_m: int) -> torch.Tensor:
@@ -206,19 +351,15 @@ def row_spans(starts: torch.Tensor, lasts: torch.Tensor | None, block_m: int) ->
     block start, then smallest and largest block last position (the starts again when ``lasts``
     is None): the kernels' per-tile test of whether a sample's blocks hold all, none or some keys."""
     n = starts.shape[-1]
-    pad = num_tiles(n, block_m) * block_m - n
-    lasts = starts if lasts is None else lasts
-    tiles = lambda x, fill: torch.nn.functional.pad(x, (0, pad), value=fill).unflatten(-1, (-1, block_m))  # noqa: E731
-    return torch.stack([tiles(starts, INT32_MAX).amin(-1), tiles(starts, INT32_MIN).amax(-1),
-                        tiles(lasts, INT32_MAX).amin(-1), tiles(lasts, INT32_MIN).amax(-1)], -1).contiguous()
+    table = starts[None] if lasts is None else torch.stack([starts, lasts])
+    return _row_spans(table[..., tile_index(n, block_m, starts.device)], n, block_m, lasts is None)
 
 
-def key_spans(layout: TokenLayout, block_n: int) -> torch.Tensor:
-    """int32 (nk, 2): smallest and largest position of each key tile of ``block_n``."""
-    pos = layout.kernel_positions
-    pad = num_tiles(layout.n, block_n) * block_n - layout.n
-    tiles = lambda fill: torch.nn.functional.pad(pos, (0, pad), value=fill).unflatten(-1, (-1, block_n))  # noqa: E731
-    return torch.stack([tiles(INT32_MAX).amin(-1), tiles(INT32_MIN).amax(-1)], -1).contiguous()
+def key_spans(layout: TokenLayout, block_n: int, index: torch.Tensor | None = None) -> torch.Tensor:
+    """int32 (nk, 2): smallest and largest position of each key tile of ``block_n`` (``index``: a
+    :func:`tile_index` for tiles of at least ``block_n``)."""
+    index = tile_index(layout.n, block_n, layout.positions.device) if index is None else index
+    return torch.stack(_min_max(layout.kernel_positions[index], layout.n, block_n), -1)
 
 
 @dataclass(frozen=True)
@@ -251,17 +392,25 @@ class WindowBias:
     def num_heads(self) -> int:
         return self.sigma.numel()
 
-    def reach(self, layout: TokenLayout, tokens: torch.Tensor, head: int) -> torch.Tensor:
-        return layout.token_at(layout.virtual[tokens] - (self.window[head] - 1), tokens)
 
-    def reach_end(self, layout: TokenLayout, tokens: torch.Tensor, head: int) -> torch.Tensor:
-        end = torch.searchsorted(layout.virtual, (layout.virtual[tokens] + self.window[head]).contiguous())
-        return layout.clamp_end(end, tokens)
+def query_bands(reach: Reach, block_m: int, block_n: int, causal: bool):
+    """Key tiles ``[lo, hi)`` (in units of ``block_n``) that each query tile of ``block_m`` meets,
+    int32 Tensors (Hh, nq) each, from ``reach`` (tiles of at most ``max(block_m, block_n)``)."""
+    lo = reach.first(block_m)
+    if causal:  # up to the tile's last token: (last + 1 + block_n - 1)
+        end = (_tile_lasts(reach.index, reach.layout.n, block_m) + block_n).expand_as(lo)
+    else:
+        end = reach.last_end(block_m) + (block_n - 1)
+    return torch.div(torch.stack([lo, end]), block_n, rounding_mode="floor").to(torch.int32).unbind(0)
 
 
-def _tiles(n: int, size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    first = torch.arange(0, n, size, device=device)
-    return first, torch.clamp(first + size, max=n) - 1
+def key_bands(reach: Reach, block_m: int, block_n: int, causal: bool):
+    """Query tiles ``[lo, hi)`` (in units of ``block_m``) whose band meets each key tile of
+    ``block_n``, int32 Tensors (Hh, nk) each, from ``reach``."""
+    end = reach.last_end(block_n) + (block_m - 1)
+    start = reach.index[:num_tiles(reach.layout.n, block_n) * block_n:block_n].expand_as(end) if causal \
+        else reach.first(block_n)
+    return torch.div(torch.stack([start, end]), block_m, rounding_mode="floor").to(torch.int32).unbind(0)
 
 
 def query_tile_bands(bias, layout: TokenLayout, block_m: int, block_n: int, causal: bool):
@@ -270,27 +419,23 @@ def query_tile_bands(bias, layout: TokenLayout, block_m: int, block_n: int, caus
     Returns int32 Tensors (Hh, nq) each, on the layout's device: the forward and
     dQ kernels loop over exactly these key tiles.
     """
-    first, last = _tiles(layout.n, block_m, layout.positions.device)
-    lo, hi = [], []
-    for h in range(bias.num_heads):
-        lo.append(torch.div(bias.reach(layout, first, h), block_n, rounding_mode="floor"))
-        end = last + 1 if causal else bias.reach_end(layout, last, h)
-        hi.append(torch.div(end + block_n - 1, block_n, rounding_mode="floor"))
-    return torch.stack(lo).to(torch.int32), torch.stack(hi).to(torch.int32)
+    largest = max(block_m, block_n)
+    if isinstance(bias, CountBias):
+        reach = CountReach.at_tiles(bias, layout, block_m, None if causal else block_m)
+    else:
+        reach = WindowReach(bias, layout, largest)
+    return query_bands(reach, block_m, block_n, causal)
 
 
 def key_tile_bands(bias, layout: TokenLayout, block_m: int, block_n: int, causal: bool):
     """Query tiles ``[lo, hi)`` (in units of ``block_m``) whose band meets each key tile of
     ``block_n``: i sees j iff j sees i (blocks and windows are symmetric), and causally
     only queries at or after j. int32 Tensors (Hh, nk) each (the dK/dV kernel's loop)."""
-    first, last = _tiles(layout.n, block_n, layout.positions.device)
-    lo, hi = [], []
-    for h in range(bias.num_heads):
-        start = first if causal else bias.reach(layout, first, h)
-        lo.append(torch.div(start, block_m, rounding_mode="floor"))
-        end = bias.reach_end(layout, last, h)
-        hi.append(torch.div(end + block_m - 1, block_m, rounding_mode="floor"))
-    return torch.stack(lo).to(torch.int32), torch.stack(hi).to(torch.int32)
+    if isinstance(bias, CountBias):
+        reach = CountReach.at_tiles(bias, layout, block_n, block_n)
+    else:
+        reach = WindowReach(bias, layout, max(block_m, block_n))
+    return key_bands(reach, block_m, block_n, causal)
 
 
 def num_tiles(n: int, size: int) -> int:

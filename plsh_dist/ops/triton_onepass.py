@@ -36,8 +36,9 @@ import torch
 
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
-from plsh_dist.ops.tile_bands import (CountBias, TokenLayout, WindowBias, block_bounds, key_spans,
-                                      key_tile_bands, num_tiles, query_tile_bands, row_spans, tiles_for)
+from plsh_dist.ops.kernel_plans import count_plan
+from plsh_dist.ops.tile_bands import (CountBias, CountReach, TileConfig, TokenLayout, WindowBias, WindowReach,
+                                      key_bands, num_tiles, query_bands, tiles_for)
 
 __all__ = ["TritonOnePass", "triton_cuda", "triton_interpreter", "triton_status", "interpreting", "kernels",
            "banded_forward", "banded_backward", "triton_onepass_forward",
@@ -126,40 +127,75 @@ def _arch(device: torch.device) -> int:
 
 
 @dataclass(frozen=True)
+class KernelTables:
+    """One kernel's view of the bias at its tile shape.
+
+    Attributes:
+        args: kernel arguments (KSpan, Starts, Lasts, Spans, Sigma, Window); unused ones a dummy tensor.
+        consts: constexprs (MODE, NUM_SAMPLES).
+        lo, hi: int32 (Hh, tiles) band limits (:func:`~plsh_dist.ops.tile_bands.query_bands` /
+            :func:`~plsh_dist.ops.tile_bands.key_bands`).
+    """
+
+    args: tuple
+    consts: dict
+    lo: torch.Tensor
+    hi: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
 class KernelBias:
-    """A bias as the kernels read it, for one call (forward and backward share it).
+    """A bias as the kernels read it, for one call: the tables and bands of the forward, dK/dV
+    and dQ kernels, every head at once. Built once per (bias, tokens, causal, tiles): the
+    forward and backward of a call share it, and so do calls with the same hash
+    (:mod:`plsh_dist.ops.kernel_plans`).
 
     Attributes:
         bias: the :class:`CountBias` or :class:`WindowBias`; layout: the tokens; causal.
-        starts, lasts: int32 (Hh, s, n) block bounds of the count (:func:`block_bounds`;
-            None for the window, lasts None when causal).
+        fwd, dkdv, dq: :class:`KernelTables` at the tiles of each kernel.
     """
 
     bias: CountBias | WindowBias
     layout: TokenLayout
     causal: bool
-    starts: torch.Tensor | None = None
-    lasts: torch.Tensor | None = None
+    fwd: KernelTables
+    dkdv: KernelTables
+    dq: KernelTables
 
     @classmethod
-    def of(cls, bias, layout: TokenLayout, causal: bool) -> "KernelBias":
+    def of(cls, bias, layout: TokenLayout, causal: bool,
+           tiles: tuple[TileConfig, TileConfig, TileConfig]) -> "KernelBias":
+        """The tables of ``bias`` over ``layout`` for the (forward, dK/dV, dQ) ``tiles``."""
+        fwd, kv, qt = tiles
+        largest = max(max(c.block_m, c.block_n) for c in tiles)
+        device = layout.positions.device
         if isinstance(bias, CountBias):
-            return cls(bias, layout, causal, *block_bounds(bias, layout, causal))
-        return cls(bias, layout, causal)
-
-    def args(self, block_m: int, block_n: int) -> tuple[list, dict]:
-        """Kernel arguments (KSpan, Starts, Lasts, Spans, Sigma, Window) and constexprs (MODE,
-        NUM_SAMPLES) for tiles of ``block_m`` x ``block_n``; unused ones get a dummy tensor."""
-        device = self.layout.positions.device
-        kspan = key_spans(self.layout, block_n)
-        if self.starts is None:
+            reach = CountReach.build(bias, layout, causal, largest, end_sizes=(kv.block_n,))
+            starts, lasts = reach.table()
+            lasts = starts if lasts is None else lasts
+            dummy = torch.zeros(1, dtype=torch.float32, device=device)
+            fixed, consts, rows = (dummy, dummy.long()), dict(MODE=0, NUM_SAMPLES=bias.num_samples), reach.row_spans
+        else:
+            reach = WindowReach(bias, layout, largest)
             dummy = torch.zeros(1, dtype=torch.int32, device=device)
-            return [kspan, dummy, dummy, dummy, self.bias.sigma, self.bias.window], dict(MODE=1, NUM_SAMPLES=1)
-        spans = row_spans(self.starts, self.lasts, block_m)
-        lasts = self.starts if self.lasts is None else self.lasts
-        dummy = torch.zeros(1, dtype=torch.float32, device=device)
-        return ([kspan, self.starts, lasts, spans, dummy, dummy.long()],
-                dict(MODE=0, NUM_SAMPLES=self.bias.num_samples))
+            fixed, consts, rows = (bias.sigma, bias.window), dict(MODE=1, NUM_SAMPLES=1), None
+        memo: dict = {}
+
+        def once(key, make):  # tables shared by kernels with the same tile side
+            if key not in memo:
+                memo[key] = make()
+            return memo[key]
+
+        def tables(cfg: TileConfig, bands) -> KernelTables:
+            kspan = once(("kspan", cfg.block_n), lambda: reach.key_spans(cfg.block_n))
+            if rows is None:
+                args = (kspan, dummy, dummy, dummy, *fixed)
+            else:
+                args = (kspan, starts, lasts, once(("rows", cfg.block_m), lambda: rows(cfg.block_m)), *fixed)
+            lo, hi = once((bands, cfg.block_m, cfg.block_n), lambda: bands(reach, cfg.block_m, cfg.block_n, causal))
+            return KernelTables(args, consts, lo, hi)
+
+        return cls(bias, layout, causal, tables(fwd, query_bands), tables(kv, key_bands), tables(qt, query_bands))
 
 
 def _check(q, k, v, layout: TokenLayout, bias):
@@ -191,21 +227,20 @@ def banded_forward(q, k, v, bias, layout: TokenLayout, *, causal: bool, scale: f
     _check(q, k, v, layout, bias)
     B, n, Hq, D = q.shape
     Hkv = k.shape[2]
-    cfg = tiles_for(D, _arch(q.device))[0]
-    kb = kernel_bias if kernel_bias is not None else KernelBias.of(bias, layout, causal)
-    lo, hi = query_tile_bands(bias, layout, cfg.block_m, cfg.block_n, causal)
+    tiles = tiles_for(D, _arch(q.device))
+    cfg = tiles[0]
+    t = (kernel_bias if kernel_bias is not None else KernelBias.of(bias, layout, causal, tiles)).fwd
     out = torch.empty_like(q)
     lse = torch.empty(B, Hq, n, dtype=torch.float32, device=q.device)
-    tables, consts = kb.args(cfg.block_m, cfg.block_n)
     mod = _launch(q.device)
     grid = (num_tiles(n, cfg.block_m), B * Hq)
     mod.onepass_fwd_kernel[grid](
-        q, k, v, out, lse, layout.kernel_positions, _doc(layout), *tables, lo, hi,
+        q, k, v, out, lse, layout.kernel_positions, _doc(layout), *t.args, t.lo, t.hi,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
         n, Hq, Hq // Hkv, grid[0], scale * LOG2E,
         HEAD_DIM=_padded(D), D_REAL=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
         HAS_DOCS=layout.doc is not None, PER_HEAD=bias.num_heads > 1, IEEE=q.dtype == torch.float32,
-        EMULATE_BF16=emulate_bf16, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts,
+        EMULATE_BF16=emulate_bf16, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **t.consts,
     )
     return out, lse
 
@@ -220,35 +255,31 @@ def banded_backward(dout, q, k, v, out, lse, bias, layout: TokenLayout, *, causa
     _check(q, k, v, layout, bias)
     B, n, Hq, D = q.shape
     Hkv = k.shape[2]
-    _, kv_cfg, q_cfg = tiles_for(D, _arch(q.device))
-    kb = kernel_bias if kernel_bias is not None else KernelBias.of(bias, layout, causal)
+    tiles = tiles_for(D, _arch(q.device))
+    _, kv_cfg, q_cfg = tiles
+    kb = kernel_bias if kernel_bias is not None else KernelBias.of(bias, layout, causal, tiles)
     dout = dout.contiguous() if dout.stride(-1) != 1 else dout
-    # D_i = rowsum(dO o O), fp32 (B, Hq, n) like lse; one head at a time keeps the fp32
-    # temporaries at 1/Hq of a q-sized tensor
-    delta = torch.empty(B, Hq, n, dtype=torch.float32, device=q.device)
-    for h in range(Hq):
-        delta[:, h] = (dout[:, :, h].float() * out[:, :, h].float()).sum(-1)
+    # D_i = rowsum(dO o O), fp32 (B, Hq, n) like lse: one fp32 temporary of dout's shape
+    delta = dout.to(torch.float32, copy=True).mul_(out).sum(-1).transpose(1, 2).contiguous()
     lse = lse.float().contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     mod = _launch(q.device)
     common = dict(HEAD_DIM=_padded(D), D_REAL=D, CAUSAL=causal, HAS_DOCS=layout.doc is not None,
                   PER_HEAD=bias.num_heads > 1, IEEE=q.dtype == torch.float32, EMULATE_BF16=emulate_bf16)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
-    tables, consts = kb.args(kv_cfg.block_m, kv_cfg.block_n)
-    k_lo, k_hi = key_tile_bands(bias, layout, kv_cfg.block_m, kv_cfg.block_n, causal)
+    t = kb.dkdv
     nk, nq = num_tiles(n, kv_cfg.block_n), num_tiles(n, kv_cfg.block_m)
     mod.onepass_bwd_dkdv_kernel[(nk, B * Hkv)](
-        q, k, v, dout, lse, delta, dk, dv, layout.kernel_positions, _doc(layout), *tables,
-        k_lo, k_hi, *strides, *dk.stride()[:3], *dv.stride()[:3],
-        n, Hq, Hkv, Hq // Hkv, nk, nq, scale, scale * LOG2E, **common, **consts, **_launch_shape(kv_cfg),
+        q, k, v, dout, lse, delta, dk, dv, layout.kernel_positions, _doc(layout), *t.args,
+        t.lo, t.hi, *strides, *dk.stride()[:3], *dv.stride()[:3],
+        n, Hq, Hkv, Hq // Hkv, nk, nq, scale, scale * LOG2E, **common, **t.consts, **_launch_shape(kv_cfg),
     )
-    tables, consts = kb.args(q_cfg.block_m, q_cfg.block_n)
-    q_lo, q_hi = query_tile_bands(bias, layout, q_cfg.block_m, q_cfg.block_n, causal)
+    t = kb.dq
     nq = num_tiles(n, q_cfg.block_m)
     mod.onepass_bwd_dq_kernel[(nq, B * Hq)](
-        q, k, v, dout, lse, delta, dq, layout.kernel_positions, _doc(layout), *tables,
-        q_lo, q_hi, *strides, *dq.stride()[:3],
-        n, Hq, Hq // Hkv, nq, scale, scale * LOG2E, **common, **consts, **_launch_shape(q_cfg),
+        q, k, v, dout, lse, delta, dq, layout.kernel_positions, _doc(layout), *t.args,
+        t.lo, t.hi, *strides, *dq.stride()[:3],
+        n, Hq, Hq // Hkv, nq, scale, scale * LOG2E, **common, **t.consts, **_launch_shape(q_cfg),
     )
     return dq, dk, dv
 
@@ -278,9 +309,8 @@ def triton_onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor,
 
 def _plsh_forward(q, k, v, lsh, positions, *, causal, scale, docs=None):
     """(out, lse, the call's :class:`KernelBias`, kept for the backward)."""
-    layout = TokenLayout.build(positions, q.device, docs)
-    kb = KernelBias.of(CountBias.of(lsh, q.device), layout, causal)
-    return (*banded_forward(q, k, v, kb.bias, layout, causal=causal, scale=scale, kernel_bias=kb), kb)
+    kb = count_plan(lsh, positions, docs, causal, q.device, q.shape[-1])
+    return (*banded_forward(q, k, v, kb.bias, kb.layout, causal=causal, scale=scale, kernel_bias=kb), kb)
 
 
 def triton_onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool,
@@ -288,8 +318,7 @@ def triton_onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positio
     """Gradients of :func:`triton_onepass_forward`: dq (B, n, Hq, D), dk, dv (B, n, Hkv, D).
     ``kernel_bias``: the forward's (:meth:`TritonOnePass.forward`'s plan), else rebuilt."""
     if kernel_bias is None:
-        layout = TokenLayout.build(positions, q.device, docs)
-        kernel_bias = KernelBias.of(CountBias.of(lsh, q.device), layout, causal)
+        kernel_bias = count_plan(lsh, positions, docs, causal, q.device, q.shape[-1])
     return banded_backward(dout, q, k, v, out, lse, kernel_bias.bias, kernel_bias.layout, causal=causal,
                            scale=scale, kernel_bias=kernel_bias)
 
@@ -348,7 +377,7 @@ class BandedAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, layout, causal, scale):
-        kb = KernelBias.of(bias, layout, causal)
+        kb = KernelBias.of(bias, layout, causal, tiles_for(q.shape[-1], _arch(q.device)))
         out, lse = banded_forward(q, k, v, bias, layout, causal=causal, scale=scale, kernel_bias=kb)
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -401,11 +430,12 @@ def count_matrix(lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, d
     bias = CountBias.of(lsh, device)
     n, H = layout.n, bias.num_heads
     out = torch.zeros(H, n, n, dtype=torch.int32, device=device)
-    tables, consts = KernelBias.of(bias, layout, causal).args(block, block)
+    tile = TileConfig(block, block, 4, 1)
+    t = KernelBias.of(bias, layout, causal, (tile, tile, tile)).fwd
     mod = _launch(device)
     mod.count_tile_kernel[(math.ceil(n / block), math.ceil(n / block), H)](
-        out, layout.kernel_positions, _doc(layout), *tables[:4], n, math.ceil(n / block),
-        BLOCK_M=block, BLOCK_N=block, NUM_SAMPLES=consts["NUM_SAMPLES"], CAUSAL=causal,
+        out, layout.kernel_positions, _doc(layout), *t.args[:4], n, math.ceil(n / block),
+        BLOCK_M=block, BLOCK_N=block, NUM_SAMPLES=t.consts["NUM_SAMPLES"], CAUSAL=causal,
         HAS_DOCS=layout.doc is not None,
     )
     return out.cpu()

@@ -1,0 +1,85 @@
+"""The fused kernel's band tables, built once per hash and tokens.
+
+A :class:`~plsh_dist.ops.triton_onepass.KernelBias` (block bounds, per-tile spans and band
+limits of the forward, dK/dV and dQ kernels) is a pure function of the hash's pitch and
+shift, the positions (and documents), causality, the tile shapes and the device. The
+forward and backward of a call share one; so do the layers of a step that share a hash
+(``fixed_masks``, or several calls of one layer). :func:`count_plan` finds it by exactly
+those inputs: the pitch, shift and shapes in the key, the positions (and document ids)
+compared by content, so an in-place change of a positions tensor, or a new tensor at a
+reused address, is never mistaken for the old one.
+
+Memory: the cache holds the most recent plan, and the others only weakly: a plan lives
+while a caller (an autograd graph waiting for its backward) holds it, and is freed with
+that graph. So it keeps at most one plan's device tables beyond what autograd keeps, until
+the next call with another hash (or :func:`clear`), and the entries for dead plans are
+dropped as new ones are added.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import torch
+
+from plsh_dist.hashing import PositionalLSH
+from plsh_dist.ops.documents import Documents
+
+__all__ = ["count_plan", "clear", "builds"]
+
+#: (pitch, shift, shapes, causal, head_dim, device) -> [(token arrays, weakref to the plan)]
+_plans: dict[tuple, list[tuple[tuple[np.ndarray, ...], weakref.ref]]] = {}
+#: the most recent plan, held strongly (calls without autograd share it too)
+_last: list = [None]
+#: plans built so far (tests count the builds)
+_builds = [0]
+
+
+def builds() -> int:
+    """How many plans :func:`count_plan` has built in this process."""
+    return _builds[0]
+
+
+def clear() -> None:
+    """Forget every plan (their tables are freed once no graph holds them)."""
+    _plans.clear()
+    _last[0] = None
+
+
+def _tokens(positions: torch.Tensor, docs: Documents | None) -> tuple[np.ndarray, ...]:
+    """What the layout is built from, as CPU arrays (no torch op)."""
+    if docs is None:
+        return (positions.cpu().numpy(),)
+    return docs.positions.cpu().numpy(), docs.ids.cpu().numpy()
+
+
+def count_plan(lsh: PositionalLSH, positions: torch.Tensor, docs: Documents | None, causal: bool,
+               device: torch.device, head_dim: int):
+    """The :class:`~plsh_dist.ops.triton_onepass.KernelBias` of ``lsh`` over CPU ``positions``
+    (and ``docs``) for the kernels at ``head_dim`` on ``device``: the cached one when these
+    inputs built one that is still alive, else a new one."""
+    from plsh_dist.ops.tile_bands import CountBias, TokenLayout, tiles_for  # noqa: PLC0415
+    from plsh_dist.ops.triton_onepass import KernelBias, _arch  # noqa: PLC0415
+
+    device = torch.device(device)
+    tiles = tiles_for(head_dim, _arch(device))
+    pitch, shift = lsh.pitch.numpy(), lsh.shift.numpy()
+    key = (pitch.tobytes(), shift.tobytes(), pitch.shape, causal, tiles, str(device))
+    tokens = _tokens(positions, docs)
+    entries = _plans.setdefault(key, [])
+    for arrays, ref in entries:
+        plan = ref()
+        same = len(arrays) == len(tokens) and all(np.array_equal(a, b) for a, b in zip(arrays, tokens))
+        if plan is not None and same:
+            _last[0] = plan
+            return plan
+    plan = KernelBias.of(CountBias.of(lsh, device), TokenLayout.build(positions, device, docs), causal, tiles)
+    _builds[0] += 1
+    for k in list(_plans):  # drop the entries of freed plans
+        _plans[k] = [(a, r) for a, r in _plans[k] if r() is not None]
+        if not _plans[k] and k != key:
+            del _plans[k]
+    _plans[key].append((tuple(a.copy() for a in tokens), weakref.ref(plan)))
+    _last[0] = plan
+    return plan
