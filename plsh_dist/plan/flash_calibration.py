@@ -20,26 +20,16 @@ multiple of the tiles (the calibration's shapes are).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["FlashTiles", "TILES", "tiles_for", "forward", "backward", "flash_fwd_kernel", "flash_bwd_dkdv_kernel",
+from plsh_dist.ops.tile_bands import TileConfig
+
+__all__ = ["TILES", "tiles_for", "forward", "backward", "flash_fwd_kernel", "flash_bwd_dkdv_kernel",
            "flash_bwd_dq_kernel"]
 
 LOG2E = 1.4426950408889634
-
-
-@dataclass(frozen=True)
-class FlashTiles:
-    """One kernel's tile (``block_m`` queries by ``block_n`` keys) and launch shape."""
-
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
 
 
 #: (compute capability major, head dim) -> (forward, dK/dV, dQ): the tutorial's shapes (Hopper:
@@ -47,14 +37,14 @@ class FlashTiles:
 #: runs on 64-row warpgroup slices), smaller on Ampere for its 164 KiB of shared memory and its
 #: registers (at D = 128 its backward still spills: results/triton/sass.md).
 TILES = {
-    (9, 64): (FlashTiles(128, 128, 8, 3), FlashTiles(64, 128, 8, 2), FlashTiles(128, 64, 8, 2)),
-    (9, 128): (FlashTiles(128, 128, 8, 3), FlashTiles(32, 128, 8, 2), FlashTiles(128, 64, 8, 2)),
-    (8, 64): (FlashTiles(128, 64, 8, 3), FlashTiles(64, 64, 4, 2), FlashTiles(64, 64, 4, 2)),
-    (8, 128): (FlashTiles(64, 64, 8, 2), FlashTiles(64, 64, 8, 2), FlashTiles(64, 64, 8, 2)),
+    (9, 64): (TileConfig(128, 128, 8, 3), TileConfig(64, 128, 8, 2), TileConfig(128, 64, 8, 2)),
+    (9, 128): (TileConfig(128, 128, 8, 3), TileConfig(32, 128, 8, 2), TileConfig(128, 64, 8, 2)),
+    (8, 64): (TileConfig(128, 64, 8, 3), TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 2)),
+    (8, 128): (TileConfig(64, 64, 8, 2), TileConfig(64, 64, 8, 2), TileConfig(64, 64, 8, 2)),
 }
 
 
-def tiles_for(head_dim: int, arch: int) -> tuple[FlashTiles, FlashTiles, FlashTiles]:
+def tiles_for(head_dim: int, arch: int) -> tuple[TileConfig, TileConfig, TileConfig]:
     if head_dim not in (64, 128):
         raise ValueError(f"the calibration kernel is built for head dims 64 and 128, got {head_dim}")
     return TILES[(min(max(arch, 8), 9), head_dim)]
