@@ -1,6 +1,6 @@
 """The fused kernel's band tables, built once per hash and tokens.
 
-A :class:`~plsh_dist.ops.triton_onepass.KernelBias` (block bounds, per-tile spans and band
+A :class:`~plsh_dist.ops.kernel_bias.KernelBias` (block bounds, per-tile spans and band
 limits of the forward, dK/dV and dQ kernels) is a pure function of the hash's pitch and
 shift, the positions (and documents), causality, the tile shapes and the device. The
 forward and backward of a call share one; so do the layers of a step that share a hash
@@ -25,6 +25,8 @@ import torch
 
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
+from plsh_dist.ops.kernel_bias import KernelBias
+from plsh_dist.ops.tile_bands import CountBias, TileConfig, TokenLayout
 
 __all__ = ["count_plan", "clear", "builds"]
 
@@ -55,15 +57,11 @@ def _tokens(positions: torch.Tensor, docs: Documents | None) -> tuple[np.ndarray
 
 
 def count_plan(lsh: PositionalLSH, positions: torch.Tensor, docs: Documents | None, causal: bool,
-               device: torch.device, head_dim: int):
-    """The :class:`~plsh_dist.ops.triton_onepass.KernelBias` of ``lsh`` over CPU ``positions``
-    (and ``docs``) for the kernels at ``head_dim`` on ``device``: the cached one when these
-    inputs built one that is still alive, else a new one."""
-    from plsh_dist.ops.tile_bands import CountBias, TokenLayout, tiles_for  # noqa: PLC0415
-    from plsh_dist.ops.triton_onepass import KernelBias, _arch  # noqa: PLC0415
-
+               device: torch.device, tiles: tuple[TileConfig, TileConfig, TileConfig]) -> KernelBias:
+    """The :class:`~plsh_dist.ops.kernel_bias.KernelBias` of ``lsh`` over CPU ``positions``
+    (and ``docs``) for the kernels' (forward, dK/dV, dQ) ``tiles`` on ``device``: the cached
+    one when these inputs built one that is still alive, else a new one."""
     device = torch.device(device)
-    tiles = tiles_for(head_dim, _arch(device))
     pitch, shift = lsh.pitch.numpy(), lsh.shift.numpy()
     key = (pitch.tobytes(), shift.tobytes(), pitch.shape, causal, tiles, str(device))
     tokens = _tokens(positions, docs)

@@ -36,9 +36,9 @@ import torch
 
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
+from plsh_dist.ops.kernel_bias import KernelBias
 from plsh_dist.ops.kernel_plans import count_plan
-from plsh_dist.ops.tile_bands import (CountBias, CountReach, TileConfig, TokenLayout, WindowBias, WindowReach,
-                                      key_bands, num_tiles, query_bands, tiles_for)
+from plsh_dist.ops.tile_bands import CountBias, TileConfig, TokenLayout, WindowBias, num_tiles, tiles_for
 
 __all__ = ["TritonOnePass", "triton_cuda", "triton_interpreter", "triton_status", "interpreting", "kernels",
            "banded_forward", "banded_backward", "triton_onepass_forward",
@@ -124,78 +124,6 @@ def _padded(head_dim: int) -> int:
 def _arch(device: torch.device) -> int:
     """Compute capability major of ``device`` (9, Hopper's tiles, on the CPU interpreter)."""
     return torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 9
-
-
-@dataclass(frozen=True)
-class KernelTables:
-    """One kernel's view of the bias at its tile shape.
-
-    Attributes:
-        args: kernel arguments (KSpan, Starts, Lasts, Spans, Sigma, Window); unused ones a dummy tensor.
-        consts: constexprs (MODE, NUM_SAMPLES).
-        lo, hi: int32 (Hh, tiles) band limits (:func:`~plsh_dist.ops.tile_bands.query_bands` /
-            :func:`~plsh_dist.ops.tile_bands.key_bands`).
-    """
-
-    args: tuple
-    consts: dict
-    lo: torch.Tensor
-    hi: torch.Tensor
-
-
-@dataclass(frozen=True, eq=False)
-class KernelBias:
-    """A bias as the kernels read it, for one call: the tables and bands of the forward, dK/dV
-    and dQ kernels, every head at once. Built once per (bias, tokens, causal, tiles): the
-    forward and backward of a call share it, and so do calls with the same hash
-    (:mod:`plsh_dist.ops.kernel_plans`).
-
-    Attributes:
-        bias: the :class:`CountBias` or :class:`WindowBias`; layout: the tokens; causal.
-        fwd, dkdv, dq: :class:`KernelTables` at the tiles of each kernel.
-    """
-
-    bias: CountBias | WindowBias
-    layout: TokenLayout
-    causal: bool
-    fwd: KernelTables
-    dkdv: KernelTables
-    dq: KernelTables
-
-    @classmethod
-    def of(cls, bias, layout: TokenLayout, causal: bool,
-           tiles: tuple[TileConfig, TileConfig, TileConfig]) -> "KernelBias":
-        """The tables of ``bias`` over ``layout`` for the (forward, dK/dV, dQ) ``tiles``."""
-        fwd, kv, qt = tiles
-        largest = max(max(c.block_m, c.block_n) for c in tiles)
-        device = layout.positions.device
-        if isinstance(bias, CountBias):
-            reach = CountReach.build(bias, layout, causal, largest, end_sizes=(kv.block_n,))
-            starts, lasts = reach.table()
-            lasts = starts if lasts is None else lasts
-            dummy = torch.zeros(1, dtype=torch.float32, device=device)
-            fixed, consts, rows = (dummy, dummy.long()), dict(MODE=0, NUM_SAMPLES=bias.num_samples), reach.row_spans
-        else:
-            reach = WindowReach(bias, layout, largest)
-            dummy = torch.zeros(1, dtype=torch.int32, device=device)
-            fixed, consts, rows = (bias.sigma, bias.window), dict(MODE=1, NUM_SAMPLES=1), None
-        memo: dict = {}
-
-        def once(key, make):  # tables shared by kernels with the same tile side
-            if key not in memo:
-                memo[key] = make()
-            return memo[key]
-
-        def tables(cfg: TileConfig, bands) -> KernelTables:
-            kspan = once(("kspan", cfg.block_n), lambda: reach.key_spans(cfg.block_n))
-            if rows is None:
-                args = (kspan, dummy, dummy, dummy, *fixed)
-            else:
-                args = (kspan, starts, lasts, once(("rows", cfg.block_m), lambda: rows(cfg.block_m)), *fixed)
-            lo, hi = once((bands, cfg.block_m, cfg.block_n), lambda: bands(reach, cfg.block_m, cfg.block_n, causal))
-            return KernelTables(args, consts, lo, hi)
-
-        return cls(bias, layout, causal, tables(fwd, query_bands), tables(kv, key_bands), tables(qt, query_bands))
 
 
 def _check(q, k, v, layout: TokenLayout, bias):
@@ -309,7 +237,7 @@ def triton_onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor,
 
 def _plsh_forward(q, k, v, lsh, positions, *, causal, scale, docs=None):
     """(out, lse, the call's :class:`KernelBias`, kept for the backward)."""
-    kb = count_plan(lsh, positions, docs, causal, q.device, q.shape[-1])
+    kb = count_plan(lsh, positions, docs, causal, q.device, tiles_for(q.shape[-1], _arch(q.device)))
     return (*banded_forward(q, k, v, kb.bias, kb.layout, causal=causal, scale=scale, kernel_bias=kb), kb)
 
 
@@ -318,7 +246,7 @@ def triton_onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positio
     """Gradients of :func:`triton_onepass_forward`: dq (B, n, Hq, D), dk, dv (B, n, Hkv, D).
     ``kernel_bias``: the forward's (:meth:`TritonOnePass.forward`'s plan), else rebuilt."""
     if kernel_bias is None:
-        kernel_bias = count_plan(lsh, positions, docs, causal, q.device, q.shape[-1])
+        kernel_bias = count_plan(lsh, positions, docs, causal, q.device, tiles_for(q.shape[-1], _arch(q.device)))
     return banded_backward(dout, q, k, v, out, lse, kernel_bias.bias, kernel_bias.layout, causal=causal,
                            scale=scale, kernel_bias=kernel_bias)
 

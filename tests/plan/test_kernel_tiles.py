@@ -51,10 +51,10 @@ def test_the_kernel_loops_over_the_counted_tiles(monkeypatch):
 
     if not triton_onepass.interpreting():
         pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1 before triton is imported)")
-    from plsh_dist.ops import kernel_plans
+    from plsh_dist.ops import kernel_bias, kernel_plans
 
     seen = []
-    real = triton_onepass.query_bands
+    real = kernel_bias.query_bands
 
     def spy(*args, **kwargs):
         lo, hi = real(*args, **kwargs)
@@ -62,7 +62,7 @@ def test_the_kernel_loops_over_the_counted_tiles(monkeypatch):
         return lo, hi
 
     kernel_plans.clear()  # the plan is built here, not found from another test's call
-    monkeypatch.setattr(triton_onepass, "query_bands", spy)
+    monkeypatch.setattr(kernel_bias, "query_bands", spy)
     T, lsh = 200, PositionalLSH(SIGMA, 4, seed=2)
     q, k, v = (torch.randn(1, T, 4, 128) for _ in range(3))
     triton_onepass.triton_onepass_forward(q, k, v, lsh, torch.arange(T), causal=True, scale=0.1)

@@ -13,10 +13,11 @@ pytest.importorskip("triton")
 from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: E402
 from plsh_dist.ops import kernel_plans, triton_onepass  # noqa: E402
 from plsh_dist.ops.documents import Documents  # noqa: E402
+from plsh_dist.ops.kernel_bias import KernelBias  # noqa: E402
 from plsh_dist.ops.plsh import plsh_attention  # noqa: E402
 from plsh_dist.ops.tile_bands import (CountBias, TokenLayout, WindowBias, block_bounds, key_spans,  # noqa: E402
                                       key_tile_bands, query_tile_bands, row_spans, tiles_for)
-from plsh_dist.ops.triton_onepass import KernelBias, alibi_window_attention  # noqa: E402
+from plsh_dist.ops.triton_onepass import alibi_window_attention  # noqa: E402
 
 from kernel_cases import kernel_device  # noqa: E402
 
