@@ -126,6 +126,11 @@ def _arch(device: torch.device) -> int:
     return torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 9
 
 
+def _tiles(q: torch.Tensor) -> tuple[TileConfig, TileConfig, TileConfig]:
+    """The (forward, dK/dV, dQ) tiles of the kernels for ``q``'s head dim on its device."""
+    return tiles_for(q.shape[-1], _arch(q.device))
+
+
 def _check(q, k, v, layout: TokenLayout, bias):
     B, n, Hq, D = q.shape
     if layout.n != n:
@@ -155,7 +160,7 @@ def banded_forward(q, k, v, bias, layout: TokenLayout, *, causal: bool, scale: f
     _check(q, k, v, layout, bias)
     B, n, Hq, D = q.shape
     Hkv = k.shape[2]
-    tiles = tiles_for(D, _arch(q.device))
+    tiles = _tiles(q)
     cfg = tiles[0]
     t = (kernel_bias if kernel_bias is not None else KernelBias.of(bias, layout, causal, tiles)).fwd
     out = torch.empty_like(q)
@@ -183,7 +188,7 @@ def banded_backward(dout, q, k, v, out, lse, bias, layout: TokenLayout, *, causa
     _check(q, k, v, layout, bias)
     B, n, Hq, D = q.shape
     Hkv = k.shape[2]
-    tiles = tiles_for(D, _arch(q.device))
+    tiles = _tiles(q)
     _, kv_cfg, q_cfg = tiles
     kb = kernel_bias if kernel_bias is not None else KernelBias.of(bias, layout, causal, tiles)
     dout = dout.contiguous() if dout.stride(-1) != 1 else dout
@@ -237,7 +242,7 @@ def triton_onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor,
 
 def _plsh_forward(q, k, v, lsh, positions, *, causal, scale, docs=None):
     """(out, lse, the call's :class:`KernelBias`, kept for the backward)."""
-    kb = count_plan(lsh, positions, docs, causal, q.device, tiles_for(q.shape[-1], _arch(q.device)))
+    kb = count_plan(lsh, positions, docs, causal, q.device, _tiles(q))
     return (*banded_forward(q, k, v, kb.bias, kb.layout, causal=causal, scale=scale, kernel_bias=kb), kb)
 
 
@@ -246,7 +251,7 @@ def triton_onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positio
     """Gradients of :func:`triton_onepass_forward`: dq (B, n, Hq, D), dk, dv (B, n, Hkv, D).
     ``kernel_bias``: the forward's (:meth:`TritonOnePass.forward`'s plan), else rebuilt."""
     if kernel_bias is None:
-        kernel_bias = count_plan(lsh, positions, docs, causal, q.device, tiles_for(q.shape[-1], _arch(q.device)))
+        kernel_bias = count_plan(lsh, positions, docs, causal, q.device, _tiles(q))
     return banded_backward(dout, q, k, v, out, lse, kernel_bias.bias, kernel_bias.layout, causal=causal,
                            scale=scale, kernel_bias=kernel_bias)
 
@@ -305,7 +310,7 @@ class BandedAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, layout, causal, scale):
-        kb = KernelBias.of(bias, layout, causal, tiles_for(q.shape[-1], _arch(q.device)))
+        kb = KernelBias.of(bias, layout, causal, _tiles(q))
         out, lse = banded_forward(q, k, v, bias, layout, causal=causal, scale=scale, kernel_bias=kb)
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse)
