@@ -101,6 +101,31 @@ def share(m, s: int, T: int = TOKENS) -> float:
     return _SHARES[key]
 
 
+_FAR: dict = {}
+
+
+def far_share(m, s: int, T: int = TOKENS) -> float:
+    """Share of ``m``'s tiles on its far loop (key tile wholly before the query tile's rows: the count's
+    product form) for the benchmark's hash at ``m``'s tiles, T tokens (0 without a far loop)."""
+    if m.bias != "count" or m.far is None:
+        return 0.0
+    key = (m.kernel, m.block_m, m.block_n, s, T)
+    if key not in _FAR:
+        import torch  # noqa: PLC0415
+
+        from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: PLC0415
+        from plsh_dist.ops.tile_bands import CountBias, TileConfig  # noqa: PLC0415
+        from plsh_dist.plan.kernel_tiles import bias_tiles  # noqa: PLC0415
+
+        lsh = PositionalLSH(alibi_slopes(HEADS).double().reciprocal(), s, seed=0)
+        tile = TileConfig(m.block_m, m.block_n, m.num_warps, m.num_stages)
+        kt = bias_tiles(CountBias.of(lsh, torch.device("cpu")), T, HEADS, tiles=(tile, tile, tile))
+        total, far = {"fwd": (kt.forward, kt.forward_far), "bwd_dkdv": (kt.backward_dkdv, kt.backward_dkdv_far),
+                      "bwd_dq": (kt.backward_dq, kt.backward_dq_far)}[m.kernel]
+        _FAR[key] = far / total if total else 0.0
+    return _FAR[key]
+
+
 # -- predictions --------------------------------------------------------------------------------
 
 
@@ -128,10 +153,14 @@ def predict(models: dict, by_s: dict, lengths, samples_list) -> list[dict]:
         for s in samples_list:
             lsh = PositionalLSH(alibi_slopes(HEADS).double().reciprocal(), s, seed=0)
             kt = bias_tiles(CountBias.of(lsh, torch.device("cpu")), T, HEADS, tiles=tiles)
-            cyc = {k: by_s[(k, s)].tile_cycles(s, share(by_s[(k, s)], s)) for k in KERNELS}
-            plsh_fwd = kt.forward * cyc["fwd"]
-            plsh_bwd = kt.backward_dkdv * cyc["bwd_dkdv"] + kt.backward_dq * cyc["bwd_dq"]
+            plsh = {}
+            for k, total, far in (("fwd", kt.forward, kt.forward_far), ("bwd_dkdv", kt.backward_dkdv,
+                                  kt.backward_dkdv_far), ("bwd_dq", kt.backward_dq, kt.backward_dq_far)):
+                m = by_s[(k, s)]
+                plsh[k] = total * m.mixed_cycles(s, share(m, s), far / total if m.far and total else 0.0)
+            plsh_fwd, plsh_bwd = plsh["fwd"], plsh["bwd_dkdv"] + plsh["bwd_dq"]
             rows.append({"T": T, "s": s, "tiles": (kt.forward, kt.backward_dkdv, kt.backward_dq),
+                         "far_tiles": (kt.forward_far, kt.backward_dkdv_far, kt.backward_dq_far),
                          "floor_tiles": tuple(floor[k] for k in KERNELS), "plsh_cycles": plsh_fwd + plsh_bwd,
                          "floor_cycles": floor_fwd + floor_bwd, "speedup_fwd": floor_fwd / plsh_fwd,
                          "speedup_bwd": floor_bwd / plsh_bwd,
@@ -153,14 +182,29 @@ def _why(m, s: int) -> str:
     """What sets a build's bound at s samples, from its counts."""
     lp = m.loop
     t = share(m, s)
-    if m.tensor_bound(s, t):
-        return f"tensor-bound, executed / useful {m.mma_ratio:.2f}"
-    work = f"{lp.per_tile} + {s} x {lp.per_sample}" if lp.sample_loops else f"{lp.per_tile}"
-    if 0 < lp.skippable_blocks <= s and m.bias == "count":
+    near = _why_loop(m, lp, s, t, False)
+    if m.far is None:
+        return near
+    f = far_share(m, s)
+    return (f"{f:.0%} of the tiles on the far loop: {_why_loop(m, m.far, s, t, True)}; the others sample by "
+            f"sample: {near}")
+
+
+def _why_loop(m, lp, s: int, t: float, far: bool) -> str:
+    if m.tensor_bound(s, t, far):
+        return f"tensor-bound, executed / useful {m.executed(far) / m.useful_flops:.2f}"
+    work = f"{lp.per_tile}"
+    if lp.sample_loops and m.bias == "count" and lp.sample_skippable and not far:
+        work = (f"{lp.per_tile} + {s} x ({lp.per_sample - lp.sample_skippable} + {t:.0%} of "
+                f"{lp.sample_skippable}) = {lp.instructions(s, t):.0f}")
+    elif lp.sample_loops:
+        work = f"{lp.per_tile} + {s} x {lp.per_sample}"
+    elif 0 < lp.skippable_blocks <= s and m.bias == "count" and not far:
         work = (f"{lp.per_tile - lp.skippable} + {t:.0%} of {lp.skippable} in {s} per-sample blocks = "
                 f"{lp.instructions(s, t):.0f}")
     f64 = f", {lp.f64_per_tile + s * lp.f64_per_sample} f64" if lp.f64_per_tile or lp.f64_per_sample else ""
-    return f"issue-bound: {work} instructions / warp / tile{f64}, executed / useful {m.mma_ratio:.2f}"
+    return (f"issue-bound: {work} instructions / warp / tile{f64}, executed / useful "
+            f"{m.executed(far) / m.useful_flops:.2f}")
 
 
 def targets(models: dict, by_s: dict, predictions: list[dict]) -> list[tuple[str, str, str]]:
@@ -180,14 +224,14 @@ def targets(models: dict, by_s: dict, predictions: list[dict]) -> list[tuple[str
         for s, want in FWD_SHARE.items():
             fwd = by_s.get(("fwd", s))
             if fwd:
-                bound = fwd.bound_tflops(s, share(fwd, s))
+                bound = fwd.bound_tflops(s, share(fwd, s), far_share(fwd, s))
                 out.append((f"PLSH forward, s = {s}: >= {want:.0%} of the calibration forward",
                             f"{bound:.0f} TFLOP/s = {bound / cal_fwd:.1%} ({_why(fwd, s)})",
                             _verdict(bound / cal_fwd, want)))
         for k in KERNELS[1:]:
             m = at(k, "count")
             if m:
-                bound = m.bound_tflops(8, share(m, 8))
+                bound = m.bound_tflops(8, share(m, 8), far_share(m, 8))
                 got = bound / cal_bwd
                 out.append((f"PLSH {k}, s = 8: >= {BWD_SHARE:.0%} of the calibration backward",
                             f"{bound:.0f} TFLOP/s = {got:.1%} ({_why(m, 8)})",
@@ -195,7 +239,7 @@ def targets(models: dict, by_s: dict, predictions: list[dict]) -> list[tuple[str
                 out.append((f"PLSH {k} uses wgmma", ", ".join(m.loop.mma) or "none",
                             "met" if m.uses_wgmma else "**missed**: mma.sync (HMMA), not wgmma (HGMMA)"))
     shipped = [m for m in models.values() if m.shipped and m.loop]
-    f64 = [m for m in shipped if m.loop.f64_per_tile or m.loop.f64_per_sample]
+    f64 = [m for m in shipped if any(lp.f64_per_tile or lp.f64_per_sample for lp in (m.loop, m.far) if lp)]
     out.append(("no float64 instruction in any key loop (every shipped build)",
                 f"{len(f64)} of {len(shipped)} builds have some",
                 "met" if not f64 else f"**missed**: e.g. {f64[0].kernel} {f64[0].bias} sm_{f64[0].arch}: "
@@ -220,16 +264,25 @@ def _mma(m) -> str:
 def _bound(m, s) -> str:
     if not m.loop:
         return "-"
-    t = share(m, s)
-    mark = " (tensor)" if m.tensor_bound(s, t) else ""
-    return f"{m.bound_tflops(s, t):.0f}{mark}"
+    t, f = share(m, s), far_share(m, s)
+    mark = " (tensor)" if m.tensor_bound(s, t) and (not m.far or m.tensor_bound(s, t, True)) else ""
+    return f"{m.bound_tflops(s, t, f):.0f}{mark}"
+
+
+def _far(m, s) -> str:
+    """The far loop's instructions / tile, its share of the tiles at s and its own bound."""
+    if m.far is None:
+        return "-"
+    mark = " (tensor)" if m.tensor_bound(s, 1.0, True) else ""
+    bound = m.useful_flops / m.tile_cycles(s, 1.0, True) * m.machine.sms * m.machine.clock_hz / 1e12
+    return f"{m.far.per_tile} ({far_share(m, s):.0%}, {bound:.0f}{mark})"
 
 
 def kernel_table(models: list) -> list[str]:
     head = ("| arch | dtype | D | kernel | bias | tile | warps | stages | regs | smem KiB | spill STL/LDL | "
             "instr / tile | instr / sample | f64 / tile | f64 / sample | calls | matrix instr / tile | "
-            "executed / useful | pipelined | skippable instr / tile (blocks) | branch share s=8 | bound s=8 | "
-            "static bound s=8 |")
+            "executed / useful | pipelined | skippable instr / tile (blocks) | branch share s=8 | "
+            "far loop: instr / tile (tile share s=8, bound) | bound s=8 | static bound s=8 |")
     lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
     for m in models:
         lp = m.loop
@@ -241,10 +294,10 @@ def kernel_table(models: list) -> list[str]:
                       str(lp.f64_per_sample) if lp.sample_loops else "-", str(lp.calls), _mma(m),
                       f"{m.mma_ratio:.2f}", lp.pipelined,
                       f"{lp.skippable} ({lp.skippable_blocks})" if lp.skippable else "-",
-                      f"{share(m, 8):.0%}" if m.bias == "count" else "-", _bound(m, 8),
-                      f"{m.bound_tflops(8):.0f}"]
+                      f"{share(m, 8):.0%}" if m.bias == "count" else "-", _far(m, 8), _bound(m, 8),
+                      f"{m.bound_tflops(8, 1.0, far_share(m, 8)):.0f}"]
         else:
-            cells += ["no loop with matrix instructions"] + ["-"] * 11
+            cells += ["no loop with matrix instructions"] + ["-"] * 12
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -279,7 +332,11 @@ def markdown(models: list, by_key: dict, predictions: list[dict], checks, comman
         "arithmetic, conversions and rounding on F64, `MUFU.RCP64H`. *executed / useful*: matrix FLOPs the "
         "instructions issue (HGMMA.MxNxK: a 4-warp warpgroup's M x N x K; HMMA.16816: one warp's 16 x 8 x 16) over "
         "the tile's `tt.dot` products in the Triton IR. *pipelined*: the loop body loads with cp.async "
-        "(`LDGSTS`) or TMA (`UTMALDG`).",
+        "(`LDGSTS`) or TMA (`UTMALDG`). The count walks a band in two key loops: the *far loop* (key tiles "
+        "wholly before the query tile's rows, whose count is a product on the tensor cores: the loop with more "
+        "matrix work) and the main loop (the tiles that meet the rows, counted sample by sample); a tile's clocks "
+        "are the two loops' averaged by their share of the band's tiles (`far_tiles` in "
+        "`plsh_dist/plan/kernel_tiles.py`, the kernels' own split), and the branch share is the main loop's.",
         f"- **Issue-cycle model** (`plsh_dist/plan/sass_model.py`). An SM has 4 schedulers, each issuing one warp "
         "instruction per clock; a tile of a W-warp kernel with I instructions per warp takes W I / 4 clocks "
         "(I = per tile + s per sample). Its matrix work takes executed FLOPs / tensor peak clocks "
@@ -312,15 +369,18 @@ def markdown(models: list, by_key: dict, predictions: list[dict], checks, comman
               if n != SAMPLES]
     if others:
         lines += ["Builds of the targets at other s (bf16, D = 128, sm_90):", "",
-                  "| kernel | s | regs | spill STL/LDL | instr / tile | skippable (blocks) | branch share | bound | "
-                  "static bound | pipelined |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| kernel | s | regs | spill STL/LDL | instr / tile | instr / sample (skippable) | skippable (blocks) | "
+                  "branch share | far loop: instr / tile (tile share, bound) | bound | static bound | pipelined |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for (k, n), m in sorted(by_s.items(), key=lambda x: (x[0][1], KERNELS.index(x[0][0]))):
             if n == SAMPLES:
                 continue
             lp = m.loop
-            lines.append(f"| {k} | {n} | {m.regs} | {m.spill_stores}/{m.spill_loads} | {lp.per_tile} | "
-                         f"{lp.skippable} ({lp.skippable_blocks}) | {share(m, n):.0%} | "
-                         f"{m.bound_tflops(n, share(m, n)):.0f} | {m.bound_tflops(n):.0f} | {lp.pipelined} |")
+            per_sample = f"{lp.per_sample} ({lp.sample_skippable})" if lp.sample_loops else "-"
+            lines.append(f"| {k} | {n} | {m.regs} | {m.spill_stores}/{m.spill_loads} | {lp.per_tile} | {per_sample} | "
+                         f"{lp.skippable} ({lp.skippable_blocks}) | {share(m, n):.0%} | {_far(m, n)} | "
+                         f"{m.bound_tflops(n, share(m, n), far_share(m, n)):.0f} | "
+                         f"{m.bound_tflops(n, 1.0, far_share(m, n)):.0f} | {lp.pipelined} |")
         lines.append("")
     if predictions:
         lines += [
@@ -332,13 +392,14 @@ def markdown(models: list, by_key: dict, predictions: list[dict], checks, comman
             "floor's are the calibration kernels' over the full causal triangle, each at its tile's clocks (its "
             "diagonal tiles costed as the rest).",
             "",
-            "| T | s | PLSH tiles fwd / dK/dV / dQ | floor tiles fwd / dK/dV / dQ | speedup fwd | speedup bwd | "
-            "speedup fwd + bwd | target | verdict |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| T | s | PLSH tiles fwd / dK/dV / dQ | of which far | floor tiles fwd / dK/dV / dQ | speedup fwd | "
+            "speedup bwd | speedup fwd + bwd | target | verdict |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in predictions:
             want = SPEEDUP.get((r["s"], r["T"]))
             lines.append(f"| {r['T']:,} | {r['s']} | {' / '.join(f'{x:,}' for x in r['tiles'])} | "
+                         f"{' / '.join(f'{x:,}' for x in r['far_tiles'])} | "
                          f"{' / '.join(f'{x:,}' for x in r['floor_tiles'])} | {r['speedup_fwd']:.3g}x | "
                          f"{r['speedup_bwd']:.3g}x | {r['speedup']:.3g}x | "
                          f"{f'>= {want:.0f}x' if want else '-'} | "
@@ -419,7 +480,10 @@ def _as_json(m) -> dict:
                 "start": lp.loop.start, "end": lp.loop.end, "per_tile": lp.per_tile, "per_sample": lp.per_sample,
                 "sample_loops": len(lp.sample_loops), "f64_per_tile": lp.f64_per_tile,
                 "f64_per_sample": lp.f64_per_sample, "mma": lp.mma, "calls": lp.calls, "pipelined": lp.pipelined},
-            "bound_tflops_s8": m.bound_tflops(8) if lp else None}
+            "far_loop": None if m.far is None else {
+                "start": m.far.loop.start, "end": m.far.loop.end, "per_tile": m.far.per_tile, "mma": m.far.mma,
+                "executed_flops": m.executed(True), "pipelined": m.far.pipelined},
+            "bound_tflops_s8": m.bound_tflops(8, 1.0, far_share(m, 8)) if lp else None}
 
 
 if __name__ == "__main__":

@@ -22,13 +22,19 @@ from plsh_dist.ops.tile_bands import (CountBias, CountReach, TileConfig, TokenLa
 __all__ = ["KernelBias", "KernelTables"]
 
 
+def _padded_samples(s: int) -> int:
+    """``s`` padded to a power of two >= 16 (``tl.dot``'s smallest inner dimension)."""
+    return max(16, 1 << (s - 1).bit_length())
+
+
 @dataclass(frozen=True)
 class KernelTables:
     """One kernel's view of the bias at its tile shape.
 
     Attributes:
         args: kernel arguments (KSpan, Starts, Lasts, Spans, Sigma, Window); unused ones a dummy tensor.
-        consts: constexprs (MODE, NUM_SAMPLES).
+        consts: constexprs (MODE, NUM_SAMPLES, SAMPLES_PAD: the samples padded to a power of two >= 16,
+            the inner dimension of the count's product form).
         lo, hi: int32 (Hh, tiles) band limits (:func:`~plsh_dist.ops.tile_bands.query_bands` /
             :func:`~plsh_dist.ops.tile_bands.key_bands`).
     """
@@ -70,11 +76,12 @@ class KernelBias:
             starts, lasts = reach.table()
             lasts = starts if lasts is None else lasts
             dummy = torch.zeros(1, dtype=torch.float32, device=device)
-            fixed, consts, rows = (dummy, dummy.long()), dict(MODE=0, NUM_SAMPLES=bias.num_samples), reach.row_spans
+            consts = dict(MODE=0, NUM_SAMPLES=bias.num_samples, SAMPLES_PAD=_padded_samples(bias.num_samples))
+            fixed, rows = (dummy, dummy.long()), reach.row_spans
         else:
             reach = WindowReach(bias, layout, largest)
             dummy = torch.zeros(1, dtype=torch.int32, device=device)
-            fixed, consts, rows = (bias.sigma, bias.window), dict(MODE=1, NUM_SAMPLES=1), None
+            fixed, consts, rows = (bias.sigma, bias.window), dict(MODE=1, NUM_SAMPLES=1, SAMPLES_PAD=16), None
         memo: dict = {}
 
         def once(key, make):  # tables shared by kernels with the same tile side

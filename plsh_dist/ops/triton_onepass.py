@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from dataclasses import dataclass
 
 import torch
@@ -38,11 +37,11 @@ from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.kernel_bias import KernelBias
 from plsh_dist.ops.kernel_plans import count_plan
-from plsh_dist.ops.tile_bands import CountBias, TileConfig, TokenLayout, WindowBias, num_tiles, tiles_for
+from plsh_dist.ops.tile_bands import TileConfig, TokenLayout, WindowBias, num_tiles, tiles_for
 
 __all__ = ["TritonOnePass", "triton_cuda", "triton_interpreter", "triton_status", "interpreting", "kernels",
            "banded_forward", "banded_backward", "triton_onepass_forward",
-           "triton_onepass_backward", "alibi_window_attention", "count_matrix", "BandedAttentionFunction"]
+           "triton_onepass_backward", "alibi_window_attention", "BandedAttentionFunction"]
 
 LOG2E = 1.4426950408889634
 _log = logging.getLogger(__name__)
@@ -352,23 +351,3 @@ def alibi_window_attention(q, k, v, *, sigma, window, positions: torch.Tensor | 
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     layout = TokenLayout.build(positions, q.device, docs)
     return BandedAttentionFunction.apply(q, k, v, bias, layout, causal, scale)
-
-
-def count_matrix(lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, docs: Documents | None = None,
-                 block: int = 128, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The kernels' ``c_ij``, int32 (Hh, n, n) on CPU, 0 where hidden, from the same device code
-    as every kernel (tests: O(n^2)); on CPU under the interpreter, or compiled on CUDA."""
-    device = torch.device(device)
-    layout = TokenLayout.build(positions, device, docs)
-    bias = CountBias.of(lsh, device)
-    n, H = layout.n, bias.num_heads
-    out = torch.zeros(H, n, n, dtype=torch.int32, device=device)
-    tile = TileConfig(block, block, 4, 1)
-    t = KernelBias.of(bias, layout, causal, (tile, tile, tile)).fwd
-    mod = _launch(device)
-    mod.count_tile_kernel[(math.ceil(n / block), math.ceil(n / block), H)](
-        out, layout.kernel_positions, _doc(layout), *t.args[:4], n, math.ceil(n / block),
-        BLOCK_M=block, BLOCK_N=block, NUM_SAMPLES=t.consts["NUM_SAMPLES"], CAUSAL=causal,
-        HAS_DOCS=layout.doc is not None,
-    )
-    return out.cpu()

@@ -8,14 +8,19 @@ Logits and weights of one (query tile, key tile), :func:`_logits` (shared by eve
 ``p = w exp2(s - m)``:
 
 - ``MODE == 0``, count: ``s = qk scale`` and the weight ``w = c_ij``,
-  ``c_ij = #{t : bucket_t(p_i) == bucket_t(p_j)}`` (:func:`_count_tile`): the bias
-  ``log2 c`` applied after the exponential, with no logarithm. Integers only: each
-  token's block per sample (first and last position) comes from the launcher, computed
-  once per call with the hash's own float64 arithmetic
-  (:func:`plsh_dist.ops.tile_bands.block_bounds`), so the kernel's blocks are the hash's
-  bit for bit; a sample whose blocks hold every key of the tile for every row, or none,
-  costs two scalar compares (per-tile spans of the blocks, ``row_spans`` / ``key_spans``);
-  only the others compare per score;
+  ``c_ij = #{t : bucket_t(p_i) == bucket_t(p_j)}``: the bias ``log2 c`` applied after the
+  exponential, with no logarithm. Integers only: each token's block per sample (first and
+  last position) comes from the launcher, computed once per call with the hash's own float64
+  arithmetic (:func:`plsh_dist.ops.tile_bands.block_bounds`), so the kernel's blocks are the
+  hash's bit for bit. A band is walked in two loops:
+
+  - key tiles wholly before the query tile's rows (by token): ``c`` is a product on the
+    tensor cores, ``r @ [a_t <= p_j]`` with the tile's first blocks ``r``, ``a`` built once per
+    query tile (:func:`_count_before`): no per-sample work in the key loop;
+  - the other tiles (those that meet the rows, and after them when not causal) sample by
+    sample (:func:`_count_tile`): a sample whose blocks hold every key of the tile for every
+    row, or none, costs two scalar compares (per-tile spans, ``row_spans`` / ``key_spans``);
+    only the others compare per score;
 - ``MODE == 1``, ALiBi window: ``s = qk scale - |p_i - p_j| / sigma_h * log2(e)`` where
   ``|p_i - p_j| < window_h``, ``w = 1``.
 
@@ -40,10 +45,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["onepass_fwd_kernel", "onepass_bwd_dkdv_kernel", "onepass_bwd_dq_kernel", "count_tile_kernel"]
+__all__ = ["onepass_fwd_kernel", "onepass_bwd_dkdv_kernel", "onepass_bwd_dq_kernel"]
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
+#: Sample loops up to this many samples are unrolled (pipelined with the key loop); longer ones loop.
+UNROLL_SAMPLES = tl.constexpr(16)
 
 
 @triton.jit
@@ -80,10 +87,41 @@ def _visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL: tl.constexpr, HAS_D
 
 
 @triton.jit
+def _count_sample(count, full, t, offs_m, in_m, pos_n, n_tokens, row_tile, kmin, kmax, hh, num_row_tiles, Starts,
+                  Lasts, Spans, NUM_SAMPLES: tl.constexpr, CAUSAL: tl.constexpr, TRANS: tl.constexpr):
+    """Sample ``t``'s share of :func:`_count_tile`: ``full`` + 1 when its blocks hold every key of
+    the tile for every row, nothing when none, else ``count`` + its per-score compare."""
+    sample = hh * NUM_SAMPLES + t
+    span = Spans + (sample * num_row_tiles + row_tile) * 4
+    lo_start = tl.load(span)
+    hi_start = tl.load(span + 1)
+    if CAUSAL:
+        every = hi_start <= kmin
+        none = lo_start > kmax
+    else:
+        lo_last = tl.load(span + 2)
+        hi_last = tl.load(span + 3)
+        every = (hi_start <= kmin) & (lo_last >= kmax)
+        none = (lo_start > kmax) | (hi_last < kmin)
+    full += every.to(tl.int32)
+    if (every.to(tl.int32) + none.to(tl.int32)) == 0:
+        row = sample.to(tl.int64) * n_tokens
+        start = tl.load(Starts + row + offs_m, mask=in_m, other=0)
+        inside = _k_side(pos_n, TRANS) >= _q_side(start, TRANS)
+        if not CAUSAL:
+            last = tl.load(Lasts + row + offs_m, mask=in_m, other=0)
+            inside = inside & (_k_side(pos_n, TRANS) <= _q_side(last, TRANS))
+        count += inside.to(tl.int32)
+    return count, full
+
+
+@triton.jit
 def _count_tile(anchor, offs_m, offs_n, pos_n, doc_m, doc_n, n_tokens, row_tile, kmin, kmax, hh, num_row_tiles,
                 Starts, Lasts, Spans, NUM_SAMPLES: tl.constexpr, CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr,
                 TRANS: tl.constexpr):
-    """(BM, BN) (``TRANS``: (BN, BM)) int32 ``c_ij`` (0 where hidden): the samples whose block of ``p_i`` holds ``p_j``.
+    """(BM, BN) (``TRANS``: (BN, BM)) int32 ``c_ij`` (0 where hidden): the samples whose block of ``p_i`` holds
+    ``p_j``, sample by sample (any tile; the kernels use it where a key tile meets its query tile's rows,
+    :func:`_count_before` elsewhere).
 
     ``anchor``: any (BM, BN) tensor (its shape).
 
@@ -93,52 +131,91 @@ def _count_tile(anchor, offs_m, offs_n, pos_n, doc_m, doc_n, n_tokens, row_tile,
     in position; causally ``p_j <= p_i <= last`` already). Per sample, two scalars of the query
     tile (its rows' smallest and largest start, ``Spans``) against the key tile's smallest
     and largest position (``kmin``, ``kmax``) decide the whole tile: every row's block holds
-    every key (add 1, a scalar), none does (nothing), or only then the per-score compare."""
+    every key (add 1, a scalar), none does (nothing), or only then the per-score compare.
+    Up to ``UNROLL_SAMPLES`` samples the loop is unrolled; beyond, a loop (unrolled blocks of
+    many samples spill registers)."""
     count = tl.zeros(anchor.shape, dtype=tl.int32)
     full = 0
     in_m = offs_m < n_tokens
-    for t in tl.static_range(NUM_SAMPLES):
-        sample = hh * NUM_SAMPLES + t
-        span = Spans + (sample * num_row_tiles + row_tile) * 4
-        lo_start = tl.load(span)
-        hi_start = tl.load(span + 1)
-        if CAUSAL:
-            every = hi_start <= kmin
-            none = lo_start > kmax
-        else:
-            lo_last = tl.load(span + 2)
-            hi_last = tl.load(span + 3)
-            every = (hi_start <= kmin) & (lo_last >= kmax)
-            none = (lo_start > kmax) | (hi_last < kmin)
-        full += every.to(tl.int32)
-        if (every.to(tl.int32) + none.to(tl.int32)) == 0:
-            row = sample.to(tl.int64) * n_tokens
-            start = tl.load(Starts + row + offs_m, mask=in_m, other=0)
-            inside = _k_side(pos_n, TRANS) >= _q_side(start, TRANS)
-            if not CAUSAL:
-                last = tl.load(Lasts + row + offs_m, mask=in_m, other=0)
-                inside = inside & (_k_side(pos_n, TRANS) <= _q_side(last, TRANS))
-            count += inside.to(tl.int32)
+    if NUM_SAMPLES <= UNROLL_SAMPLES:
+        for t in tl.static_range(NUM_SAMPLES):
+            count, full = _count_sample(count, full, t, offs_m, in_m, pos_n, n_tokens, row_tile, kmin, kmax, hh,
+                                        num_row_tiles, Starts, Lasts, Spans, NUM_SAMPLES, CAUSAL, TRANS)
+    else:
+        for t in range(NUM_SAMPLES):
+            count, full = _count_sample(count, full, t, offs_m, in_m, pos_n, n_tokens, row_tile, kmin, kmax, hh,
+                                        num_row_tiles, Starts, Lasts, Spans, NUM_SAMPLES, CAUSAL, TRANS)
     count += full
     return tl.where(_visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL, HAS_DOCS, TRANS), count, 0)
 
 
 @triton.jit
+def _first_blocks(Starts, offs_m, in_m, row_first, hh, n_tokens, NUM_SAMPLES: tl.constexpr,
+                  SAMPLES_PAD: tl.constexpr, TRANS: tl.constexpr):
+    """A query tile's first blocks, once per query tile: ``a`` int32 (SAMPLES_PAD,), the start of each
+    sample's block holding the tile's first row ``row_first``, and ``r`` fp16 (BM, SAMPLES_PAD)
+    (``TRANS``: (SAMPLES_PAD, BM)), 1 where row i's block of sample t is that block (0 for the padding
+    samples t >= NUM_SAMPLES)."""
+    ks = tl.arange(0, SAMPLES_PAD)
+    in_k = ks < NUM_SAMPLES
+    rows_k = (hh * NUM_SAMPLES + ks).to(tl.int64) * n_tokens
+    a = tl.load(Starts + rows_k + row_first, mask=in_k, other=0)
+    if TRANS:
+        start = tl.load(Starts + rows_k[:, None] + offs_m[None, :], mask=in_k[:, None] & in_m[None, :], other=0)
+        r = (start == a[:, None]) & in_k[:, None]
+    else:
+        start = tl.load(Starts + rows_k[None, :] + offs_m[:, None], mask=in_k[None, :] & in_m[:, None], other=0)
+        r = (start == a[None, :]) & in_k[None, :]
+    return r.to(tl.float16), a
+
+
+@triton.jit
+def _count_before(r, a, pos_n, TRANS: tl.constexpr):
+    """fp32 (BM, BN) (``TRANS``: (BN, BM)) ``c_ij`` of a key tile wholly before its query tile's rows (by
+    token), a matrix product on the tensor cores: ``c = r @ [a_t <= p_j]``.
+
+    Why it is exact: a visible key j of such a tile is in row i's document and before the tile's first
+    row, so a block of sample t holding both i and j holds the first row too (blocks are contiguous runs
+    of a document's positions): it is the first block (``r``), and it holds j iff its start ``a_t <= p_j``
+    (causal or not: ``p_j < p_i`` <= its last). Rows of a later document in the tile see no key here.
+    0/1 fp16 operands and fp32 accumulation: exact integers."""
+    if TRANS:
+        c = tl.dot((pos_n[:, None] >= a[None, :]).to(tl.float16), r)
+    else:
+        c = tl.dot(r, (a[:, None] <= pos_n[None, :]).to(tl.float16))
+    return c
+
+
+@triton.jit
+def _count_before_visible(r, a, offs_m, pos_n, doc_m, doc_n, n_tokens, HAS_DOCS: tl.constexpr, TRANS: tl.constexpr):
+    """fp32 :func:`_count_before`, 0 where hidden (keys wholly before the rows: in range and causal
+    already, so only rows past the sequence and other documents)."""
+    visible = _q_side(offs_m < n_tokens, TRANS)
+    if HAS_DOCS:
+        visible = visible & (_q_side(doc_m, TRANS) == _k_side(doc_n, TRANS))
+    return tl.where(visible, _count_before(r, a, pos_n, TRANS), 0.0)
+
+
+@triton.jit
 def _logits(qk, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, row_tile, kmin, kmax, hh, num_row_tiles,
-            Starts, Lasts, Spans, Sigma, Window, scale_log2, NUM_SAMPLES: tl.constexpr, MODE: tl.constexpr,
-            CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr, TRANS: tl.constexpr = False):
+            Starts, Lasts, Spans, Sigma, Window, scale_log2, r, a, NUM_SAMPLES: tl.constexpr, MODE: tl.constexpr,
+            CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr, BEFORE: tl.constexpr, TRANS: tl.constexpr = False):
     """(BM, BN) (``TRANS``: (BN, BM), ``qk`` then ``k q^T``) base-2 logits and weights of one tile:
     ``p = w exp2(s - m)`` (module doc).
 
     Count: ``s = qk scale`` where ``c > 0`` (``-inf`` elsewhere), ``w = c``: the bias
     ``log2 c`` becomes a weight after the exponential (no logarithm); the biased row max
-    exceeds the unbiased one by at most ``log2 s``, so ``p <= s`` stays in range.
+    exceeds the unbiased one by at most ``log2 s``, so ``p <= s`` stays in range. ``BEFORE``:
+    the key tile is wholly before the query tile's rows, and ``c`` is the product of the
+    tile's first blocks ``r``, ``a`` (:func:`_count_before`); else sample by sample.
     Window: ``s = qk scale - |p_i - p_j| log2(e) / sigma_h`` inside the window, ``w = 1``."""
     if MODE == 0:
-        count = _count_tile(qk, offs_m, offs_n, pos_n, doc_m, doc_n, n_tokens, row_tile, kmin, kmax, hh,
-                            num_row_tiles, Starts, Lasts, Spans, NUM_SAMPLES, CAUSAL, HAS_DOCS, TRANS)
-        s = tl.where(count > 0, qk * scale_log2, float("-inf"))
-        w = count.to(tl.float32)
+        if BEFORE:
+            w = _count_before_visible(r, a, offs_m, pos_n, doc_m, doc_n, n_tokens, HAS_DOCS, TRANS)
+        else:
+            w = _count_tile(qk, offs_m, offs_n, pos_n, doc_m, doc_n, n_tokens, row_tile, kmin, kmax, hh,
+                            num_row_tiles, Starts, Lasts, Spans, NUM_SAMPLES, CAUSAL, HAS_DOCS, TRANS).to(tl.float32)
+        s = tl.where(w > 0, qk * scale_log2, float("-inf"))
     else:
         dist = tl.abs(_q_side(pos_m, TRANS) - _k_side(pos_n, TRANS))
         window = tl.load(Window + hh).to(tl.int32)
@@ -206,10 +283,25 @@ def _query_tile(Q, Pos, Doc, BandLo, BandHi, m, bh, stride_qb, stride_qt, stride
 
 
 @triton.jit
+def _first_blocks_of(Starts, offs_m, in_m, row_first, hh, n_tokens, BLOCK_M: tl.constexpr,
+                     NUM_SAMPLES: tl.constexpr, SAMPLES_PAD: tl.constexpr, MODE: tl.constexpr, TRANS: tl.constexpr):
+    """:func:`_first_blocks` for the count; zeros for the window (which has no block tables)."""
+    if MODE == 0:
+        r, a = _first_blocks(Starts, offs_m, in_m, row_first, hh, n_tokens, NUM_SAMPLES, SAMPLES_PAD, TRANS)
+    else:
+        a = tl.zeros([SAMPLES_PAD], dtype=tl.int32)
+        if TRANS:
+            r = tl.zeros([SAMPLES_PAD, BLOCK_M], dtype=tl.float16)
+        else:
+            r = tl.zeros([BLOCK_M, SAMPLES_PAD], dtype=tl.float16)
+    return r, a
+
+
+@triton.jit
 def _key_tile(q, K_h, V_h, nt, rel_n, offs_d, m, offs_m, pos_m, doc_m, Pos, Doc, KSpan, n_tokens, hh, num_m_tiles,
-              Starts, Lasts, Spans, Sigma, Window, stride_kt, stride_vt, scale_log2, HEAD_DIM: tl.constexpr,
+              Starts, Lasts, Spans, Sigma, Window, stride_kt, stride_vt, scale_log2, r, a, HEAD_DIM: tl.constexpr,
               D_REAL: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SAMPLES: tl.constexpr, MODE: tl.constexpr,
-              CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr, IEEE: tl.constexpr):
+              CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr, IEEE: tl.constexpr, BEFORE: tl.constexpr):
     """Key tile ``nt`` of query tile ``m``'s band: its k and v, the base-2 logits and the weights
     (:func:`_logits`; the forward and the dQ kernel walk the same tiles)."""
     offs_n = nt * BLOCK_N + rel_n
@@ -224,8 +316,14 @@ def _key_tile(q, K_h, V_h, nt, rel_n, offs_d, m, offs_m, pos_m, doc_m, Pos, Doc,
     kmax = tl.load(KSpan + 2 * nt + 1)
     qk = _dot(q, tl.trans(k), IEEE)
     s, w = _logits(qk, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, m, kmin, kmax, hh, num_m_tiles,
-                   Starts, Lasts, Spans, Sigma, Window, scale_log2, NUM_SAMPLES, MODE, CAUSAL, HAS_DOCS)
+                   Starts, Lasts, Spans, Sigma, Window, scale_log2, r, a, NUM_SAMPLES, MODE, CAUSAL, HAS_DOCS, BEFORE)
     return k, v, s, w
+
+
+@triton.jit
+def _before_end(lo, hi, row_first, BLOCK_N: tl.constexpr):
+    """End of the band's key tiles [lo, end) wholly before the row ``row_first`` (the count's product form)."""
+    return tl.minimum(tl.maximum(row_first // BLOCK_N, lo), hi)
 
 
 @triton.jit
@@ -237,16 +335,30 @@ def _lse2(Lse, rows, in_m):
 
 
 @triton.jit
+def _softmax_step(m_i, l_i, acc, s, w, v, IEEE: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """One key tile of the forward's online softmax: running max, sum and output accumulator."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all hidden so far: exp2(-inf) = 0, not NaN
+    p = tl.exp2(s - m_use[:, None]) * w
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + _dot(_operand(p, v.dtype, EMULATE_BF16), v, IEEE)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def onepass_fwd_kernel(
     Q, K, V, Out, Lse, Pos, Doc, KSpan, Starts, Lasts, Spans, Sigma, Window, BandLo, BandHi,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_ob, stride_ot, stride_oh,
     n_tokens, num_q_heads, group, num_m_tiles, scale_log2,
     HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SAMPLES: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr,
-    PER_HEAD: tl.constexpr, IEEE: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    NUM_SAMPLES: tl.constexpr, SAMPLES_PAD: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_DOCS: tl.constexpr, PER_HEAD: tl.constexpr, IEEE: tl.constexpr, EMULATE_BF16: tl.constexpr,
 ):
-    """Grid (query tiles, B * Hq): out and lse of one query tile of one head."""
+    """Grid (query tiles, B * Hq): out and lse of one query tile of one head. The count walks its band
+    in two loops: the key tiles wholly before the tile's rows (the count a product,
+    :func:`_count_before`), then the rest (sample by sample)."""
     m = tl.program_id(0)
     b, h, hh, kvh, offs_m, offs_d, in_m, m_rows, row0, rel_m, q, pos_m, doc_m, lo, hi = _query_tile(
         Q, Pos, Doc, BandLo, BandHi, m, tl.program_id(1), stride_qb, stride_qt, stride_qh, n_tokens, num_q_heads,
@@ -258,17 +370,23 @@ def onepass_fwd_kernel(
     K_h = K + b * stride_kb + kvh * stride_kh
     V_h = V + b * stride_vb + kvh * stride_vh
     rel_n = tl.arange(0, BLOCK_N)
+    r, a = _first_blocks_of(Starts, offs_m, in_m, m * BLOCK_M, hh, n_tokens, BLOCK_M, NUM_SAMPLES, SAMPLES_PAD,
+                            MODE, False)
+    if MODE == 0:
+        before = _before_end(lo, hi, m * BLOCK_M, BLOCK_N)
+        for nt in range(lo, before):
+            k, v, s, w = _key_tile(q, K_h, V_h, nt, rel_n, offs_d, m, offs_m, pos_m, doc_m, Pos, Doc, KSpan,
+                                   n_tokens, hh, num_m_tiles, Starts, Lasts, Spans, Sigma, Window, stride_kt,
+                                   stride_vt, scale_log2, r, a, HEAD_DIM, D_REAL, BLOCK_N, NUM_SAMPLES, MODE, CAUSAL,
+                                   HAS_DOCS, IEEE, True)
+            m_i, l_i, acc = _softmax_step(m_i, l_i, acc, s, w, v, IEEE, EMULATE_BF16)
+        lo = before
     for nt in range(lo, hi):
         k, v, s, w = _key_tile(q, K_h, V_h, nt, rel_n, offs_d, m, offs_m, pos_m, doc_m, Pos, Doc, KSpan, n_tokens,
                                hh, num_m_tiles, Starts, Lasts, Spans, Sigma, Window, stride_kt, stride_vt,
-                               scale_log2, HEAD_DIM, D_REAL, BLOCK_N, NUM_SAMPLES, MODE, CAUSAL, HAS_DOCS, IEEE)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all hidden so far: exp2(-inf) = 0, not NaN
-        p = tl.exp2(s - m_use[:, None]) * w
-        alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(_operand(p, v.dtype, EMULATE_BF16), v, IEEE)
-        m_i = m_new
+                               scale_log2, r, a, HEAD_DIM, D_REAL, BLOCK_N, NUM_SAMPLES, MODE, CAUSAL, HAS_DOCS,
+                               IEEE, False)
+        m_i, l_i, acc = _softmax_step(m_i, l_i, acc, s, w, v, IEEE, EMULATE_BF16)
     l_use = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_use[:, None]
     tl.store(Out + b * stride_ob + h * stride_oh + row0 * stride_ot + rel_m[:, None] * stride_ot + offs_d[None, :],
@@ -278,17 +396,55 @@ def onepass_fwd_kernel(
 
 
 @triton.jit
+def _dkdv_tile(dk, dv, k, v, mt, pos_n, doc_n, offs_n, kmin, kmax, Q_h, DO_h, Lse, Delta, Pos, Doc, Starts, Lasts,
+               Spans, Sigma, Window, row_h, rel_m, offs_d, stride_qt, stride_dot, n_tokens, hh, num_m_tiles,
+               scale_log2, HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr,
+               NUM_SAMPLES: tl.constexpr, SAMPLES_PAD: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
+               HAS_DOCS: tl.constexpr, IEEE: tl.constexpr, EMULATE_BF16: tl.constexpr, BEFORE: tl.constexpr):
+    """dK, dV of one key tile plus query tile ``mt``'s share, on the transposed tile (keys by queries,
+    as Triton's fused-attention backward: every product has the key tile's BLOCK_N rows, which
+    wgmma needs, >= 64 per warpgroup)."""
+    offs_m = mt * BLOCK_M + rel_m
+    in_m = offs_m < n_tokens
+    m_rows = _rows(in_m, offs_d, HEAD_DIM, D_REAL)
+    row0 = tl.cast(mt, tl.int64) * BLOCK_M
+    q = tl.load(Q_h + row0 * stride_qt + rel_m[:, None] * stride_qt + offs_d[None, :], mask=m_rows, other=0.0)
+    do = tl.load(DO_h + row0 * stride_dot + rel_m[:, None] * stride_dot + offs_d[None, :], mask=m_rows, other=0.0)
+    lse2 = _lse2(Lse, row_h + offs_m, in_m)
+    delta = tl.load(Delta + row_h + offs_m, mask=in_m, other=0.0)
+    pos_m = tl.load(Pos + offs_m, mask=in_m, other=0)
+    doc_m = tl.load(Doc + offs_m, mask=in_m, other=-1) if HAS_DOCS else offs_m
+    if BEFORE:
+        r, a = _first_blocks(Starts, offs_m, in_m, mt * BLOCK_M, hh, n_tokens, NUM_SAMPLES, SAMPLES_PAD, True)
+    else:
+        r = tl.zeros([SAMPLES_PAD, BLOCK_M], dtype=tl.float16)
+        a = tl.zeros([SAMPLES_PAD], dtype=tl.int32)
+    kq = _dot(k, tl.trans(q), IEEE)
+    s, w = _logits(kq, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, mt, kmin, kmax, hh, num_m_tiles,
+                   Starts, Lasts, Spans, Sigma, Window, scale_log2, r, a, NUM_SAMPLES, MODE, CAUSAL, HAS_DOCS,
+                   BEFORE, True)
+    p = tl.exp2(s - lse2[None, :]) * w  # (BN, BM); 0 where hidden
+    dv += _dot(_operand(p, do.dtype, EMULATE_BF16), do, IEEE)
+    dp = _dot(v, tl.trans(do), IEEE)
+    ds = p * (dp - delta[None, :])
+    dk += _dot(_operand(ds, q.dtype, EMULATE_BF16), q, IEEE)
+    return dk, dv
+
+
+@triton.jit
 def onepass_bwd_dkdv_kernel(
     Q, K, V, DO, Lse, Delta, DK, DV, Pos, Doc, KSpan, Starts, Lasts, Spans, Sigma, Window, BandLo, BandHi,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_dob, stride_dot, stride_doh, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
     n_tokens, num_q_heads, num_kv_heads, group, num_n_tiles, num_m_tiles, scale, scale_log2,
     HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SAMPLES: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr,
-    PER_HEAD: tl.constexpr, IEEE: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    NUM_SAMPLES: tl.constexpr, SAMPLES_PAD: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_DOCS: tl.constexpr, PER_HEAD: tl.constexpr, IEEE: tl.constexpr, EMULATE_BF16: tl.constexpr,
 ):
     """Grid (key tiles, B * Hkv): dK, dV of one key tile, summed over the query heads of its
-    group in one program (deterministic: no atomics)."""
+    group in one program (deterministic: no atomics). The count walks each band in two loops:
+    the query tiles the key tile meets or follows (sample by sample), then those wholly after it
+    (the count a product, :func:`_count_before`)."""
     nt = tl.program_id(0)
     bkv = tl.program_id(1)
     b = (bkv // num_kv_heads).to(tl.int64)
@@ -310,6 +466,7 @@ def onepass_bwd_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     rel_m = tl.arange(0, BLOCK_M)
+    after = ((nt + 1) * BLOCK_N + BLOCK_M - 1) // BLOCK_M  # first query tile wholly after the key tile
     for g in range(0, group):
         h = kvh * group + g
         hh = h if PER_HEAD else 0
@@ -318,35 +475,34 @@ def onepass_bwd_dkdv_kernel(
         Q_h = Q + b * stride_qb + h * stride_qh
         DO_h = DO + b * stride_dob + h * stride_doh
         row_h = (b * num_q_heads + h) * n_tokens
-        for mt in range(lo, hi):
-            offs_m = mt * BLOCK_M + rel_m
-            in_m = offs_m < n_tokens
-            m_rows = _rows(in_m, offs_d, HEAD_DIM, D_REAL)
-            row0 = tl.cast(mt, tl.int64) * BLOCK_M
-            q = tl.load(Q_h + row0 * stride_qt + rel_m[:, None] * stride_qt + offs_d[None, :], mask=m_rows,
-                        other=0.0)
-            do = tl.load(DO_h + row0 * stride_dot + rel_m[:, None] * stride_dot + offs_d[None, :],
-                         mask=m_rows, other=0.0)
-            lse2 = _lse2(Lse, row_h + offs_m, in_m)
-            delta = tl.load(Delta + row_h + offs_m, mask=in_m, other=0.0)
-            pos_m = tl.load(Pos + offs_m, mask=in_m, other=0)
-            doc_m = tl.load(Doc + offs_m, mask=in_m, other=-1) if HAS_DOCS else offs_m
-            # transposed tiles (keys by queries), as Triton's fused-attention backward: every
-            # product has the key tile's BLOCK_N rows, which wgmma needs (>= 64 per warpgroup)
-            kq = _dot(k, tl.trans(q), IEEE)
-            s, w = _logits(kq, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, mt, kmin, kmax, hh,
-                           num_m_tiles, Starts, Lasts, Spans, Sigma, Window, scale_log2, NUM_SAMPLES, MODE, CAUSAL,
-                           HAS_DOCS, True)
-            p = tl.exp2(s - lse2[None, :]) * w  # (BN, BM); 0 where hidden
-            dv += _dot(_operand(p, do.dtype, EMULATE_BF16), do, IEEE)
-            dp = _dot(v, tl.trans(do), IEEE)
-            ds = p * (dp - delta[None, :])
-            dk += _dot(_operand(ds, q.dtype, EMULATE_BF16), q, IEEE)
+        split = hi
+        if MODE == 0:
+            split = tl.minimum(tl.maximum(after, lo), hi)
+        for mt in range(lo, split):
+            dk, dv = _dkdv_tile(dk, dv, k, v, mt, pos_n, doc_n, offs_n, kmin, kmax, Q_h, DO_h, Lse, Delta, Pos, Doc,
+                                Starts, Lasts, Spans, Sigma, Window, row_h, rel_m, offs_d, stride_qt, stride_dot,
+                                n_tokens, hh, num_m_tiles, scale_log2, HEAD_DIM, D_REAL, BLOCK_M, NUM_SAMPLES,
+                                SAMPLES_PAD, MODE, CAUSAL, HAS_DOCS, IEEE, EMULATE_BF16, False)
+        if MODE == 0:
+            for mt in range(split, hi):
+                dk, dv = _dkdv_tile(dk, dv, k, v, mt, pos_n, doc_n, offs_n, kmin, kmax, Q_h, DO_h, Lse, Delta, Pos,
+                                    Doc, Starts, Lasts, Spans, Sigma, Window, row_h, rel_m, offs_d, stride_qt,
+                                    stride_dot, n_tokens, hh, num_m_tiles, scale_log2, HEAD_DIM, D_REAL, BLOCK_M,
+                                    NUM_SAMPLES, SAMPLES_PAD, MODE, CAUSAL, HAS_DOCS, IEEE, EMULATE_BF16, True)
     dk = dk * scale
     tl.store(DK + b * stride_dkb + kvh * stride_dkh + col0 * stride_dkt + rel_n[:, None] * stride_dkt
              + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=n_rows)
     tl.store(DV + b * stride_dvb + kvh * stride_dvh + col0 * stride_dvt + rel_n[:, None] * stride_dvt
              + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=n_rows)
+
+
+@triton.jit
+def _dq_step(dq, s, w, k, v, do, lse2, delta, IEEE: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """One key tile's share of dQ."""
+    p = tl.exp2(s - lse2[:, None]) * w
+    dp = _dot(do, tl.trans(v), IEEE)
+    ds = p * (dp - delta[:, None])
+    return dq + _dot(_operand(ds, k.dtype, EMULATE_BF16), k, IEEE)
 
 
 @triton.jit
@@ -356,10 +512,11 @@ def onepass_bwd_dq_kernel(
     stride_dob, stride_dot, stride_doh, stride_dqb, stride_dqt, stride_dqh,
     n_tokens, num_q_heads, group, num_m_tiles, scale, scale_log2,
     HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SAMPLES: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr,
-    PER_HEAD: tl.constexpr, IEEE: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    NUM_SAMPLES: tl.constexpr, SAMPLES_PAD: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_DOCS: tl.constexpr, PER_HEAD: tl.constexpr, IEEE: tl.constexpr, EMULATE_BF16: tl.constexpr,
 ):
-    """Grid (query tiles, B * Hq): dQ of one query tile over the key tiles of its band."""
+    """Grid (query tiles, B * Hq): dQ of one query tile over the key tiles of its band (the
+    forward's two loops)."""
     m = tl.program_id(0)
     b, h, hh, kvh, offs_m, offs_d, in_m, m_rows, row0, rel_m, q, pos_m, doc_m, lo, hi = _query_tile(
         Q, Pos, Doc, BandLo, BandHi, m, tl.program_id(1), stride_qb, stride_qt, stride_qh, n_tokens, num_q_heads,
@@ -373,39 +530,23 @@ def onepass_bwd_dq_kernel(
     K_h = K + b * stride_kb + kvh * stride_kh
     V_h = V + b * stride_vb + kvh * stride_vh
     rel_n = tl.arange(0, BLOCK_N)
+    r, a = _first_blocks_of(Starts, offs_m, in_m, m * BLOCK_M, hh, n_tokens, BLOCK_M, NUM_SAMPLES, SAMPLES_PAD,
+                            MODE, False)
+    if MODE == 0:
+        before = _before_end(lo, hi, m * BLOCK_M, BLOCK_N)
+        for nt in range(lo, before):
+            k, v, s, w = _key_tile(q, K_h, V_h, nt, rel_n, offs_d, m, offs_m, pos_m, doc_m, Pos, Doc, KSpan,
+                                   n_tokens, hh, num_m_tiles, Starts, Lasts, Spans, Sigma, Window, stride_kt,
+                                   stride_vt, scale_log2, r, a, HEAD_DIM, D_REAL, BLOCK_N, NUM_SAMPLES, MODE, CAUSAL,
+                                   HAS_DOCS, IEEE, True)
+            dq = _dq_step(dq, s, w, k, v, do, lse2, delta, IEEE, EMULATE_BF16)
+        lo = before
     for nt in range(lo, hi):
         k, v, s, w = _key_tile(q, K_h, V_h, nt, rel_n, offs_d, m, offs_m, pos_m, doc_m, Pos, Doc, KSpan, n_tokens,
                                hh, num_m_tiles, Starts, Lasts, Spans, Sigma, Window, stride_kt, stride_vt,
-                               scale_log2, HEAD_DIM, D_REAL, BLOCK_N, NUM_SAMPLES, MODE, CAUSAL, HAS_DOCS, IEEE)
-        p = tl.exp2(s - lse2[:, None]) * w
-        dp = _dot(do, tl.trans(v), IEEE)
-        ds = p * (dp - delta[:, None])
-        dq += _dot(_operand(ds, k.dtype, EMULATE_BF16), k, IEEE)
+                               scale_log2, r, a, HEAD_DIM, D_REAL, BLOCK_N, NUM_SAMPLES, MODE, CAUSAL, HAS_DOCS,
+                               IEEE, False)
+        dq = _dq_step(dq, s, w, k, v, do, lse2, delta, IEEE, EMULATE_BF16)
     dq = dq * scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + row0 * stride_dqt + rel_m[:, None] * stride_dqt + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=m_rows)
-
-
-@triton.jit
-def count_tile_kernel(Out, Pos, Doc, KSpan, Starts, Lasts, Spans, n_tokens, num_m_tiles,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SAMPLES: tl.constexpr, CAUSAL: tl.constexpr,
-                      HAS_DOCS: tl.constexpr):
-    """Grid (query tiles, key tiles, Hh): the kernels' ``c_ij`` (0 where hidden), int32
-    (Hh, n, n), from the same :func:`_count_tile`. Tests only: O(n^2)."""
-    m = tl.program_id(0)
-    nt = tl.program_id(1)
-    hh = tl.program_id(2)
-    offs_m = m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = nt * BLOCK_N + tl.arange(0, BLOCK_N)
-    in_m = offs_m < n_tokens
-    in_n = offs_n < n_tokens
-    pos_n = tl.load(Pos + offs_n, mask=in_n, other=0)
-    doc_m = tl.load(Doc + offs_m, mask=in_m, other=-1) if HAS_DOCS else offs_m
-    doc_n = tl.load(Doc + offs_n, mask=in_n, other=-2) if HAS_DOCS else offs_n
-    kmin = tl.load(KSpan + 2 * nt)
-    kmax = tl.load(KSpan + 2 * nt + 1)
-    anchor = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    count = _count_tile(anchor, offs_m, offs_n, pos_n, doc_m, doc_n, n_tokens, m, kmin, kmax, hh, num_m_tiles,
-                        Starts, Lasts, Spans, NUM_SAMPLES, CAUSAL, HAS_DOCS, False)
-    ptr = Out + hh.to(tl.int64) * n_tokens * n_tokens + offs_m.to(tl.int64)[:, None] * n_tokens + offs_n[None, :]
-    tl.store(ptr, count, mask=in_m[:, None] & in_n[None, :])

@@ -164,8 +164,11 @@ def workspace_cuda(setup: AttentionSetup, batch: int, tokens: int, keys: int, q_
     u = B x tokens x Hq x D elements (one q-sized tensor):
 
     - PLSH / fixed blocks on the fused Triton kernel (``triton_onepass.py``): forward
-      only the band limits (4 int32 per query tile and head); backward dq, dk, dv,
-      the fp32 row sums ``D`` (``u / D``) and one head's fp32 temporaries for them;
+      the call's tables (``kernel_bias.py``): every token's block start per bias head and
+      sample (int32; causal) and the per-query-tile spans of its three tile
+      shapes (4 int32 a sample, tiles of at least 32 rows), plus the band limits (4 int32 per tile and
+      head); they are held for the backward, which adds dq, dk, dv, the fp32 row sums
+      ``D`` (``u / D``) and the fp32 copy of dout they come from (``u`` fp32);
     - PLSH / fixed blocks, varlen per sample (``plsh_varlen.py``): forward
       copies q, k, v into the rows layout (k, v repeated to Hq heads with a
       per-head hash), an fp32 merged output, one sample's output, and the
@@ -183,9 +186,12 @@ def workspace_cuda(setup: AttentionSetup, batch: int, tokens: int, keys: int, q_
     u = batch * tokens * q_heads * head_dim
     kv_per_q = kv_heads / q_heads
     if setup.fused:
+        bias_heads = q_heads if setup.per_head_hash else 1
+        tables = 4 * bias_heads * setup.num_samples * keys * (1 + 3 * 4 / 32)  # starts, spans at >= 32 rows
         bands = 4 * 4 * batch * q_heads * math.ceil(keys / 32)
-        bwd = b * u * (1 + 2 * kv_per_q) + 4 * u / head_dim + 12 * u / q_heads + bands
-        return Workspace(bands, int(bwd), "counted (fused Triton kernel)")
+        fwd = tables + bands
+        bwd = b * u * (1 + 2 * kv_per_q) + 4 * u / head_dim + 4 * u + fwd
+        return Workspace(int(fwd), int(bwd), "counted (fused Triton kernel)")
     if setup.bias in ("plsh", "fixed_blocks"):
         rep = 1.0 if setup.per_head_hash else kv_per_q
         rows = b * u * (1 + 2 * rep)

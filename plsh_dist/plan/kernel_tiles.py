@@ -27,7 +27,7 @@ from plsh_dist.ops.tile_bands import (CountBias, TileConfig, TokenLayout, Window
                                       key_tile_bands, query_tile_bands, row_spans, tiles_for)
 
 __all__ = ["FLASH_TILE", "KernelTiles", "kernel_tiles", "window_tiles", "bias_tiles", "per_sample_tiles",
-           "floor_tiles", "boundary_share"]
+           "floor_tiles", "boundary_share", "far_tiles"]
 
 #: Tile edge of the flash kernels the other paths run (flash-attn 2's 128 x 128 forward tile).
 FLASH_TILE = 128
@@ -43,6 +43,9 @@ class KernelTiles:
         backward_area: score entries of the dK/dV kernel's tiles plus the dQ kernel's.
         backward_dkdv, backward_dq: (key tile, query tile) pairs the dK/dV kernel visits and
             (query tile, key tile) pairs the dQ kernel visits (each kernel's own tile shape).
+        forward_far, backward_dkdv_far, backward_dq_far: those of them whose key tile is wholly
+            before the query tile's rows (:func:`far_tiles`; the count's product form), 0 for a
+            window bias (one loop).
     """
 
     forward: int
@@ -50,6 +53,9 @@ class KernelTiles:
     backward_area: int
     backward_dkdv: int
     backward_dq: int
+    forward_far: int = 0
+    backward_dkdv_far: int = 0
+    backward_dq_far: int = 0
 
     @property
     def flash_equivalent(self) -> float:
@@ -92,8 +98,28 @@ def bias_tiles(bias, T: int, num_q_heads: int, *, head_dim: int = 128, arch: int
     q_lo, q_hi = query_tile_bands(bias, layout, qt.block_m, qt.block_n, causal)
     dkdv = int((k_hi - k_lo).long().sum()) * heads_per_hash
     dq = int((q_hi - q_lo).long().sum()) * heads_per_hash
+    far = (0, 0, 0)
+    if isinstance(bias, CountBias):
+        far = tuple(int(far_tiles(*band, kernel, c.block_m, c.block_n).sum()) * heads_per_hash
+                    for band, kernel, c in (((lo, hi), "fwd", fwd), ((k_lo, k_hi), "bwd_dkdv", kv),
+                                            ((q_lo, q_hi), "bwd_dq", qt)))
     return KernelTiles(forward, forward * fwd.block_m * fwd.block_n,
-                       dkdv * kv.block_m * kv.block_n + dq * qt.block_m * qt.block_n, dkdv, dq)
+                       dkdv * kv.block_m * kv.block_n + dq * qt.block_m * qt.block_n, dkdv, dq, *far)
+
+
+def far_tiles(lo: torch.Tensor, hi: torch.Tensor, kernel: str, block_m: int, block_n: int) -> torch.Tensor:
+    """Per band (``lo``, ``hi``: (Hh, tiles) band limits of ``kernel``, "fwd", "bwd_dkdv" or "bwd_dq", at
+    ``block_m`` x ``block_n``), how many of its tiles pair a key tile wholly before the query tile's
+    first row (by token): the kernels' first loop (forward, dQ: key tiles below ``m block_m // block_n``)
+    or second loop (dK/dV: query tiles from ``ceil((nt + 1) block_n / block_m)``), whose count is a
+    product (``_count_before`` in the kernels); the other tiles count sample by sample."""
+    lo, hi = lo.long(), hi.long()
+    tile = torch.arange(lo.shape[-1])
+    if kernel == "bwd_dkdv":
+        after = torch.div((tile + 1) * block_n + block_m - 1, block_m, rounding_mode="floor")
+        return (hi - torch.maximum(lo, after)).clamp(min=0)
+    before = torch.div(tile * block_m, block_n, rounding_mode="floor")
+    return (torch.minimum(hi, before) - lo).clamp(min=0)
 
 
 def _three(tiles) -> tuple:
@@ -103,7 +129,8 @@ def _three(tiles) -> tuple:
 
 def boundary_share(bias: CountBias, T: int, kernel: str, block_m: int, block_n: int, causal: bool = True) -> float:
     """Share of the (visited tile, sample) pairs of ``kernel`` ("fwd", "bwd_dkdv", "bwd_dq") at
-    tiles of ``block_m`` x ``block_n`` over positions ``0..T-1`` where the count's per-score block
+    tiles of ``block_m`` x ``block_n`` over positions ``0..T-1`` that count sample by sample (the
+    tiles :func:`far_tiles` leaves) where the count's per-score block
     runs: the sample's blocks neither hold every key of the tile for every row nor miss them all
     (the kernels' own test, on the launcher's own tables :func:`~plsh_dist.ops.tile_bands.row_spans`
     and :func:`~plsh_dist.ops.tile_bands.key_spans`). One head at a time: O(s T) memory."""
@@ -120,6 +147,7 @@ def boundary_share(bias: CountBias, T: int, kernel: str, block_m: int, block_n: 
         inner = torch.minimum(inner, hi[:, None] - 1).clamp(min=0)
         outer = torch.arange(lo.numel())[:, None].expand_as(inner)
         m, nt = (inner, outer) if kernel == "bwd_dkdv" else (outer, inner)
+        valid = valid & ((nt + 1) * block_n > m * block_m)  # the far tiles count as a product
         sp, kmin, kmax = spans[:, m], kspan[nt, 0], kspan[nt, 1]
         every = sp[..., 1] <= kmin
         none = sp[..., 0] > kmax

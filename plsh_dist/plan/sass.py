@@ -155,6 +155,9 @@ class LoopCost:
             conditional branches skip, outermost regions only, none holding a matrix instruction
             (the count's per-sample blocks, run only where a sample's blocks cut the tile).
         skippable_blocks: how many such regions.
+        sample_skippable: the same regions inside the sample loops' bodies (run s times a trip, each
+            only where the sample's blocks cut the tile).
+        spills: local-memory stores and loads (``STL`` / ``LDL``) in the body, nested loops included.
     """
 
     loop: Loop
@@ -170,11 +173,14 @@ class LoopCost:
     wait_loops: list[Loop] = field(default_factory=list)
     skippable: int = 0
     skippable_blocks: int = 0
+    sample_skippable: int = 0
+    spills: int = 0
 
     def instructions(self, samples: int, taken: float = 1.0) -> float:
         """Instructions per warp of one trip at ``samples`` samples, the skippable regions run in
         a share ``taken`` of the trips (1: every instruction counted, the static reading)."""
-        return self.per_tile - (1.0 - taken) * self.skippable + samples * self.per_sample
+        skipped = 1.0 - taken
+        return self.per_tile - skipped * self.skippable + samples * (self.per_sample - skipped * self.sample_skippable)
 
     @property
     def mma_instructions(self) -> int:
@@ -187,13 +193,17 @@ class SassKernel:
 
     Attributes:
         name: the function. instructions: all of them. main: the main loop's counts.
-        candidates: every innermost loop holding matrix instructions (``main`` is one).
+        far: a second main loop that issues more matrix work than every other (the count's key
+            tiles wholly before the query tile's rows, whose count is a product on the tensor
+            cores), or None; ``main`` is then the costliest of the others.
+        candidates: every innermost loop holding matrix instructions (``main`` and ``far`` among them).
         spill_stores, spill_loads: local-memory stores / loads (``STL`` / ``LDL``) anywhere.
     """
 
     name: str
     instructions: list[Instruction]
     main: LoopCost | None
+    far: LoopCost | None
     candidates: list[LoopCost]
     spill_stores: int
     spill_loads: int
@@ -219,9 +229,11 @@ def _loop_cost(instructions, loop: Loop, nested: list[Loop]) -> LoopCost:
     ops = {i.base for i in body}
     pipelined = "TMA" if ops & {"UTMALDG", "UBLKCP"} else "cp.async" if "LDGSTS" in ops else "no"
     regions = _skipped_regions(tile)
+    in_sample_regions = [r for lp in samples for r in _skipped_regions(_body(instructions, lp))]
     return LoopCost(loop, len(tile), len(sample), sum(i.is_f64 for i in tile), sum(i.is_f64 for i in sample), mma,
                     sum(i.mma_flops_per_warp for i in body), sum(i.base == "CALL" for i in body), pipelined,
-                    samples, waits, sum(len(r) for r in regions), len(regions))
+                    samples, waits, sum(len(r) for r in regions), len(regions),
+                    sum(len(r) for r in in_sample_regions), sum(i.base in ("STL", "LDL") for i in body))
 
 
 def _skipped_regions(body: list[Instruction]) -> list[list[Instruction]]:
@@ -245,8 +257,12 @@ def analyse(name: str, instructions: list[Instruction]) -> SassKernel:
     with_mma = [lp for lp in all_loops if any(i.mma_shape for i in _body(instructions, lp))]
     innermost = [lp for lp in with_mma if not any(lp.contains(o) for o in with_mma)]
     candidates = [_loop_cost(instructions, lp, [o for o in all_loops if lp.contains(o)]) for lp in innermost]
-    main = max(candidates, key=lambda c: (c.per_tile + c.per_sample, c.loop.start), default=None)
-    return SassKernel(name, instructions, main, candidates, sum(i.base == "STL" for i in instructions),
+    by_flops = sorted(candidates, key=lambda c: c.mma_flops_per_warp)
+    far = by_flops[-1] if len(by_flops) > 1 and by_flops[-1].mma_flops_per_warp > by_flops[-2].mma_flops_per_warp \
+        else None
+    rest = [c for c in candidates if c is not far]
+    main = max(rest, key=lambda c: (c.per_tile + c.per_sample, c.loop.start), default=None)
+    return SassKernel(name, instructions, main, far, candidates, sum(i.base == "STL" for i in instructions),
                       sum(i.base == "LDL" for i in instructions))
 
 
@@ -256,8 +272,10 @@ _DOT = re.compile(r"=\s*tt\.dot\s.*?:\s*tensor<(\d+)x(\d+)x\w+>\s*\*\s*tensor<(\
 
 
 def dot_flops_per_trip(ttir: str) -> float:
-    """FLOPs (``2 M N K`` each) of the ``tt.dot`` products of the IR's loop that holds them
-    (the ``scf.for`` holding the most, directly); the products outside any loop when none does."""
+    """FLOPs (``2 M N K`` each) of the attention's own ``tt.dot`` products in one trip of its key loop:
+    the ``scf.for`` holding the fewest directly, among those holding some (the count's loop over key
+    tiles before the query tile's rows holds one more, its count's product); the products outside any
+    loop when none does."""
     stack: list[int | None] = []  # per open region: the id of an scf.for, None for any other region
     per_loop: dict[int | None, float] = {}
     loop_id = 0
@@ -281,7 +299,7 @@ def dot_flops_per_trip(ttir: str) -> float:
             del stack[net:]
     loops_only = {k: v for k, v in per_loop.items() if k is not None}
     if loops_only:
-        return max(loops_only.values())
+        return min(loops_only.values())
     return per_loop.get(None, 0.0)
 
 

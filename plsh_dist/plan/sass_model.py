@@ -66,6 +66,8 @@ class KernelModel:
         spill_stores, spill_loads: local stores / loads (``STL`` / ``LDL``) in the code;
         smem: shared memory per block (B).
         loop: the main loop's counts (None when the kernel has no loop with matrix instructions).
+        far: the count's second key loop (tiles wholly before the query tile's rows, the count a
+            product: :attr:`plsh_dist.plan.sass.SassKernel.far`), or None.
         useful_flops: FLOPs of the tile's ``tt.dot`` products.
         function: the kernel's name in the cubin.
         f64_division: the PTX divides in IEEE float64 (``div.rn.f64``: the hash's bucket arithmetic).
@@ -92,15 +94,29 @@ class KernelModel:
     useful_flops: float
     function: str
     f64_division: bool
+    far: LoopCost | None = None
 
     @property
     def machine(self) -> Machine:
         return MACHINES[self.arch]
 
     @property
+    def loop_spills(self) -> int:
+        """Spill stores and loads inside the key loops (those outside run once a program)."""
+        return sum(lp.spills for lp in (self.loop, self.far) if lp)
+
+    def _loop(self, far: bool) -> LoopCost:
+        return self.far if far else self.loop
+
+    def executed(self, far: bool = False) -> float:
+        """Matrix FLOPs one tile of the main (``far``: the far) loop issues (every warp's instructions)."""
+        lp = self._loop(far)
+        return lp.mma_flops_per_warp * self.num_warps if lp else 0.0
+
+    @property
     def executed_flops(self) -> float:
-        """Matrix FLOPs one tile issues (every warp's instructions)."""
-        return self.loop.mma_flops_per_warp * self.num_warps if self.loop else 0.0
+        """Matrix FLOPs one tile of the main loop issues."""
+        return self.executed()
 
     @property
     def mma_ratio(self) -> float:
@@ -111,28 +127,36 @@ class KernelModel:
     def uses_wgmma(self) -> bool:
         return bool(self.loop) and any(op.startswith("HGMMA") for op in self.loop.mma)
 
-    def issue_cycles(self, samples: int, taken: float = 1.0) -> float:
+    def issue_cycles(self, samples: int, taken: float = 1.0, far: bool = False) -> float:
         """``taken``: share of trips that run the loop's skippable regions (:attr:`LoopCost.skippable`),
         applied only to a count build with at most one region a sample (each is a sample's block; a
-        block not recognised as one stays counted every trip)."""
-        share = taken if self.bias == "count" and 0 < self.loop.skippable_blocks <= samples else 1.0
-        return self.num_warps * self.loop.instructions(samples, share) / self.machine.schedulers
+        block not recognised as one stays counted every trip). ``far``: a tile of the far loop."""
+        lp = self._loop(far)
+        one_a_sample = 0 < lp.skippable_blocks <= samples or (lp.sample_loops and lp.sample_skippable)
+        share = taken if self.bias == "count" and one_a_sample and not far else 1.0
+        return self.num_warps * lp.instructions(samples, share) / self.machine.schedulers
 
-    @property
-    def tensor_cycles(self) -> float:
-        return self.executed_flops / self.machine.tensor_flops_per_clock
+    def tensor_cycles(self, far: bool = False) -> float:
+        return self.executed(far) / self.machine.tensor_flops_per_clock
 
-    def tile_cycles(self, samples: int, taken: float = 1.0) -> float:
+    def tile_cycles(self, samples: int, taken: float = 1.0, far: bool = False) -> float:
         """SM clocks of one tile: issue or tensor, whichever is longer."""
-        return max(self.issue_cycles(samples, taken), self.tensor_cycles)
+        return max(self.issue_cycles(samples, taken, far), self.tensor_cycles(far))
 
-    def bound_tflops(self, samples: int, taken: float = 1.0) -> float:
-        """Useful TFLOP/s of the whole GPU at this tile cost (the issue-cycle bound)."""
+    def mixed_cycles(self, samples: int, taken: float = 1.0, far_share: float = 0.0) -> float:
+        """Mean clocks of a tile when a share ``far_share`` of the tiles runs the far loop."""
+        near = self.tile_cycles(samples, taken)
+        return near if not self.far or not far_share else \
+            far_share * self.tile_cycles(samples, taken, True) + (1.0 - far_share) * near
+
+    def bound_tflops(self, samples: int, taken: float = 1.0, far_share: float = 0.0) -> float:
+        """Useful TFLOP/s of the whole GPU at this tile cost (the issue-cycle bound); ``far_share``: the
+        share of tiles on the far loop."""
         m = self.machine
-        return self.useful_flops / self.tile_cycles(samples, taken) * m.sms * m.clock_hz / 1e12
+        return self.useful_flops / self.mixed_cycles(samples, taken, far_share) * m.sms * m.clock_hz / 1e12
 
-    def tensor_bound(self, samples: int, taken: float = 1.0) -> bool:
-        return self.tensor_cycles >= self.issue_cycles(samples, taken)
+    def tensor_bound(self, samples: int, taken: float = 1.0, far: bool = False) -> bool:
+        return self.tensor_cycles(far) >= self.issue_cycles(samples, taken, far)
 
 
 def model_launch(launch: Launch) -> tuple[KernelModel, bytes]:
@@ -150,7 +174,7 @@ def model_launch(launch: Launch) -> tuple[KernelModel, bytes]:
         block_n=launch.option("BLOCK_N"), num_warps=compiled.metadata.num_warps,
         num_stages=compiled.metadata.num_stages, shipped=case["bias"] != "none", regs=res["regs"],
         local=res["local"], spill_stores=read.spill_stores, spill_loads=read.spill_loads,
-        smem=int(compiled.metadata.shared), loop=read.main, useful_flops=dot_flops_per_trip(compiled.asm["ttir"]),
+        smem=int(compiled.metadata.shared), loop=read.main, far=read.far, useful_flops=dot_flops_per_trip(compiled.asm["ttir"]),
         function=name, f64_division="div.rn.f64" in compiled.asm["ptx"])
     return model, cubin
 
@@ -164,11 +188,13 @@ def causal_floor_tiles(kernel: str, T: int, block_m: int, block_n: int) -> int:
     return sum(math.ceil(min(T, (i + 1) * block_m) / block_n) for i in range(math.ceil(T / block_m)))
 
 
-def area_rate(models: list[KernelModel], samples: int, taken: list[float] | None = None) -> float:
+def area_rate(models: list[KernelModel], samples: int, taken: list[float] | None = None,
+              far_share: list[float] | None = None) -> float:
     """Useful TFLOP/s bound of kernels that each cover the same score area once (a backward's
     dK/dV and dQ): their useful FLOPs and clocks per score entry added."""
     taken = taken or [1.0] * len(models)
+    far_share = far_share or [0.0] * len(models)
     useful = sum(m.useful_flops / (m.block_m * m.block_n) for m in models)
-    cycles = sum(m.tile_cycles(samples, t) / (m.block_m * m.block_n) for m, t in zip(models, taken))
+    cycles = sum(m.mixed_cycles(samples, t, f) / (m.block_m * m.block_n) for m, t, f in zip(models, taken, far_share))
     machine = models[0].machine
     return useful / cycles * machine.sms * machine.clock_hz / 1e12

@@ -11,7 +11,7 @@ from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
 from plsh_dist.models import AttentionConfig
 from plsh_dist.ops.tile_bands import tiles_for
 from plsh_dist.plan.attention_cost import attention_flops, attention_setup, fused_tiles
-from plsh_dist.plan.kernel_tiles import FLASH_TILE, floor_tiles, kernel_tiles, per_sample_tiles
+from plsh_dist.plan.kernel_tiles import FLASH_TILE, far_tiles, floor_tiles, kernel_tiles, per_sample_tiles
 
 torch.set_num_threads(1)
 SIGMA = alibi_slopes(4).double().reciprocal() * 8  # 2.8 .. 32 tokens
@@ -67,6 +67,32 @@ def test_the_kernel_loops_over_the_counted_tiles(monkeypatch):
     q, k, v = (torch.randn(1, T, 4, 128) for _ in range(3))
     triton_onepass.triton_onepass_forward(q, k, v, lsh, torch.arange(T), causal=True, scale=0.1)
     assert seen == [kernel_tiles(lsh, T, 4, head_dim=128).forward]
+
+
+def _far_pairs(lsh, T, bm, bn, kernel) -> int:
+    """Brute force: counted pairs whose key tile ends at or before the query tile's first token."""
+    b = lsh.buckets(torch.arange(T))
+    same = (b[:, :, :, None] == b[:, :, None, :]).any(0) & torch.ones(T, T, dtype=torch.bool).tril()
+    far = 0
+    for m in range(math.ceil(T / bm)):
+        for nt in range(math.ceil(T / bn)):
+            if (nt + 1) * bn <= m * bm and same[:, m * bm:(m + 1) * bm, nt * bn:(nt + 1) * bn].any():
+                far += int(same[:, m * bm:(m + 1) * bm, nt * bn:(nt + 1) * bn].flatten(1).any(1).sum())
+    return far
+
+
+def test_far_tiles_are_the_key_tiles_wholly_before_the_rows():
+    T, lsh = 300, PositionalLSH(SIGMA * 4, 8, seed=4)
+    fwd, kv, qt = tiles_for(128)
+    got = kernel_tiles(lsh, T, 4, head_dim=128)
+    assert got.forward_far == _far_pairs(lsh, T, fwd.block_m, fwd.block_n, "fwd") > 0
+    assert got.backward_dkdv_far == _far_pairs(lsh, T, kv.block_m, kv.block_n, "bwd_dkdv") > 0
+    assert got.backward_dq_far == _far_pairs(lsh, T, qt.block_m, qt.block_n, "bwd_dq") > 0
+    # one band by hand: query tile 3 of 128 rows, key tiles of 32 from 2 to 14: 2..11 are before row 384
+    lo, hi = torch.tensor([[0, 0, 0, 2]]), torch.tensor([[4, 8, 12, 14]])
+    assert far_tiles(lo, hi, "fwd", 128, 32).tolist() == [[0, 4, 8, 10]]
+    # dK/dV: key tile 1 of 128 (tokens 128..255), query tiles of 32 from 0 to 20: 8.. are after it
+    assert far_tiles(torch.tensor([[0, 3]]), torch.tensor([[20, 20]]), "bwd_dkdv", 32, 128).tolist() == [[16, 12]]
 
 
 def test_per_sample_and_floor_tiles():

@@ -77,6 +77,55 @@ def test_useful_work_is_the_dots_of_the_ir_loop():
     assert dot_flops_per_trip(ttir) == 2 * (2 * 64 * 32 * 128)
 
 
+# the count's two key loops: 0x00..0x30 the far tiles (its count a product: two HGMMA), then
+# 0x40..0xc0 the near tiles with a sample loop 0x50..0xb0 whose block 0x70..0xa0 a branch skips
+TWO_LOOPS = [
+    "HGMMA.64x32x16.F32.BF16 R24, gdesc[UR4], RZ",  # 0x00  far loop
+    "HGMMA.64x32x16.F32 R40, gdesc[UR8], RZ",       # 0x10  the count's product
+    "IADD3 R1, R1, 0x1, RZ",                        # 0x20
+    "@P0 BRA 0x0",                                  # 0x30
+    "HGMMA.64x32x16.F32.BF16 R24, gdesc[UR4], RZ",  # 0x40  near loop
+    "LDG.E R2, desc[UR6][R4.64]",                   # 0x50  sample loop
+    "ISETP.GT.AND P1, PT, R2, R3, PT",              # 0x60
+    "@P1 BRA 0xb0",                                 # 0x70  skips the sample's block
+    "ISETP.GE.AND P2, PT, R5, R2, PT",              # 0x80
+    "SEL R6, RZ, 0x1, !P2",                         # 0x90
+    "IADD3 R7, R7, R6, RZ",                         # 0xa0
+    "@P3 BRA 0x50",                                 # 0xb0  sample loop ends
+    "@P4 BRA 0x40",                                 # 0xc0  near loop ends
+    "EXIT",                                         # 0xd0
+]
+
+
+def test_reader_tells_the_far_loop_from_the_near_one():
+    k = analyse("k", parse_sass(_listing(TWO_LOOPS))["k"])
+    assert (k.far.loop.start, k.far.loop.end) == (0x00, 0x30)
+    assert (k.main.loop.start, k.main.loop.end) == (0x40, 0xc0)
+    assert k.far.mma_instructions == 2 and k.main.mma_instructions == 1
+    lp = k.main
+    assert [(x.start, x.end) for x in lp.sample_loops] == [(0x50, 0xb0)]
+    assert lp.per_sample == 7 and lp.sample_skippable == 3  # the block after the forward branch
+    # a quarter of the samples cut the tile: the skipped blocks count a quarter of the time
+    assert lp.instructions(8, 0.25) == lp.per_tile + 8 * (7 - 0.75 * 3)
+    assert lp.instructions(8) == lp.per_tile + 8 * 7
+
+
+def test_useful_work_is_the_attention_loop_not_the_counts_product():
+    ttir = """
+    %1:2 = scf.for %i = %c0 to %n step %c1 iter_args(%x = %c) -> (tensor<64x32xf32>) : i32 {
+      %q = tt.dot %a, %b, %c : tensor<64x128xbf16> * tensor<128x32xbf16> -> tensor<64x32xf32>
+      %c = tt.dot %r, %s, %z : tensor<64x16xf16> * tensor<16x32xf16> -> tensor<64x32xf32>
+      %o = tt.dot %p, %v, %acc : tensor<64x32xbf16> * tensor<32x128xbf16> -> tensor<64x128xf32>
+      scf.yield %o : tensor<64x128xf32>
+    }
+    %2:2 = scf.for %i = %c0 to %n step %c1 iter_args(%x = %c) -> (tensor<64x32xf32>) : i32 {
+      %q = tt.dot %a, %b, %c : tensor<64x128xbf16> * tensor<128x32xbf16> -> tensor<64x32xf32>
+      %o = tt.dot %p, %v, %acc : tensor<64x32xbf16> * tensor<32x128xbf16> -> tensor<64x128xf32>
+      scf.yield %o : tensor<64x128xf32>
+    }"""
+    assert dot_flops_per_trip(ttir) == 2 * (2 * 64 * 32 * 128)
+
+
 def test_causal_floor_tiles_cover_the_triangle():
     # square tiles: the triangle's m (m + 1) / 2; dK/dV from the keys' side: the same area
     assert causal_floor_tiles("fwd", 1024, 128, 128) == 8 * 9 // 2

@@ -1,6 +1,6 @@
 """Every shipped tile configuration of the Triton kernels compiles ahead of time for sm_90
 (H100 / H200) and sm_80 (A100), bf16 and fp16, head dims 64 and 128, both biases, without
-register spills and within the SM's shared memory (no GPU needed:
+register spills inside its key loops and within the SM's shared memory (no GPU needed:
 ``launchers/triton_compile_table.py``, whose table is committed as
 ``results/triton/compile.md``)."""
 

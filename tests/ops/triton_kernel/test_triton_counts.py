@@ -14,8 +14,8 @@ from plsh_dist.hashing import FixedBlocks, PositionalLSH, sampler_names  # noqa:
 from plsh_dist.ops.documents import Documents  # noqa: E402
 from plsh_dist.ops.tile_bands import (TILES, CountBias, TokenLayout, WindowBias, key_tile_bands,  # noqa: E402
                                       query_tile_bands)
-from plsh_dist.ops.triton_onepass import count_matrix  # noqa: E402
 
+from count_kernel import count_matrix  # noqa: E402
 from kernel_cases import brute_counts, kernel_device, window_weights  # noqa: E402
 
 SIGMA = torch.tensor([0.8, 3.0, 40.0, 700.0], dtype=torch.float64)  # per head: 1-token blocks to longer than n
