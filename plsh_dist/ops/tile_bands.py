@@ -53,11 +53,12 @@ class TileConfig:
 #: static cost model of the compiled code (``launchers/triton_sass_model.py``, ``results/triton/sass.md``,
 #: docs/gpu.md): on Hopper every product a wgmma (at least 64 rows a warpgroup, no warpgroup
 #: repeating another's work: the dK/dV kernel's transposed tiles have the key tile's rows),
-#: software-pipelined (cp.async), no register spills, and the fewest clocks per score among
-#: those. Larger tiles spill (the count's per-sample block bounds add registers to flash's).
+#: software-pipelined (cp.async), no register spill in a key loop, and the fewest clocks per score
+#: over a band among those. Hopper's query tiles have 64 rows (one warpgroup): the tiles that meet a
+#: query tile's rows count sample by sample, and 64 rows halve them against 128.
 TILES = {
-    (9, 64): (TileConfig(128, 32, 8, 2), TileConfig(32, 128, 8, 2), TileConfig(128, 64, 8, 2)),
-    (9, 128): (TileConfig(128, 32, 8, 2), TileConfig(32, 128, 8, 2), TileConfig(128, 32, 8, 2)),
+    (9, 64): (TileConfig(64, 32, 4, 2), TileConfig(32, 128, 8, 2), TileConfig(64, 64, 4, 2)),
+    (9, 128): (TileConfig(64, 32, 4, 2), TileConfig(32, 128, 8, 2), TileConfig(64, 32, 4, 2)),
     (8, 64): (TileConfig(128, 32, 8, 2), TileConfig(32, 32, 4, 2), TileConfig(128, 32, 8, 2)),
     (8, 128): (TileConfig(128, 32, 8, 2), TileConfig(32, 32, 4, 2), TileConfig(64, 32, 4, 2)),
 }

@@ -41,7 +41,8 @@ from plsh_dist.ops.tile_bands import TileConfig, TokenLayout, WindowBias, num_ti
 
 __all__ = ["TritonOnePass", "triton_cuda", "triton_interpreter", "triton_status", "interpreting", "kernels",
            "banded_forward", "banded_backward", "triton_onepass_forward",
-           "triton_onepass_backward", "alibi_window_attention", "BandedAttentionFunction"]
+           "triton_onepass_backward", "alibi_window_attention", "BandedAttentionFunction",
+           "kernel_tiles"]
 
 LOG2E = 1.4426950408889634
 _log = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ def _arch(device: torch.device) -> int:
     return torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 9
 
 
-def _tiles(q: torch.Tensor) -> tuple[TileConfig, TileConfig, TileConfig]:
+def kernel_tiles(q: torch.Tensor) -> tuple[TileConfig, TileConfig, TileConfig]:
     """The (forward, dK/dV, dQ) tiles of the kernels for ``q``'s head dim on its device."""
     return tiles_for(q.shape[-1], _arch(q.device))
 
@@ -159,7 +160,7 @@ def banded_forward(q, k, v, bias, layout: TokenLayout, *, causal: bool, scale: f
     _check(q, k, v, layout, bias)
     B, n, Hq, D = q.shape
     Hkv = k.shape[2]
-    tiles = _tiles(q)
+    tiles = kernel_tiles(q)
     cfg = tiles[0]
     t = (kernel_bias if kernel_bias is not None else KernelBias.of(bias, layout, causal, tiles)).fwd
     out = torch.empty_like(q)
@@ -187,7 +188,7 @@ def banded_backward(dout, q, k, v, out, lse, bias, layout: TokenLayout, *, causa
     _check(q, k, v, layout, bias)
     B, n, Hq, D = q.shape
     Hkv = k.shape[2]
-    tiles = _tiles(q)
+    tiles = kernel_tiles(q)
     _, kv_cfg, q_cfg = tiles
     kb = kernel_bias if kernel_bias is not None else KernelBias.of(bias, layout, causal, tiles)
     dout = dout.contiguous() if dout.stride(-1) != 1 else dout
@@ -241,7 +242,7 @@ def triton_onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor,
 
 def _plsh_forward(q, k, v, lsh, positions, *, causal, scale, docs=None):
     """(out, lse, the call's :class:`KernelBias`, kept for the backward)."""
-    kb = count_plan(lsh, positions, docs, causal, q.device, _tiles(q))
+    kb = count_plan(lsh, positions, docs, causal, q.device, kernel_tiles(q))
     return (*banded_forward(q, k, v, kb.bias, kb.layout, causal=causal, scale=scale, kernel_bias=kb), kb)
 
 
@@ -250,7 +251,7 @@ def triton_onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positio
     """Gradients of :func:`triton_onepass_forward`: dq (B, n, Hq, D), dk, dv (B, n, Hkv, D).
     ``kernel_bias``: the forward's (:meth:`TritonOnePass.forward`'s plan), else rebuilt."""
     if kernel_bias is None:
-        kernel_bias = count_plan(lsh, positions, docs, causal, q.device, _tiles(q))
+        kernel_bias = count_plan(lsh, positions, docs, causal, q.device, kernel_tiles(q))
     return banded_backward(dout, q, k, v, out, lse, kernel_bias.bias, kernel_bias.layout, causal=causal,
                            scale=scale, kernel_bias=kernel_bias)
 
@@ -309,7 +310,7 @@ class BandedAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, layout, causal, scale):
-        kb = KernelBias.of(bias, layout, causal, _tiles(q))
+        kb = KernelBias.of(bias, layout, causal, kernel_tiles(q))
         out, lse = banded_forward(q, k, v, bias, layout, causal=causal, scale=scale, kernel_bias=kb)
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse)

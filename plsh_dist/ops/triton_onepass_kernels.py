@@ -111,7 +111,7 @@ def _count_sample(count, full, t, offs_m, in_m, pos_n, n_tokens, row_tile, kmin,
         if not CAUSAL:
             last = tl.load(Lasts + row + offs_m, mask=in_m, other=0)
             inside = inside & (_k_side(pos_n, TRANS) <= _q_side(last, TRANS))
-        count += inside.to(tl.int32)
+        count += inside.to(tl.float32)
     return count, full
 
 
@@ -119,13 +119,15 @@ def _count_sample(count, full, t, offs_m, in_m, pos_n, n_tokens, row_tile, kmin,
 def _count_tile(anchor, offs_m, offs_n, pos_n, doc_m, doc_n, n_tokens, row_tile, kmin, kmax, hh, num_row_tiles,
                 Starts, Lasts, Spans, NUM_SAMPLES: tl.constexpr, CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr,
                 TRANS: tl.constexpr):
-    """(BM, BN) (``TRANS``: (BN, BM)) int32 ``c_ij`` (0 where hidden): the samples whose block of ``p_i`` holds
+    """(BM, BN) (``TRANS``: (BN, BM)) fp32 ``c_ij`` (0 where hidden): the samples whose block of ``p_i`` holds
     ``p_j``, sample by sample (any tile; the kernels use it where a key tile meets its query tile's rows,
     :func:`_count_before` elsewhere).
 
-    ``anchor``: any (BM, BN) tensor (its shape).
+    ``anchor``: the tile's q k^T (finite): the count starts as ``anchor * 0`` so that it takes the product's
+    register layout, in which a thread holds few rows (a blocked layout gives a thread 16 rows, and 16 loads
+    of their block starts a sample). The count is an integer below 2^24: exact in fp32.
 
-    Integers only: each token's block ``[start, last]`` per sample comes from the launcher
+    Integer compares only: each token's block ``[start, last]`` per sample comes from the launcher
     (:class:`~plsh_dist.ops.tile_bands.CountTables`, the hash's own float64 arithmetic, once
     per call), so bucket(p_j) == bucket(p_i) is ``start <= p_j <= last`` (buckets are monotone
     in position; causally ``p_j <= p_i <= last`` already). Per sample, two scalars of the query
@@ -134,7 +136,7 @@ def _count_tile(anchor, offs_m, offs_n, pos_n, doc_m, doc_n, n_tokens, row_tile,
     every key (add 1, a scalar), none does (nothing), or only then the per-score compare.
     Up to ``UNROLL_SAMPLES`` samples the loop is unrolled; beyond, a loop (unrolled blocks of
     many samples spill registers)."""
-    count = tl.zeros(anchor.shape, dtype=tl.int32)
+    count = anchor * 0.0
     full = 0
     in_m = offs_m < n_tokens
     if NUM_SAMPLES <= UNROLL_SAMPLES:
@@ -145,8 +147,8 @@ def _count_tile(anchor, offs_m, offs_n, pos_n, doc_m, doc_n, n_tokens, row_tile,
         for t in range(NUM_SAMPLES):
             count, full = _count_sample(count, full, t, offs_m, in_m, pos_n, n_tokens, row_tile, kmin, kmax, hh,
                                         num_row_tiles, Starts, Lasts, Spans, NUM_SAMPLES, CAUSAL, TRANS)
-    count += full
-    return tl.where(_visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL, HAS_DOCS, TRANS), count, 0)
+    count += full.to(tl.float32)
+    return tl.where(_visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL, HAS_DOCS, TRANS), count, 0.0)
 
 
 @triton.jit
@@ -214,7 +216,7 @@ def _logits(qk, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, row_tile, 
             w = _count_before_visible(r, a, offs_m, pos_n, doc_m, doc_n, n_tokens, HAS_DOCS, TRANS)
         else:
             w = _count_tile(qk, offs_m, offs_n, pos_n, doc_m, doc_n, n_tokens, row_tile, kmin, kmax, hh,
-                            num_row_tiles, Starts, Lasts, Spans, NUM_SAMPLES, CAUSAL, HAS_DOCS, TRANS).to(tl.float32)
+                            num_row_tiles, Starts, Lasts, Spans, NUM_SAMPLES, CAUSAL, HAS_DOCS, TRANS)
         s = tl.where(w > 0, qk * scale_log2, float("-inf"))
     else:
         dist = tl.abs(_q_side(pos_m, TRANS) - _k_side(pos_n, TRANS))

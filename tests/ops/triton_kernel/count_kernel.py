@@ -43,7 +43,7 @@ def count_tile_kernel(Out, Pos, Doc, KSpan, Starts, Lasts, Spans, n_tokens, num_
         kmax = tl.load(KSpan + 2 * nt + 1)
         anchor = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         count = _count_tile(anchor, offs_m, offs_n, pos_n, doc_m, doc_n, n_tokens, m, kmin, kmax, hh, num_m_tiles,
-                            Starts, Lasts, Spans, NUM_SAMPLES, CAUSAL, HAS_DOCS, False)
+                            Starts, Lasts, Spans, NUM_SAMPLES, CAUSAL, HAS_DOCS, False).to(tl.int32)
     ptr = Out + hh.to(tl.int64) * n_tokens * n_tokens + offs_m.to(tl.int64)[:, None] * n_tokens + offs_n[None, :]
     tl.store(ptr, count, mask=in_m[:, None] & in_n[None, :])
 
