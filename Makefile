@@ -13,7 +13,7 @@ export HF_DATASETS_OFFLINE := 1
 export DS_ACCELERATOR ?= cpu
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: venv quickstart test test-slow test-cluster cluster-deps rehearsal gpu-check golden lint bench bench-sp bench-training approx prose-corpus clean-venv
+.PHONY: venv quickstart test test-slow test-cluster cluster-deps gpu-check golden lint bench bench-sp bench-training approx prose-corpus clean-venv
 
 venv: $(STAMP)
 

@@ -39,7 +39,8 @@ TRAIN = ["--config", "configs/debug.toml", "--parallel.sp_size=2", f"--run.max_s
          "--checkpoint.every_steps=0", "--checkpoint.keep_last=0"]
 # the header asks for 8 GPUs and 96 CPUs per node: a CPU cluster overrides both on the sbatch line
 RESOURCES = ["--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1"]
-BOUND_S = 240  # a job takes ~30 s on 2 busy cores
+BOUND_S = 300  # a job takes ~30 s on 2 busy cores; a requeued one waits ~150 s more (Slurm's requeue delay)
+LONG_STEPS = 150  # ~0.3 s a step
 _BIN = Path(os.sys.executable).parent
 
 
@@ -144,18 +145,21 @@ def test_a_failing_rank_ends_the_job_with_a_clear_exit_code(slurm, tmp_path):
         assert "pretrain.py" not in host.run(["ps", "-eo", "args="]).stdout
 
 
-def test_a_second_job_on_the_same_out_dir_is_refused_and_the_first_is_untouched(slurm, uninterrupted, tmp_path):
+def test_a_second_job_on_the_same_out_dir_is_refused_and_the_first_is_untouched(slurm, tmp_path):
     out = tmp_path / "out"
-    first = _submit(slurm, tmp_path, out)
+    long = f"--run.max_steps={LONG_STEPS}"  # still training when the second job has started (~20 s)
+    first = _submit(slurm, tmp_path, out, long)
     _wait_for_step(out, 1)
-    second = _submit(slurm, tmp_path, out)
+    second = _submit(slurm, tmp_path, out, long)
     second_info = _wait_done(slurm, second)
+    assert _job(slurm, first)["JobState"] == "RUNNING"  # the refusal came while the first trained
     first_info = _wait_done(slurm, first)
     second_log = _log(tmp_path, second)
     assert second_info["JobState"] == "FAILED", second_log[-3000:]
     assert "out_dir error:" in second_log, second_log[-3000:]
     assert first_info["JobState"] == "COMPLETED", _log(tmp_path, first)[-3000:]
-    assert _steps(out) == uninterrupted[2]
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, LONG_STEPS + 1))  # nothing interleaved
 
 
 def test_scancel_signal_usr1_to_the_steps_checkpoints_and_requeues(slurm, uninterrupted, tmp_path):
