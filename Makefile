@@ -13,7 +13,7 @@ export HF_DATASETS_OFFLINE := 1
 export DS_ACCELERATOR ?= cpu
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: venv quickstart test test-slow gpu-check golden lint bench bench-sp bench-training approx prose-corpus clean-venv
+.PHONY: venv quickstart test test-slow test-cluster cluster-deps gpu-check golden lint bench bench-sp bench-training approx prose-corpus clean-venv
 
 venv: $(STAMP)
 
@@ -53,12 +53,22 @@ quickstart: $(STAMP)
 # pytest exits 5 when it collected no test: that is a broken suite, not a pass.
 PYTEST = rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests (exit 5): failing" >&2; exit 1; fi; exit $$rc
 test: $(STAMP)
-	@$(PY) -m pytest -q -m "not slow" tests; $(PYTEST)
+	@$(PY) -m pytest -q -m "not slow and not cluster" tests; $(PYTEST)
 
 # Whole-job reliability runs through the real launchers (kill -9 and resume,
 # failing ranks, two nodes on one machine): minutes, so kept out of `make test`.
 test-slow: $(STAMP)
-	@$(PY) -m pytest -q -m slow tests; $(PYTEST)
+	@$(PY) -m pytest -q -m "slow and not cluster" tests; $(PYTEST)
+
+# Two hosts on this machine (network + UTS + mount + PID namespaces, root): DeepSpeed's hostfile
+# runner over pdsh/ssh and Slurm (slurmctld + a slurmd per host), with their fault cases
+# (results/cluster/README.md). cluster-deps apt-installs sshd, pdsh, munge and Slurm, or names what
+# is missing; the tests skip naming the missing capability when it is still absent.
+cluster-deps:
+	bash cluster/deps.sh
+
+test-cluster: $(STAMP) cluster-deps
+	@$(PY) -m pytest -q -m cluster tests/cluster; $(PYTEST)
 
 # GPU machine (no downloads): the installed PyTorch, this package without its
 # dependencies, the CUDA tests + GPU benchmark; results in $(GPU_OUT). No .venv.

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from plsh_dist.train import load_config, train
     from plsh_dist.train.failure import run_reporting_failures
-    from plsh_dist.train.preemption import EXIT_PREEMPTED, ignore_stop_signals
+    from plsh_dist.train.preemption import EXIT_PREEMPTED, ignore_stop_signals, mark_preempted
     from plsh_dist.train.refusal import EXIT_REFUSED
     from plsh_dist.writable import check_writable_dir
 
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         if result.preempted_at is None:
             return 0
         ignore_stop_signals()  # checkpoint written: the launcher's SIGTERM to leaving ranks must not make it -15
+        mark_preempted()  # for a launcher that reports our 75 as 1 (torchrun under slurm_pretrain.sh)
         return EXIT_PREEMPTED
 
     # A failing rank prints "rank R failed: ..." and writes <out_dir>/failures/rank_R.txt;

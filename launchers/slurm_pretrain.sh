@@ -23,9 +23,10 @@
 # steps but not this shell. torchrun is started with USR1 ignored (an ignored signal stays ignored
 # across exec; torchrun has no handler of its own and would die), the ranks catch it: they finish the
 # current optimizer step, write a checkpoint through the atomic path and exit 75. When the step has
-# ended, this script runs `scontrol requeue` if its status is 75, or if USR1 came and the step failed
-# (torchrun reports its ranks' 75 as 1); the requeued job runs with --resume auto and continues from
-# that checkpoint exactly. Make the lead time (@300) longer than one step plus one checkpoint save.
+# ended, this script runs `scontrol requeue` if its status is 75, or if the step failed after USR1 came
+# or after the ranks stopped for preemption (torchrun reports their 75 as 1; they leave a marker file,
+# PLSH_PREEMPTED_MARKER, so `scancel --signal=USR1 $SLURM_JOB_ID`, which skips this shell, requeues too);
+# the requeued job runs with --resume auto and continues from that checkpoint exactly. Make the lead time (@300) longer than one step plus one checkpoint save.
 # SIGTERM (scancel, Slurm's own preemption, a drained node) reaches the ranks from Slurm directly: they
 # checkpoint the same way if that fits in Slurm's KillWait (and torchrun's 30 s before it SIGKILLs its
 # ranks), and this script does not requeue (scancel means stop; Slurm requeues a job it preempts
@@ -174,6 +175,12 @@ fi
 
 # pretrain.py's exit code after a checkpoint on SIGTERM / SIGUSR1 (plsh_dist/train/preemption.py).
 exit_preempted=75
+# torchrun reports its ranks' 75 as 1, and `scancel --signal=USR1 JOB` (without --batch) signals the ranks
+# but not this shell: so the ranks also create this file when they stop for preemption (on every node;
+# this shell runs on the first and reads its own).
+preempted_marker=${TMPDIR:-/tmp}/plsh-preempted-$SLURM_JOB_ID
+rm -f "$preempted_marker"
+export PLSH_PREEMPTED_MARKER=$preempted_marker
 got_usr1=0 got_term=0
 # shellcheck disable=SC2329  # invoked by the trap below
 on_usr1() {
@@ -200,8 +207,13 @@ while kill -0 "$srun_pid" 2> /dev/null; do
 done
 wait "$srun_pid" && status=0 || status=$?
 echo "slurm_pretrain: srun exited with status $status"
+ranks_preempted=0
+if [[ -e $preempted_marker ]]; then
+    ranks_preempted=1
+    rm -f "$preempted_marker"
+fi
 # Requeue after the step, never during it: `scontrol requeue` would stop the ranks mid-checkpoint.
-if ((!got_term && (status == exit_preempted || (got_usr1 && status != 0)))); then
+if ((!got_term && (status == exit_preempted || (status != 0 && (got_usr1 || ranks_preempted))))); then
     echo "slurm_pretrain: requeueing job $SLURM_JOB_ID (step status $status): it resumes from its last checkpoint" >&2
     scontrol requeue "$SLURM_JOB_ID"
 fi

@@ -61,9 +61,12 @@ exit "$status"
 """
 
 FAKE_RANK = (
-    "import signal, sys, time\n"
+    "import os, signal, sys, time\n"
     "def stop(signum, frame):\n"
     "    open(sys.argv[1], 'a').write(f'rank stopped on {signal.Signals(signum).name}\\\\n')\n"
+    "    marker = os.environ.get('PLSH_PREEMPTED_MARKER')  # as pretrain.py: mark_preempted()\n"
+    "    if marker:\n"
+    "        open(marker, 'a').close()\n"
     "    sys.exit(75)\n"
     "signal.signal(signal.SIGUSR1, stop)\n"
     "signal.signal(signal.SIGTERM, stop)\n"
@@ -174,3 +177,17 @@ def test_other_failures_are_not_requeued(job):
     code, _, _ = _finish(proc)
     assert code == 7
     assert "scontrol requeue" not in log.read_text()
+
+
+def test_usr1_to_the_ranks_only_is_requeued_through_their_marker(job, tmp_path):
+    """``scancel --signal=USR1 JOB`` (no --batch) reaches the ranks, not the script; torchrun reports 1."""
+    start, log = job
+    proc = start(TMPDIR=str(tmp_path))
+    for pid in log.with_name("step.pids.ranks").read_text().split():
+        os.kill(int(pid), signal.SIGUSR1)
+    code, stdout, stderr = _finish(proc)
+    assert "srun exited with status 1" in stdout  # torchrun's status for its ranks' 75
+    assert log.read_text().rstrip().endswith("scontrol requeue 4242")
+    assert "requeueing job 4242 (step status 1)" in stderr
+    assert not (tmp_path / "plsh-preempted-4242").exists()  # read once, then removed
+    assert code == 1

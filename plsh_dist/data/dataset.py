@@ -106,11 +106,13 @@ class PreparedData:
     reports: dict[str, BadDataReport]
 
 
-def prepare_data(cfg: DataConfig, tok_cfg: TokenizerConfig) -> PreparedData:
+def prepare_data(cfg: DataConfig, tok_cfg: TokenizerConfig, *, log_reports: bool = True) -> PreparedData:
     """Corpus, tokenizer and token caches for a run; idempotent and cheap when warm.
 
     The tokenizer, when missing, is trained on the training source only (so
-    validation text never shapes the vocabulary).
+    validation text never shapes the vocabulary). ``log_reports=False``: the
+    per-split reports are returned but not logged (a rank that only reopens
+    the caches rank 0 built and reported).
     """
     corpus_report = BadDataReport()
     sources = data_sources(cfg, corpus_report)
@@ -132,7 +134,8 @@ def prepare_data(cfg: DataConfig, tok_cfg: TokenizerConfig) -> PreparedData:
     for name, stream in streams.items():
         reports[name].tokens_kept = stream.num_tokens
         # Files read, documents and tokens kept, skips per cause: a warning when anything was skipped.
-        reports[name].log(logger, f"{name} ({stream.path})")
+        if log_reports:
+            reports[name].log(logger, f"{name} ({stream.path})")
     return PreparedData(tokenizer, streams["train"], streams.get("val"), reports)
 
 

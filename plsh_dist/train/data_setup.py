@@ -14,8 +14,9 @@ __all__ = ["prepare", "DataPipeline"]
 
 
 def prepare(data: DataConfig, tokenizer: TokenizerConfig) -> PreparedData:
-    """Corpus, tokenizer and token caches; rank 0 builds them first, the others
-    then only open the caches (no duplicate tokenizer training or tokenising).
+    """Corpus, tokenizer and token caches; rank 0 builds them first and logs
+    their reports, the others then only open the caches (no duplicate
+    tokenizer training, tokenising or report).
 
     Bad data (an empty file, no usable document: the data package's
     ``ValueError``) refuses the run on every rank alike: rank 0 shares its
@@ -37,8 +38,10 @@ def prepare(data: DataConfig, tokenizer: TokenizerConfig) -> PreparedData:
         raise RunRefused("data", str(refusal)) from refusal
     if prepared is not None:
         return prepared
+    # Rank 0 has logged the data reports; the others reopen its caches without repeating them
+    # (on several hosts each would print them again).
     with refusing("data", every_rank=False):  # only this rank fails to open the caches rank 0 built
-        return prepare_data(data, tokenizer)
+        return prepare_data(data, tokenizer, log_reports=False)
 
 
 class DataPipeline:

@@ -61,12 +61,14 @@ USR1 for the ranks and requeues the job after the step (its header).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-__all__ = ["EXIT_PREEMPTED", "STOP_SIGNALS", "StopRequest", "handle_stop_signals", "ignore_stop_signals",
+__all__ = ["EXIT_PREEMPTED", "PREEMPTED_MARKER_ENV", "STOP_SIGNALS", "StopRequest", "handle_stop_signals",
+           "ignore_stop_signals", "mark_preempted",
            "preempted_line"]
 
 logger = logging.getLogger(__name__)
@@ -127,6 +129,24 @@ def handle_stop_signals(enabled: bool = True) -> Iterator[StopRequest]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+PREEMPTED_MARKER_ENV = "PLSH_PREEMPTED_MARKER"
+
+
+def mark_preempted() -> None:
+    """Create the file named by ``$PLSH_PREEMPTED_MARKER``, if set: this rank stopped for preemption.
+
+    For launchers that cannot pass the ranks' 75 on: torchrun reports any failed
+    rank as 1, so ``launchers/slurm_pretrain.sh`` (which sets the variable to a
+    file on the node that runs the batch script, the job's first node) reads the
+    marker to tell a preemption, which it requeues, from a crash, which it does
+    not. Every rank creates it on its own node; the ranks of one node write the
+    same path (an empty file: creating it twice is harmless)."""
+    path = os.environ.get(PREEMPTED_MARKER_ENV)
+    if path:
+        with open(path, "a"):
+            pass
 
 
 def ignore_stop_signals() -> None:

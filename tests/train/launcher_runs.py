@@ -41,10 +41,13 @@ def empty_config(directory: Path) -> Path:
     return path
 
 
-def deepspeed_cmd(nproc: int, config: Path, overrides: list[str]) -> list[str]:
+def deepspeed_cmd(nproc: int, config: Path, overrides: list[str], *, hostfile: Path | None = None,
+                  port: int | None = None) -> list[str]:
+    """``nproc`` local ranks, or with ``hostfile`` its hosts' slots through pdsh/ssh (nproc unused)."""
     script = _BIN / "deepspeed"
     runner = [str(script)] if script.is_file() else [sys.executable, "-m", "deepspeed.launcher.runner"]
-    return [*runner, "--num_gpus", str(nproc), "--master_port", str(free_port()), str(PRETRAIN),
+    where = ["--hostfile", str(hostfile)] if hostfile is not None else ["--num_gpus", str(nproc)]
+    return [*runner, *where, "--master_port", str(port or free_port()), str(PRETRAIN),
             "--config", str(config), *overrides]
 
 

@@ -1,0 +1,24 @@
+"""Namespace hosts for the cluster tests (``make test-cluster``; root, sshd/pdsh, Slurm).
+
+A fixture that cannot build its hosts skips the test with the missing
+capability in the reason (namespaces refused, a package missing: ``make
+cluster-deps``); pytest's ``-ra`` lists the reasons. Everything they start
+runs inside the hosts and dies with them at the end of the module.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.hosts import ClusterUnavailable
+from cluster.ssh import ssh_hosts
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    """Two hosts, node-0 and node-1, with root ssh (keys made for them) between them."""
+    try:
+        with ssh_hosts(2, tmp_path_factory.mktemp("cluster")) as two:
+            yield two
+    except ClusterUnavailable as err:
+        pytest.skip(f"cluster unavailable: {err}")
