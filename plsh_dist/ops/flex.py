@@ -39,7 +39,7 @@ import functools
 
 import torch
 
-__all__ = ["BLOCK_SIZE", "flex_status", "compiled_flex", "band_block_mask", "alibi_band", "alibi_score_mod",
+__all__ = ["BLOCK_SIZE", "flex_status", "compiled_flex", "band_block_mask", "visited_blocks", "alibi_band", "alibi_score_mod",
            "count_score_mod", "hash_count_score_mod", "flex_attend"]
 
 #: Block size of the sparse masks: FlexAttention's default (64 measured slower on CPU at 16k).
@@ -91,15 +91,9 @@ def band_block_mask(start: torch.Tensor, end: torch.Tensor):
     """
     from torch.nn.attention.flex_attention import BlockMask  # noqa: PLC0415
 
-    Hb, T = start.shape
-    nb = -(-T // BLOCK_SIZE)
-    device = start.device
-    first_row = torch.arange(nb, device=device) * BLOCK_SIZE
-    last_row = torch.clamp(first_row + BLOCK_SIZE, max=T) - 1
-    # the rows of a query block are monotone: its first row starts and ends first
-    lo = start[:, first_row] // BLOCK_SIZE  # (Hb, nb): visible key blocks [lo, hi]
-    hi = (end[:, last_row] - 1) // BLOCK_SIZE
-    j = torch.arange(nb, device=device)
+    T = start.shape[1]
+    nb, first_row, last_row, lo, hi = _block_range(start, end)
+    j = torch.arange(nb, device=start.device)
     block_start = j * BLOCK_SIZE
     block_end = torch.clamp(block_start + BLOCK_SIZE, max=T)
     visible = (j >= lo[..., None]) & (j <= hi[..., None])  # (Hb, nb, nb)
@@ -114,6 +108,25 @@ def band_block_mask(start: torch.Tensor, end: torch.Tensor):
     num_f, idx_f = _ordered(full)
     return BlockMask.from_kv_blocks(num_p[None], idx_p[None], num_f[None], idx_f[None], BLOCK_SIZE=BLOCK_SIZE,
                                     mask_mod=mask_mod, seq_lengths=(T, T))
+
+
+def _block_range(start: torch.Tensor, end: torch.Tensor):
+    """``(nb, first_row, last_row, lo, hi)``: the number of blocks, each query block's first and
+    last row (nb,), and the key blocks ``[lo, hi]`` (Hb, nb) it visits."""
+    T = start.shape[1]
+    nb = -(-T // BLOCK_SIZE)
+    first_row = torch.arange(nb, device=start.device) * BLOCK_SIZE
+    last_row = torch.clamp(first_row + BLOCK_SIZE, max=T) - 1
+    # the rows of a query block are monotone: its first row starts and ends first
+    lo = start[:, first_row] // BLOCK_SIZE
+    hi = (end[:, last_row] - 1) // BLOCK_SIZE
+    return nb, first_row, last_row, lo, hi
+
+
+def visited_blocks(start: torch.Tensor, end: torch.Tensor) -> int:
+    """(query block, key block) pairs the band's mask visits, summed over its Hb heads."""
+    _, _, _, lo, hi = _block_range(start, end)
+    return int((hi - lo + 1).sum())
 
 
 def _ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
