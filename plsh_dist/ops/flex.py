@@ -17,9 +17,10 @@ benchmark, the CPU comparison in ``experiments/flex_cpu.py``):
   straight from the hash's pitch and shift tables (:func:`hash_count_score_mod`:
   ``s`` float64 bucket pairs per score, the form a user would write from the
   paper; the GPU benchmark's);
-- :func:`compiled_flex`: ``torch.compile(flex_attention)`` once per process.
-  Dynamo caches a compiled graph per shape set (and the mods' code); the
-  tables a mod reads are graph inputs, so a new hash of the same shapes
+- :func:`compiled_flex`: ``torch.compile(flex_attention)`` once per process,
+  static shapes (inductor's CPU template fails to build dynamic ones in
+  torch 2.13): dynamo caches one graph per shape set (and the mods' code);
+  the tables a mod reads are graph inputs, so a new hash of the same shapes
   reuses the graph.
 
 On CPU the compiled FlexAttention has a forward only and returns no
@@ -39,8 +40,8 @@ import functools
 
 import torch
 
-__all__ = ["BLOCK_SIZE", "flex_status", "compiled_flex", "band_block_mask", "visited_blocks", "alibi_band", "alibi_score_mod",
-           "count_score_mod", "hash_count_score_mod", "flex_attend"]
+__all__ = ["BLOCK_SIZE", "flex_status", "compiled_flex", "band_block_mask", "visited_blocks", "alibi_band",
+           "alibi_score_mod", "count_score_mod", "hash_count_score_mod", "flex_attend"]
 
 #: Block size of the sparse masks: FlexAttention's default (64 measured slower on CPU at 16k).
 BLOCK_SIZE = 128
@@ -51,7 +52,7 @@ def flex_status(device_type: str) -> str | None:
     """None when the compiled FlexAttention can run on ``device_type`` ("cpu" / "cuda"), else one
     line saying why not."""
     try:
-        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401, PLC0415
+        import torch.nn.attention.flex_attention  # noqa: F401, PLC0415
     except ImportError as err:
         return f"torch {torch.__version__} has no FlexAttention ({err}); it needs torch >= 2.5"
     if device_type != "cpu":
@@ -99,10 +100,9 @@ def band_block_mask(start: torch.Tensor, end: torch.Tensor):
     visible = (j >= lo[..., None]) & (j <= hi[..., None])  # (Hb, nb, nb)
     full = (start[:, last_row, None] <= block_start) & (end[:, first_row, None] >= block_end) & visible
     partial = visible & ~full
-    start_t, end_t = start, end
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return (kv_idx >= _index(start_t, h)[q_idx]) & (kv_idx < _index(end_t, h)[q_idx])
+        return (kv_idx >= _index(start, h)[q_idx]) & (kv_idx < _index(end, h)[q_idx])
 
     num_p, idx_p = _ordered(partial)
     num_f, idx_f = _ordered(full)
@@ -199,11 +199,15 @@ def hash_count_score_mod(pitch: torch.Tensor, shift: torch.Tensor, positions: to
     return score_mod
 
 
-def flex_attend(q, k, v, score_mod, block_mask, scale: float | None = None) -> torch.Tensor:
+def flex_attend(q, k, v, score_mod, block_mask, scale: float | None = None, compiled=None) -> torch.Tensor:
     """The compiled FlexAttention on (B, T, H, D) tensors (k, v may have fewer heads: GQA);
-    out (B, T, Hq, D). Differentiable where FlexAttention has a backward (CUDA)."""
+    out (B, T, Hq, D). Differentiable where FlexAttention has a backward (CUDA).
+
+    ``compiled``: a ``torch.compile`` of a function with FlexAttention's arguments (default
+    :func:`compiled_flex`). A caller that must know what dynamo has compiled (its recompile
+    limit counts the graphs of one function) passes a function of its own."""
     if q.device.type == "cpu":  # forward only there: it refuses inputs that require grad, even under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()
-    out = compiled_flex()(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=score_mod,
-                          block_mask=block_mask, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
+    out = (compiled or compiled_flex())(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=score_mod,
+                                        block_mask=block_mask, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
     return out.transpose(1, 2)

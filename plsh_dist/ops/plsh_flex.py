@@ -7,8 +7,7 @@ reading every token's block bounds, the band as a block-sparse mask. On CPU
 PyTorch compiles only its forward and returns no log-sum-exp, so this path
 computes ``out`` alone: the table (:mod:`plsh_dist.ops.backends`) offers it
 only to calls that need nothing else (no gradient, no ``return_lse``, one
-process). Where it applies it is faster than the chunked one pass from about
-4k tokens on (``results/flex/README.md``).
+process), and ``backend="auto"`` never picks it (why: the table's docstring).
 
 Block bounds come from the hash's own arithmetic (the one pass's
 ``_token_bounds``: documents and position offsets included), as int32
@@ -37,6 +36,19 @@ _log = logging.getLogger(__name__)
 
 #: Shape sets compiled in this process (see :func:`_compiles`).
 _COMPILED: set[tuple] = set()
+
+
+def _path_flex(q, k, v, score_mod, block_mask, scale, enable_gqa):
+    """FlexAttention through a function of this module's own, so that the graphs dynamo keeps
+    for it (and counts against its recompile limit) are this path's alone: other users of
+    FlexAttention in the process (benchmarks) do not take the path's room."""
+    return torch.nn.attention.flex_attention.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                                             scale=scale, enable_gqa=enable_gqa)
+
+
+@functools.cache
+def _compiled_path_flex():
+    return torch.compile(_path_flex, dynamic=False)  # static shapes: see plsh_dist.ops.flex
 
 
 def flex_cpu_inference(device: torch.device, dtype: torch.dtype) -> bool:
@@ -70,14 +82,15 @@ def flex_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, causal
     device = q.device
     mask = band_block_mask(band_start.to(device), band_end.contiguous().to(device))
     score_mod = count_score_mod(first.to(device), None if end is None else end.to(device))
-    return flex_attend(q, k, v, score_mod, mask, scale)
+    return flex_attend(q, k, v, score_mod, mask, scale, compiled=_compiled_path_flex())
 
 
 def _compiles(key: tuple) -> bool:
     """Whether the call of shape set ``key`` runs compiled: one already compiled, or room for one
     more under dynamo's recompile limit. The CPU FlexAttention compiles static shapes only
-    (dynamic ones fail to build in torch 2.13), so each (shapes, s, causal, scale) is one graph;
-    past the limit dynamo would run FlexAttention eagerly, on dense (T, T) scores."""
+    (dynamic ones fail to build in torch 2.13), so each (shapes, s, causal, scale) is one graph
+    of :func:`_path_flex`; past the limit dynamo would run FlexAttention eagerly, on dense
+    (T, T) scores."""
     import torch._dynamo  # noqa: PLC0415
 
     if key in _COMPILED:

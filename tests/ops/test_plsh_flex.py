@@ -92,6 +92,24 @@ def test_past_the_recompile_limit_new_shapes_run_the_chunked_one_pass(monkeypatc
     assert any("recompile limit" in r.getMessage() for r in caplog.records)
 
 
+def test_other_flexattention_users_do_not_take_the_paths_compiles(monkeypatch, recwarn):
+    """The path compiles its own function: a benchmark's FlexAttention graphs in the same process
+    do not count against the path's recompile limit (else dynamo runs it eagerly, dense)."""
+    import torch._dynamo
+
+    from plsh_dist.ops.flex import alibi_band, alibi_score_mod, band_block_mask, flex_attend
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(plsh_flex, "_COMPILED", set())
+    q, k, v = _qkv(1, 64, 2, 2)
+    with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=1):
+        flex_attend(q, k, v, alibi_score_mod(alibi_slopes(2)), band_block_mask(*alibi_band(64, None, True, "cpu")))
+        out = plsh_attention(q, k, v, sigma=4.0, num_samples=2, seed=0, backend="flex")
+    assert not [w for w in recwarn if "without torch.compile" in str(w.message)]
+    ref = dense_attention(q, k, v, PositionalLSH(4.0, 2, 0).averaged_mask(torch.arange(64)))
+    torch.testing.assert_close(out.double(), ref, **FP32)
+
+
 @pytest.mark.parametrize("grad,return_lse", [(True, False), (False, True)])
 def test_calls_that_need_gradients_or_the_lse_are_refused_by_name(grad, return_lse):
     q, k, v = _qkv(1, 16, 2, 2)
