@@ -47,9 +47,9 @@ naming what it needs.
 CPU that compiles a forward only and returns no log-sum-exp, so its row is
 *output only*: it applies to calls that need neither gradients nor the lse
 (``out_only=True``: evaluation, generation's prompt), and refuses the others.
-It is not in ``backend="auto"``: measured 1.1x (4k) to 1.4x (16k) faster than
-the chunked one pass, but each new shape set costs a compile of seconds to a
-minute (``results/flex/README.md``).
+It is not in ``backend="auto"``: 1.1-1.2x faster than the chunked one pass at
+4k and 16k tokens on a shared 2-core CPU (within that machine's noise), and
+each new shape set costs a compile of 7-37 s there (``results/flex/README.md``).
 
 A path has ``onepass`` (bool) and:
 
