@@ -73,7 +73,7 @@ from plsh_dist.plan import kernel_tiles as tiles  # noqa: E402
 FWD_BWD = 3.5  # backward ~2.5x forward matmul FLOPs
 
 
-def _time_fwd_bwd(fn, q, k, v, repeats: int, warmup: int, device) -> list[float]:
+def time_fwd_bwd(fn, q, k, v, repeats: int, warmup: int, device) -> list[float]:
     """Seconds per forward+backward, ``repeats`` times after ``warmup`` runs."""
     dout = torch.randn_like(q)
 
@@ -335,7 +335,7 @@ def run(args) -> list[dict]:
                 base = torch.cuda.memory_allocated()
             try:
                 reps = args.repeats if T < 131072 else max(1, args.repeats - 1)
-                times = _time_fwd_bwd(fn, q, k, v, reps, args.warmup, device)
+                times = time_fwd_bwd(fn, q, k, v, reps, args.warmup, device)
             except torch.OutOfMemoryError:
                 records.append({**record, "status": "oom"})
                 print(f"T={T:>7} {name:<34} out of memory", flush=True)

@@ -191,9 +191,7 @@ def run_full(env: dict, out: Path, args) -> dict:
     plans = planning_cost(env["device"] if env["cuda_available"] else "CPU")
     bench = None
     if not args.skip_bench:
-        spec = importlib.util.spec_from_file_location("bench_attention_gpu", ROOT / "launchers" / "bench_attention_gpu.py")
-        bench_attention_gpu = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench_attention_gpu)
+        bench_attention_gpu = _load_launcher("bench_attention_gpu")
         bench_args = ["--out", str(out / "bench"), "--budget-s", str(args.bench_budget_s)]
         if not env["cuda_available"]:  # exercise the code paths at toy sizes
             bench_args += ["--lengths", "512", "--heads", "2", "--head-dim", "16", "--samples", "4",
@@ -214,8 +212,9 @@ def _interpret_without_cuda() -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def _load_smoke():
-    spec = importlib.util.spec_from_file_location("gpu_smoke", ROOT / "launchers" / "gpu_smoke.py")
+def _load_launcher(name: str):
+    """``launchers/<name>.py`` as a module (the launchers are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "launchers" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -223,7 +222,8 @@ def _load_smoke():
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="folder for smoke.{json,md}, summary.txt, check.json, pytest*.xml, bench/")
+    p.add_argument("--out", required=True,
+                   help="folder for smoke.{json,md}, summary.txt, check.json, pytest*.xml, bench/")
     p.add_argument("--stage", choices=("smoke", "full", "both"), default="both",
                    help="smoke: the kernel's bf16 check and two timings (minutes); full: tests + benchmark; both: "
                         "smoke, then full")
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(env), flush=True)
     smoke = full = None
     if args.stage in ("smoke", "both"):
-        smoke = _load_smoke().run_smoke(out)  # written before the full stage starts
+        smoke = _load_launcher("gpu_smoke").run_smoke(out)  # written before the full stage starts
         (out / "summary.txt").write_text(summary_text(env, smoke, None))
         print(f"smoke stage: {'ok' if smoke['ok'] else 'FAILED'} in {smoke['wall_s']} s ({out / 'smoke.md'})",
               flush=True)

@@ -66,3 +66,15 @@ def test_both_stages_write_the_smoke_results_first_and_cope_without_pytest(tmp_p
     result = json.loads((tmp_path / "check.json").read_text())
     assert result["tests"] == {} and "not installed" in result["pytest"] and result["planning"]
     assert "pytest is not installed" in (tmp_path / "summary.txt").read_text()
+
+
+def test_the_timing_code_runs_at_a_toy_size_on_cpu():
+    """The smoke timings run only with CUDA; their code is exercised here (fp32, the interpreter)."""
+    _check()
+    smoke = load_launcher("gpu_smoke")
+    records = smoke.timings(torch.device("cpu"), lengths=(64,), shape=dict(heads=2, head_dim=16, samples=8),
+                            repeats=1)
+    assert [r["method"] for r in records] == ["plsh_triton_perhead_s8", "sdpa_flash_causal"]
+    assert all(r["status"] == "ok" and r["time_ms"] > 0 and r["speedup_vs_fastest_floor"] > 0 for r in records)
+    assert "| 64 | plsh_triton_perhead_s8 |" in smoke.markdown({"device": "CPU", "torch": "x", "wall_s": 0,
+                                                                "skipped": [], "correctness": [], "timings": records})
