@@ -71,12 +71,15 @@ test-cluster: $(STAMP) cluster-deps
 	@$(PY) -m pytest -q -m cluster tests/cluster; $(PYTEST)
 
 # GPU machine (no downloads): the installed PyTorch, this package without its
-# dependencies, the CUDA tests + GPU benchmark; results in $(GPU_OUT). No .venv.
+# dependencies; the smoke stage (bf16 kernel check, two timings), then the CUDA
+# tests + GPU benchmark; results in $(GPU_OUT). No .venv. Without make:
+# python3 launchers/gpu_check.py --out gpu_results [--stage smoke|full|both].
 GPU_OUT ?= gpu_results
+GPU_STAGE ?= both
 gpu-check:
 	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e . \
 	    || echo "pip install -e . failed: running from the source tree (PYTHONPATH)"
-	$(PYTHON) launchers/gpu_check.py --out $(GPU_OUT)
+	$(PYTHON) launchers/gpu_check.py --out $(GPU_OUT) --stage $(GPU_STAGE)
 
 # The English-prose corpus for experiments (Debian's jargon-text: the Jargon File,
 # public domain; apt needs root and the package registry). Not part of the quickstart.

@@ -17,14 +17,20 @@ skips the tail):
 - ``plsh_torch`` / ``plsh_flash_attn``: the per-sample varlen path (s block
   attentions on PyTorch's varlen flash kernels, and on flash-attn when
   installed), s = 8 only (its host plan alone takes seconds at larger s);
-- ``sdpa_flash_causal``: causal SDPA on the flash backend without bias, the
-  exact-attention floor;
+- ``sdpa_flash_causal`` (and ``sdpa_cudnn_causal`` where this torch has SDPA's
+  cuDNN backend): causal SDPA without bias, the exact-attention floor (the
+  speedups are against the flash one);
 - ``alibi_flash_attn``: flash-attn's exact ALiBi (``alibi_slopes``) when installed;
-- ``alibi_flex`` / ``alibi_window_flex``: exact / windowed ALiBi through
-  FlexAttention (``score_mod`` bias, block-sparse causal or window mask),
-  PyTorch's best exact ALiBi without flash-attn; when FlexAttention cannot
-  compile, ``alibi_chunked`` / ``alibi_window_chunked`` (plsh_dist's query-
-  chunked exact ALiBi) stand in and the record says so.
+- ``alibi_flex`` / ``alibi_window_flex`` / ``alibi_window_perhead_flex``:
+  exact ALiBi, ALiBi in one window and in the per-head truncation windows
+  through FlexAttention (``score_mod`` bias, block-sparse band mask,
+  :mod:`plsh_dist.ops.flex`), what a PyTorch user would pick without
+  flash-attn; when FlexAttention cannot compile, ``alibi_chunked`` /
+  ``alibi_window_chunked`` / ``alibi_window_perhead_chunked`` (plsh_dist's
+  query-chunked exact ALiBi) stand in and the record says so;
+- ``plsh_flex``: PLSH's one pass through FlexAttention, ``c_ij`` counted per
+  score from the hash's pitch and shift tables (float64 buckets of every
+  sample), the band as the block mask; s <= ``--flex-max-s`` (8).
 
 Two TFLOP/s per case: *useful* counts the scores the method needs (causal:
 half the square; PLSH per sample: each block's own triangle, summed over
@@ -44,7 +50,6 @@ Writes ``results.json`` and ``results.md`` under ``--out``.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import statistics
@@ -58,16 +63,17 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: E402
-from plsh_dist.ops import alibi_attention, plsh_attention  # noqa: E402
+from plsh_dist.ops import alibi_attention, flex, plsh_attention  # noqa: E402
 from plsh_dist.ops.alibi import truncation_windows  # noqa: E402
 from plsh_dist.ops.backends import flash_attn_available  # noqa: E402
+from plsh_dist.ops.plsh_flex import block_bound_tables  # noqa: E402
 from plsh_dist.ops.triton_onepass import alibi_window_attention, triton_cuda, triton_interpreter  # noqa: E402
 from plsh_dist.plan import kernel_tiles as tiles  # noqa: E402
 
 FWD_BWD = 3.5  # backward ~2.5x forward matmul FLOPs
 
 
-def _time_fwd_bwd(fn, q, k, v, repeats: int, warmup: int, device) -> list[float]:
+def time_fwd_bwd(fn, q, k, v, repeats: int, warmup: int, device) -> list[float]:
     """Seconds per forward+backward, ``repeats`` times after ``warmup`` runs."""
     dout = torch.randn_like(q)
 
@@ -144,45 +150,57 @@ def flash_visited_flops(num_tiles: int, D: int) -> float:
 # -- methods ----------------------------------------------------------------------
 
 
-@functools.cache
-def _compiled_flex(flex_attention):
-    """One compiled FlexAttention for the whole run: torch.compile recompiles per new
-    shape or mask (then marks shapes dynamic), a few compiles in all."""
-    return torch.compile(flex_attention)
+def flex_alibi(slopes: torch.Tensor, T: int, window, device):
+    """Exact ALiBi (``window`` None), or ALiBi in one window (an int) or per-head windows
+    (LongTensor[H]), through FlexAttention: the ALiBi ``score_mod`` over the band's block mask.
+    ``fn(q, k, v)`` on (B, T, H, D); raises if FlexAttention cannot build."""
+    if isinstance(window, int):
+        window = torch.full((1,), window)
+    mask = flex.band_block_mask(*flex.alibi_band(T, window, True, device))
+    score_mod = flex.alibi_score_mod(slopes.to(device))
+    return lambda q, k, v: flex.flex_attend(q, k, v, score_mod, mask)
 
 
-def _flex_alibi(slopes: torch.Tensor, T: int, window: int | None, device):
-    """Exact (or windowed) ALiBi through FlexAttention; raises if it cannot build."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+def _plsh_band(lsh: PositionalLSH, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal one-pass band ``(start, end)`` (Hh, T) of positions 0..T-1: from the earliest
+    block start of the s blocks holding each token to the token."""
+    first, _ = block_bound_tables(lsh, torch.arange(T), causal=True)
+    start = first.min(dim=0).values
+    return start, torch.arange(1, T + 1, dtype=torch.int32)[None].expand_as(start).contiguous()
 
-    m = slopes.to(device)
 
-    def score_mod(score, b, h, q_idx, kv_idx):
-        return score - m[h] * (q_idx - kv_idx)
+def flex_plsh(sigma, s: int, T: int, device):
+    """PLSH one pass through FlexAttention as a user would write it from the paper: ``c_ij``
+    counted per score from the hash's pitch and shift tables (``flex.hash_count_score_mod``),
+    the band as the block mask (causal, positions 0..T-1). ``fn(q, k, v)`` on (B, T, H, D)."""
+    lsh = PositionalLSH(sigma, s, seed=0)
+    start, end = _plsh_band(lsh, T)
+    mask = flex.band_block_mask(start.to(device), end.to(device))
+    score_mod = flex.hash_count_score_mod(lsh.pitch.to(device), lsh.shift.to(device), torch.arange(T, device=device))
+    return lambda q, k, v: flex.flex_attend(q, k, v, score_mod, mask)
 
-    if window is None:
-        mask_mod = lambda b, h, q_idx, kv_idx: q_idx >= kv_idx
-    else:
-        mask_mod = lambda b, h, q_idx, kv_idx: (q_idx >= kv_idx) & (q_idx - kv_idx < window)
-    block_mask = create_block_mask(mask_mod, None, None, T, T, device=str(device))
-    compiled = _compiled_flex(flex_attention)
 
-    def fn(q, k, v):  # (B, T, H, D) in and out
-        out = compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=score_mod,
-                       block_mask=block_mask)
+def cudnn_sdpa_available() -> bool:
+    """This torch has SDPA's cuDNN backend and a CUDA device to run it."""
+    from torch.nn.attention import SDPBackend  # noqa: PLC0415
+
+    return torch.cuda.is_available() and hasattr(SDPBackend, "CUDNN_ATTENTION") and torch.backends.cudnn.is_available()
+
+
+def sdpa_causal(backend: str):
+    """Causal SDPA without bias on the ``"flash"`` or ``"cudnn"`` backend (CPU tensors: the math
+    backend): the exact-attention floor. ``fn(q, k, v)`` on (B, T, H, D)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+
+    def fn(q, k, v):
+        chosen = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": getattr(SDPBackend, "CUDNN_ATTENTION", None)}[backend] \
+            if q.is_cuda else SDPBackend.MATH
+        with sdpa_kernel(chosen):
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         return out.transpose(1, 2)
 
     return fn
-
-
-def _sdpa_flash_causal(q, k, v):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backend = SDPBackend.FLASH_ATTENTION if q.is_cuda else SDPBackend.MATH
-    with sdpa_kernel(backend):
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-    return out.transpose(1, 2)
 
 
 def _triton_runs(device) -> bool:
@@ -200,11 +218,41 @@ def _tag(sigma_name: str) -> str:
     return "perhead" if sigma_name == "per_head" else "sigma256"
 
 
+def flex_methods(args, T: int, device) -> list[tuple[str, dict, object]]:
+    """FlexAttention beside the kernel: exact ALiBi, ALiBi in one window and in the per-head
+    truncation windows, and PLSH's count from the hash (per-head sigma and sigma = 256, each s).
+    Where FlexAttention cannot build (or ``--no-flex``), the chunked exact ALiBi stands in for
+    the ALiBi rows, the PLSH rows are left out, and the records say why."""
+    H = args.heads
+    slopes = alibi_slopes(H)
+    per_head = truncation_windows(math.log(8) + 0.58, slopes.double().reciprocal())
+    out = []
+    for name, window in (("alibi", None), ("alibi_window", args.window), ("alibi_window_perhead", per_head)):
+        settings = {"exact": window is None, "window": "per-head" if name.endswith("perhead") else window}
+        if name.endswith("perhead"):
+            settings["windows"] = per_head.tolist()
+        try:
+            if not args.flex:
+                raise RuntimeError("--no-flex")
+            out.append((f"{name}_flex", settings, flex_alibi(slopes, T, window, device)))
+        except Exception as exc:  # no triton / inductor: fall back to the chunked exact op
+            fn = (lambda w: lambda q, k, v: alibi_attention(q, k, v, slopes=slopes, window=w))(window)
+            out.append((f"{name}_chunked", {**settings, "flex_error": f"{type(exc).__name__}: {exc}"[:200]}, fn))
+    if args.flex:
+        for sigma_name, sigma in _sigmas(H):
+            for s in [x for x in args.samples if x <= args.flex_max_s]:
+                out.append((f"plsh_flex_{_tag(sigma_name)}_s{s}", {"backend": "flex", "sigma": sigma_name, "s": s},
+                            flex_plsh(sigma, s, T, device)))
+    return out
+
+
 def methods(args, T: int, device) -> list[tuple[str, dict, object]]:
     """(name, settings, fn) for every method of the grid at length T, in the order they run."""
     H = args.heads
     slopes = alibi_slopes(H)
-    out = [("sdpa_flash_causal", {"exact": True}, _sdpa_flash_causal)]
+    out = [("sdpa_flash_causal", {"exact": True}, sdpa_causal("flash"))]
+    if device.type == "cuda" and cudnn_sdpa_available():
+        out.append(("sdpa_cudnn_causal", {"exact": True}, sdpa_causal("cudnn")))
     if _triton_runs(device):
         for sigma_name, sigma in _sigmas(H):
             for s in args.samples:
@@ -226,16 +274,7 @@ def methods(args, T: int, device) -> list[tuple[str, dict, object]]:
         out.append(("alibi_window_flash_attn", {"exact": False, "window": args.window},
                     lambda q, k, v: flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes.to(q.device),
                                                     window_size=(args.window - 1, 0))))
-    for name, window in (("alibi", None), ("alibi_window", args.window)):
-        try:
-            if not args.flex:
-                raise RuntimeError("--no-flex")
-            fn = _flex_alibi(slopes, T, window, device)
-            out.append((f"{name}_flex", {"exact": window is None, "window": window}, fn))
-        except Exception as exc:  # no triton / inductor: fall back to the chunked exact op
-            fn = (lambda w: lambda q, k, v: alibi_attention(q, k, v, slopes=slopes, window=w))(window)
-            out.append((f"{name}_chunked", {"exact": window is None, "window": window,
-                                            "flex_error": f"{type(exc).__name__}: {exc}"[:200]}, fn))
+    out += flex_methods(args, T, device)
     backends = ["torch"] + (["flash_attn"] if flash_attn_available(device, torch.bfloat16) else [])
     for backend in backends:  # the per-sample varlen path, s = 8 (its host plan alone grows with s)
         for sigma_name, sigma in _sigmas(H):
@@ -256,12 +295,19 @@ def flops_for(name: str, settings: dict, T: int, args) -> tuple[float, float]:
         if settings["backend"] == "triton":
             return onepass_band_flops(sigma, settings["s"], T, H, D), \
                 kernel_visited_flops(tiles.kernel_tiles(lsh, T, H, head_dim=D), D)
+        if settings["backend"] == "flex":  # the band's 128 x 128 blocks, every head (Hb = 1: shared)
+            blocks = flex.visited_blocks(*_plsh_band(lsh, T)) * (H if lsh.num_heads == 1 else 1)
+            return onepass_band_flops(sigma, settings["s"], T, H, D), flash_visited_flops(blocks, D)
         return plsh_flops(sigma, settings["s"], T, H, D), flash_visited_flops(tiles.per_sample_tiles(lsh, T, H), D)
     if name.startswith("alibi_window_triton"):
         windows = settings["windows"]
         useful = sum(window_flops(T, 1, D, w) for w in (windows * H if len(windows) == 1 else windows))
         k = tiles.window_tiles(alibi_slopes(H).reciprocal(), windows, T, H, head_dim=D)
         return useful, kernel_visited_flops(k, D)
+    if name.startswith("alibi_window_perhead"):  # flex, or the chunked op standing in for it
+        windows = torch.tensor(settings["windows"])
+        useful = sum(window_flops(T, 1, D, int(w)) for w in windows)
+        return useful, flash_visited_flops(flex.visited_blocks(*flex.alibi_band(T, windows, True, "cpu")), D)
     if settings.get("window"):
         useful = window_flops(T, H, D, settings["window"])
         return useful, useful
@@ -289,7 +335,7 @@ def run(args) -> list[dict]:
                 base = torch.cuda.memory_allocated()
             try:
                 reps = args.repeats if T < 131072 else max(1, args.repeats - 1)
-                times = _time_fwd_bwd(fn, q, k, v, reps, args.warmup, device)
+                times = time_fwd_bwd(fn, q, k, v, reps, args.warmup, device)
             except torch.OutOfMemoryError:
                 records.append({**record, "status": "oom"})
                 print(f"T={T:>7} {name:<34} out of memory", flush=True)
@@ -375,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--budget-s", type=float, default=300.0, help="skip the remaining cases after this many seconds")
     p.add_argument("--no-flex", dest="flex", action="store_false", help="chunked exact ALiBi instead of FlexAttention")
+    p.add_argument("--flex-max-s", type=int, default=8,
+                   help="largest s of PLSH on FlexAttention (its score_mod unrolls s float64 bucket pairs)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even when CUDA is there")
     args = p.parse_args(argv)
     out = Path(args.out)

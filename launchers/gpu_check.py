@@ -1,25 +1,41 @@
-"""GPU check: the CUDA tests and the GPU benchmark in one run, results in one folder.
+"""GPU check in two stages, results in one folder: a smoke stage of minutes, then the full check.
 
-    make gpu-check GPU_OUT=gpu_results          # or:
-    python launchers/gpu_check.py --out gpu_results [--bench-budget-s 300]
+    make gpu-check GPU_OUT=gpu_results          # or, where there is no make:
+    python3 launchers/gpu_check.py --out gpu_results [--stage smoke|full|both] [--bench-budget-s 200]
 
-Built for a GPU machine where nothing can be downloaded: it uses the
-PyTorch already installed there (``make gpu-check`` installs this package
-with ``--no-deps``), needs only pytest besides, and skips the flash-attn
-cases when flash-attn is not importable (the summary says so). Without CUDA
-it still runs its CPU-safe parts: the CPU tests of the varlen path (row
-layouts, chunking, merging around the kernels), the host-side planning cost,
-and the benchmark's code paths at toy sizes.
+Built for a GPU machine lent for about 15 minutes, machine start included, where
+nothing can be downloaded: it uses the PyTorch and Triton already installed
+there, and needs neither make, flash-attn, DeepSpeed nor datasets.
 
-Writes under ``--out``: ``summary.txt`` (short, human), ``check.json``
-(environment, test outcomes, planning cost), ``pytest.xml`` and
-``bench/results.json`` + ``bench/results.md``. Exit status 1 when a test failed.
+1. **smoke** (``launchers/gpu_smoke.py``; under 4 minutes, first, and its
+   ``smoke.json`` / ``smoke.md`` are written before the full stage starts):
+   bf16 correctness of the fused kernel's three kernels against the fp64
+   reference at two shapes, and forward + backward of the kernel against the
+   causal SDPA floor (flash, and cuDNN where present) at 8k and 32k. Needs no
+   pytest.
+2. **full**: the CUDA tests (pytest; said and skipped when pytest is not
+   installed, within ``--tests-timeout-s``), the varlen planning cost, and the
+   GPU benchmark (``launchers/bench_attention_gpu.py``) within
+   ``--bench-budget-s``.
+
+Without CUDA it runs the CPU-safe parts and says the GPU parts were skipped:
+the smoke stage's correctness check at toy sizes under Triton's interpreter
+(this script sets ``TRITON_INTERPRET=1`` before triton is imported when there
+is no CUDA), the CPU tests of the varlen path, the planning cost, and the
+benchmark's code at toy sizes.
+
+Writes under ``--out``: ``smoke.json`` + ``smoke.md`` (smoke), ``check.json``
+(environment, test outcomes, planning cost), ``pytest*.xml`` and
+``bench/results.json`` + ``bench/results.md`` (full), and ``summary.txt``
+(short, human: both stages). Exit status 1 when a check or test failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -48,13 +64,27 @@ def environment() -> dict:
     return env
 
 
-def run_pytest(paths: list[str], xml_path: Path, timeout_s: int) -> dict:
-    """Run pytest on ``paths``; outcome counts and failures from its JUnit XML."""
+def pytest_status() -> str | None:
+    """None when pytest can be imported, else why the tests are skipped."""
+    if importlib.util.find_spec("pytest") is None:
+        return "pytest is not installed: the tests were skipped (the smoke stage needs no pytest)"
+    return None
+
+
+def run_pytest(paths: list[str], xml_path: Path, timeout_s: float) -> dict:
+    """Run pytest on ``paths``; outcome counts and failures from its JUnit XML. A run past
+    ``timeout_s`` is killed and counted as a failure."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml_path}", *paths]
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
-    result = {"command": " ".join(cmd[2:]), "exit_code": proc.returncode, "wall_s": round(time.time() - t0, 1),
-              "passed": 0, "failed": 0, "skipped": 0, "failures": [], "skip_reasons": []}
+    result = {"command": " ".join(cmd[2:]), "exit_code": None, "wall_s": 0.0, "passed": 0, "failed": 0,
+              "skipped": 0, "failures": [], "skip_reasons": []}
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        result.update(exit_code=-1, wall_s=round(time.time() - t0, 1), failed=1,
+                      failures=[f"timed out after {timeout_s:.0f} s (--tests-timeout-s)"])
+        return result
+    result.update(exit_code=proc.returncode, wall_s=round(time.time() - t0, 1))
     if not xml_path.is_file():
         result["failures"].append(proc.stdout[-3000:] + proc.stderr[-3000:])
         return result
@@ -103,19 +133,39 @@ def planning_cost(device_name: str) -> list[dict]:
     return rows
 
 
-def summary_text(env: dict, tests: dict, plans: list[dict], bench: dict | None) -> str:
+def summary_text(env: dict, smoke: dict | None, full: dict | None) -> str:
+    """The human summary of whichever stages ran."""
     lines = [f"plsh_dist gpu-check on {env['device']} (torch {env['torch']}, CUDA {env['cuda']})"]
     if not env["cuda_available"]:
-        lines.append("NO CUDA: only the CPU-safe parts ran; every GPU case below is skipped, nothing GPU is measured.")
-    lines.append("flash-attn: " + ("available, its cases ran" if env["flash_attn"]
-                                   else "NOT importable: flash_attn cases skipped; the torch (aten varlen) backend ran"))
-    for name, res in tests.items():
+        lines.append("NO CUDA: only the CPU-safe parts ran; every GPU part is skipped, nothing GPU is measured.")
+    if smoke is not None:
+        lines.append(f"smoke stage ({smoke['wall_s']} s, smoke.md): {'ok' if smoke['ok'] else 'FAILED'}")
+        lines += [f"  SKIPPED {s}" for s in smoke["skipped"]]
+        for c in smoke["correctness"]:
+            bad = [name for name, o in c["outputs"].items() if not o["ok"]]
+            lines.append(f"  {c['case']} {c['dtype']} on {c['device']}: " + (f"FAILED {bad}" if bad else "ok"))
+        for r in smoke["timings"]:
+            lines.append(f"  T={r['T']:>6} {r['method']:<24} " + (f"{r['time_ms']:9.3f} ms" if r["status"] == "ok"
+                                                                  else r["status"]))
+    if full is not None:
+        lines += _full_summary(env, full)
+    return "\n".join(lines) + "\n"
+
+
+def _full_summary(env: dict, full: dict) -> list[str]:
+    lines = ["full stage:", "flash-attn: " + ("available, its cases ran" if env["flash_attn"] else
+                                              "NOT importable: flash_attn cases skipped; the torch (aten varlen) "
+                                              "backend ran")]
+    if full["pytest"] is not None:
+        lines.append(f"tests: {full['pytest']}")
+    for name, res in full["tests"].items():
         lines.append(f"tests [{name}]: {res['passed']} passed, {res['failed']} failed, {res['skipped']} skipped "
                      f"({res['wall_s']} s)")
         lines += [f"  FAILED {f}" for f in res["failures"]]
     lines.append("varlen planning per forward (s = 8, batch 1, 16 heads):")
     lines += [f"  T={p['T']:>6} sigma={p['sigma']:<8} {p['plan_ms']:8.2f} ms  {p['varlen_calls']} calls, "
-              f"{p['blocks']} blocks" for p in plans]
+              f"{p['blocks']} blocks" for p in full["planning"]]
+    bench = full["bench"]
     if bench:
         ok = [r for r in bench["records"] if r.get("status") == "ok"]
         lines.append(f"benchmark: {len(ok)} of {len(bench['records'])} cases measured (bench/results.md)")
@@ -125,45 +175,84 @@ def summary_text(env: dict, tests: dict, plans: list[dict], bench: dict | None) 
                              f"x{r.get('speedup_vs_floor', float('nan')):.2f} vs floor  {r['tflops']:.3g} TFLOP/s "
                              f"useful, {r.get('tflops_visited', float('nan')):.3g} visited")
         lines.append("GPU targets: " + "; ".join(f"{name}: {verdict}" for name, verdict in bench.get("targets", [])))
-    return "\n".join(lines) + "\n"
+    return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="folder for summary.txt, check.json, pytest.xml, bench/")
-    p.add_argument("--bench-budget-s", type=float, default=200.0,
-                   help="time budget of the benchmark grid (the whole check aims at 8 minutes on one H200)")
-    p.add_argument("--skip-bench", action="store_true")
-    args = p.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-
-    env = environment()
-    print(json.dumps(env), flush=True)
-    tests = {"cpu-safe": run_pytest(CPU_SAFE_TESTS, out / "pytest_cpu_safe.xml", 900)}
-    tests["gpu"] = run_pytest(GPU_TESTS, out / "pytest.xml", 900)
-    print(json.dumps({k: {x: v[x] for x in ("passed", "failed", "skipped")} for k, v in tests.items()}), flush=True)
+def run_full(env: dict, out: Path, args) -> dict:
+    """The full stage: tests (when pytest is there), planning cost, benchmark (unless ``--skip-bench``)."""
+    why = pytest_status()
+    tests = {}
+    if why is None:
+        tests["cpu-safe"] = run_pytest(CPU_SAFE_TESTS, out / "pytest_cpu_safe.xml", args.tests_timeout_s)
+        tests["gpu"] = run_pytest(GPU_TESTS, out / "pytest.xml", args.tests_timeout_s)
+        print(json.dumps({k: {x: v[x] for x in ("passed", "failed", "skipped")} for k, v in tests.items()}), flush=True)
+    else:
+        print(why, flush=True)
     plans = planning_cost(env["device"] if env["cuda_available"] else "CPU")
-
     bench = None
     if not args.skip_bench:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("bench_attention_gpu", ROOT / "launchers" / "bench_attention_gpu.py")
-        bench_attention_gpu = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench_attention_gpu)
+        bench_attention_gpu = _load_launcher("bench_attention_gpu")
         bench_args = ["--out", str(out / "bench"), "--budget-s", str(args.bench_budget_s)]
         if not env["cuda_available"]:  # exercise the code paths at toy sizes
             bench_args += ["--lengths", "512", "--heads", "2", "--head-dim", "16", "--samples", "4",
                            "--window", "64", "--repeats", "1", "--no-flex"]
         bench_attention_gpu.main(bench_args)
         bench = json.loads((out / "bench" / "results.json").read_text())
+    (out / "check.json").write_text(json.dumps({"environment": env, "pytest": why, "tests": tests, "planning": plans},
+                                               indent=1))
+    return {"pytest": why, "tests": tests, "planning": plans, "bench": bench}
 
-    (out / "check.json").write_text(json.dumps({"environment": env, "tests": tests, "planning": plans}, indent=1))
-    text = summary_text(env, tests, plans, bench)
+
+def _interpret_without_cuda() -> None:
+    """Without CUDA, Triton's CPU interpreter for the kernel's checks: ``TRITON_INTERPRET=1`` must be
+    set before triton is imported (as ``tests/conftest.py`` does)."""
+    import torch
+
+    if not torch.cuda.is_available() and "triton" not in sys.modules:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _load_launcher(name: str):
+    """``launchers/<name>.py`` as a module (the launchers are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "launchers" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True,
+                   help="folder for smoke.{json,md}, summary.txt, check.json, pytest*.xml, bench/")
+    p.add_argument("--stage", choices=("smoke", "full", "both"), default="both",
+                   help="smoke: the kernel's bf16 check and two timings (minutes); full: tests + benchmark; both: "
+                        "smoke, then full")
+    p.add_argument("--bench-budget-s", type=float, default=200.0,
+                   help="time budget of the benchmark grid (the cases past it are skipped and recorded)")
+    p.add_argument("--tests-timeout-s", type=float, default=240.0, help="each pytest run is killed past this")
+    p.add_argument("--skip-bench", action="store_true")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _interpret_without_cuda()
+
+    env = environment()
+    print(json.dumps(env), flush=True)
+    smoke = full = None
+    if args.stage in ("smoke", "both"):
+        smoke = _load_launcher("gpu_smoke").run_smoke(out)  # written before the full stage starts
+        (out / "summary.txt").write_text(summary_text(env, smoke, None))
+        print(f"smoke stage: {'ok' if smoke['ok'] else 'FAILED'} in {smoke['wall_s']} s ({out / 'smoke.md'})",
+              flush=True)
+    if args.stage in ("full", "both"):
+        full = run_full(env, out, args)
+    text = summary_text(env, smoke, full)
     (out / "summary.txt").write_text(text)
     print(text)
-    return 1 if any(res["failed"] or res["exit_code"] not in (0, 5) for res in tests.values()) else 0
+    failed = smoke is not None and not smoke["ok"]
+    if full is not None:
+        failed |= any(res["failed"] or res["exit_code"] not in (0, 5) for res in full["tests"].values())
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

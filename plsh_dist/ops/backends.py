@@ -11,6 +11,7 @@ the backend, the method or the device again.
     VarlenPerSample      plsh_varlen.py       s varlen calls (flash-attn, aten or the CPU reference), merged
     OnePass              plsh_onepass.py      one attention with the bias log c_ij, query chunks on dense calls
     DecodeOnePass        decode.py            a KV-cache step in the one-pass form (forward only)
+    FlexOnePass          plsh_flex.py         one pass on PyTorch's compiled FlexAttention (output only)
 
 What each backend gives (``method="auto"`` picks the first row of the backend
 whose "auto" column holds; ``backend="auto"`` tries the backends in table
@@ -19,6 +20,7 @@ order, ``math`` excepted):
     backend      method      applies to               path                          auto when
     triton       onepass     CUDA (sm >= 80), triton  TritonOnePass()               always
     triton       onepass     CPU under the interpreter TritonOnePass()              (explicit backend only)
+    flex         onepass     CPU fp32, output only    FlexOnePass()                 (explicit backend only)
     flash_attn   per_sample  flash-attn installed     VarlenPerSample(FLASH_ATTN)   always
     flash_attn   onepass     flash-attn installed     OnePass(AUTO)                 never
     torch        per_sample  CUDA fp16/bf16           VarlenPerSample(ATEN)         always
@@ -41,6 +43,14 @@ kernel under Triton's interpreter (``TRITON_INTERPRET=1`` set before triton
 is imported; tests). An explicit backend whose rows do not apply is an error
 naming what it needs.
 
+``backend="flex"`` runs the one pass on PyTorch's compiled FlexAttention. On
+CPU that compiles a forward only and returns no log-sum-exp, so its row is
+*output only*: it applies to calls that need neither gradients nor the lse
+(``out_only=True``: evaluation, generation's prompt), and refuses the others.
+It is not in ``backend="auto"``: 1.1-1.2x faster than the chunked one pass at
+4k and 16k tokens on a shared 2-core CPU (within that machine's noise), and
+each new shape set costs a compile of 7-37 s there (``results/flex/README.md``).
+
 A path has ``onepass`` (bool) and:
 
 - ``forward(q, k, v, lsh, positions, *, causal, scale, docs=None) -> (out, lse, plan)``:
@@ -52,7 +62,9 @@ A path has ``onepass`` (bool) and:
 - ``backward(dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, plan=None)
   -> (dq, dk, dv)`` with the forward's ``plan``.
 
-(:class:`~plsh_dist.ops.decode.DecodeOnePass` has a forward of its own shape and no backward.)
+(:class:`~plsh_dist.ops.decode.DecodeOnePass` has a forward of its own shape and no backward;
+an output-only row's path, :class:`~plsh_dist.ops.plsh_flex.FlexOnePass`, has
+``attend(q, k, v, lsh, positions, *, causal, scale, docs=None) -> out`` instead of both.)
 
 How to add a path (a fused GPU kernel, say):
 
@@ -81,6 +93,7 @@ import torch
 
 from plsh_dist.ops.decode import DecodeOnePass
 from plsh_dist.ops.dense import DenseKernel
+from plsh_dist.ops.plsh_flex import FlexOnePass, flex_cpu_inference
 from plsh_dist.ops.plsh_onepass import OnePass
 from plsh_dist.ops.plsh_padded import PaddedPerSample
 from plsh_dist.ops.plsh_varlen import VarlenPerSample
@@ -108,6 +121,9 @@ class Backend(str, enum.Enum):
     TRITON = "triton"
     """The fused one-pass Triton kernel (CUDA, compute capability >= 8.0; CPU tensors under
     Triton's interpreter)."""
+    FLEX = "flex"
+    """The one pass on PyTorch's compiled FlexAttention: CPU fp32, output only (no gradient,
+    no log-sum-exp)."""
 
 
 #: The values ``backend=`` accepts, in documentation order.
@@ -158,6 +174,8 @@ class Row:
         needs: what ``applies`` asks for, said when an explicit ``backend=`` finds none of
             its rows applying (empty for rows that apply anywhere).
         in_auto: whether ``backend="auto"`` may pick this row.
+        out_only: the path computes the output only (``attend``): chosen only for a call
+            that needs neither gradients nor the log-sum-exp (``choose_path(out_only=True)``).
     """
 
     backend: Backend
@@ -167,17 +185,23 @@ class Row:
     auto: Callable[[int], bool] = _always
     needs: str = ""
     in_auto: bool = True
+    out_only: bool = False
 
 
 _FLASH_ATTN_NEEDS = "CUDA tensors in fp16/bf16 and the flash-attn package (pip install 'plsh_dist[gpu]')"
 _TRITON_NEEDS = ("the triton package (pip install 'triton>=3.6') and CUDA tensors of compute capability >= 8.0 "
                  "in fp16/bf16/fp32, or CPU tensors in fp32/fp16 with TRITON_INTERPRET=1 set before triton is "
                  "imported")
+_FLEX_NEEDS = ("CPU fp32 tensors, a torch whose compiled FlexAttention builds here (x86 with AVX2 and a C++ "
+               "compiler), and a call that needs neither gradients nor the log-sum-exp (under torch.no_grad(), "
+               "return_lse=False, one process)")
 
 #: The paths, in priority order for ``backend="auto"`` (see the module docstring).
 TABLE: tuple[Row, ...] = (
     Row(Backend.TRITON, Method.ONEPASS, triton_cuda, TritonOnePass(), needs=_TRITON_NEEDS),
     Row(Backend.TRITON, Method.ONEPASS, triton_interpreter, TritonOnePass(), needs=_TRITON_NEEDS, in_auto=False),
+    Row(Backend.FLEX, Method.ONEPASS, flex_cpu_inference, FlexOnePass(), needs=_FLEX_NEEDS, in_auto=False,
+        out_only=True),
     Row(Backend.FLASH_ATTN, Method.PER_SAMPLE, flash_attn_available, VarlenPerSample(VarlenKernel.FLASH_ATTN),
         needs=_FLASH_ATTN_NEEDS),
     Row(Backend.FLASH_ATTN, Method.ONEPASS, flash_attn_available, OnePass(DenseKernel.AUTO), auto=_never,
@@ -211,10 +235,12 @@ def _vocabulary(backend, method) -> tuple[Backend, Method]:
 
 
 def choose_path(backend: str | Backend, method: str | Method, device: torch.device, dtype: torch.dtype,
-                num_samples: int, *, decoding: bool = False):
+                num_samples: int, *, decoding: bool = False, out_only: bool = False):
     """The path that computes PLSH for tensors of ``device`` / ``dtype`` with ``num_samples`` samples.
 
     ``decoding``: a KV-cache step (queries against cached keys, forward only).
+    ``out_only``: the call needs the output alone (no gradient, no log-sum-exp), so output-only
+    rows may answer.
     ValueErrors name ``backend`` or ``method`` and the fix.
     """
     backend, method = _vocabulary(backend, method)
@@ -223,6 +249,8 @@ def choose_path(backend: str | Backend, method: str | Method, device: torch.devi
     rows = [r for r in TABLE if (r.in_auto if backend is Backend.AUTO else r.backend is backend)]
     offered = [r for r in rows if method is Method.AUTO or r.method is method]
     for row in offered:
+        if row.out_only and not out_only:
+            continue
         if row.applies(device, dtype) and (method is not Method.AUTO or row.auto(num_samples)):
             return row.path
     needs = next((r.needs for r in offered if r.needs), "")

@@ -23,7 +23,7 @@ import torch
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH
 from plsh_dist.ops.backends import choose_path
-from plsh_dist.ops.documents import Documents, flat_documents, on_flat_row
+from plsh_dist.ops.documents import Documents, flat_documents, flatten_rows, on_flat_row, unflatten_rows
 from plsh_dist.ops.head_groups import head_groups
 from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_for
 
@@ -151,13 +151,14 @@ def fixed_blocks_attention(
 
 
 def check_block_attention(q, k, v, lsh: PositionalLSH, positions, softmax_scale, backend, method="auto",
-                          cu_seqlens=None):
+                          cu_seqlens=None, out_only=False):
     """Validate the arguments of a block attention; ValueErrors name the argument.
 
     Returns ``(positions, scale, path, docs)``: without ``cu_seqlens`` CPU
     LongTensor[T] and ``docs = None``; with it the flat row's LongTensor[B * T]
     and its :class:`~plsh_dist.ops.documents.Documents`; then float, the path
-    (:func:`~plsh_dist.ops.backends.choose_path`).
+    (:func:`~plsh_dist.ops.backends.choose_path`; ``out_only``: the call needs no gradient
+    and no log-sum-exp, so an output-only path may answer).
     """
     check_qkv(q, k, v)
     head_groups(lsh, q.shape[2], k.shape[2])  # checks sigma's length
@@ -166,13 +167,22 @@ def check_block_attention(q, k, v, lsh: PositionalLSH, positions, softmax_scale,
     else:
         docs = flat_documents(positions, cu_seqlens, q.shape[0], q.shape[1])
         pos = docs.positions
-    path = choose_path(backend, method, q.device, q.dtype, lsh.num_samples)
+    path = choose_path(backend, method, q.device, q.dtype, lsh.num_samples, out_only=out_only)
     return pos, softmax_scale_for(q, softmax_scale), path, docs
 
 
 def _block_attention(q, k, v, lsh: PositionalLSH, positions, causal, softmax_scale, backend, method, return_lse,
                      cu_seqlens):
-    pos, scale, path, docs = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method, cu_seqlens)
+    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    out_only = not (needs_grad or return_lse)
+    pos, scale, path, docs = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method, cu_seqlens,
+                                                   out_only)
+    if hasattr(path, "attend"):  # an output-only path (the table gives it only to such calls)
+        if docs is None:
+            return path.attend(q, k, v, lsh, pos, causal=causal, scale=scale)
+        B = q.shape[0]
+        out = path.attend(*(flatten_rows(x) for x in (q, k, v)), lsh, pos, causal=causal, scale=scale, docs=docs)
+        return unflatten_rows(out, B)
     if docs is None:
         out, lse = PLSHAttentionFunction.apply(q, k, v, lsh, pos, causal, scale, path)
     else:  # documents: one flat row of B * T tokens whose row boundaries are document boundaries

@@ -304,6 +304,11 @@ class RunConfig:
                 '[deepspeed].precision = "bf16" needs a GPU but [run].device = "cpu"; '
                 'set precision = "fp32" (or "auto": bf16 on GPU, fp32 on CPU), or device = "cuda"'
             )
+        if self.attention.backend == "flex":
+            raise ValueError(
+                '[attention].backend = "flex" computes the attention output only (PyTorch\'s FlexAttention has no '
+                'CPU backward): training cannot use it; set backend = "auto" (flex is for evaluation and '
+                'generation, where no gradient is taken)')
         if world_size is not None:
             check_world_size(world_size, sp)
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("script", ["replicate.py", "grad_fidelity.py", "sampler_ratio.py", "sim_halo.py",
-                                    "truncated_alibi.py"])
+                                    "truncated_alibi.py", "flex_cpu.py"])
 def test_script_starts(script):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the script finds the repository itself
     proc = subprocess.run([sys.executable, str(ROOT / "experiments" / script), "--help"], cwd=ROOT, env=env,

@@ -115,7 +115,7 @@ def test_every_row_is_reachable_and_says_what_it_computes():
         if row.applies(device, dtype):
             first = next(r for r in TABLE if r.backend is row.backend and r.method is row.method
                          and r.applies(device, dtype))
-            assert choose_path(row.backend, row.method, device, dtype, 8) == first.path
+            assert choose_path(row.backend, row.method, device, dtype, 8, out_only=row.out_only) == first.path
 
 
 def test_the_varlen_lse_layout_travels_in_the_plan():

@@ -232,6 +232,11 @@ def test_bf16_on_cpu_device_fails_in_load_config():
     assert 'set precision = "fp32"' in msg
 
 
+def test_flex_backend_cannot_train_and_fails_in_load_config():
+    msg = _error(["--attention.bias=plsh", "--attention.backend=flex"])
+    assert '[attention].backend = "flex" computes the attention output only' in msg and 'backend = "auto"' in msg
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="device auto resolves to CPU only without a GPU")
 def test_bf16_with_auto_device_on_cpu_fails_at_train_start():
     cfg = load_config(None, ["--run.device=auto", "--deepspeed.precision=bf16"])  # fine until the device is known

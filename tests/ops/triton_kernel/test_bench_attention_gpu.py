@@ -12,6 +12,8 @@ import torch
 pytest.importorskip("triton")
 
 from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: E402
+from plsh_dist.ops.flex import flex_status  # noqa: E402
+from plsh_dist.ops.reference import alibi_weights, dense_attention  # noqa: E402
 from plsh_dist.plan.kernel_tiles import floor_tiles, kernel_tiles  # noqa: E402
 from tests.launchers import load_launcher  # noqa: E402
 
@@ -61,7 +63,34 @@ def test_toy_run_covers_every_method(tmp_path):
     result = json.loads((tmp_path / "results.json").read_text())
     by_method = {r["method"]: r for r in result["records"]}
     for name in ("sdpa_flash_causal", "plsh_triton_perhead_s8", "plsh_triton_sigma256_s8", "alibi_window_triton",
-                 "alibi_window_triton_perhead", "alibi_chunked", "alibi_window_chunked", "plsh_torch_perhead_s8"):
+                 "alibi_window_triton_perhead", "alibi_chunked", "alibi_window_chunked", "alibi_window_perhead_chunked",
+                 "plsh_torch_perhead_s8"):
         assert by_method[name]["status"] == "ok", (name, by_method[name])
         assert math.isfinite(by_method[name]["tflops"]) and math.isfinite(by_method[name]["tflops_visited"])
     assert "not measured on a GPU" in (tmp_path / "results.md").read_text()
+
+
+def _flex_builder(kind: str, T: int, H: int):
+    """(the benchmark's FlexAttention fn, the fp64 weights of the same bias) at length T."""
+    bench = _bench()
+    slopes = alibi_slopes(H)
+    if kind == "plsh_hash":  # the count from the pitch and shift tables
+        sigma = slopes.double().reciprocal() * 3
+        return bench.flex_plsh(sigma, 8, T, "cpu"), PositionalLSH(sigma, 8, seed=0).averaged_mask(torch.arange(T))
+    window = None if kind == "alibi" else torch.tensor([1, 5, 40, 500])[:H]
+    return bench.flex_alibi(slopes, T, window, "cpu"), alibi_weights(slopes, torch.arange(T), window)
+
+
+@pytest.mark.skipif(flex_status("cpu") is not None, reason="no CPU FlexAttention here")
+@pytest.mark.parametrize("kind", ["plsh_hash", pytest.param("alibi", marks=pytest.mark.slow),
+                                  pytest.param("alibi_window_perhead", marks=pytest.mark.slow)])
+def test_flex_builders_match_the_fp64_reference_on_cpu(kind):
+    """The GPU benchmark's FlexAttention rows, forward only on CPU (its compiled FlexAttention has no
+    backward there): 300 tokens, so full, partial and skipped key blocks all occur."""
+    T, H = 300, 4
+    fn, weights = _flex_builder(kind, T, H)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, T, H, 32, generator=g) for _ in range(3))
+    with torch.no_grad():
+        out = fn(q, k, v)
+    torch.testing.assert_close(out.double(), dense_attention(q, k, v, weights, causal=True), atol=2e-5, rtol=2e-5)
