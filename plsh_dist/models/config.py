@@ -96,11 +96,10 @@ class AttentionConfig:
     ALiBi's from s = 20 on (``results/grad_fidelity``)."""
 
     backend: str = "auto"
-    """Block-attention backend of the hash ops: ``"auto"`` (on CUDA the fused
-    Triton kernel when Triton is importable, else flash-attn varlen when
-    available, else torch), ``"torch"``, ``"math"`` (explicit matmuls, any
-    device), ``"flash_attn"`` (CUDA + flash-attn only) or ``"triton"`` (the
-    fused one-pass kernel)."""
+    """Block-attention backend of the hash ops, one of
+    :data:`plsh_dist.ops.backends.BACKENDS`; ``"auto"`` takes the first row of
+    the table of :mod:`plsh_dist.ops.backends` that applies (where each backend
+    runs is there too)."""
 
     method: str = "auto"
     """How ``"plsh"`` and ``"fixed_blocks"`` compute the estimator: ``"per_sample"``
