@@ -13,11 +13,8 @@ Writes results.json, table.md and PNG plots to --out; prints a summary.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,8 +19,6 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
-
 
 def main(argv: list[str] | None = None) -> int:
     from plsh_dist.eval.modes import spec_usage

@@ -26,8 +26,6 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
-
 
 def _tokens(text: str) -> int:
     """``32768``, ``32k`` or ``1M`` (k = 1024, M = 1024^2), at least one token."""
