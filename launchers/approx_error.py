@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
+    import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
     from plsh_dist.eval.approx_report import (ApproxErrorConfig, num_steps, parse_int_list, run_study, save,
                                               summary_lines)
 

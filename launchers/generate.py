@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
     from plsh_dist.eval.generation import generate
     from plsh_dist.train.loader import load_model
 

@@ -89,8 +89,9 @@ class AttentionConfig:
     sampler: str = "iid"
     """``"iid"`` (the paper's estimator) or ``"stratified"`` (same expectation,
     lower max-norm error of the mask); see :class:`plsh_dist.hashing.PositionalLSH`.
-    The experimental ``"stratified_ramp"`` / ``"stratified_ramp_alt"`` load from
-    ``experiments/samplers.py`` (a clone with its root on PYTHONPATH).
+    Any other name registered with :func:`plsh_dist.hashing.register_sampler` before
+    the config is read (the repository's launchers register the project's
+    experimental ones: ``launchers/lab_samplers.py``).
     Train with ``"iid"``: the stratified samplers resolve the kernel's tail with
     few distinct pitches, and their training gradients are further from exact
     ALiBi's from s = 20 on (``results/grad_fidelity``)."""
