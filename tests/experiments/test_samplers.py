@@ -85,6 +85,7 @@ def test_a_launcher_reads_a_config_naming_a_lab_sampler():
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.parametrize("s", [16, 7])  # 7: two groups (2, 5), one antithetic pair
 def test_stratified_ramp_is_unbiased(s):
     z = z_scores(PositionalLSH, "stratified_ramp", s, runs=400)
     assert float(z.max()) < Z_MAX
