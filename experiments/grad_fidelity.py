@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
+import experiments  # noqa: E402,F401  registers the lab's samplers when this file runs as a script
 
 from plsh_dist.models import AttentionConfig, AttentionRuntime, set_attention_mode  # noqa: E402
 

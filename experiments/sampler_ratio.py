@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
+import experiments  # noqa: E402,F401  registers the lab's samplers when this file runs as a script
 
 from plsh_dist.eval.approx_error import mask_error, samples_to_match  # noqa: E402
 

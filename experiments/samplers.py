@@ -9,9 +9,9 @@ Both are unbiased (``E[M~] = L*``) and reach i.i.d.'s max-norm mask error with
 fewer samples, but no config recommends them: their training gradients are
 further from exact ALiBi's than i.i.d.'s from s = 20 on
 (``results/grad_fidelity``). So they live with the studies that measure them
-(``experiments/sampler_ratio.py``, ``results/sampler``). ``plsh_dist.hashing``
-imports this module by name when a config or checkpoint names one of them
-(:data:`plsh_dist.hashing.EXTERNAL_SAMPLERS`).
+(``experiments/sampler_ratio.py``, ``results/sampler``). Importing the
+``experiments`` package imports this module; the launchers do so before they
+read a config or checkpoint (``launchers/lab_samplers.py``).
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a clone without installing
+import experiments  # noqa: E402,F401  registers the lab's samplers when this file runs as a script
 
 IID = "iid"
 

@@ -13,11 +13,8 @@ Writes results.json, table.md and PNG plots to --out; prints a summary.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
+    import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
     from plsh_dist.eval.approx_report import (ApproxErrorConfig, num_steps, parse_int_list, run_study, save,
                                               summary_lines)
 

@@ -31,8 +31,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 METHODS = ["plsh_s4", "plsh_s8", "plsh_s20", "onepass_s4", "onepass_s8", "onepass_s20", "onepass_s64",
            "onepass_s100", "truncated_s8", "truncated_s20", "fixed_blocks", "window_alibi", "alibi_chunked",

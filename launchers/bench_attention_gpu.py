@@ -57,18 +57,15 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: E402
-from plsh_dist.ops import alibi_attention, flex, plsh_attention  # noqa: E402
-from plsh_dist.ops.alibi import truncation_windows  # noqa: E402
-from plsh_dist.ops.backends import flash_attn_available  # noqa: E402
-from plsh_dist.ops.plsh_flex import block_bound_tables  # noqa: E402
-from plsh_dist.ops.triton_onepass import alibi_window_attention, triton_cuda, triton_interpreter  # noqa: E402
-from plsh_dist.plan import kernel_tiles as tiles  # noqa: E402
+from plsh_dist.hashing import PositionalLSH, alibi_slopes
+from plsh_dist.ops import alibi_attention, flex, plsh_attention
+from plsh_dist.ops.alibi import truncation_windows
+from plsh_dist.ops.backends import flash_attn_available
+from plsh_dist.ops.plsh_flex import block_bound_tables
+from plsh_dist.ops.triton_onepass import alibi_window_attention, triton_cuda, triton_interpreter
+from plsh_dist.plan import kernel_tiles as tiles
 
 FWD_BWD = 3.5  # backward ~2.5x forward matmul FLOPs
 

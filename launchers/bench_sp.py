@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,14 +28,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from plsh_dist.distributed.comm_stats import comm_stats, reset_comm_stats  # noqa: E402
-from plsh_dist.distributed.sp import SequenceParallelAttention  # noqa: E402
-from plsh_dist.distributed.sp.alibi_allgather import all_gather_kv, reduce_scatter_kv  # noqa: E402
-from plsh_dist.distributed.sp_chunks import sp_positions  # noqa: E402
-from plsh_dist.distributed.sp_layout import exchange_layout  # noqa: E402
-from plsh_dist.hashing import alibi_slopes  # noqa: E402
+from plsh_dist.distributed.comm_stats import comm_stats, reset_comm_stats
+from plsh_dist.distributed.sp import SequenceParallelAttention
+from plsh_dist.distributed.sp.alibi_allgather import all_gather_kv, reduce_scatter_kv
+from plsh_dist.distributed.sp_chunks import sp_positions
+from plsh_dist.distributed.sp_layout import exchange_layout
+from plsh_dist.hashing import alibi_slopes
 
 _KV = ("fwd_sent_bytes", "fwd_recv_bytes", "bwd_sent_bytes", "bwd_recv_bytes")
 

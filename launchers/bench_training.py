@@ -21,12 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from plsh_dist.models import AttentionConfig, AttentionRuntime, build_model, presets  # noqa: E402
+from plsh_dist.models import AttentionConfig, AttentionRuntime, build_model, presets
 
 
 def attention_of(mode: str, default_samples: int) -> AttentionConfig:

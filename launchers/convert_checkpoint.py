@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
+    import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
     from plsh_dist.train.export import export_loaded
     from plsh_dist.train.loader import load_model
 

@@ -23,9 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -71,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
+    import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
     from plsh_dist.eval.extrapolation import EvalSettings, evaluate_checkpoint, format_table
     from plsh_dist.writable import check_writable_dir
 

@@ -19,8 +19,6 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
-
 
 def main(argv: list[str] | None = None) -> int:
     from plsh_dist.eval.modes import spec_usage
@@ -48,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
     from plsh_dist.eval.generation import generate
     from plsh_dist.train.loader import load_model
 

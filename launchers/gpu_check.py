@@ -44,6 +44,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The one kind of launcher that sets its own path: it runs as `python3 launchers/gpu_check.py` on a
+# GPU machine where the package is not installed and nothing can be installed (docs/gpu.md).
 sys.path.insert(0, str(ROOT))
 
 GPU_TESTS = ["tests/ops/test_cuda_backends.py", "tests/ops/test_plsh_attention.py::test_cuda_backends_match_math_path",

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The one kind of launcher that sets its own path: it runs as `python3 launchers/gpu_smoke.py` on a
+# GPU machine where the package is not installed and nothing can be installed (docs/gpu.md).
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402

@@ -24,13 +24,11 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: E402
-from plsh_dist.ops.alibi import equal_cost_c, truncation_windows  # noqa: E402
-from plsh_dist.ops.tile_bands import TileConfig, tiles_for  # noqa: E402
-from plsh_dist.plan.kernel_tiles import floor_tiles, kernel_tiles, per_sample_tiles, window_tiles  # noqa: E402
+from plsh_dist.hashing import PositionalLSH, alibi_slopes
+from plsh_dist.ops.alibi import equal_cost_c, truncation_windows
+from plsh_dist.ops.tile_bands import TileConfig, tiles_for
+from plsh_dist.plan.kernel_tiles import floor_tiles, kernel_tiles, per_sample_tiles, window_tiles
 
 HEADS, HEAD_DIM = 16, 128
 LENGTHS = (8192, 32768, 131072, 1048576)

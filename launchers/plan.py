@@ -26,8 +26,6 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
-
 
 def _tokens(text: str) -> int:
     """``32768``, ``32k`` or ``1M`` (k = 1024, M = 1024^2), at least one token."""
@@ -100,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--measure", action="store_true", help="CPU: also measure two real steps' peak")
     args, overrides = ap.parse_known_args(argv)
 
+    import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
     from plsh_dist.plan import plan_run
     from plsh_dist.plan.advice import advise
     from plsh_dist.plan.report import format_plan, table_header, table_row

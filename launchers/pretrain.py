@@ -25,9 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume is not None:
         overrides.append(f"--checkpoint.resume={args.resume}")
 
+    import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
     from plsh_dist.train import load_config, train
     from plsh_dist.train.failure import run_reporting_failures
     from plsh_dist.train.preemption import EXIT_PREEMPTED, ignore_stop_signals, mark_preempted

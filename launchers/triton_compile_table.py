@@ -30,10 +30,9 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from plsh_dist.plan.kernel_builds import ARCHS, DTYPES, HEAD_DIMS, Case, record
 
-from plsh_dist.plan.kernel_builds import ARCHS, DTYPES, HEAD_DIMS, Case, record  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 #: Shared memory per SM available to one block (KiB), by compute capability.
 SMEM_LIMIT_KIB = {90: 228, 80: 164}

@@ -25,10 +25,9 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from plsh_dist.plan.kernel_builds import ARCHS, BIASES, DTYPES, HEAD_DIMS, Case, record
 
-from plsh_dist.plan.kernel_builds import ARCHS, BIASES, DTYPES, HEAD_DIMS, Case, record  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 KERNELS = ("fwd", "bwd_dkdv", "bwd_dq")
 #: The benchmark's shapes (launchers/bench_attention_gpu.py): one sequence, 16 heads.

@@ -21,7 +21,6 @@ n = number of positions.
 
 from __future__ import annotations
 
-import importlib
 import math
 from typing import Callable, Sequence
 
@@ -52,13 +51,11 @@ __all__ = [
 #: pure function of (seed, sample, head); streams 0-8 are taken.
 SamplerDraw = Callable[["PositionalLSH", np.ndarray, np.ndarray], "tuple[np.ndarray, np.ndarray]"]
 
-#: Samplers of :class:`PositionalLSH` (``sampler=``) by name; see :func:`register_sampler`.
+#: Samplers of :class:`PositionalLSH` (``sampler=``) by name: this module's own (``"iid"``,
+#: ``"stratified"``), and any that a module outside the package registers when it is imported
+#: (:func:`register_sampler`). The registry imports nothing itself: whoever reads a sampler name
+#: from a file imports the modules that define it first.
 _SAMPLERS: dict[str, SamplerDraw] = {}
-
-#: Samplers that live outside the package (the project's sampler studies), by the module whose
-#: import registers them. A config or checkpoint that names one still loads wherever that module
-#: imports (a clone with the repository root on PYTHONPATH); the package never needs it otherwise.
-EXTERNAL_SAMPLERS = {"stratified_ramp": "experiments.samplers", "stratified_ramp_alt": "experiments.samplers"}
 
 
 def register_sampler(name: str, draw: SamplerDraw) -> None:
@@ -75,26 +72,17 @@ def register_sampler(name: str, draw: SamplerDraw) -> None:
 
 
 def sampler_names() -> tuple[str, ...]:
-    """Every sampler name a config may give: registered ones and :data:`EXTERNAL_SAMPLERS`."""
-    return tuple(dict.fromkeys([*_SAMPLERS, *EXTERNAL_SAMPLERS]))
+    """Every sampler name registered so far, in registration order."""
+    return tuple(_SAMPLERS)
 
 
 def get_sampler(name: str, field: str = "sampler") -> SamplerDraw:
-    """The draw function of sampler ``name``, importing its module first if it lives outside
-    the package; a ValueError naming ``field`` (the config key) and the fix otherwise."""
-    if not isinstance(name, str) or name not in _SAMPLERS and name not in EXTERNAL_SAMPLERS:
-        raise ValueError(f"{field} must be one of {sampler_names()}, got {name!r}")
-    if name not in _SAMPLERS:
-        module = EXTERNAL_SAMPLERS[name]
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ValueError(
-                f"{field} {name!r} is an experimental sampler, registered by {module} (experiments/ at the "
-                f"repository root), which cannot be imported here ({exc}); run from a clone of the repository "
-                f"with its root on PYTHONPATH (the Makefile exports it), or choose 'iid' or 'stratified'") from exc
-        if name not in _SAMPLERS:
-            raise ValueError(f"{field} {name!r}: importing {module} did not register it")
+    """The draw function of sampler ``name``; a ValueError naming ``field`` (the config key)
+    and the fix when no imported module has registered it."""
+    if not isinstance(name, str) or name not in _SAMPLERS:
+        raise ValueError(f"{field} must be one of {sampler_names()}, got {name!r}; a sampler defined outside "
+                         f"plsh_dist registers itself when its module is imported (register_sampler): import "
+                         f"that module first")
     return _SAMPLERS[name]
 
 

@@ -5,6 +5,10 @@ is chosen by ``TRITON_INTERPRET=1`` when ``triton`` is *imported* (it decorates
 its own library then), and other packages may import triton early (deepspeed
 does on first use). So it is set here, before collection, on machines without
 CUDA; with CUDA the kernels compile and nothing is set.
+
+The lab's samplers (``experiments/``) are registered for every test, as the
+launchers register them before reading a config (``launchers/lab_samplers.py``):
+tests name ``stratified_ramp`` in configs and sweep every registered sampler.
 """
 
 import os
@@ -19,3 +23,5 @@ def _cuda() -> bool:
 
 if "triton" not in sys.modules and "TRITON_INTERPRET" not in os.environ and not _cuda():
     os.environ["TRITON_INTERPRET"] = "1"
+
+import experiments  # noqa: E402,F401  after the Triton setting: it imports torch, not triton

@@ -151,7 +151,6 @@ def registry(monkeypatch):
     from plsh_dist import hashing
 
     monkeypatch.setattr(hashing, "_SAMPLERS", dict(hashing._SAMPLERS))
-    monkeypatch.setattr(hashing, "EXTERNAL_SAMPLERS", dict(hashing.EXTERNAL_SAMPLERS))
     return hashing
 
 
@@ -168,19 +167,14 @@ def test_a_registered_sampler_draws_the_masks(registry):
         registry.register_sampler("antithetic_iid", lambda lsh, t, h: _antithetic_iid(lsh, t, h))
 
 
-def test_an_external_sampler_that_cannot_be_imported_names_the_fix(registry, monkeypatch):
-    """What a config naming an experimental sampler meets where experiments/ is not importable."""
-    import sys
-
+def test_an_unregistered_sampler_names_the_registered_ones_and_how_to_register(registry):
+    """What a config naming the lab's sampler meets where nothing imported the lab: the registry
+    imports nothing by name itself."""
     from plsh_dist.models import AttentionConfig
 
     registry._SAMPLERS.pop("stratified_ramp", None)
-    monkeypatch.setitem(sys.modules, "experiments.samplers", None)  # import fails as if absent
-    with pytest.raises(ValueError, match=r"attention.sampler 'stratified_ramp' is an experimental sampler.*"
-                                         r"experiments.samplers.*PYTHONPATH.*'iid' or 'stratified'"):
+    with pytest.raises(ValueError, match=r"attention.sampler must be one of \('iid', 'stratified'.*"
+                                         r"got 'stratified_ramp'.*registers itself when its module is imported"):
         AttentionConfig(sampler="stratified_ramp")
-    registry.EXTERNAL_SAMPLERS["silent"] = "plsh_dist.splitmix"  # imports, registers nothing
-    with pytest.raises(ValueError, match="did not register it"):
-        PositionalLSH(1.0, 2, sampler="silent")
     with pytest.raises(ValueError, match=r"sampler must be one of \('iid', 'stratified'"):
         PositionalLSH(1.0, 2, sampler=["iid"])

@@ -48,8 +48,8 @@ import torch
 import torch.distributed as dist
 
 from plsh_dist.data.packing import document_cu_seqlens
-from plsh_dist.distributed.sp import apply_sequence_parallel
 from plsh_dist.distributed.sp_chunks import sp_bounds
+from plsh_dist.models.parallelize import apply_sequence_parallel
 from plsh_dist.train.loader import LoadedCheckpoint, load_model
 from plsh_dist.eval.eval_data import load_eval_tokens
 from plsh_dist.eval.modes import attention_for

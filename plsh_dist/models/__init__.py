@@ -12,7 +12,9 @@ with transformers, and plsh_dist's model types (:mod:`plsh_dist.models.hf_config
   on import with ``AutoConfig`` / ``AutoModelForCausalLM`` / ``AutoTokenizer``, so
   ``AutoModelForCausalLM.from_pretrained(export_dir)`` rebuilds the trained attention;
 - ``set_attention_mode(model, attn_cfg, runtime=None)``: same weights, other attention;
-- ``set_attention_ops(model, ops)``: which ops compute the attention (SP binds its own);
+- ``set_attention_ops(model, ops)``: which ops compute the attention;
+- ``apply_sequence_parallel(model, group)``: bind the sequence-parallel ops of ``group``
+  to every attention module, once (the model side applies parallelism);
 - ``AttentionRuntime`` (run seed, step, micro-step), ``get_runtime(model)``,
   ``hash_seed(run_seed, step, micro_step, layer)``;
 - ``count_parameters(model, exclude_embeddings=False)``;
@@ -31,6 +33,7 @@ from plsh_dist.models.build import (
     set_attention_ops,
 )
 from plsh_dist.models.config import BIASES, FAMILIES, AttentionConfig, ModelConfig, presets
+from plsh_dist.models.parallelize import apply_sequence_parallel
 from plsh_dist.models.rope import rope_enabled, set_rope
 from plsh_dist.models.runtime import AttentionRuntime, hash_seed
 from plsh_dist.models.window_cache import window_cache
@@ -48,6 +51,7 @@ __all__ = [
     "hf_config",
     "set_attention_mode",
     "set_attention_ops",
+    "apply_sequence_parallel",
     "get_runtime",
     "attention_modules",
     "count_parameters",

@@ -27,7 +27,7 @@ Which ops compute: a binding's ``ops`` is anything with the four functions of
 :mod:`plsh_dist.ops` (``plsh_attention``, ``fixed_blocks_attention``,
 ``alibi_attention``, ``causal_attention``) and their keyword arguments. None
 (the default) means the single-process ops; sequence parallelism binds its
-own once (:func:`plsh_dist.distributed.sp.apply_sequence_parallel`). The
+own once (:func:`plsh_dist.models.parallelize.apply_sequence_parallel`). The
 model code never sees a process group.
 
 KV cache (generation): transformers updates the cache before calling us, so

@@ -174,7 +174,7 @@ def set_attention_ops(model: nn.Module, ops) -> nn.Module:
     modes switched later (``set_attention_mode``) keep it. Returns the model.
 
     Sequence parallelism calls this once through
-    :func:`plsh_dist.distributed.sp.apply_sequence_parallel`.
+    :func:`plsh_dist.models.parallelize.apply_sequence_parallel`.
     """
     for module in attention_modules(model):
         setattr(module, BINDING_ATTR, dataclasses.replace(_binding(module), ops=ops))

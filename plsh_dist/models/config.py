@@ -89,18 +89,18 @@ class AttentionConfig:
     sampler: str = "iid"
     """``"iid"`` (the paper's estimator) or ``"stratified"`` (same expectation,
     lower max-norm error of the mask); see :class:`plsh_dist.hashing.PositionalLSH`.
-    The experimental ``"stratified_ramp"`` / ``"stratified_ramp_alt"`` load from
-    ``experiments/samplers.py`` (a clone with its root on PYTHONPATH).
+    Any other name registered with :func:`plsh_dist.hashing.register_sampler` before
+    the config is read (the repository's launchers register the project's
+    experimental ones: ``launchers/lab_samplers.py``).
     Train with ``"iid"``: the stratified samplers resolve the kernel's tail with
     few distinct pitches, and their training gradients are further from exact
     ALiBi's from s = 20 on (``results/grad_fidelity``)."""
 
     backend: str = "auto"
-    """Block-attention backend of the hash ops: ``"auto"`` (on CUDA the fused
-    Triton kernel when Triton is importable, else flash-attn varlen when
-    available, else torch), ``"torch"``, ``"math"`` (explicit matmuls, any
-    device), ``"flash_attn"`` (CUDA + flash-attn only) or ``"triton"`` (the
-    fused one-pass kernel)."""
+    """Block-attention backend of the hash ops, one of
+    :data:`plsh_dist.ops.backends.BACKENDS`; ``"auto"`` takes the first row of
+    the table of :mod:`plsh_dist.ops.backends` that applies (where each backend
+    runs is there too)."""
 
     method: str = "auto"
     """How ``"plsh"`` and ``"fixed_blocks"`` compute the estimator: ``"per_sample"``

@@ -43,7 +43,7 @@ Seeding choice (documented here, relied on by training and evaluation):
   keeps step 0 or enters ``at(batch_index)`` for fresh masks per batch.
 
 Model code knows nothing of parallelism: sequence parallelism is bound to
-the attention modules once (:func:`plsh_dist.distributed.sp.apply_sequence_parallel`),
+the attention modules once (:func:`plsh_dist.models.parallelize.apply_sequence_parallel`),
 never carried here.
 """
 

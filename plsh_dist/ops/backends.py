@@ -13,23 +13,27 @@ the backend, the method or the device again.
     DecodeOnePass        decode.py            a KV-cache step in the one-pass form (forward only)
     FlexOnePass          plsh_flex.py         one pass on PyTorch's compiled FlexAttention (output only)
 
-What each backend gives (``method="auto"`` picks the first row of the backend
-whose "auto" column holds; ``backend="auto"`` tries the backends in table
-order, ``math`` excepted):
+What each backend gives: ``method="auto"`` picks the first row of the backend
+whose "method=auto" column holds for s; ``backend="auto"`` takes the first
+row, in table order, of those whose "backend=auto" column says yes.
+:func:`describe_table` prints this table from ``TABLE`` (docs/design.md
+carries the same text; a test holds both to it):
 
-    backend      method      applies to               path                          auto when
-    triton       onepass     CUDA (sm >= 80), triton  TritonOnePass()               always
-    triton       onepass     CPU under the interpreter TritonOnePass()              (explicit backend only)
-    flex         onepass     CPU fp32, output only    FlexOnePass()                 (explicit backend only)
-    flash_attn   per_sample  flash-attn installed     VarlenPerSample(FLASH_ATTN)   always
-    flash_attn   onepass     flash-attn installed     OnePass(AUTO)                 never
-    torch        per_sample  CUDA fp16/bf16           VarlenPerSample(ATEN)         always
-    torch        onepass     CUDA fp16/bf16           OnePass(AUTO)                 never
-    torch        onepass     anything                 OnePass(AUTO)                 s >= 2
-    torch        per_sample  anything                 PaddedPerSample(AUTO)         always
-    math         onepass     anything                 OnePass(MATH)                 s >= 2
-    math         per_sample  anything                 PaddedPerSample(MATH)         always
-    (decoding)   any         anything                 DecodeOnePass()
+    backend     method      runs on                             path                         method=auto  backend=auto
+    triton      onepass     CUDA (sm >= 80) fp16/bf16/fp32      TritonOnePass()              always       yes
+    triton      onepass     CPU fp32/fp16, Triton interpreter   TritonOnePass()              always       no
+    flex        onepass     CPU fp32, output only               FlexOnePass()                always       no
+    flash_attn  per_sample  CUDA fp16/bf16, flash-attn          VarlenPerSample(FLASH_ATTN)  always       yes
+    flash_attn  onepass     CUDA fp16/bf16, flash-attn          OnePass(AUTO)                never        yes
+    torch       per_sample  CUDA fp16/bf16                      VarlenPerSample(ATEN)        always       yes
+    torch       onepass     CUDA fp16/bf16                      OnePass(AUTO)                never        yes
+    torch       onepass     anything                            OnePass(AUTO)                s >= 2       yes
+    torch       per_sample  anything                            PaddedPerSample(AUTO)        always       yes
+    math        onepass     anything                            OnePass(MATH)                s >= 2       no
+    math        per_sample  anything                            PaddedPerSample(MATH)        always       no
+    (decoding)  any         anything                            DecodeOnePass()
+
+So ``backend="auto"`` tries triton, then flash_attn, then torch.
 
 On CUDA with Triton importable the fused one-pass kernel comes first: it
 visits only the tiles of each query tile's band (cost grows like log s); where
@@ -47,9 +51,9 @@ naming what it needs.
 CPU that compiles a forward only and returns no log-sum-exp, so its row is
 *output only*: it applies to calls that need neither gradients nor the lse
 (``out_only=True``: evaluation, generation's prompt), and refuses the others.
-It is not in ``backend="auto"``: 1.1-1.2x faster than the chunked one pass at
-4k and 16k tokens on a shared 2-core CPU (within that machine's noise), and
-each new shape set costs a compile of 7-37 s there (``results/flex/README.md``).
+It is not in ``backend="auto"``: its gain over the chunked one pass is within
+a CPU's noise, and every new shape set costs a compile (the measurements:
+``results/flex/README.md``).
 
 A path has ``onepass`` (bool) and:
 
@@ -75,16 +79,19 @@ How to add a path (a fused GPU kernel, say):
 2. add its name to :class:`Backend` (``backend=`` and ``[attention].backend``
    accept it from then on);
 3. add one :class:`Row` to ``TABLE``: its backend, the method it computes,
-   a predicate ``(device, dtype) -> bool`` saying where it runs, the path, when
-   ``method="auto"`` picks it, and what it needs (the error an explicit
-   ``backend=`` gets where it does not apply). Its place in ``TABLE`` is its
-   priority for ``backend="auto"``.
+   a predicate ``(device, dtype) -> bool`` saying where it runs and the same in
+   words, the path, when ``method="auto"`` picks it, and what it needs (the
+   error an explicit ``backend=`` gets where it does not apply). Its place in
+   ``TABLE`` is its priority for ``backend="auto"``;
+4. paste :func:`describe_table`'s new text over the table above and in
+   docs/design.md (``tests/ops/test_backend_docs.py`` says where it differs).
 
 Nothing here touches CUDA at import time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,7 +108,8 @@ from plsh_dist.ops.triton_onepass import TritonOnePass, triton_cuda, triton_inte
 from plsh_dist.ops.varlen_kernels import VarlenKernel, cuda_half, flash_attn_available, flash_attn_module
 
 __all__ = [
-    "Backend", "BACKENDS", "Method", "METHODS", "Row", "TABLE", "choose_path", "VARLEN_REFERENCE",
+    "Backend", "BACKENDS", "Method", "METHODS", "Row", "TABLE", "choose_path", "describe_table", "auto_order",
+    "VARLEN_REFERENCE",
     "flash_attn_available", "flash_attn_module", "DenseKernel", "VarlenKernel",
 ]
 
@@ -110,8 +118,8 @@ class Backend(str, enum.Enum):
     """What the user asks for."""
 
     AUTO = "auto"
-    """The first backend of the table that applies (flash-attn varlen when installed and
-    the tensors suit it, else ``torch``)."""
+    """The first row of :data:`TABLE` that applies, in table order, among the rows that
+    ``backend="auto"`` may pick (:func:`auto_order` names their backends)."""
     TORCH = "torch"
     """PyTorch's own kernels: padded blocks on the CPU, aten varlen flash on CUDA fp16/bf16."""
     MATH = "math"
@@ -134,7 +142,7 @@ class Method(str, enum.Enum):
     """How PLSH computes its estimator (both give the same numbers up to rounding)."""
 
     AUTO = "auto"
-    """The faster of the two for the device and sizes (the table's "auto" column)."""
+    """The faster of the two for the device and sizes (the table's "method=auto" column)."""
     ONEPASS = "onepass"
     """One attention with integer weights ``c_ij`` (bias ``log c_ij``): cost grows like log s."""
     PER_SAMPLE = "per_sample"
@@ -149,15 +157,19 @@ def _anywhere(device: torch.device, dtype: torch.dtype) -> bool:
     return True
 
 
+# A row's ``auto`` rule; its docstring is the rule's cell in :func:`describe_table`.
 def _always(num_samples: int) -> bool:
+    """always"""
     return True
 
 
 def _never(num_samples: int) -> bool:
+    """never"""
     return False
 
 
 def _two_or_more(num_samples: int) -> bool:
+    """s >= 2"""
     return num_samples >= 2
 
 
@@ -169,6 +181,7 @@ class Row:
         backend: the backend that offers this path.
         method: what the path computes (``ONEPASS`` or ``PER_SAMPLE``).
         applies: ``(device, dtype) -> bool``, where the path runs.
+        runs_on: ``applies`` in words (the table's "runs on" column).
         path: the path object.
         auto: ``num_samples -> bool``, whether ``method="auto"`` picks this row.
         needs: what ``applies`` asks for, said when an explicit ``backend=`` finds none of
@@ -181,6 +194,7 @@ class Row:
     backend: Backend
     method: Method
     applies: Callable[[torch.device, torch.dtype], bool]
+    runs_on: str
     path: object
     auto: Callable[[int], bool] = _always
     needs: str = ""
@@ -197,21 +211,28 @@ _FLEX_NEEDS = ("CPU fp32 tensors, a torch whose compiled FlexAttention builds he
                "return_lse=False, one process)")
 
 #: The paths, in priority order for ``backend="auto"`` (see the module docstring).
+_CUDA_HALF = "CUDA fp16/bf16"
+_FLASH_ATTN_RUNS_ON = "CUDA fp16/bf16, flash-attn"
+_ANYWHERE = "anything"
+
 TABLE: tuple[Row, ...] = (
-    Row(Backend.TRITON, Method.ONEPASS, triton_cuda, TritonOnePass(), needs=_TRITON_NEEDS),
-    Row(Backend.TRITON, Method.ONEPASS, triton_interpreter, TritonOnePass(), needs=_TRITON_NEEDS, in_auto=False),
-    Row(Backend.FLEX, Method.ONEPASS, flex_cpu_inference, FlexOnePass(), needs=_FLEX_NEEDS, in_auto=False,
-        out_only=True),
-    Row(Backend.FLASH_ATTN, Method.PER_SAMPLE, flash_attn_available, VarlenPerSample(VarlenKernel.FLASH_ATTN),
-        needs=_FLASH_ATTN_NEEDS),
-    Row(Backend.FLASH_ATTN, Method.ONEPASS, flash_attn_available, OnePass(DenseKernel.AUTO), auto=_never,
-        needs=_FLASH_ATTN_NEEDS),
-    Row(Backend.TORCH, Method.PER_SAMPLE, cuda_half, VarlenPerSample(VarlenKernel.ATEN)),
-    Row(Backend.TORCH, Method.ONEPASS, cuda_half, OnePass(DenseKernel.AUTO), auto=_never),
-    Row(Backend.TORCH, Method.ONEPASS, _anywhere, OnePass(DenseKernel.AUTO), auto=_two_or_more),
-    Row(Backend.TORCH, Method.PER_SAMPLE, _anywhere, PaddedPerSample(DenseKernel.AUTO)),
-    Row(Backend.MATH, Method.ONEPASS, _anywhere, OnePass(DenseKernel.MATH), auto=_two_or_more, in_auto=False),
-    Row(Backend.MATH, Method.PER_SAMPLE, _anywhere, PaddedPerSample(DenseKernel.MATH), in_auto=False),
+    Row(Backend.TRITON, Method.ONEPASS, triton_cuda, "CUDA (sm >= 80) fp16/bf16/fp32", TritonOnePass(),
+        needs=_TRITON_NEEDS),
+    Row(Backend.TRITON, Method.ONEPASS, triton_interpreter, "CPU fp32/fp16, Triton interpreter", TritonOnePass(),
+        needs=_TRITON_NEEDS, in_auto=False),
+    Row(Backend.FLEX, Method.ONEPASS, flex_cpu_inference, "CPU fp32, output only", FlexOnePass(), needs=_FLEX_NEEDS,
+        in_auto=False, out_only=True),
+    Row(Backend.FLASH_ATTN, Method.PER_SAMPLE, flash_attn_available, _FLASH_ATTN_RUNS_ON,
+        VarlenPerSample(VarlenKernel.FLASH_ATTN), needs=_FLASH_ATTN_NEEDS),
+    Row(Backend.FLASH_ATTN, Method.ONEPASS, flash_attn_available, _FLASH_ATTN_RUNS_ON, OnePass(DenseKernel.AUTO),
+        auto=_never, needs=_FLASH_ATTN_NEEDS),
+    Row(Backend.TORCH, Method.PER_SAMPLE, cuda_half, _CUDA_HALF, VarlenPerSample(VarlenKernel.ATEN)),
+    Row(Backend.TORCH, Method.ONEPASS, cuda_half, _CUDA_HALF, OnePass(DenseKernel.AUTO), auto=_never),
+    Row(Backend.TORCH, Method.ONEPASS, _anywhere, _ANYWHERE, OnePass(DenseKernel.AUTO), auto=_two_or_more),
+    Row(Backend.TORCH, Method.PER_SAMPLE, _anywhere, _ANYWHERE, PaddedPerSample(DenseKernel.AUTO)),
+    Row(Backend.MATH, Method.ONEPASS, _anywhere, _ANYWHERE, OnePass(DenseKernel.MATH), auto=_two_or_more,
+        in_auto=False),
+    Row(Backend.MATH, Method.PER_SAMPLE, _anywhere, _ANYWHERE, PaddedPerSample(DenseKernel.MATH), in_auto=False),
 )
 
 #: The forward-only path of a decoding step, for every backend and method (the same
@@ -220,6 +241,29 @@ DECODE = DecodeOnePass()
 
 #: The varlen path on explicit matmuls (CPU tests of the CUDA code path; in no row).
 VARLEN_REFERENCE = VarlenPerSample(VarlenKernel.REFERENCE)
+
+
+def _path_text(path) -> str:
+    """``VarlenPerSample(FLASH_ATTN)``: the path's class and its kernel, as the table shows them."""
+    values = (getattr(path, field.name) for field in dataclasses.fields(path))
+    return f"{type(path).__name__}({', '.join(v.name if isinstance(v, enum.Enum) else repr(v) for v in values)})"
+
+
+def describe_table() -> str:
+    """``TABLE`` as the text of the module docstring's table (and docs/design.md's): one
+    line per row, then the decoding path; 4 spaces of indent, no trailing newline."""
+    widths = (12, 12, 36, 29, 13)  # every column but the last
+    lines = [("backend", "method", "runs on", "path", "method=auto", "backend=auto")]
+    lines += [(row.backend.value, row.method.value, row.runs_on, _path_text(row.path), row.auto.__doc__,
+               "yes" if row.in_auto else "no") for row in TABLE]
+    lines.append(("(decoding)", "any", _ANYWHERE, _path_text(DECODE)))
+    return "\n".join(("    " + "".join(cell.ljust(w) for cell, w in zip(line[:-1], widths)) + line[-1]).rstrip()
+                     for line in lines)
+
+
+def auto_order() -> tuple[str, ...]:
+    """The backends that ``backend="auto"`` tries, in the order it tries them."""
+    return tuple(dict.fromkeys(row.backend.value for row in TABLE if row.in_auto))
 
 
 def _vocabulary(backend, method) -> tuple[Backend, Method]:

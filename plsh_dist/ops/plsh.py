@@ -103,10 +103,9 @@ def plsh_attention(
             arange(T)).
         causal: mask future tokens inside each block.
         softmax_scale: default 1/sqrt(D).
-        backend: one of :data:`plsh_dist.ops.backends.BACKENDS`: "auto"
-            (on CUDA the fused Triton kernel when Triton is importable, else
-            flash-attn varlen when available, else torch), "torch", "math"
-            (explicit matmuls, any device), "flash_attn" or "triton".
+        backend: one of :data:`plsh_dist.ops.backends.BACKENDS`; "auto" takes
+            the first row of the table of :mod:`plsh_dist.ops.backends` that
+            applies (where each backend runs is there too).
         sampler: "iid" or "stratified" (see :class:`PositionalLSH`).
         method: "per_sample" (s block attentions merged by log-sum-exp),
             "onepass" (one attention with the bias ``log c_ij``, ``c_ij`` the

@@ -268,8 +268,7 @@ def _build_engine(cfg: RunConfig, model_cfg: ModelConfig, attn_cfg: AttentionCon
     applied once, optimizer, scheduler and DeepSpeed engine -> ``(engine, parameter count)``."""
     import deepspeed
 
-    from plsh_dist.distributed.sp import apply_sequence_parallel
-    from plsh_dist.models import count_parameters
+    from plsh_dist.models import apply_sequence_parallel, count_parameters
     from plsh_dist.train.init_from import initial_model
 
     # Random init, or [model].init_from's weights (continued pretraining).

@@ -22,12 +22,10 @@ from plsh_dist.models import AttentionRuntime, build_model  # noqa: E402
 from plsh_dist.train.config import config_from_table  # noqa: E402
 from plsh_dist.train.export import save_export  # noqa: E402
 from plsh_dist.train.loader import load_model  # noqa: E402
+from tests.launchers import load_launcher  # noqa: E402
 
 VOCAB = 384
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "launchers"))
-import generate as generate_launcher  # noqa: E402
-
-sys.path.pop(0)
+generate_launcher = load_launcher("generate")
 
 
 def _export(root: Path, name: str, attention: dict, max_pos: int = 512) -> Path:

@@ -1,4 +1,4 @@
-"""The experimental samplers (experiments/samplers.py): registered on import, loaded by name,
+"""The experimental samplers (experiments/samplers.py): registered on import, named by configs,
 unbiased, exactly the draws they had inside plsh_dist.hashing.
 
 The same statistic on deliberately biased variants must exceed the threshold,
@@ -19,6 +19,7 @@ import torch
 from experiments.samplers import RAMP_GROUPS, ramp_draws, ramp_sizes
 from plsh_dist.hashing import PositionalLSH, alibi_slopes, gamma2_ppf
 from tests.sampler_stats import SIGMA, Z_MAX, gamma2_cdf, ks_distance, row0_z, z_scores
+from tests.train.launcher_runs import ROOT, launcher_env
 
 
 def _edges(s: int) -> tuple[np.ndarray, np.ndarray]:
@@ -65,12 +66,23 @@ def test_draws_are_unchanged(key):
     assert digest == _FINGERPRINTS[key]
 
 
-def test_loaded_by_name_without_importing_experiments():
-    """A fresh process that names the sampler (a config, a checkpoint) imports the module itself."""
-    code = ("import sys; from plsh_dist.models import AttentionConfig; "
-            "AttentionConfig(sampler='stratified_ramp_alt'); print('experiments.samplers' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "True"
+def test_importing_the_lab_registers_its_samplers():
+    """plsh_dist alone knows its own two; importing ``experiments`` adds the lab's."""
+    code = ("from plsh_dist.hashing import sampler_names; alone = sampler_names(); import experiments; "
+            "print(alone, sampler_names())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.split() == ["('iid',", "'stratified')", "('iid',", "'stratified',", "'stratified_ramp',",
+                           "'stratified_ramp_alt')"]
+
+
+def test_a_launcher_reads_a_config_naming_a_lab_sampler():
+    """``launchers/plan.py`` (a config read, no training) with the repository root on PYTHONPATH,
+    as the Makefile and experiments/replicate.py run the launchers."""
+    done = subprocess.run([sys.executable, str(ROOT / "launchers" / "plan.py"), "--config",
+                           str(ROOT / "configs" / "debug.toml"), "--device", "cpu", "--world-size", "1",
+                           "--attention.sampler=stratified_ramp"], capture_output=True, text=True, cwd=ROOT,
+                          env=launcher_env(), timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.parametrize("s", [16, 7])  # 7: two groups (2, 5), one antithetic pair

@@ -15,7 +15,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from plsh_dist.distributed.sp import apply_sequence_parallel
+from plsh_dist.models import apply_sequence_parallel
 from plsh_dist.distributed.sp_chunks import sp_chunk, sp_positions
 from plsh_dist.models import AttentionConfig, build_model, get_runtime, presets, set_attention_mode
 from tests.tolerances import FP64

@@ -27,6 +27,7 @@ from plsh_dist.train.config import config_from_table, write_resolved  # noqa: E4
 from plsh_dist.train.export import convert_to_export, save_export  # noqa: E402
 from plsh_dist.train.loader import load_model  # noqa: E402
 from plsh_dist.train.validation import validation_loss  # noqa: E402
+from tests.launchers import load_launcher  # noqa: E402
 
 VOCAB = 384
 ROOT = Path(__file__).resolve().parents[2]
@@ -239,11 +240,7 @@ def test_converter_rewrites_deepspeed_tags_and_old_exports(corpus, tmp_path):
     shutil.copy2(cfg.tokenizer.model_path, old / "tokenizer.model")
     with pytest.warns(UserWarning, match="convert_checkpoint"):
         load_model(old)
-    sys.path.insert(0, str(ROOT / "launchers"))
-    try:
-        import convert_checkpoint
-    finally:
-        sys.path.pop(0)
+    convert_checkpoint = load_launcher("convert_checkpoint")
     with pytest.warns(UserWarning):
         assert convert_checkpoint.main(["--checkpoint", str(old), "--out", str(tmp_path / "new")]) == 0
     with torch.no_grad():

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 import plsh_dist.ops as ops
-from plsh_dist.distributed.sp import SequenceParallelAttention, apply_sequence_parallel
+from plsh_dist.distributed.sp import SequenceParallelAttention
 from plsh_dist.hashing import alibi_slopes
 from plsh_dist.models import (
-    AttentionConfig, AttentionRuntime, attention_modules, build_model, hash_seed, presets, set_attention_mode,
-    set_attention_ops,
+    AttentionConfig, AttentionRuntime, apply_sequence_parallel, attention_modules, build_model, hash_seed, presets,
+    set_attention_mode, set_attention_ops,
 )
 
 SP_GROUP = object()  # stands for a torch.distributed group: bound once, never called here

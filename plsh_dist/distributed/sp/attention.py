@@ -21,7 +21,7 @@ ops' convention; positions stay the chunk's increasing global positions
 (restarting positions cannot be split over ranks: pass offsets instead).
 Halos stop at document starts (:mod:`plsh_dist.distributed.sp.documents`).
 
-Bind it to a model once with :func:`plsh_dist.distributed.sp.apply_sequence_parallel`.
+Bind it to a model once with :func:`plsh_dist.models.parallelize.apply_sequence_parallel`.
 """
 
 from __future__ import annotations

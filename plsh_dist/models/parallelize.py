@@ -1,10 +1,12 @@
 """Apply sequence parallelism to a built model, once (torchtitan's ``parallelize_*``).
 
-The model code knows nothing of parallelism: every attention module calls
-whatever attention-ops object is bound to it (the single-process
-:mod:`plsh_dist.ops` by default). The trainer and evaluation call
-:func:`apply_sequence_parallel` once after building or loading the model;
-no process group travels through the model's forward.
+The model side applies parallelism, so :mod:`plsh_dist.distributed` never
+imports the models: every attention module calls whatever attention-ops object
+is bound to it (the single-process :mod:`plsh_dist.ops` by default), and this
+module binds :class:`~plsh_dist.distributed.sp.SequenceParallelAttention`
+there. The trainer and evaluation call :func:`apply_sequence_parallel` once
+after building or loading the model; no process group travels through the
+model's forward.
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ from torch import nn
 
 from plsh_dist.distributed.sp.attention import SequenceParallelAttention
 from plsh_dist.models.build import set_attention_ops
-
-__all__ = ["apply_sequence_parallel"]
 
 
 def apply_sequence_parallel(model: nn.Module, group) -> nn.Module:
