@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -59,6 +60,10 @@ TINY_CONFIG = ROOT / "configs" / "debug.toml"
 PORT = 29500  # inside node-0's own network namespace: nothing else listens there
 _SAVED = re.compile(r"checkpoint: (\S+) saved in ([0-9.]+) s \(([0-9.]+) MiB\)")
 _LOADED = re.compile(r"resumed from (\S+), loaded in ([0-9.]+) s")
+# What the phases keep on disk, in bytes per parameter: three ZeRO-3 checkpoints (reference, the one
+# before the kill, the resumed run's last; fp32 partitions + AdamW moments + the module's ZeRO-3
+# placeholders: ~16 B) and two fp32 exports (final/, the converted one: 4 B).
+_DISK_BYTES_PER_PARAM = 3 * 16 + 2 * 4
 
 
 class Refused(RuntimeError):
@@ -132,6 +137,12 @@ def preflight(s: Settings) -> dict[str, Any]:
         plan = plan_run(cfg, world_size=SP, device="cpu")
     except ValueError as exc:
         raise Refused(f"config error ({s.config}, --seq-len {s.seq_len}): {exc}") from None
+    need = int(1.2 * _DISK_BYTES_PER_PARAM * plan.shapes.params)
+    existing = next(p for p in (s.out, *s.out.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if free < need:
+        raise Refused(f"not enough disk under {existing}: the checkpoints and exports take about "
+                      f"{need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB are free; free space or give another --out")
     memory = machine_memory()
     budget = per_rank_budget(memory.available, SP)  # both hosts' ranks share this machine
     if plan.memory.peak > HEADROOM * budget:

@@ -17,8 +17,9 @@ Writes ``OUT/rehearsal.json`` and the page (``--page``; default
 Exit codes: 0 every phase ran and every check passed; 1 a check failed or a
 phase failed or ran past its bound (the page says which; what ran is kept);
 2 refused before any work: the hosts cannot be made here (not root, a tool
-missing: ``make cluster-deps``), a bad flag or config, too little memory, an
-out directory that is not empty.
+missing: ``make cluster-deps``), a bad flag or config, too little memory for
+the planner's peak or disk for the checkpoints, an out directory that is not
+empty.
 """
 
 from __future__ import annotations

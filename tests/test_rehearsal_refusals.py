@@ -44,3 +44,16 @@ def test_a_length_sp_cannot_split_is_refused_with_the_trainers_message(rehearsal
     assert rehearsal.main(["--tiny", "--seq-len", "255", "--out", str(tmp_path / "out")]) == 2
     assert "config error" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_too_little_disk_for_the_checkpoints_is_refused(rehearsal, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    import cluster.rehearsal
+
+    monkeypatch.setattr(cluster.rehearsal, "namespaces_refused", lambda: None)
+    monkeypatch.setattr(cluster.rehearsal, "ssh_unavailable", lambda: None)
+    monkeypatch.setattr(cluster.rehearsal.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1, 1, 2**20))
+    assert rehearsal.main(["--tiny", "--out", str(tmp_path / "out")]) == 2
+    assert f"not enough disk under {tmp_path}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
