@@ -13,7 +13,7 @@ export HF_DATASETS_OFFLINE := 1
 export DS_ACCELERATOR ?= cpu
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: venv quickstart test test-slow test-cluster cluster-deps gpu-check golden lint bench bench-sp bench-training approx prose-corpus clean-venv
+.PHONY: venv quickstart test test-slow test-cluster cluster-deps rehearsal gpu-check golden lint bench bench-sp bench-training approx prose-corpus clean-venv
 
 venv: $(STAMP)
 
@@ -69,6 +69,14 @@ cluster-deps:
 
 test-cluster: $(STAMP) cluster-deps
 	@$(PY) -m pytest -q -m cluster tests/cluster; $(PYTEST)
+
+# The 0.6B rehearsal on the two hosts (configs/qwen3_0.6b_8k_plsh_s10.toml, SP = 2 across them, ZeRO-3,
+# 4k tokens; a checkpoint, a SIGKILL of node-1's rank mid-step, the resume, the ZeRO-3 export and an
+# evaluation at 2x the length): hours on a 2-core CPU. Writes runs/rehearsal/rehearsal.json and
+# results/cluster/rehearsal.md. REHEARSAL_ARGS="--tiny --out DIR": the same phases on the debug model.
+REHEARSAL_ARGS ?=
+rehearsal: $(STAMP) cluster-deps
+	$(PY) launchers/rehearsal.py $(REHEARSAL_ARGS)
 
 # GPU machine (no downloads): the installed PyTorch, this package without its
 # dependencies; the smoke stage (bf16 kernel check, two timings), then the CUDA

@@ -3,7 +3,7 @@
     python launchers/convert_checkpoint.py --checkpoint runs/quickstart/checkpoints/step_00000200 --out exports/q200
     python launchers/convert_checkpoint.py --checkpoint old_runs/x/final --out exports/x     # an older export
 
---checkpoint: a DeepSpeed tag (ZeRO 0-2), a run directory (its final/ or newest
+--checkpoint: a DeepSpeed tag (ZeRO 0-3), a run directory (its final/ or newest
 tag) or an export written before exports described their attention. --out
 (new or empty) gets model.safetensors, config.json (model_type qwen3_plsh ...,
 with the attention mode, sigma, s, sampler, method, rope and the hash-seed

@@ -57,18 +57,19 @@ class CheckpointLoadError(RuntimeError):
         self.every_rank = every_rank
 
 
-def safe_torch_load(path: str | Path, map_location: Any = "cpu", *, advice: str = "") -> Any:
+def safe_torch_load(path: str | Path, map_location: Any = "cpu", *, advice: str = "", mmap: bool = False) -> Any:
     """``torch.load`` with ``weights_only=True`` and ``safe_globals()``; clear errors.
 
     ``advice``: what the user should do instead (appended to the message),
-    e.g. which earlier checkpoint to resume from.
+    e.g. which earlier checkpoint to resume from. ``mmap``: map the file's
+    tensors instead of reading them (only what is used is paged in).
     """
     path = Path(path)
     if not path.is_file():
         raise CheckpointLoadError(f"checkpoint file {path} does not exist. {advice}".rstrip())
     try:
         with torch.serialization.safe_globals(safe_globals()):
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as exc:  # noqa: BLE001 - every way a file can be bad ends in the same clear error
         reason = _reason(exc)
         # The weights-only unpickler names a GLOBAL when a pickle asks for a callable or class.

@@ -111,5 +111,5 @@ def export_loaded(ck: LoadedCheckpoint, out_dir: str | Path) -> Path:
 
 def convert_to_export(path: str | Path, out_dir: str | Path, tokenizer: str | Path | None = None) -> Path:
     """Write the self-describing export of any checkpoint the loader reads (a DeepSpeed
-    ZeRO 0-2 tag, a run directory, an older export) into ``out_dir`` (``export_loaded``)."""
+    ZeRO 0-3 tag, a run directory, an older export) into ``out_dir`` (``export_loaded``)."""
     return export_loaded(load_model(path, tokenizer=tokenizer), out_dir)

@@ -22,9 +22,10 @@ export, and ``[model].init_from`` (:func:`read_pretrained`). Kinds of path:
   them (evaluation without ``--data``, exported validation, re-exporting);
 - a **run directory** (``out_dir``): its ``final/`` if present, else its
   newest complete DeepSpeed tag;
-- a **DeepSpeed tag** (``out_dir/checkpoints/step_00000100``), ZeRO stage 0-2
-  (``mp_rank_00_model_states.pt``, read with ``weights_only``). ZeRO-3 shards
-  are not gathered here: export safetensors (``[checkpoint].export_safetensors``).
+- a **DeepSpeed tag** (``out_dir/checkpoints/step_00000100``): ZeRO stage 0-2
+  (``mp_rank_00_model_states.pt``, read with ``weights_only``), or ZeRO-3, its
+  per-rank fp32 shards gathered into whole parameters
+  (:mod:`plsh_dist.train.zero3_weights`, also ``weights_only``).
 - a **transformers directory** (``save_pretrained``: ``config.json`` +
   safetensors, no run config): only its architecture and weights, for
   ``[model].init_from`` (:func:`read_pretrained`).
@@ -55,6 +56,7 @@ from plsh_dist.models.hf_config import (MODEL_TYPES, check_against_run, check_sa
 from plsh_dist.train.checkpoint import complete_tags
 from plsh_dist.train.checkpoint_io import safe_torch_load
 from plsh_dist.train.run_config import RunConfig, config_from_table, read_resolved
+from plsh_dist.train.zero3_weights import ZERO3_MODEL_FILE, gather_zero3_weights, is_zero3_tag
 
 __all__ = ["LoadedCheckpoint", "locate", "load_model", "read_pretrained", "pretrained_weights"]
 
@@ -88,6 +90,11 @@ class LoadedCheckpoint:
         return self.run_config.attention
 
 
+def _is_deepspeed_tag(p: Path) -> bool:
+    """A DeepSpeed tag of any ZeRO stage (0-2: one model states file; 3: rank 0's shard of it)."""
+    return (p / _DS_MODEL_FILE).is_file() or is_zero3_tag(p)
+
+
 def _has_safetensors(p: Path) -> bool:
     return (p / "model.safetensors").is_file() or (p / "model.safetensors.index.json").is_file()
 
@@ -110,18 +117,19 @@ def locate(path: str | Path) -> tuple[Path, str]:
         raise ValueError(f"checkpoint {str(p)!r} does not exist; {_what_exists(p)}")
     if _has_safetensors(p):
         return p, "export"
-    if (p / _DS_MODEL_FILE).is_file():
+    if _is_deepspeed_tag(p):
         return p, "deepspeed"
     if _has_safetensors(p / "final"):
         return p / "final", "export"
     root = p / "checkpoints"
     if root.is_dir():
         # Published tags only: a ``.partial`` dir is a save a crash interrupted.
-        tags = [t for t in complete_tags(root) if (root / t / _DS_MODEL_FILE).is_file()]
+        tags = [t for t in complete_tags(root) if _is_deepspeed_tag(root / t)]
         if tags:
             return root / tags[-1], "deepspeed"
     raise ValueError(f"checkpoint {str(p)!r} holds no weights: expected model.safetensors (an export), "
-                     f"{_DS_MODEL_FILE} (a DeepSpeed ZeRO 0-2 tag) or a run directory containing final/ "
+                     f"{_DS_MODEL_FILE} (a DeepSpeed ZeRO 0-2 tag), {ZERO3_MODEL_FILE} (a ZeRO-3 tag) or a run "
+                     f"directory containing final/ "
                      f"or checkpoints/")
 
 
@@ -167,12 +175,14 @@ def _tokenizer(directory: Path, given: str | Path | None, cfg: RunConfig) -> Tok
 def _weights(directory: Path, kind: str) -> dict[str, torch.Tensor]:
     if kind == "export":
         return read_safetensors_dir(directory, what="export")
+    if is_zero3_tag(directory):
+        return gather_zero3_weights(directory)
     # weights_only: never unpickle arbitrary objects; a damaged file raises an error naming it.
     blob = safe_torch_load(directory / _DS_MODEL_FILE, map_location="cpu",
                            advice="Load another checkpoint or the safetensors export (out_dir/final).")
     state = blob.get("module") if isinstance(blob, dict) else None
     if not state:
-        raise ValueError(f"{directory / _DS_MODEL_FILE} holds no module weights (a ZeRO-3 checkpoint?); "
+        raise ValueError(f"{directory / _DS_MODEL_FILE} holds no module weights; "
                          "load the safetensors export (out_dir/final) instead")
     return state
 

@@ -193,6 +193,8 @@ class TrainSession:
     """Checkpoint tags of this run known valid (written, or verified on resume): pruning hashes the others once."""
     checkpoints_written: int = 0
     """Checkpoints this ``train`` call saved (for the closing outputs line)."""
+    resume_load_s: float | None = None
+    """Seconds loading the resumed checkpoint took (manifest check, every shard read); None for a fresh run."""
 
     @property
     def out_dir(self) -> Path:
@@ -246,7 +248,7 @@ def setup(cfg: RunConfig, lock: RunDirLock | None = None) -> TrainSession:
     torch.manual_seed(cfg.run.seed)  # identical init on every rank
     runtime = AttentionRuntime(run_seed=cfg.run.seed)
     engine, n_params = _build_engine(cfg, model_cfg, attn_cfg, runtime, sp_group, device)
-    start_step, valid_tags = _resume(cfg, engine, data, resume)
+    start_step, valid_tags, load_s = _resume(cfg, engine, data, resume)
     _accept(cfg, rank, start_step, resume, lock)
 
     log = MetricsLogger(cfg.run.out_dir, enabled=rank == 0, tensorboard=cfg.logging.tensorboard,
@@ -257,7 +259,7 @@ def setup(cfg: RunConfig, lock: RunDirLock | None = None) -> TrainSession:
     session = TrainSession(cfg=cfg, device=device, rank=rank, world=world, dims=dims, sp_group=sp_group,
                            precision=precision, model_cfg=model_cfg, attn_cfg=attn_cfg, data=data, runtime=runtime,
                            engine=engine, n_params=n_params, start_step=start_step, resume=resume, log=log,
-                           valid_tags=valid_tags)
+                           valid_tags=valid_tags, resume_load_s=load_s)
     log.print(startup_summary(_summary(session)))
     return session
 
@@ -288,24 +290,27 @@ def _build_engine(cfg: RunConfig, model_cfg: ModelConfig, attn_cfg: AttentionCon
 
 
 def _resume(cfg: RunConfig, engine, data: DataPipeline, resume: tuple[Path, str] | None
-            ) -> tuple[int, set[str]]:
+            ) -> tuple[int, set[str], float | None]:
     """Load the checkpoint ``resume`` names (``find_resume``), if any, and position the data
-    after its step -> ``(start_step, tags of this run's checkpoint dir known valid)``.
+    after its step -> ``(start_step, tags of this run's checkpoint dir known valid, seconds the
+    load took or None)``.
 
     A damaged or unsafe checkpoint refuses the run (``RunRefused("checkpoint")``)."""
-    start_step, valid_tags = 0, set()
+    start_step, valid_tags, load_s = 0, set(), None
     if resume is not None:
+        t0 = time.time()
         try:
             state = load_checkpoint(engine, *resume)
         except CheckpointLoadError as exc:
             raise RunRefused("checkpoint", str(exc), every_rank=exc.every_rank) from exc
+        load_s = time.time() - t0
         start_step = int(state["step"])
         if resume[0].resolve() == checkpoint_root(cfg.run.out_dir).resolve():
             valid_tags.add(resume[1])  # its manifest was just checked
         _set_lr_of_next_step(engine)
     # Replay exactly the batches a continuous run would see.
     data.skip_to(start_step * cfg.optim.grad_accum_steps)
-    return start_step, valid_tags
+    return start_step, valid_tags, load_s
 
 
 def _set_lr_of_next_step(engine) -> None:
@@ -360,7 +365,8 @@ def _summary(s: TrainSession) -> dict[str, str]:
                   + (f"chunked ({cfg.memory.loss_chunk_tokens} tokens)" if cfg.memory.loss_chunk_tokens
                      else "plain (full logits)"),
         "steps": f"{s.start_step} -> {cfg.run.max_steps}"
-                 + (f" (resumed from {s.resume[0] / s.resume[1]})" if s.resume else ""),
+                 + (f" (resumed from {s.resume[0] / s.resume[1]}, loaded in {s.resume_load_s:.2f} s)"
+                    if s.resume else ""),
     }
 
 
@@ -453,10 +459,16 @@ def _log_step(s: TrainSession, done: int, stats: StepStats, tokens_per_s: float)
 
 
 def _save_checkpoint(s: TrainSession, step: int, loss: float | None) -> Path:
-    """Checkpoint after optimizer step ``step``; collective. Returns the published tag directory."""
+    """Checkpoint after optimizer step ``step``; collective. Returns the published tag directory.
+    Rank 0 says how long the save took (every rank's shards written, hashed and published) and its size."""
     trainer_state = {"step": step, "consumed_micro_batches": step * s.cfg.optim.grad_accum_steps, "loss": loss}
     s.checkpoints_written += 1
-    return save_checkpoint(s.engine, s.cfg, step, trainer_state, s.cfg.tokenizer.model_path, s.valid_tags)
+    t0 = time.time()
+    tag_dir = save_checkpoint(s.engine, s.cfg, step, trainer_state, s.cfg.tokenizer.model_path, s.valid_tags)
+    if s.rank == 0:
+        size = sum(p.stat().st_size for p in tag_dir.rglob("*") if p.is_file())
+        s.log.print(f"checkpoint: {tag_dir} saved in {time.time() - t0:.2f} s ({size / 2**20:.1f} MiB)")
+    return tag_dir
 
 
 def _stop_ranks(s: TrainSession) -> int:
