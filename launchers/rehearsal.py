@@ -1,8 +1,11 @@
 """The 0.6B rehearsal across two hosts on this machine (network namespaces; root, sshd, pdsh).
 
-    python launchers/rehearsal.py                       # the real one: configs/qwen3_0.6b_8k_plsh_s10.toml, 4k tokens
+    make rehearsal                                      # the real one: configs/qwen3_0.6b_8k_plsh_s10.toml, 4k tokens
     python launchers/rehearsal.py --seq-len 8192        # 4k-8k tokens; hours on a 2-core CPU
     python launchers/rehearsal.py --tiny --out DIR      # the same phases, configs/debug.toml at 256 tokens (minutes)
+
+From the repository root with it on ``PYTHONPATH`` (as ``make`` sets it): the hosts live in
+``cluster/``, beside the package, not in it.
 
 Two hosts, node-0 and node-1 (``cluster/hosts.py``), one rank each, SP = 2
 across them, ZeRO-3, activation checkpointing, the chunked loss: an
@@ -28,8 +31,6 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
 
 def _positive(kind: type):
