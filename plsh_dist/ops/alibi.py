@@ -35,7 +35,7 @@ from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_f
 
 __all__ = [
     "alibi_attention", "causal_attention", "alibi_forward", "alibi_backward", "default_chunk_size",
-    "window_chunk_size", "check_window", "window_groups", "widest_window", "check_alibi_attention",
+    "window_chunk_size", "check_window", "window_groups", "widest_window", "head_windows", "check_alibi_attention",
     "AlibiAttentionFunction", "EQUAL_COST_OFFSET", "equal_cost_c", "truncation_windows",
 ]
 
@@ -124,6 +124,11 @@ def window_groups(window, num_heads: int) -> list[tuple[int | None, torch.Tensor
 def widest_window(window) -> int | None:
     """The largest window of any head (None: unbounded)."""
     return max(window) if isinstance(window, tuple) else window
+
+
+def head_windows(window, num_heads: int) -> torch.Tensor:
+    """LongTensor[num_heads]: each head's window (``window`` one int for all, or a tuple per head)."""
+    return torch.tensor(window if isinstance(window, tuple) else [window] * num_heads, dtype=torch.int64)
 
 
 def _key_range(q_pos, k_pos, i0: int, i1: int, causal: bool, window: int | None, docs=None) -> tuple[int, int]:
@@ -430,9 +435,8 @@ def alibi_attention(
 def _kernel_window(q, k, v, slopes, pos, causal, window, scale):
     """Windowed (and truncated) ALiBi on the banded Triton kernel: each head visits only the
     key tiles of its own window, as PLSH's one pass visits its band. (out, lse (B, Hq, T) fp32)."""
-    per_head = torch.tensor(window if isinstance(window, tuple) else [window] * q.shape[2], dtype=torch.int64)
-    return alibi_window_attention(q, k, v, sigma=slopes.reciprocal(), window=per_head, positions=pos,
-                                  causal=causal, softmax_scale=scale)
+    return alibi_window_attention(q, k, v, sigma=slopes.reciprocal(), window=head_windows(window, q.shape[2]),
+                                  positions=pos, causal=causal, softmax_scale=scale)
 
 
 def _alibi_documents(q, k, v, slopes, positions, causal, window, softmax_scale, chunk_size, return_lse, cu_seqlens):

@@ -30,7 +30,7 @@ from plsh_dist.distributed.halo import HaloPlan, post_grads, post_kv, window_nee
 from plsh_dist.distributed.sp.documents import SPDocuments, alibi_rows_backward, alibi_rows_forward, documents_crc
 from plsh_dist.distributed.sp.signature import call_signature, slopes_crc, window_code
 from plsh_dist.distributed.sp_layout import exchange_layout
-from plsh_dist.ops.alibi import default_chunk_size, widest_window
+from plsh_dist.ops.alibi import default_chunk_size, head_windows, widest_window
 from plsh_dist.ops.kernel_bias import KernelBias
 from plsh_dist.ops.merge import accum_dtype
 from plsh_dist.ops.tile_bands import TokenLayout, WindowBias
@@ -61,9 +61,7 @@ class _KernelWindow:
     ``L`` left halo slots, the chunk's T, then the right slots, at positions ``pos_e``."""
 
     def __init__(self, q, slopes, window, pos_e: torch.Tensor, causal: bool, scale: float):
-        Hq = q.shape[2]
-        windows = torch.tensor(window if isinstance(window, tuple) else [window] * Hq, dtype=torch.int64)
-        self.bias = WindowBias.of(slopes.to(torch.float32).reciprocal(), windows, q.device)
+        self.bias = WindowBias.of(slopes.to(torch.float32).reciprocal(), head_windows(window, q.shape[2]), q.device)
         self.layout = TokenLayout.build(pos_e, q.device)
         self.causal, self.scale = causal, scale
         self.kernel_bias = KernelBias.of(self.bias, self.layout, causal, kernel_tiles(q))
