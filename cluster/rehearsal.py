@@ -23,7 +23,7 @@ and ends the rehearsal; the hosts' take-down kills whatever it left):
    that checkpoint and log every step's loss and grad norm equal, bit for bit,
    to the reference's; it ends with the export gathered from ZeRO-3 (``final/``);
 6. ``export``: ``launchers/convert_checkpoint.py`` on the last ZeRO-3 tag (its
-   shards gathered by ``plsh_dist.train.zero3_weights``): transformers'
+   shards gathered by ``plsh_dist.checkpoint.zero3_weights``): transformers'
    ``from_pretrained`` of the written export must give the checkpoint's logits
    exactly (fp32, tolerance 0: the converter's own check), and its tensors must
    equal those the training's live gather wrote to ``final/``;
@@ -126,10 +126,10 @@ def preflight(s: Settings) -> dict[str, Any]:
     if reason:
         raise Refused(f"the two hosts cannot be made here: {reason}")
 
+    from plsh_dist.config import load_config
     from plsh_dist.plan import plan_run
     from plsh_dist.plan.advice import HEADROOM
     from plsh_dist.plan.machine import machine_memory, per_rank_budget
-    from plsh_dist.train import load_config
 
     try:
         cfg = load_config(str(s.config), train_overrides(s, s.out / "reference", every_steps=0, resume="never",
@@ -251,7 +251,7 @@ def _run_phases(r: Rehearsal, logs: Path) -> None:
     rep = r.report
 
     def prepare() -> str:
-        code = ("import sys; from plsh_dist.train import load_config; from plsh_dist.data import prepare_data; "
+        code = ("import sys; from plsh_dist.config import load_config; from plsh_dist.data import prepare_data; "
                 "cfg = load_config(sys.argv[1], sys.argv[2:]); prepare_data(cfg.data, cfg.tokenizer)")
         args = train_overrides(s, ref_dir, every_steps=0, resume="never", export=False)
         try:
@@ -381,7 +381,7 @@ def _run_phases(r: Rehearsal, logs: Path) -> None:
 
 def _check_checkpoint(r: Rehearsal, out_dir: Path, step: int, kill_step: int) -> None:
     """The checkpoint written before the kill is complete and the one the kill interrupted is not there."""
-    from plsh_dist.train.checkpoint_files import verify_manifest
+    from plsh_dist.checkpoint.manifest import verify_manifest
 
     root = out_dir / "checkpoints"
     tag = f"step_{step:08d}"

@@ -43,7 +43,6 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 import experiments  # noqa: E402,F401  registers the lab's samplers when this file runs as a script
-
 from plsh_dist.models import AttentionConfig, AttentionRuntime, set_attention_mode  # noqa: E402
 
 __all__ = ["fixed_batch", "loss_and_grad", "gradient_fidelity", "format_fidelity"]
@@ -133,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
 
-    from plsh_dist.train.loader import load_model
+    from plsh_dist.checkpoint.loading import load_model
     from plsh_dist.eval.eval_data import load_eval_tokens
 
     torch.set_num_threads(max(1, args.threads))

@@ -36,11 +36,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from experiments.gap_curve import format_gap, plot_gap
+from plsh_dist.checkpoint.loading import load_model
 from plsh_dist.eval.eval_data import load_eval_tokens
 from plsh_dist.eval.extrapolation import EvalSettings, evaluate_model
 from plsh_dist.eval.modes import parse_modes
 from plsh_dist.eval.scoring import mean_ci
-from plsh_dist.train.loader import load_model
 
 __all__ = ["replicate_report", "replication_lengths", "summarize", "format_report", "plot_report", "reusable_runs",
            "PROTOCOL"]

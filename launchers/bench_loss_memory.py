@@ -31,9 +31,9 @@ def _measure(seq_len: int, vocab: int, hidden: int, chunk: int) -> dict:
     import torch.nn.functional as F
 
     torch.set_num_threads(1)
+    from plsh_dist.plan.memory_measure import peak_cpu_bytes, peak_rss_bytes, rss_bytes
     from plsh_dist.train.chunked_ce import chunked_cross_entropy_sums
     from plsh_dist.train.losses import token_loss_sums
-    from plsh_dist.train.memory_measure import peak_cpu_bytes, peak_rss_bytes, rss_bytes
 
     def loss(h, w, y):
         if chunk == 0:

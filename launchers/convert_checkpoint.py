@@ -33,12 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", default=None, help="tokenizer .model (default: the checkpoint's own)")
     args = p.parse_args(argv)
 
+    import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
     import torch
     import transformers
 
-    import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
-    from plsh_dist.train.export import export_loaded
-    from plsh_dist.train.loader import load_model
+    from plsh_dist.checkpoint.export import export_loaded
+    from plsh_dist.checkpoint.loading import load_model
 
     try:
         ck = load_model(args.checkpoint, tokenizer=args.tokenizer)

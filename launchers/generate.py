@@ -44,11 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     args = p.parse_args(argv)
 
+    import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
     import torch
 
-    import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
+    from plsh_dist.checkpoint.loading import load_model
     from plsh_dist.eval.generation import generate
-    from plsh_dist.train.loader import load_model
 
     try:
         if args.prompt_file is not None:

@@ -99,10 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = ap.parse_known_args(argv)
 
     import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
+
+    from plsh_dist.config import load_config
     from plsh_dist.plan import plan_run
     from plsh_dist.plan.advice import advise
     from plsh_dist.plan.report import format_plan, table_header, table_row
-    from plsh_dist.train import load_config
 
     lengths = args.seq_len or [None]
     extra = list(overrides) + ([f"--parallel.sp_size={args.sp_size}"] if args.sp_size is not None else [])
@@ -168,7 +169,7 @@ def _measured(cfg, plan) -> str:
     if plan.device != "cpu" or plan.world != 1:
         return "--measure runs one CPU process: add --device cpu --world-size 1"
     from plsh_dist.data import prepare_data
-    from plsh_dist.plan.measure import measure_cpu_peak
+    from plsh_dist.train.peak_measure import measure_cpu_peak
 
     prepare_data(cfg.data, cfg.tokenizer)
     measured = measure_cpu_peak(cfg)

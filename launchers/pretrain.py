@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"--checkpoint.resume={args.resume}")
 
     import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
-    from plsh_dist.train import load_config, train
+
+    from plsh_dist.config import load_config
+    from plsh_dist.train import train
     from plsh_dist.train.failure import run_reporting_failures
     from plsh_dist.train.preemption import EXIT_PREEMPTED, ignore_stop_signals, mark_preempted
     from plsh_dist.train.refusal import EXIT_REFUSED

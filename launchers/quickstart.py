@@ -48,8 +48,8 @@ def main() -> int:
     env = dict(pinned_cpu_env(), DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     os.environ.update({k: v for k, v in env.items() if k != "PYTHONPATH"})
+    from plsh_dist.config import load_config
     from plsh_dist.distributed.ports import free_port
-    from plsh_dist.train import load_config
     from plsh_dist.train.run_dir import set_aside_previous_run
     from plsh_dist.train.run_lock import live_holder
 

@@ -2,6 +2,9 @@
 
 - ``distributed/`` imports nothing from ``models/``: the model side applies parallelism
   (``models/parallelize.py``);
+- ``config/`` and ``checkpoint/`` import nothing above them (``train/``, ``eval/``, ``plan/``), and
+  ``config/`` nothing from ``checkpoint/``; ``eval/`` and ``plan/`` read configs and checkpoints
+  without importing ``train/``;
 - ``plsh_dist`` never names ``experiments/`` (the lab registers its own samplers when it
   is imported), neither by an import nor by a module name in a string (importlib).
 """
@@ -53,3 +56,21 @@ def test_the_package_never_names_the_lab():
              or any(s == "experiments" or s.startswith("experiments.") for s in _strings(p))}
     assert named == set()
     assert "experiments" not in (PACKAGE / "hashing.py").read_text()
+
+
+# package -> the packages it must not import (they sit above it)
+NOT_BELOW = {
+    "config": ("checkpoint", "plan", "train", "eval"),
+    "checkpoint": ("plan", "train", "eval"),
+    "plan": ("train", "eval"),
+    "eval": ("train",),
+}
+
+
+@pytest.mark.parametrize("folder,above", sorted(NOT_BELOW.items()))
+def test_lower_packages_import_nothing_above_them(folder, above):
+    found = {str(p.relative_to(PACKAGE)): sorted(m for m in _imports(p)
+                                                 if any(m == f"plsh_dist.{a}" or m.startswith(f"plsh_dist.{a}.")
+                                                        for a in above))
+             for p in _files(folder)}
+    assert {k: v for k, v in found.items() if v} == {}

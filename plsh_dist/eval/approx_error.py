@@ -42,25 +42,7 @@ import torch
 from plsh_dist.eval.equal_cost import equal_cost_window
 from plsh_dist.hashing import PositionalLSH, _as_sigma, block_ends, block_starts
 from plsh_dist.ops.gqa import repeat_kv
-from plsh_dist.ops.reference import alibi_weights, dense_attention
-
-__all__ = [
-    "psi_sigma",
-    "paper_bound",
-    "RunningMask",
-    "symmetric_spectral_norm",
-    "averaged_masks",
-    "mask_error",
-    "max_block_size",
-    "output_error",
-    "TRUNCATED",
-    "truncated_weights",
-    "truncated_mask_error",
-    "truncated_output_error",
-    "samples_to_match",
-    "fit_loglog_slope",
-]
-
+from plsh_dist.ops.reference import alibi_weights
 
 # ---------------------------------------------------------------------------
 # The paper's bound.

@@ -26,8 +26,6 @@ from plsh_dist.eval.approx_error import (
 from plsh_dist.eval.plots import Series, line_plot
 from plsh_dist.hashing import get_sampler
 
-__all__ = ["ApproxErrorConfig", "parse_int_list", "num_steps", "run_study", "save", "write_table", "write_plots", "summary_lines"]
-
 #: The default samplers, and the pair whose sample counts are matched (``match_at``).
 SAMPLERS = ("iid", "stratified")
 

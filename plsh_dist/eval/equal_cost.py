@@ -30,9 +30,7 @@ import math
 import torch
 
 from plsh_dist.hashing import PositionalLSH, _as_sigma
-from plsh_dist.ops.alibi import EQUAL_COST_OFFSET, equal_cost_c, truncation_windows
-
-__all__ = ["EQUAL_COST_OFFSET", "equal_cost_c", "equal_cost_window", "window_keys", "band_keys", "iid_band_keys"]
+from plsh_dist.ops.alibi import equal_cost_c, truncation_windows
 
 
 def equal_cost_window(sigma, num_samples: int) -> torch.Tensor:

@@ -11,10 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from plsh_dist.checkpoint.loading import LoadedCheckpoint
 from plsh_dist.data import Source, data_sources, load_token_stream, resolve_files
-from plsh_dist.train.loader import LoadedCheckpoint
-
-__all__ = ["load_eval_tokens"]
 
 #: Suffixes that mark --data as local files even when they do not exist (so the error names the path).
 _FILE_SUFFIXES = (".txt", ".py", ".md", ".json", ".jsonl", ".parquet", ".gz", ".zst", ".bz2", ".xz")

@@ -47,18 +47,24 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from plsh_dist.checkpoint.loading import LoadedCheckpoint, load_model
 from plsh_dist.data.packing import document_cu_seqlens
 from plsh_dist.distributed.sp_chunks import sp_bounds
-from plsh_dist.models.parallelize import apply_sequence_parallel
-from plsh_dist.train.loader import LoadedCheckpoint, load_model
 from plsh_dist.eval.eval_data import load_eval_tokens
 from plsh_dist.eval.modes import attention_for
-from plsh_dist.eval.scoring import (TokenSums, mean_ci, metrics_of, paired_ci, plan_windows, score_hidden,
-                                    targets_digest, window_tokens)
+from plsh_dist.eval.scoring import (
+    TokenSums,
+    mean_ci,
+    metrics_of,
+    paired_ci,
+    plan_windows,
+    score_hidden,
+    targets_digest,
+    window_tokens,
+)
 from plsh_dist.eval.settings import EvalSettings
 from plsh_dist.models import AttentionRuntime, set_attention_mode
-
-__all__ = ["EvalSettings", "evaluate_model", "evaluate_checkpoint", "format_table", "write_outputs", "paired_differences", "METRICS"]
+from plsh_dist.models.parallelize import apply_sequence_parallel
 
 METRICS = ("loss", "perplexity", "bits_per_token", "accuracy")
 

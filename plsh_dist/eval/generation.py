@@ -34,11 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
-from plsh_dist.train.loader import LoadedCheckpoint
+from plsh_dist.checkpoint.loading import LoadedCheckpoint
 from plsh_dist.eval.modes import attention_for, parse_modes
 from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig, set_attention_mode
-
-__all__ = ["Cached", "Reforward", "GenerationResult", "generate", "context_limit", "sample_next"]
 
 
 class Reforward:

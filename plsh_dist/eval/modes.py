@@ -27,8 +27,6 @@ from typing import Any
 from plsh_dist.models import AttentionConfig
 from plsh_dist.models.modes import MODES
 
-__all__ = ["EvalMode", "parse_modes", "attention_for", "spec_usage"]
-
 #: spec name -> AttentionConfig.bias (the vocabulary is :data:`plsh_dist.models.modes.MODES`)
 _BIAS_OF = {name: m.bias for m in MODES.values() for name in (m.spec, *m.aliases)}
 #: option name in a spec -> AttentionConfig field

@@ -11,8 +11,6 @@ import matplotlib
 matplotlib.use("Agg")  # before pyplot: headless machines and CI have no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-__all__ = ["Series", "line_plot"]
-
 
 @dataclass
 class Series:

@@ -20,8 +20,6 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["capture_qkv", "checkpoint_qkv", "read_text"]
-
 
 def capture_qkv(
     model: torch.nn.Module, input_ids: torch.Tensor, layers: Sequence[int] | None = None

@@ -45,9 +45,6 @@ import torch.nn.functional as F
 
 from plsh_dist.perplexity import perplexity
 
-__all__ = ["Window", "plan_windows", "TokenSums", "metrics_of", "score_hidden", "window_tokens", "targets_digest",
-           "mean_ci", "paired_ci", "t_quantile", "CI_METHODS"]
-
 #: Confidence-interval methods of :func:`mean_ci`.
 CI_METHODS = ("se", "bootstrap")
 

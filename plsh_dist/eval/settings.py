@@ -18,8 +18,6 @@ from typing import Any, Sequence
 from plsh_dist.eval.modes import EvalMode, parse_modes
 from plsh_dist.eval.scoring import mean_ci
 
-__all__ = ["EvalSettings"]
-
 
 @dataclass
 class EvalSettings:

@@ -115,7 +115,7 @@ def model_with_weights(
 ) -> nn.Module:
     """``build_model(model_cfg, attn_cfg, runtime)`` holding the weights ``state``, in eval mode.
 
-    The one saved-weights -> model step: ``plsh_dist.train.loader.load_model``
+    The one saved-weights -> model step: ``plsh_dist.checkpoint.loading.load_model``
     (exports, DeepSpeed tags, run directories) and ``from_pretrained`` of the
     registered classes (:func:`plsh_dist.models.hf_config.load_pretrained`)
     both call it. ``state`` may lack ``lm_head.weight`` when the LM head is

@@ -25,7 +25,7 @@ not recognized") instead of loading a different model.
 it reads the section, rebuilds the architecture from the standard fields
 (``ModelConfig.from_hf_config``) and hands the safetensors weights to
 :func:`plsh_dist.models.build.model_with_weights`, the one saved-weights ->
-model step (the checkpoint loader, ``plsh_dist.train.loader.load_model``,
+model step (the checkpoint loader, ``plsh_dist.checkpoint.loading.load_model``,
 calls it too), so the logits equal those of training-time evaluation.
 
 Seed rule: the hash seed of layer ``l`` is ``hash_seed(run_seed, step,

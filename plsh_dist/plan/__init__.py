@@ -2,7 +2,8 @@
 
 - ``plan_run(cfg, world_size=, device=)`` -> ``Plan`` (``estimate.py``);
 - ``format_plan`` / ``plan_table`` / ``fit_line`` (``report.py``): what ``launchers/plan.py`` prints;
-- ``measure_cpu_peak(cfg)`` (``measure.py``): the measured peak of a real CPU run, to check the estimate.
+- the measured peak of a real CPU run, to check the estimate against, is the trainer's:
+  ``plsh_dist.train.peak_measure.measure_cpu_peak(cfg)``.
 
 One file per part: model shapes (``shapes.py``), DeepSpeed states per ZeRO
 stage (``zero_states.py``), activations and the loss (``activations.py``),

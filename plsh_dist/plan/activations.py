@@ -37,8 +37,6 @@ from dataclasses import dataclass
 
 from plsh_dist.plan.shapes import ModelShapes
 
-__all__ = ["ActivationBytes", "LossPeak", "activation_bytes", "loss_peak_bytes", "loss_saved_bytes_per_token"]
-
 
 def _norm(features: int, groups: int, b: int) -> int:
     """Saved bytes per token of one RMSNorm (its output excluded)."""

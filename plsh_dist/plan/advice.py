@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plsh_dist.config.schema import apply_overrides, config_from_table, parse_overrides
 from plsh_dist.plan.estimate import Plan, plan_run
-
-__all__ = ["HEADROOM", "Advice", "fits", "advise"]
 
 HEADROOM = 0.9
 
@@ -40,8 +39,6 @@ class Advice:
 
 
 def _with(cfg, overrides: list[str]):
-    from plsh_dist.train.run_config import apply_overrides, config_from_table, parse_overrides
-
     return config_from_table(apply_overrides(cfg.to_dict(), parse_overrides(overrides)))
 
 

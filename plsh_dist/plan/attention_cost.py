@@ -28,11 +28,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
-__all__ = ["AttentionSetup", "attention_setup", "pairs_per_head", "attention_flops", "fused_tiles", "workspace_cuda",
-           "probe_workspace_cpu", "Workspace"]
+from plsh_dist.hashing import FixedBlocks, PositionalLSH
+from plsh_dist.models.attention import BINDING_ATTR, AttentionBinding, head_scales, plsh_dist_attention
+from plsh_dist.models.runtime import AttentionRuntime
+from plsh_dist.ops.alibi import default_chunk_size, truncation_windows
+from plsh_dist.ops.backends import choose_path
+from plsh_dist.ops.plsh_varlen import VarlenPerSample
+from plsh_dist.ops.triton_onepass import TritonOnePass
+from plsh_dist.plan.kernel_tiles import kernel_tiles
+from plsh_dist.plan.memory_measure import peak_cpu_bytes
+
 
 @dataclass(frozen=True)
 class AttentionSetup:
@@ -60,12 +69,6 @@ class AttentionSetup:
 
 def attention_setup(attn_cfg, num_heads: int, device_type: str, dtype: torch.dtype) -> AttentionSetup:
     """Resolve ``attn_cfg`` (``AttentionConfig``) the way the attention op will for ``device_type``."""
-    from plsh_dist.models.attention import head_scales
-    from plsh_dist.ops.alibi import truncation_windows
-    from plsh_dist.ops.backends import choose_path
-    from plsh_dist.ops.plsh_varlen import VarlenPerSample
-    from plsh_dist.ops.triton_onepass import TritonOnePass
-
     sigma, _ = head_scales(attn_cfg.sigma, num_heads)
     per_head = isinstance(sigma, torch.Tensor)
     sig = tuple(float(x) for x in sigma) if per_head else (float(sigma),) * num_heads
@@ -135,9 +138,6 @@ def attention_flops(setup: AttentionSetup, seq_len: int, head_dim: int, checkpoi
 def fused_tiles(setup: AttentionSetup, seq_len: int, head_dim: int):
     """:class:`~plsh_dist.plan.kernel_tiles.KernelTiles` of the fused kernel for ``setup``'s hash
     (seed 0; the tiles of other seeds differ by a few percent) on Hopper's tiles."""
-    from plsh_dist.hashing import FixedBlocks, PositionalLSH
-    from plsh_dist.plan.kernel_tiles import kernel_tiles
-
     heads = len(setup.sigma)
     sigma = torch.tensor(setup.sigma, dtype=torch.float64) if setup.per_head_hash else setup.sigma[0]
     lsh = FixedBlocks(sigma) if setup.bias == "fixed_blocks" else \
@@ -181,8 +181,6 @@ def workspace_cuda(setup: AttentionSetup, batch: int, tokens: int, keys: int, q_
       explicit logits / probabilities (fp32) of every batch row; backward adds
       fp32 dk, dv over the expanded keys and the chunk's gradient products.
     """
-    from plsh_dist.ops.alibi import default_chunk_size
-
     u = batch * tokens * q_heads * head_dim
     kv_per_q = kv_heads / q_heads
     if setup.fused:
@@ -220,12 +218,6 @@ def probe_workspace_cpu(attn_cfg, *, batch: int, tokens: int, q_heads: int, kv_h
     """Workspace of the run's attention on CPU (fp32), measured: one forward + backward of the
     real op (``plsh_dist_attention``, the function the model calls) at ``min(tokens,
     max_probe_tokens)`` tokens, scaled linearly to ``batch x tokens``."""
-    from types import SimpleNamespace
-
-    from plsh_dist.models.attention import BINDING_ATTR, AttentionBinding, plsh_dist_attention
-    from plsh_dist.models.runtime import AttentionRuntime
-    from plsh_dist.train.memory_measure import peak_cpu_bytes
-
     t = min(tokens, max_probe_tokens)
     bp = batch if t == tokens else 1
     module = SimpleNamespace(**{BINDING_ATTR: AttentionBinding(attn_cfg, AttentionRuntime(run_seed=0), layer=0)})

@@ -26,14 +26,19 @@ from dataclasses import dataclass, field
 
 import torch
 
+from plsh_dist.config.schema import resolve_precision
 from plsh_dist.plan.activations import ActivationBytes, activation_bytes, loss_peak_bytes
-from plsh_dist.plan.attention_cost import (AttentionSetup, Workspace, attention_flops, attention_setup,
-                                           probe_workspace_cpu, workspace_cuda)
+from plsh_dist.plan.attention_cost import (
+    AttentionSetup,
+    Workspace,
+    attention_flops,
+    attention_setup,
+    probe_workspace_cpu,
+    workspace_cuda,
+)
 from plsh_dist.plan.halo_traffic import LayerTraffic, sp_traffic
 from plsh_dist.plan.shapes import ModelShapes, RankBatch, model_shapes
 from plsh_dist.plan.zero_states import StateBytes, state_bytes
-
-__all__ = ["MemoryPlan", "FlopsPlan", "Plan", "plan_run"]
 
 
 @dataclass(frozen=True)
@@ -161,8 +166,6 @@ def plan_run(cfg, *, world_size: int, device: str = "cuda") -> Plan:
     Raises the trainer's own ValueErrors for layouts it would refuse (seq_len not
     divisible by sp_size, sp_size not dividing the world, bf16 on CPU, ...).
     """
-    from plsh_dist.train.deepspeed_config import resolve_precision
-
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
     cfg.validate(world_size=world_size)

@@ -26,9 +26,6 @@ import triton.language as tl
 
 from plsh_dist.ops.tile_bands import TileConfig
 
-__all__ = ["TILES", "tiles_for", "forward", "backward", "flash_fwd_kernel", "flash_bwd_dkdv_kernel",
-           "flash_bwd_dq_kernel"]
-
 LOG2E = 1.4426950408889634
 
 

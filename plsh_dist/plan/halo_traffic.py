@@ -16,7 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LayerTraffic", "sp_traffic"]
+import torch
+
+from plsh_dist.distributed.halo import HaloPlan, plsh_needs, window_needs
+from plsh_dist.distributed.sp_layout import SPLayout
+from plsh_dist.hashing import FixedBlocks, PositionalLSH
+from plsh_dist.models.runtime import AttentionRuntime
 
 
 @dataclass(frozen=True)
@@ -36,18 +41,11 @@ class LayerTraffic:
 
 
 def _layouts(sp: int, tokens: int):
-    from plsh_dist.distributed.sp_layout import SPLayout
-
     firsts = tuple(r * tokens for r in range(sp))
     return [SPLayout(None, r, sp, tuple(range(sp)), firsts, tokens) for r in range(sp)]
 
 
 def _hash(setup, attn_cfg, run_seed: int, layer: int):
-    import torch
-
-    from plsh_dist.hashing import FixedBlocks, PositionalLSH
-    from plsh_dist.models.runtime import AttentionRuntime
-
     sigma = torch.tensor(setup.sigma) if setup.per_head_hash else setup.sigma[0]
     if setup.bias == "fixed_blocks":
         return FixedBlocks(sigma)
@@ -61,8 +59,6 @@ def sp_traffic(setup, attn_cfg, *, run_seed: int, layers: int, sp: int, tokens: 
 
     ``b``: bytes of the K/V dtype. Empty when ``sp == 1``.
     """
-    from plsh_dist.distributed.halo import HaloPlan, plsh_needs, window_needs
-
     if sp == 1:
         return []
     per_token = batch * head_dim * b * 2  # K and V of one (kv head, position), all batch rows

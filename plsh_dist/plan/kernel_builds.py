@@ -43,8 +43,6 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["Case", "Launch", "record", "build", "KERNEL_NAMES", "BIASES", "DTYPES", "ARCHS", "HEAD_DIMS"]
-
 #: The table's names of the kernels, by the Triton function's name (the shipped kernels and the
 #: calibration's); a launch of any other kernel is kept under its own name.
 KERNEL_NAMES = {

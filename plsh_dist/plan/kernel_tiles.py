@@ -23,11 +23,18 @@ from dataclasses import dataclass
 import torch
 
 from plsh_dist.hashing import PositionalLSH
-from plsh_dist.ops.tile_bands import (CountBias, TileConfig, TokenLayout, WindowBias, block_bounds, key_spans,
-                                      key_tile_bands, query_tile_bands, row_spans, tiles_for)
-
-__all__ = ["FLASH_TILE", "KernelTiles", "kernel_tiles", "window_tiles", "bias_tiles", "per_sample_tiles",
-           "floor_tiles", "boundary_share", "far_tiles"]
+from plsh_dist.ops.tile_bands import (
+    CountBias,
+    TileConfig,
+    TokenLayout,
+    WindowBias,
+    block_bounds,
+    key_spans,
+    key_tile_bands,
+    query_tile_bands,
+    row_spans,
+    tiles_for,
+)
 
 #: Tile edge of the flash kernels the other paths run (flash-attn 2's 128 x 128 forward tile).
 FLASH_TILE = 128

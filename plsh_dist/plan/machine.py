@@ -17,8 +17,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MachineMemory", "machine_memory", "per_rank_budget"]
-
 _MEMINFO = Path("/proc/meminfo")
 
 

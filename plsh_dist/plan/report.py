@@ -5,8 +5,6 @@ from __future__ import annotations
 from plsh_dist.plan.advice import HEADROOM, Advice
 from plsh_dist.plan.estimate import Plan
 
-__all__ = ["gib", "format_plan", "fit_line", "table_header", "table_row"]
-
 
 def gib(x: float) -> str:
     return f"{x / 2**30:.2f} GiB"

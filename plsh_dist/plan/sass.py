@@ -36,9 +36,6 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Instruction", "Loop", "LoopCost", "SassKernel", "parse_sass", "analyse", "dot_flops_per_trip",
-           "cuobjdump_path", "disassemble", "resource_usage", "WAIT_LOOP_MAX"]
-
 #: Nested loops shorter than this that poll a barrier are waits, not sample loops.
 WAIT_LOOP_MAX = 8
 _WAIT_OPS = {"SYNCS", "NANOSLEEP"}

@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from plsh_dist.plan.kernel_builds import Launch, build
 from plsh_dist.plan.sass import LoopCost, analyse, disassemble, dot_flops_per_trip, parse_sass, resource_usage
 
-__all__ = ["Machine", "MACHINES", "KernelModel", "model_launch", "causal_floor_tiles", "area_rate"]
-
 
 @dataclass(frozen=True)
 class Machine:

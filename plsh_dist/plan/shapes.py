@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ModelShapes", "RankBatch", "model_shapes"]
+from plsh_dist.models import build_model, count_parameters
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,6 @@ class RankBatch:
 
 def model_shapes(model_cfg, attn_cfg) -> ModelShapes:
     """``ModelShapes`` of ``model_cfg`` (a ``plsh_dist.models.ModelConfig``), counted on a meta model."""
-    from plsh_dist.models import build_model, count_parameters
-
     model = build_model(model_cfg, attn_cfg, device="meta")
     layer = model.get_decoder().layers[0]
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())

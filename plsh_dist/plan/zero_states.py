@@ -39,8 +39,6 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field
 
-__all__ = ["StateBytes", "state_bytes", "deepspeed_defaults"]
-
 
 @dataclass(frozen=True)
 class StateBytes:

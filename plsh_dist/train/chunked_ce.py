@@ -27,8 +27,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["IGNORE_INDEX", "loss_dtype", "chunked_cross_entropy_sums"]
-
 IGNORE_INDEX = -100
 
 

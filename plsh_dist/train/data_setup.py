@@ -10,8 +10,6 @@ import torch.distributed as dist
 from plsh_dist.data import DataConfig, PreparedData, TokenizerConfig, build_loader, prepare_data
 from plsh_dist.train.refusal import RunRefused, refusing
 
-__all__ = ["prepare", "DataPipeline"]
-
 
 def prepare(data: DataConfig, tokenizer: TokenizerConfig) -> PreparedData:
     """Corpus, tokenizer and token caches; rank 0 builds them first and logs

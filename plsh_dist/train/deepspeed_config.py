@@ -10,20 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from plsh_dist.train.run_config import DeepSpeedSection, OptimSection
-
-__all__ = ["resolve_precision", "deepspeed_config"]
-
-
-def resolve_precision(section: DeepSpeedSection, device_type: str) -> str:
-    """``"bf16"`` or ``"fp32"`` for this device; bf16 on CPU is refused loudly."""
-    if section.precision == "auto":
-        return "bf16" if device_type == "cuda" else "fp32"
-    if section.precision == "bf16" and device_type != "cuda":
-        raise ValueError(
-            "[deepspeed].precision = \"bf16\" needs a GPU; on CPU set precision = \"fp32\" (or \"auto\")"
-        )
-    return section.precision
+from plsh_dist.config.schema import DeepSpeedSection, OptimSection, resolve_precision
 
 
 def deepspeed_config(
@@ -43,7 +30,7 @@ def deepspeed_config(
     if ds.zero_stage >= 1 and ds.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": device_type == "cuda"}
     if ds.zero_stage == 3:
-        # Export needs the full weights gathered on save (see export.py).
+        # Export needs the full weights gathered on save (see plsh_dist/checkpoint/export.py).
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro_batch_size,

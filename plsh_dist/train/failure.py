@@ -31,12 +31,8 @@ import traceback
 from pathlib import Path
 from typing import Callable, NoReturn
 
+from plsh_dist.checkpoint.manifest import write_text_atomic
 from plsh_dist.train.refusal import EXIT_REFUSED, RunRefused, refusal_message
-
-__all__ = [
-    "EXIT_OWN_ERROR", "EXIT_REFUSED", "EXIT_PEER_FAILED", "EXIT_INTERRUPTED",
-    "is_peer_failure", "report_failure", "run_reporting_failures",
-]
 
 EXIT_OWN_ERROR = 1
 EXIT_PEER_FAILED = 3
@@ -117,8 +113,6 @@ def report_failure(exc: BaseException, rank: int, out_dir: str | Path | None) ->
     banner = "=" * 78
     print(f"{banner}\n{text.rstrip()}\n{banner}", file=sys.stderr, flush=True)
     if failure_dir is not None:
-        from plsh_dist.train.checkpoint_files import write_text_atomic
-
         try:
             failure_dir.mkdir(parents=True, exist_ok=True)
             write_text_atomic(failure_dir / f"rank_{rank}.txt", text)  # the whole report or no file, never empty

@@ -53,25 +53,25 @@ from typing import TYPE_CHECKING, Any, Iterator
 import torch
 import torch.distributed as dist
 
+from plsh_dist.checkpoint.export import export_final
+from plsh_dist.checkpoint.line import checkpoint_root, set_aside_newer
+from plsh_dist.checkpoint.resume_check import check_resume_config
+from plsh_dist.checkpoint.safe_load import CheckpointLoadError
+from plsh_dist.checkpoint.tags import find_resume, load_checkpoint, save_checkpoint
+from plsh_dist.config.schema import RunConfig, resolve_precision, write_resolved
 from plsh_dist.distributed import ParallelDims, default_backend
 from plsh_dist.distributed.comm_stats import comm_stats
 from plsh_dist.distributed.ports import free_port
+from plsh_dist.faults import maybe_fail
 from plsh_dist.perplexity import perplexity
-from plsh_dist.train.checkpoint import (
-    CheckpointLoadError, checkpoint_root, find_resume, load_checkpoint, save_checkpoint, set_aside_newer,
-)
-from plsh_dist.train.run_config import RunConfig, write_resolved
 from plsh_dist.train.data_setup import DataPipeline, prepare
-from plsh_dist.train.deepspeed_config import deepspeed_config, resolve_precision
-from plsh_dist.train.export import export_final
-from plsh_dist.train.faults import maybe_fail
+from plsh_dist.train.deepspeed_config import deepspeed_config
 from plsh_dist.train.loss_head import install_chunked_loss
 from plsh_dist.train.losses import forward_sums
 from plsh_dist.train.metrics_log import MetricsLogger, memory_mb, mfu, startup_summary
 from plsh_dist.train.optim import build_optimizer, build_scheduler
 from plsh_dist.train.preemption import StopRequest, handle_stop_signals, preempted_line
 from plsh_dist.train.refusal import RunRefused, refusing
-from plsh_dist.train.resume_check import check_resume_config
 from plsh_dist.train.run_dir import set_aside_previous_run
 from plsh_dist.train.run_lock import RunDirLock, claim_out_dir
 from plsh_dist.train.validation import validation_loss
@@ -79,8 +79,6 @@ from plsh_dist.train.validation import validation_loss
 if TYPE_CHECKING:
     from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig
 
-__all__ = ["TrainResult", "TrainSession", "StepStats", "train", "setup", "train_step", "resolve_device",
-           "init_distributed"]
 
 # Peak dense bf16 FLOP/s for MFU when the GPU is not recognised (H100 SXM).
 _DEFAULT_PEAK_FLOPS = 989e12
@@ -271,7 +269,7 @@ def _build_engine(cfg: RunConfig, model_cfg: ModelConfig, attn_cfg: AttentionCon
     import deepspeed
 
     from plsh_dist.models import apply_sequence_parallel, count_parameters
-    from plsh_dist.train.init_from import initial_model
+    from plsh_dist.models.pretrained import initial_model
 
     # Random init, or [model].init_from's weights (continued pretraining).
     model = apply_sequence_parallel(initial_model(cfg, model_cfg, attn_cfg, runtime, device), sp_group)
@@ -317,7 +315,7 @@ def _set_lr_of_next_step(engine) -> None:
     """After loading a checkpoint: the next step trains at this config's rate for it.
 
     The restored optimizer holds the rate the checkpoint's scheduler set for that
-    step; when the resumed config's schedule differs there (resume_check.py lets it
+    step; when the resumed config's schedule differs there (checkpoint/resume_check.py lets it
     differ only for steps not trained yet), the first resumed step would train at
     the old rate and the next ones at the new. The rate is the scheduler's own
     product (base rate x this config's factor at the restored step), so an
@@ -333,7 +331,7 @@ def _accept(cfg: RunConfig, rank: int, start_step: int, resume: tuple[Path, str]
             lock: RunDirLock | None) -> None:
     """The run is accepted: rank 0 moves a previous run aside unless this one continues it
     from the out_dir's own checkpoints (run_dir.py), writes its record (the resolved config)
-    and moves the checkpoints newer than ``start_step`` (an abandoned line, checkpoint_line.py)
+    and moves the checkpoints newer than ``start_step`` (an abandoned line, checkpoint/line.py)
     aside; collective."""
     if rank == 0:
         out_dir = Path(cfg.run.out_dir)

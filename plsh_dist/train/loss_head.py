@@ -30,8 +30,6 @@ from torch import nn
 
 from plsh_dist.train.chunked_ce import chunked_cross_entropy_sums
 
-__all__ = ["ChunkedLossHead", "install_chunked_loss", "chunked_loss_head"]
-
 
 class ChunkedLossHead(nn.Module):
     """Drop-in for ``lm_head``: logits by default, the chunked loss sum under ``loss_of``.

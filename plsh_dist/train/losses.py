@@ -24,8 +24,6 @@ from plsh_dist.data.packing import max_document_length
 from plsh_dist.train.chunked_ce import IGNORE_INDEX, loss_dtype
 from plsh_dist.train.loss_head import chunked_loss_head
 
-__all__ = ["token_loss_sums", "packed_kwargs", "forward_sums"]
-
 
 def token_loss_sums(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum of token cross-entropies (fp32; fp64 for fp64 logits) and the number of counted tokens.

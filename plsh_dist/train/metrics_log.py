@@ -16,8 +16,6 @@ from typing import Any
 
 import torch
 
-__all__ = ["MetricsLogger", "memory_mb", "startup_summary", "mfu"]
-
 
 def memory_mb(device: torch.device) -> float:
     """Peak memory of this process in MiB: max allocated on CUDA, max RSS on CPU."""

@@ -67,10 +67,6 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-__all__ = ["EXIT_PREEMPTED", "PREEMPTED_MARKER_ENV", "STOP_SIGNALS", "StopRequest", "handle_stop_signals",
-           "ignore_stop_signals", "mark_preempted",
-           "preempted_line"]
-
 logger = logging.getLogger(__name__)
 
 EXIT_PREEMPTED = 75

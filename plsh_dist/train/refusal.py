@@ -28,8 +28,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-__all__ = ["EXIT_REFUSED", "KINDS", "RunRefused", "refusing", "refusal_message"]
-
 EXIT_REFUSED = 2
 KINDS = ("config", "out_dir", "data", "resume", "checkpoint")
 

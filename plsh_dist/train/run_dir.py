@@ -25,8 +25,6 @@ from pathlib import Path
 
 from plsh_dist.train.run_lock import LOCK_NAME, RunDirLock
 
-__all__ = ["holds_a_run", "previous_run_path", "set_aside_previous_run"]
-
 
 def holds_a_run(out_dir: str | Path) -> bool:
     """True when ``out_dir`` exists and holds anything besides its lock files."""

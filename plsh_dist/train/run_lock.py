@@ -58,9 +58,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["LOCK_NAME", "HEARTBEAT_S", "STALE_AFTER_S", "Holder", "OutDirBusy", "RunDirLock", "claim_out_dir",
-           "live_holder"]
-
 LOCK_NAME = "run.lock"
 HEARTBEAT_S = 15.0
 """Seconds between two touches of the lock file by its holder."""

@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from plsh_dist.checkpoint.loading import load_model
+from plsh_dist.data import build_loader, prepare_data
+from plsh_dist.models import get_runtime
 from plsh_dist.perplexity import perplexity
-from plsh_dist.train.loader import load_model
 from plsh_dist.train.losses import forward_sums
-
-__all__ = ["validation_loss", "exported_validation"]
 
 
 @torch.no_grad()
@@ -49,9 +49,6 @@ def exported_validation(directory: str | Path, *, eval_batches: int | None = Non
     ``eval_batches`` validation batches (default: the run's [logging].eval_batches),
     the same batches and hash seeds the training loop's final validation used.
     """
-    from plsh_dist.data import build_loader, prepare_data
-    from plsh_dist.models import get_runtime
-
     ck = load_model(directory, attention=attn_cfg)
     if ck.run_config_file is None:
         raise ValueError(f"{ck.path} has no config.resolved.json: the run's validation data and batches are unknown; "

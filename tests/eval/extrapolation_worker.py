@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 
 def run(rank: int, world: int, rendezvous: str, export: str, kwargs: dict, out: str) -> None:
-    from plsh_dist.train.loader import load_model
+    from plsh_dist.checkpoint.loading import load_model
     from plsh_dist.eval.eval_data import load_eval_tokens
     from plsh_dist.eval.extrapolation import EvalSettings, evaluate_model
 

@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from plsh_dist.eval.equal_cost import band_keys, equal_cost_c, equal_cost_window, iid_band_keys, window_keys
+from plsh_dist.eval.equal_cost import band_keys, equal_cost_window, iid_band_keys, window_keys
 from plsh_dist.hashing import PositionalLSH
+from plsh_dist.ops.alibi import equal_cost_c
 
 GRID_SIGMA = (4.0, 16.0, 64.0, 256.0)
 GRID_S = (4, 8, 20, 100)

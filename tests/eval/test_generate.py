@@ -16,12 +16,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import transformers  # noqa: E402
 
+from plsh_dist.checkpoint.export import save_export  # noqa: E402
+from plsh_dist.checkpoint.loading import load_model  # noqa: E402
+from plsh_dist.config import config_from_table  # noqa: E402
 from plsh_dist.data.tokenizer import train_tokenizer  # noqa: E402
 from plsh_dist.eval.generation import Reforward, generate, sample_next  # noqa: E402
 from plsh_dist.models import AttentionRuntime, build_model  # noqa: E402
-from plsh_dist.train.config import config_from_table  # noqa: E402
-from plsh_dist.train.export import save_export  # noqa: E402
-from plsh_dist.train.loader import load_model  # noqa: E402
 from tests.launchers import load_launcher  # noqa: E402
 
 VOCAB = 384

@@ -21,11 +21,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import transformers  # noqa: E402
 
+from plsh_dist.checkpoint.export import convert_to_export, save_export  # noqa: E402
+from plsh_dist.checkpoint.loading import load_model  # noqa: E402
+from plsh_dist.config import config_from_table, write_resolved  # noqa: E402
 from plsh_dist.data.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
 from plsh_dist.models import AttentionRuntime, build_model, get_runtime, hf_config  # noqa: E402
-from plsh_dist.train.config import config_from_table, write_resolved  # noqa: E402
-from plsh_dist.train.export import convert_to_export, save_export  # noqa: E402
-from plsh_dist.train.loader import load_model  # noqa: E402
 from plsh_dist.train.validation import validation_loss  # noqa: E402
 from tests.launchers import load_launcher  # noqa: E402
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from plsh_dist.config import check_world_size, load_config
 from plsh_dist.distributed.sp_chunks import check_sp_divisible
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
 from plsh_dist.models import AttentionConfig
@@ -22,8 +23,6 @@ from plsh_dist.plan import plan_run
 from plsh_dist.plan.advice import advise
 from plsh_dist.plan.attention_cost import attention_setup, pairs_per_head
 from plsh_dist.plan.halo_traffic import sp_traffic
-from plsh_dist.train import load_config
-from plsh_dist.train.config import check_world_size
 
 torch.set_num_threads(1)
 CFG_32K = "configs/qwen3_0.6b_32k_plsh_sp4.toml"

@@ -19,12 +19,12 @@ import torch.nn.functional as F
 
 from plsh_dist.models import AttentionConfig, build_model, presets
 from plsh_dist.plan.activations import activation_bytes, loss_peak_bytes
+from plsh_dist.plan.memory_measure import peak_cpu_bytes
 from plsh_dist.plan.shapes import model_shapes
 from plsh_dist.plan.zero_states import state_bytes
 from plsh_dist.train.chunked_ce import chunked_cross_entropy_sums
 from plsh_dist.train.loss_head import install_chunked_loss
 from plsh_dist.train.losses import forward_sums, token_loss_sums
-from plsh_dist.train.memory_measure import peak_cpu_bytes
 
 torch.set_num_threads(1)
 B, T = 2, 128

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -52,9 +53,9 @@ def main(work: Path) -> list[dict]:
     import torch
 
     torch.set_num_threads(1)
+    from plsh_dist.config import load_config
     from plsh_dist.plan import plan_run
-    from plsh_dist.plan.measure import measure_cpu_peak
-    from plsh_dist.train import load_config
+    from plsh_dist.train.peak_measure import measure_cpu_peak
     from tests.train.golden.debug_run import prepare_debug_data
 
     prepare_debug_data(work)

@@ -17,8 +17,9 @@ def _worker(rank: int, world: int, port: int, runs: list[list[str]], stop_after:
     import torch
 
     torch.set_num_threads(1)  # 2 cores shared by all ranks
+    from plsh_dist.config import load_config
     from plsh_dist.cpu_paths import code_paths
-    from plsh_dist.train import load_config, train
+    from plsh_dist.train import train
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:

@@ -27,8 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from plsh_dist.train.checkpoint import checkpoint_root, complete_tags, find_resume, tag_for_step
-from plsh_dist.train.checkpoint_files import verify_manifest
+from plsh_dist.checkpoint.line import checkpoint_root, complete_tags, tag_for_step
+from plsh_dist.checkpoint.manifest import verify_manifest
+from plsh_dist.checkpoint.tags import find_resume
 from tests.train.conftest import base_overrides
 from tests.train.launcher_runs import PRETRAIN, Finished, empty_config, launcher_env, run
 from tests.train.test_refusals_launcher import assert_refused

@@ -1,4 +1,4 @@
-"""Pruning never leaves a run without its newest valid checkpoint (checkpoint_line.py).
+"""Pruning never leaves a run without its newest valid checkpoint (plsh_dist/checkpoint/line.py).
 
 In-process, with a stand-in engine that writes one torch shard the way
 DeepSpeed does. The invariant is checked at every moment: each rename and
@@ -19,12 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from plsh_dist.train import checkpoint_line
-from plsh_dist.train.checkpoint import (
-    checkpoint_root, complete_tags, find_resume, save_checkpoint, set_aside_newer, tag_for_step,
-)
-from plsh_dist.train.checkpoint_files import verify_manifest
-from plsh_dist.train.config import RunConfig
+from plsh_dist.checkpoint import line as checkpoint_line
+from plsh_dist.checkpoint.line import checkpoint_root, complete_tags, set_aside_newer, tag_for_step
+from plsh_dist.checkpoint.manifest import verify_manifest
+from plsh_dist.checkpoint.tags import find_resume, save_checkpoint
+from plsh_dist.config import RunConfig
 
 
 class _Engine:

@@ -17,13 +17,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from plsh_dist.train.checkpoint import (
-    CheckpointLoadError, checkpoint_root, complete_tags, find_resume, load_checkpoint, save_checkpoint,
-    tag_for_step,
-)
-from plsh_dist.train.checkpoint_files import MANIFEST, verify_manifest
-from plsh_dist.train.checkpoint_io import SafeLoadCheckpointEngine, safe_torch_load
-from plsh_dist.train.config import RunConfig
+from plsh_dist.checkpoint.line import checkpoint_root, complete_tags, tag_for_step
+from plsh_dist.checkpoint.manifest import MANIFEST, verify_manifest
+from plsh_dist.checkpoint.safe_load import CheckpointLoadError, SafeLoadCheckpointEngine, safe_torch_load
+from plsh_dist.checkpoint.tags import find_resume, load_checkpoint, save_checkpoint
+from plsh_dist.config import RunConfig
 from tests.train.conftest import base_overrides
 from tests.train.spawn import run_training
 

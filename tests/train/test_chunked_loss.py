@@ -149,7 +149,7 @@ def test_plain_path_upcasts_only_low_precision():
 
 
 def test_config_option_is_checked():
-    from plsh_dist.train.config import MemorySection
+    from plsh_dist.config import MemorySection
 
     assert MemorySection().loss_chunk_tokens == 2048
     assert MemorySection(loss_chunk_tokens=0).loss_chunk_tokens == 0
@@ -182,7 +182,7 @@ def test_training_with_chunked_loss_matches_plain_under_every_zero_stage(tiny_da
 def test_chunked_loss_peak_memory_is_a_small_fraction_of_the_plain_one():
     """Live torch bytes of forward + backward (launchers/bench_loss_memory.py's measure, smaller):
     the plain path peaks at 3 fp32 (N, V) tensors, the chunked one at ~2 (chunk, V) ones."""
-    from plsh_dist.train.memory_measure import peak_cpu_bytes
+    from plsh_dist.plan.memory_measure import peak_cpu_bytes
 
     n, v, d, chunk = 4096, 8192, 64, 512
     g = torch.Generator().manual_seed(0)

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import math
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
-from plsh_dist.train.config import RunConfig, config_from_table, load_config, parse_overrides, to_toml, write_resolved
-from plsh_dist.train.deepspeed_config import deepspeed_config, resolve_precision
-from plsh_dist.train.optim import lr_at
+from plsh_dist.config import (
+    RunConfig,
+    config_from_table,
+    load_config,
+    lr_at,
+    parse_overrides,
+    resolve_precision,
+    to_toml,
+    write_resolved,
+)
+from plsh_dist.train.deepspeed_config import deepspeed_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml"))
 

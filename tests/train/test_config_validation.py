@@ -14,18 +14,14 @@ import dataclasses
 import os
 import subprocess
 import sys
-import tomllib
 import typing
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
-from plsh_dist.config_check import check_field_types, toml_literal
-from plsh_dist.data.config import DataConfig, TokenizerConfig
-from plsh_dist.data.tokenizer import train_tokenizer
-from plsh_dist.models import AttentionConfig, ModelConfig
-from plsh_dist.train.config import (
+from plsh_dist.config import (
     CheckpointSection,
     DeepSpeedSection,
     LoggingSection,
@@ -35,8 +31,12 @@ from plsh_dist.train.config import (
     RunSection,
     check_world_size,
     load_config,
+    resolve_precision,
 )
-from plsh_dist.train.deepspeed_config import resolve_precision
+from plsh_dist.config_check import check_field_types, toml_literal
+from plsh_dist.data.config import DataConfig, TokenizerConfig
+from plsh_dist.data.tokenizer import train_tokenizer
+from plsh_dist.models import AttentionConfig, ModelConfig
 from plsh_dist.train.loop import resolve_device
 
 ROOT = Path(__file__).resolve().parents[2]

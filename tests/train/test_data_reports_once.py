@@ -30,7 +30,7 @@ class _Collect(logging.Handler):
 
 def _worker(rank: int, port: int, overrides: list[str], out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DS_ACCELERATOR="cpu")
-    from plsh_dist.train import load_config
+    from plsh_dist.config import load_config
     from plsh_dist.train.data_setup import prepare
 
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from plsh_dist.train.checkpoint import checkpoint_root, complete_tags, save_checkpoint, tag_for_step
-from plsh_dist.train.config import RunConfig
-from plsh_dist.train.disk_full import DiskFullError, is_disk_full
+from plsh_dist.checkpoint.disk_full import DiskFullError, is_disk_full
+from plsh_dist.checkpoint.line import checkpoint_root, complete_tags, tag_for_step
+from plsh_dist.checkpoint.tags import save_checkpoint
+from plsh_dist.config import RunConfig
 from plsh_dist.train.failure import report_failure
 from tests.train.conftest import base_overrides
 from tests.train.launcher_runs import PRETRAIN, empty_config, launcher_env

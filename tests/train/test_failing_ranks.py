@@ -2,7 +2,7 @@
 
 Slow tests run the real deepspeed launcher with 2 CPU ranks (SP = 2, so the
 halo send/recv is in the path) and inject a fault into rank 1 after step 2
-(``PLSH_FAULT``, see plsh_dist/train/faults.py). Each launch has a wall-clock
+(``PLSH_FAULT``, see plsh_dist/faults.py). Each launch has a wall-clock
 bound (``launcher_runs.run``): past it the test kills the job and fails.
 The fast tests check failure.py's reports directly.
 """

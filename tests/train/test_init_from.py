@@ -13,10 +13,9 @@ import pytest
 import torch
 import transformers
 
+from plsh_dist.config import load_config, to_toml
 from plsh_dist.models import AttentionRuntime
-from plsh_dist.train import load_config
-from plsh_dist.train.config import to_toml
-from plsh_dist.train.init_from import initial_model
+from plsh_dist.models.pretrained import initial_model
 from tests.train.conftest import base_overrides
 from tests.train.spawn import run_training
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from plsh_dist.train.checkpoint_files import write_manifest
-from plsh_dist.train.config import RENAMED, MemorySection, config_from_table, load_config, read_resolved, to_toml
+from plsh_dist.checkpoint.manifest import write_manifest
+from plsh_dist.config import RENAMED, MemorySection, config_from_table, load_config, read_resolved, to_toml
 from tests.train.conftest import base_overrides
 from tests.train.spawn import run_training
 
@@ -82,8 +82,8 @@ def test_checkpoint_from_before_resumes_evaluates_and_exports(tiny_data, tmp_pat
     """A step checkpoint whose resolved config has the old layout (manifest rewritten to match, as
     the old code would have hashed it): resuming replays the uninterrupted run exactly, and
     evaluation and conversion load it as trained."""
-    from plsh_dist.train.export import convert_to_export
-    from plsh_dist.train.loader import load_model
+    from plsh_dist.checkpoint.export import convert_to_export
+    from plsh_dist.checkpoint.loading import load_model
 
     common = ["--attention.bias=plsh", "--attention.num_samples=2", "--run.max_steps=4", "--checkpoint.keep_last=0",
               "--memory.loss_chunk_tokens=16"]

@@ -7,9 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from plsh_dist.train.config import load_config
+from plsh_dist.config import load_config
 from plsh_dist.train.loop import TrainResult, _outputs_line
-
 
 
 @pytest.mark.parametrize("tensorboard,saved,final,expected", [

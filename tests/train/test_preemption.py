@@ -32,14 +32,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from plsh_dist.checkpoint.line import checkpoint_root, complete_tags, tag_for_step
+from plsh_dist.checkpoint.manifest import verify_manifest
+from plsh_dist.checkpoint.tags import find_resume, save_checkpoint
+from plsh_dist.config import RunConfig, load_config
 from plsh_dist.distributed.ports import free_port
-from plsh_dist.train import load_config
-from plsh_dist.train.checkpoint import checkpoint_root, complete_tags, find_resume, save_checkpoint, tag_for_step
-from plsh_dist.train.checkpoint_files import verify_manifest
-from plsh_dist.train.config import RunConfig
 from plsh_dist.train.preemption import EXIT_PREEMPTED, STOP_SIGNALS, handle_stop_signals
-from tests.train.conftest import base_overrides
 from tests.launchers import load_launcher
+from tests.train.conftest import base_overrides
 from tests.train.launcher_runs import empty_config
 
 # --------------------------------------------------------------- the handler

@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from plsh_dist.train.checkpoint import complete_tags, tag_for_step
+from plsh_dist.checkpoint.line import complete_tags, tag_for_step
 from plsh_dist.train.preemption import EXIT_PREEMPTED
 from tests.train.conftest import base_overrides
 from tests.train.launcher_runs import Launch, deepspeed_cmd, empty_config, launcher_env, run, torchrun_cmd

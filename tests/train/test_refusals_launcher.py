@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from plsh_dist.train.checkpoint import tag_for_step
-from plsh_dist.train.config import load_config, write_resolved
+from plsh_dist.checkpoint.line import tag_for_step
+from plsh_dist.config import load_config, write_resolved
 from tests.train.conftest import base_overrides
 from tests.train.launcher_runs import PRETRAIN, Finished, deepspeed_cmd, empty_config, launcher_env, run
 

@@ -10,9 +10,8 @@ import dataclasses
 
 import pytest
 
-from plsh_dist.train.config import config_from_table, write_resolved
-from plsh_dist.train.optim import lr_at
-from plsh_dist.train.resume_check import check_resume_config, check_resume_steps, trained_differences
+from plsh_dist.checkpoint.resume_check import check_resume_config, check_resume_steps, trained_differences
+from plsh_dist.config import config_from_table, lr_at, write_resolved
 
 BASE = {"model": {"preset": "tiny"}, "attention": {"bias": "plsh", "num_samples": 8, "sampler": "iid"}}
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from plsh_dist.train.config import read_resolved
-from plsh_dist.train.optim import lr_at
+from plsh_dist.config import lr_at, read_resolved
 from tests.train.conftest import base_overrides
 from tests.train.test_refusals_launcher import _checkpoint_of, _launch, _snapshot, assert_refused
+
 
 def _resume(tiny_data, out: Path, *extra: str) -> list[str]:
     return base_overrides(tiny_data, out, "--checkpoint.resume=auto", *extra)

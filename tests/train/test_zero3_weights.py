@@ -35,8 +35,8 @@ def zero3_run(tiny_data, tmp_path_factory):
 def test_gather_equals_deepspeeds_own_and_the_live_export(zero3_run):
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
+    from plsh_dist.checkpoint.zero3_weights import gather_zero3_weights, is_zero3_tag
     from plsh_dist.models.hf_config import read_safetensors_dir
-    from plsh_dist.train.zero3_weights import gather_zero3_weights, is_zero3_tag
 
     tag = zero3_run / "checkpoints" / TAG
     assert is_zero3_tag(tag)
@@ -52,7 +52,7 @@ def test_gather_equals_deepspeeds_own_and_the_live_export(zero3_run):
 
 
 def test_a_zero3_tag_loads_and_converts_with_equal_logits(zero3_run, tmp_path):
-    from plsh_dist.train.loader import load_model
+    from plsh_dist.checkpoint.loading import load_model
 
     tag = zero3_run / "checkpoints" / TAG
     from_tag, from_export = load_model(tag), load_model(zero3_run / "final")
@@ -69,7 +69,7 @@ def test_a_zero3_tag_loads_and_converts_with_equal_logits(zero3_run, tmp_path):
     (1, r"written by 2 ranks but the tag has 1 optimizer shards"),
 ])
 def test_a_tag_missing_a_ranks_shard_is_refused_by_name(zero3_run, tmp_path, rank, message):
-    from plsh_dist.train.loader import load_model
+    from plsh_dist.checkpoint.loading import load_model
 
     broken = tmp_path / TAG
     shutil.copytree(zero3_run / "checkpoints" / TAG, broken)

@@ -16,9 +16,10 @@ import contextlib
 import json
 import os
 import platform
-import tomllib
 from importlib import metadata
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "configs" / "debug.toml"
@@ -65,8 +66,8 @@ def debug_overrides(work_dir: Path, *extra: str) -> list[str]:
 
 def prepare_debug_data(work_dir: Path) -> None:
     """Corpus + tokenizer + token caches, built once before the spawned ranks open them."""
+    from plsh_dist.config import load_config
     from plsh_dist.data import prepare_data
-    from plsh_dist.train import load_config
 
     cfg = load_config(None, debug_overrides(work_dir))
     prepare_data(cfg.data, cfg.tokenizer)

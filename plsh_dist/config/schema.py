@@ -7,13 +7,13 @@ One TOML file describes a run; each component receives only its own section:
 Unknown sections or keys are errors that name the key and list the valid ones.
 ``[model]`` is the model package's ``ModelConfig`` (``preset`` picks a preset,
 the other keys override it) plus ``init_from``, a transformers directory to
-start from (``plsh_dist.train.init_from``); ``[attention]`` is its
+start from (``plsh_dist.models.pretrained``); ``[attention]`` is its
 ``AttentionConfig``; ``[data]`` and ``[tokenizer]`` are the data package's
 ``DataConfig`` and ``TokenizerConfig``. The DeepSpeed config is generated from
-these sections (``deepspeed_config.py``), never written by hand.
+these sections (``plsh_dist.train.deepspeed_config``), never written by hand.
 
 A table becomes a config once, in ``config_from_table`` (``load_config`` in
-:mod:`plsh_dist.train.config` reads the file, the overrides and the disk
+:mod:`plsh_dist.config.loading` reads the file, the overrides and the disk
 first), and is not changed afterwards: every section is a typed dataclass,
 the preset expanded and the defaults filled, and ``[model].vocab_size``,
 unless set, is the tokenizer's. The resolved config written next to the
@@ -31,36 +31,17 @@ import dataclasses
 import json
 import os
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomllib
+
 from plsh_dist.config_check import check_field_types, did_you_mean, toml_literal
 from plsh_dist.data.config import DataConfig, TokenizerConfig
+from plsh_dist.distributed import ParallelDims
 from plsh_dist.distributed.sp_chunks import check_sp_divisible
 from plsh_dist.models.config import AttentionConfig, ModelConfig, presets
-
-__all__ = [
-    "RunSection",
-    "OptimSection",
-    "MemorySection",
-    "DeepSpeedSection",
-    "ParallelSection",
-    "CheckpointSection",
-    "LoggingSection",
-    "RunConfig",
-    "RENAMED",
-    "config_from_table",
-    "upgrade_table",
-    "read_resolved",
-    "check_world_size",
-    "build_section",
-    "parse_overrides",
-    "apply_overrides",
-    "to_toml",
-    "write_resolved",
-]
 
 
 def _positive(section: str, obj: Any, *names: str, allow_zero: bool = False) -> None:
@@ -187,6 +168,17 @@ class DeepSpeedSection:
         _choice("deepspeed", "precision", self.precision, ("auto", "bf16", "fp32"))
 
 
+def resolve_precision(section: DeepSpeedSection, device_type: str) -> str:
+    """``"bf16"`` or ``"fp32"`` for this device; bf16 on CPU is refused loudly."""
+    if section.precision == "auto":
+        return "bf16" if device_type == "cuda" else "fp32"
+    if section.precision == "bf16" and device_type != "cuda":
+        raise ValueError(
+            "[deepspeed].precision = \"bf16\" needs a GPU; on CPU set precision = \"fp32\" (or \"auto\")"
+        )
+    return section.precision
+
+
 @dataclass
 class ParallelSection:
     """Parallel layout; dp_size = world_size / sp_size is derived at launch."""
@@ -278,7 +270,7 @@ class RunConfig:
     logging: LoggingSection = field(default_factory=LoggingSection)
     init_from: str | None = None
     """[model].init_from: a directory saved by transformers whose weights the run
-    starts from (``plsh_dist.train.init_from``); None = random init."""
+    starts from (``plsh_dist.models.pretrained``); None = random init."""
 
     def __post_init__(self) -> None:
         if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from):
@@ -354,8 +346,6 @@ def check_world_size(world_size: int, sp_size: int) -> None:
             f"(world_size = dp_size x sp_size must hold exactly); set sp_size to one of {divisors}, "
             f"or launch a multiple of {sp_size} processes"
         )
-    from plsh_dist.distributed import ParallelDims
-
     ParallelDims(world_size, sp_size)  # its own checks (positive sizes)
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-__all__ = ["MANIFEST", "fsync_dir", "write_text_atomic", "write_manifest", "verify_manifest"]
 
 MANIFEST = "manifest.json"
 _CHUNK = 8 << 20  # bytes read per hash update

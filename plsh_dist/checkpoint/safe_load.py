@@ -19,9 +19,6 @@ from typing import Any
 
 import torch
 
-__all__ = ["safe_globals", "CheckpointLoadError", "safe_torch_load", "SafeLoadCheckpointEngine",
-           "install_safe_loader"]
-
 
 def safe_globals() -> list[type]:
     """Non-tensor classes DeepSpeed 0.19 stores in its checkpoint files (model states need none).

@@ -23,7 +23,7 @@ and at every save (``prune``, after the new tag is published):
 
 Every move is a rename inside ``checkpoints/`` and every delete goes through
 ``<tag>.deleting``, so a kill at any moment leaves each tag either whole under
-its name or out of the way. Fault points (``PLSH_FAULT``, faults.py):
+its name or out of the way. Fault points (``PLSH_FAULT``, ``plsh_dist/faults.py``):
 ``in_set_aside`` after ``latest`` was rewritten, before the moves; ``in_prune``
 after the new tag is published, before anything is moved or deleted.
 """
@@ -38,11 +38,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from plsh_dist.train.checkpoint_files import MANIFEST, fsync_dir, verify_manifest, write_text_atomic
-from plsh_dist.train.faults import maybe_fail
-
-__all__ = ["PARTIAL_SUFFIX", "DELETING_SUFFIX", "ABANDONED", "DAMAGED", "checkpoint_root", "tag_for_step",
-           "step_of", "complete_tags", "unfinished", "remove_tag", "set_aside_newer", "prune"]
+from plsh_dist.checkpoint.manifest import MANIFEST, fsync_dir, verify_manifest, write_text_atomic
+from plsh_dist.faults import maybe_fail
 
 logger = logging.getLogger(__name__)
 

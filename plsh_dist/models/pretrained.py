@@ -1,5 +1,8 @@
 """Continued pretraining: ``[model].init_from`` starts a run from a model saved by transformers.
 
+The source is a model directory (``save_pretrained``), not one of our checkpoints: it is read
+on the model side, so the run config (``plsh_dist.config``) can check it when it is loaded.
+
     [model]
     preset = "qwen3-0.6b"
     init_from = "path/to/a/save_pretrained/dir"     # config.json + model.safetensors
@@ -12,11 +15,10 @@ The directory's ``config.json`` must describe the architecture ``[model]``
 builds (family, widths, heads, vocabulary, tied embeddings, ...): checked by
 ``check_init_from`` when the config is loaded, before any work, with the
 ``[model]`` table that would match printed in the error. The directory is
-read by the checkpoint loader (``plsh_dist.train.loader.read_pretrained`` and
-``pretrained_weights``), from safetensors only (a directory holding only
-``pytorch_model.bin`` or other pickle files is refused: unpickling runs
-arbitrary code), and every tensor's
-shape is checked against the built model. The attention the source was
+read here (``read_pretrained``, ``pretrained_weights``), from safetensors only
+(a directory holding only ``pytorch_model.bin`` or other pickle files is
+refused: unpickling runs arbitrary code), and every tensor's shape is checked
+against the built model. The attention the source was
 trained with does not matter: the run trains under ``[attention]``
 (``rope_theta`` is checked only when rope is on). A ``tokenizer.model`` in the
 directory must be the run's ``[tokenizer].model_path``; a directory with
@@ -31,25 +33,52 @@ resumed run loads them too, then the checkpoint replaces them.
 from __future__ import annotations
 
 import hashlib
+import json
 import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
-from plsh_dist.models import AttentionConfig, ModelConfig
-from plsh_dist.train.loader import pretrained_weights, read_pretrained
-
-__all__ = ["check_init_from", "load_init_weights", "initial_model", "model_table_of"]
+from plsh_dist.config_check import toml_literal
+from plsh_dist.models.build import build_model
+from plsh_dist.models.config import AttentionConfig, ModelConfig
+from plsh_dist.models.hf_config import check_safetensors_dir, read_safetensors_dir
 
 _FIELD = "[model].init_from"
 # ModelConfig fields that no weight depends on (not compared).
 _NOT_ARCHITECTURE = ("max_position_embeddings", "init_std")
 
 
+def read_pretrained(path: str | Path, field: str) -> tuple[dict, ModelConfig]:
+    """A transformers directory (``save_pretrained``) -> ``(its config.json, its ModelConfig)``,
+    weights present (safetensors only, headers intact) but not read. ``field`` names the setting in errors."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"{field} = {str(path)!r} is not a directory; point it at a model saved by transformers "
+                         f"(model.save_pretrained(dir): config.json + model.safetensors)")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ValueError(f"{field} = {str(path)!r} has no config.json; point it at a directory written by "
+                         f"transformers' save_pretrained")
+    try:
+        hf = json.loads(cfg_file.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{cfg_file} is not valid JSON ({exc})") from None
+    source = ModelConfig.from_hf_config(hf, source=str(cfg_file))
+    check_safetensors_dir(path, what=f"{field} =")  # present, safetensors, not truncated
+    return hf, source
+
+
+def pretrained_weights(path: str | Path, field: str) -> dict[str, torch.Tensor]:
+    """The safetensors weights of a transformers directory (``read_pretrained``), without the
+    rotary ``inv_freq`` buffers older transformers saved (recomputed, never learned)."""
+    state = read_safetensors_dir(path, what=f"{field} =")
+    return {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+
+
 def model_table_of(source: ModelConfig) -> str:
     """The ``[model]`` TOML table of ``source`` (what to paste into the run config)."""
-    from plsh_dist.config_check import toml_literal
-
     lines = ["[model]"] + [f"{k} = {toml_literal(v)}" for k, v in source.to_dict().items()]
     return "\n".join(lines)
 
@@ -126,10 +155,6 @@ def initial_model(cfg, model_cfg: ModelConfig, attn_cfg: AttentionConfig, runtim
     """The model a run starts from: ``build_model`` (init from torch's global RNG)
     and, when ``[model].init_from`` is set, its weights loaded on top (checked again here:
     the directory may have changed since the config was loaded)."""
-    import torch.distributed as dist
-
-    from plsh_dist.models import build_model
-
     model = build_model(model_cfg, attn_cfg, runtime, device=device)
     if cfg.init_from:
         check_init_from(cfg.init_from, model_cfg, attn_cfg, cfg.tokenizer.model_path)

@@ -32,10 +32,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from plsh_dist.train.optim import decay_end, lr_at
-from plsh_dist.train.run_config import RunConfig, read_resolved
-
-__all__ = ["COMPUTE_ONLY", "check_resume_config", "check_resume_steps", "trained_differences"]
+from plsh_dist.config.schedule import decay_end, lr_at
+from plsh_dist.config.schema import RunConfig, read_resolved
 
 #: [attention] fields that may change on resume: same masks and estimator, another way to compute them.
 COMPUTE_ONLY = frozenset({"backend", "method", "chunk_size"})
@@ -62,7 +60,7 @@ def check_resume_config(cfg: RunConfig, tag_dir: str | Path) -> None:
     """Raise ValueError if ``cfg`` would train a different model than checkpoint ``tag_dir`` holds.
 
     A checkpoint without ``config.resolved.json`` is left to the manifest check of
-    :func:`plsh_dist.train.checkpoint.load_checkpoint`, which names the missing file.
+    :func:`plsh_dist.checkpoint.tags.load_checkpoint`, which names the missing file.
     """
     if not (Path(tag_dir) / "config.resolved.json").is_file():
         return

@@ -8,7 +8,7 @@ and self-describing: ``config.json`` has plsh_dist's model type
 and the hash-seed rule (:mod:`plsh_dist.models.hf_config`), so after
 ``import plsh_dist.models``::
 
-    AutoModelForCausalLM.from_pretrained(out_dir / "final")   # == plsh_dist.train.loader.load_model
+    AutoModelForCausalLM.from_pretrained(out_dir / "final")   # == plsh_dist.checkpoint.loading.load_model
     AutoTokenizer.from_pretrained(out_dir / "final")          # the run's SentencePiece ids
 
 and, with no import, the same with ``trust_remote_code=True``: the export
@@ -17,7 +17,7 @@ installed package's classes (:mod:`plsh_dist.models.remote_code`). Without
 either, transformers asks for ``trust_remote_code=True`` instead of loading
 another model. ``save_export`` writes that layout (``export_final`` after training,
 ``convert_to_export`` / ``launchers/convert_checkpoint.py`` from any checkpoint
-the loader reads: :mod:`plsh_dist.train.loader`, which also reads exports back).
+the loader reads: :mod:`plsh_dist.checkpoint.loading`, which also reads exports back).
 """
 
 from __future__ import annotations
@@ -28,10 +28,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from plsh_dist.train.loader import LoadedCheckpoint, load_model
-from plsh_dist.train.run_config import RunConfig, write_resolved
-
-__all__ = ["export_final", "save_export", "export_loaded", "convert_to_export"]
+from plsh_dist.checkpoint.loading import LoadedCheckpoint, load_model
+from plsh_dist.config.schema import RunConfig, write_resolved
+from plsh_dist.data import EOS_ID, PAD_ID
+from plsh_dist.data.tokenizer import BOS_ID
+from plsh_dist.models.hf_config import PLSH_CONFIG_TYPES, describe
+from plsh_dist.models.hf_tokenizer import save_tokenizer
+from plsh_dist.models.remote_code import add_tokenizer_auto_map, auto_map, write_remote_code
 
 
 def _full_state_dict(engine) -> dict[str, torch.Tensor] | None:
@@ -66,15 +69,9 @@ def save_export(model, cfg: RunConfig, tokenizer_path: str | Path | None, direct
     ``tokenizer_path``: the run's ``.model`` file (copied with its
     ``tokenizer_config.json``); None or missing: no tokenizer is written.
     """
-    from plsh_dist.data import EOS_ID, PAD_ID
-    from plsh_dist.data.tokenizer import BOS_ID
-    from plsh_dist.models.hf_config import PLSH_CONFIG_TYPES, describe
-    from plsh_dist.models.hf_tokenizer import save_tokenizer
-    from plsh_dist.models.remote_code import add_tokenizer_auto_map, auto_map, write_remote_code
-
     if not isinstance(model.config, PLSH_CONFIG_TYPES):
         raise ValueError(f"{type(model).__name__} was not built by plsh_dist.models.build_model: its config.json "
-                         "would not name the attention; load it with plsh_dist.train.loader.load_model")
+                         "would not name the attention; load it with plsh_dist.checkpoint.loading.load_model")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     describe(model.config, cfg.attention, cfg.run.seed)

@@ -23,7 +23,6 @@ import tempfile
 import traceback
 from pathlib import Path
 
-__all__ = ["DiskFullError", "is_disk_full", "free_bytes", "release_frames"]
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 # Words of torch's stream writer (caffe2 inline_container) when a write to its file failed.

@@ -4,7 +4,7 @@
 
 Precedence: command line ``--section.key=value`` > file > dataclass defaults.
 The sections, ``RunConfig`` and the table <-> config steps live in
-:mod:`plsh_dist.train.run_config` (re-exported here); this module adds what
+:mod:`plsh_dist.config.schema`; this module adds what
 reads the disk before any work starts: the tokenizer file (its vocabulary
 resolves an unset ``[model].vocab_size``), the data paths and
 ``[model].init_from``.
@@ -12,38 +12,22 @@ resolves an unset ``[model].vocab_size``), the data paths and
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
-from plsh_dist.data.config import TokenizerConfig
-from plsh_dist.train.run_config import (
-    RENAMED,
-    CheckpointSection,
-    DeepSpeedSection,
-    LoggingSection,
-    MemorySection,
-    OptimSection,
-    ParallelSection,
+import tomllib
+
+from plsh_dist.config.schema import (
     RunConfig,
-    RunSection,
     apply_overrides,
     build_section,
-    check_world_size,
     config_from_table,
     parse_overrides,
-    read_resolved,
-    to_toml,
     upgrade_table,
-    write_resolved,
 )
-
-__all__ = [
-    "load_config", "check_inputs", "tokenizer_file_vocab",
-    # re-exported from run_config
-    "RunSection", "OptimSection", "MemorySection", "DeepSpeedSection", "ParallelSection", "CheckpointSection",
-    "LoggingSection", "RunConfig", "RENAMED", "config_from_table", "upgrade_table", "read_resolved",
-    "check_world_size", "parse_overrides", "apply_overrides", "to_toml", "write_resolved",
-]
+from plsh_dist.data.config import TokenizerConfig
+from plsh_dist.data.sources import resolve_files
+from plsh_dist.data.tokenizer import Tokenizer
+from plsh_dist.models.pretrained import check_init_from
 
 
 def tokenizer_file_vocab(tok: TokenizerConfig) -> int | None:
@@ -52,8 +36,6 @@ def tokenizer_file_vocab(tok: TokenizerConfig) -> int | None:
     path = Path(tok.model_path)
     if not path.is_file():
         return None
-    from plsh_dist.data.tokenizer import Tokenizer
-
     try:
         return Tokenizer.load(path).vocab_size
     except RuntimeError as exc:  # SentencePiece's error for a file that is not a model
@@ -66,8 +48,6 @@ def tokenizer_file_vocab(tok: TokenizerConfig) -> int | None:
 def check_inputs(cfg: RunConfig) -> None:
     """Checks that read the disk, run by ``load_config`` before any work starts:
     every data path matches a file; [model].init_from fits [model]."""
-    from plsh_dist.data.sources import resolve_files
-
     for name in ("train_files", "val_files"):
         patterns = getattr(cfg.data, name)
         if patterns:
@@ -76,8 +56,6 @@ def check_inputs(cfg: RunConfig) -> None:
             except ValueError as exc:
                 raise ValueError(f"[data].{name}: {exc}") from exc
     if cfg.init_from is not None:
-        from plsh_dist.train.init_from import check_init_from
-
         check_init_from(cfg.init_from, cfg.model, cfg.attention, cfg.tokenizer.model_path)
 
 
@@ -87,7 +65,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     Raises ValueError (naming the field and the fix) before any work starts:
     the values, the tokenizer file (its vocabulary resolves [model].vocab_size)
     and the inputs on disk (``check_inputs``). The returned config is resolved
-    (:mod:`plsh_dist.train.run_config`) and is not changed afterwards.
+    (:mod:`plsh_dist.config.schema`) and is not changed afterwards.
     """
     table: dict = {}
     if path is not None:

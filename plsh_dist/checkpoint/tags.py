@@ -21,11 +21,11 @@ previous checkpoint complete and ``latest`` pointing at a complete tag; a
 half-written directory never carries a tag's name. Old tags are deleted by
 renaming them to ``<tag>.deleting`` first, for the same reason. Which tags
 stay (``[checkpoint].keep_last`` of the run's own line, valid ones only) is
-``checkpoint_line``'s job: pruning never leaves a run without its newest
+``line.py``'s job: pruning never leaves a run without its newest
 valid checkpoint.
 
 Resuming checks the manifest, then reads every file with
-``torch.load(weights_only=True)`` (``checkpoint_io``): no arbitrary unpickling,
+``torch.load(weights_only=True)`` (``safe_load.py``): no arbitrary unpickling,
 and a damaged file is named in the error.
 
 The trainer state also travels in DeepSpeed's ``client_state`` (what resume
@@ -43,18 +43,21 @@ from typing import Any
 
 import torch.distributed as dist
 
-from plsh_dist.train.checkpoint_files import MANIFEST, fsync_dir, verify_manifest, write_manifest, write_text_atomic
-from plsh_dist.train.checkpoint_io import CheckpointLoadError, install_safe_loader
-from plsh_dist.train.disk_full import DiskFullError, free_bytes, is_disk_full, release_frames
-from plsh_dist.train.checkpoint_line import (
-    DELETING_SUFFIX, PARTIAL_SUFFIX, checkpoint_root, complete_tags, prune, remove_tag, set_aside_newer, tag_for_step,
+from plsh_dist.checkpoint.disk_full import DiskFullError, free_bytes, is_disk_full, release_frames
+from plsh_dist.checkpoint.line import (
+    DELETING_SUFFIX,
+    PARTIAL_SUFFIX,
+    checkpoint_root,
+    complete_tags,
+    prune,
+    remove_tag,
+    tag_for_step,
     unfinished,
 )
-from plsh_dist.train.run_config import RunConfig, write_resolved
-from plsh_dist.train.faults import maybe_fail
-
-__all__ = ["checkpoint_root", "tag_for_step", "complete_tags", "find_resume", "save_checkpoint", "load_checkpoint",
-           "set_aside_newer", "CheckpointLoadError", "PARTIAL_SUFFIX"]
+from plsh_dist.checkpoint.manifest import MANIFEST, fsync_dir, verify_manifest, write_manifest, write_text_atomic
+from plsh_dist.checkpoint.safe_load import CheckpointLoadError, install_safe_loader
+from plsh_dist.config.schema import RunConfig, write_resolved
+from plsh_dist.faults import maybe_fail
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +127,7 @@ def save_checkpoint(engine, cfg: RunConfig, step: int, state: dict[str, Any], to
     ``<tag>.partial``; rank 0 adds config, tokenizer and trainer state; all
     ranks hash + fsync the files into ``manifest.json``; rank 0 renames the
     directory to ``<tag>``, then replaces ``latest``; then old tags are pruned
-    (``checkpoint_line.prune``: the newest ``keep_last`` valid ones stay).
+    (``line.prune``: the newest ``keep_last`` valid ones stay).
     A write that fails for lack of space raises ``DiskFullError`` ("disk full",
     the path named) after removing the unfinished ``<tag>.partial``.
 

@@ -16,7 +16,7 @@ every rank). Format: ``ACTION:RANK:STEP[:WHERE]``
   is published), ``in_prune`` (the checkpoint of STEP is published, before
   older tags are moved or deleted), ``in_set_aside`` (a run resumed at STEP,
   0 for a fresh one, has pointed ``latest`` at the tag it continues, before
-  it moves newer tags aside: checkpoint_line.py) or ``in_step`` (inside the
+  it moves newer tags aside: checkpoint/line.py) or ``in_step`` (inside the
   optimizer step, after its backward passes, before its results are
   all-reduced).
 
@@ -31,7 +31,6 @@ import os
 import signal
 import time
 
-__all__ = ["maybe_fail"]
 
 _ACTIONS = ("kill", "raise", "enospc", "hang", "sigterm", "sigusr1")
 _PLACES = ("after_step", "in_checkpoint", "in_prune", "in_set_aside", "in_step")

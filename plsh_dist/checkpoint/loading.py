@@ -4,8 +4,9 @@
     ck.model, ck.run_config, ck.tokenizer           # eval mode, float32, the trained attention
 
 Every reader of trained weights comes here: evaluation, generation, export
-and conversion (``launchers/convert_checkpoint.py``), the validation of an
-export, and ``[model].init_from`` (:func:`read_pretrained`). Kinds of path:
+and conversion (``launchers/convert_checkpoint.py``) and the validation of an
+export. (A transformers directory a run starts from, ``[model].init_from``, is
+read on the model side: :mod:`plsh_dist.models.pretrained`.) Kinds of path:
 
 - an **export** (``out_dir/final``): ``model.safetensors`` (or a sharded
   ``model.safetensors.index.json``) + ``config.resolved.json`` (+
@@ -25,13 +26,10 @@ export, and ``[model].init_from`` (:func:`read_pretrained`). Kinds of path:
 - a **DeepSpeed tag** (``out_dir/checkpoints/step_00000100``): ZeRO stage 0-2
   (``mp_rank_00_model_states.pt``, read with ``weights_only``), or ZeRO-3, its
   per-rank fp32 shards gathered into whole parameters
-  (:mod:`plsh_dist.train.zero3_weights`, also ``weights_only``).
-- a **transformers directory** (``save_pretrained``: ``config.json`` +
-  safetensors, no run config): only its architecture and weights, for
-  ``[model].init_from`` (:func:`read_pretrained`).
+  (:mod:`plsh_dist.checkpoint.zero3_weights`, also ``weights_only``).
 
 The pass, in order: find the weights (``locate``), read the run config saved
-with them (older layouts accepted, ``plsh_dist.train.run_config.read_resolved``)
+with them (older layouts accepted, ``plsh_dist.config.schema.read_resolved``)
 and check an export's ``config.json`` against it, open the tokenizer (the
 checkpoint's own unless one is given; a given one must be the same model)
 and check that the embedding covers it, read the weights, build the model.
@@ -49,16 +47,13 @@ from pathlib import Path
 
 import torch
 
+from plsh_dist.checkpoint.line import complete_tags
+from plsh_dist.checkpoint.safe_load import safe_torch_load
+from plsh_dist.checkpoint.zero3_weights import ZERO3_MODEL_FILE, gather_zero3_weights, is_zero3_tag
+from plsh_dist.config.schema import RunConfig, config_from_table, read_resolved
 from plsh_dist.data import Tokenizer
 from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig, model_with_weights
-from plsh_dist.models.hf_config import (MODEL_TYPES, check_against_run, check_safetensors_dir, read_safetensors_dir,
-                                        read_section)
-from plsh_dist.train.checkpoint import complete_tags
-from plsh_dist.train.checkpoint_io import safe_torch_load
-from plsh_dist.train.run_config import RunConfig, config_from_table, read_resolved
-from plsh_dist.train.zero3_weights import ZERO3_MODEL_FILE, gather_zero3_weights, is_zero3_tag
-
-__all__ = ["LoadedCheckpoint", "locate", "load_model", "read_pretrained", "pretrained_weights"]
+from plsh_dist.models.hf_config import MODEL_TYPES, check_against_run, read_safetensors_dir, read_section
 
 _DS_MODEL_FILE = "mp_rank_00_model_states.pt"
 
@@ -234,30 +229,3 @@ def _config_from_export(directory: Path) -> RunConfig:
     return config_from_table({"run": {"seed": seeds["run_seed"]}, "model": model.to_dict(),
                               "attention": attention.to_dict(),
                               "tokenizer": {"model_path": str(directory / "tokenizer.model")}}, source=str(path))
-
-
-def read_pretrained(path: str | Path, field: str) -> tuple[dict, ModelConfig]:
-    """A transformers directory (``save_pretrained``) -> ``(its config.json, its ModelConfig)``,
-    weights present (safetensors only, headers intact) but not read. ``field`` names the setting in errors."""
-    path = Path(path)
-    if not path.is_dir():
-        raise ValueError(f"{field} = {str(path)!r} is not a directory; point it at a model saved by transformers "
-                         f"(model.save_pretrained(dir): config.json + model.safetensors)")
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise ValueError(f"{field} = {str(path)!r} has no config.json; point it at a directory written by "
-                         f"transformers' save_pretrained")
-    try:
-        hf = json.loads(cfg_file.read_text())
-    except ValueError as exc:
-        raise ValueError(f"{cfg_file} is not valid JSON ({exc})") from None
-    source = ModelConfig.from_hf_config(hf, source=str(cfg_file))
-    check_safetensors_dir(path, what=f"{field} =")  # present, safetensors, not truncated
-    return hf, source
-
-
-def pretrained_weights(path: str | Path, field: str) -> dict[str, torch.Tensor]:
-    """The safetensors weights of a transformers directory (``read_pretrained``), without the
-    rotary ``inv_freq`` buffers older transformers saved (recomputed, never learned)."""
-    state = read_safetensors_dir(path, what=f"{field} =")
-    return {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}

@@ -19,8 +19,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["peak_cpu_bytes", "rss_bytes", "peak_rss_bytes"]
-
 
 def peak_cpu_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
     """``(fn(), peak bytes)``: the highest count of live CPU tensor bytes that ``fn``

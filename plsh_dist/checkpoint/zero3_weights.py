@@ -27,9 +27,7 @@ from pathlib import Path
 
 import torch
 
-from plsh_dist.train.checkpoint_io import safe_torch_load
-
-__all__ = ["ZERO3_MODEL_FILE", "is_zero3_tag", "gather_zero3_weights"]
+from plsh_dist.checkpoint.safe_load import safe_torch_load
 
 ZERO3_MODEL_FILE = "zero_pp_rank_0_mp_rank_00_model_states.pt"
 _OPTIM_FILE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["measure_cpu_peak"]
+from plsh_dist.plan.memory_measure import peak_cpu_bytes
+from plsh_dist.train.loop import setup, train_step
 
 
 def measure_cpu_peak(cfg, steps: int = 2) -> int:
@@ -24,8 +25,6 @@ def measure_cpu_peak(cfg, steps: int = 2) -> int:
     if cfg.run.device != "cpu":
         raise ValueError(f'measure_cpu_peak runs on CPU: set [run].device = "cpu" (got {cfg.run.device!r})')
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from plsh_dist.train.loop import setup, train_step
-    from plsh_dist.train.memory_measure import peak_cpu_bytes
 
     def run() -> None:
         session = setup(cfg)
