@@ -12,8 +12,6 @@ from dataclasses import asdict, dataclass
 
 from plsh_dist.config_check import check_field_types
 
-__all__ = ["TokenizerConfig", "DataConfig"]
-
 # Values shown in type errors for the fields that default to None.
 _DATA_EXAMPLES = {
     "train_files": ["data/train/*.txt"], "val_files": ["data/val/*.txt"], "dataset_name": "HuggingFaceFW/fineweb-edu",

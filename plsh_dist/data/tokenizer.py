@@ -41,8 +41,6 @@ import sentencepiece as spm
 from plsh_dist.data.report import BadDataReport
 from plsh_dist.data.sources import iter_documents
 
-__all__ = ["Tokenizer", "train_tokenizer", "load_or_train_tokenizer", "UNK_ID", "BOS_ID", "EOS_ID", "PAD_ID"]
-
 logger = logging.getLogger(__name__)
 
 UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, 3

@@ -20,8 +20,6 @@ import torch.nn.functional as F
 
 from plsh_dist.hashing import PositionalLSH
 
-__all__ = ["block_firsts", "log_count_bias"]
-
 
 def block_firsts(lsh: PositionalLSH, positions: torch.Tensor) -> torch.Tensor:
     """First position of the block holding each of ``positions`` (CPU LongTensor[m]), in every

@@ -31,8 +31,6 @@ import torch
 
 from plsh_dist.ops.merge import accum_dtype
 
-__all__ = ["DenseKernel", "dense_fwd", "dense_bwd", "kernel_for"]
-
 
 class DenseKernel(str, enum.Enum):
     """What computes one dense attention call (padded blocks, or query chunks against a key range)."""

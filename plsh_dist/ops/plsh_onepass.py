@@ -60,8 +60,6 @@ from plsh_dist.ops.gqa import sum_kv_repeats
 from plsh_dist.ops.head_groups import group_inputs, head_groups
 from plsh_dist.ops.merge import accum_dtype
 
-__all__ = ["OnePass", "onepass_forward", "onepass_backward", "chunk_size_for_band", "count_bias"]
-
 #: Elements of one call's (Hc * B, G, C, K) logits plus its per-sample block
 #: bounds ((s, G * C) int64 tables, a few at a time: counted as 16 elements per
 #: query and sample): bounds the memory of a call whatever s (exceeded only by
