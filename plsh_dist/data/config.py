@@ -28,7 +28,7 @@ class TokenizerConfig:
     vocab_size: int = 8192
     """Pieces when training (>= 300: 4 special ids + 256 byte pieces + merges)."""
     input_sentence_size: int = 20_000
-    """Line chunks (~4 KB) sampled for training; bounds training time (~10 s for the stdlib, 2 cores)."""
+    """Line chunks (~4 KB) sampled for training; bounds training time (figures: results/tokenizer/README.md)."""
     seed: int = 0
     """Seed of the chunk sampling; the same seed and data give the same model."""
 

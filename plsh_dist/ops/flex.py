@@ -40,7 +40,7 @@ import functools
 
 import torch
 
-#: Block size of the sparse masks: FlexAttention's default (64 measured slower on CPU at 16k).
+#: Block size of the sparse masks: FlexAttention's default (against 64 on CPU: results/flex/README.md).
 BLOCK_SIZE = 128
 
 
