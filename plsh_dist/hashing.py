@@ -29,21 +29,6 @@ import torch
 
 from plsh_dist.splitmix import MASK64, splitmix64
 
-__all__ = [
-    "alibi_slopes",
-    "PositionalLSH",
-    "FixedBlocks",
-    "SamplerDraw",
-    "register_sampler",
-    "get_sampler",
-    "sampler_names",
-    "counter_uniform",
-    "gamma2_ppf",
-    "cu_seqlens_from_buckets",
-    "block_starts",
-    "block_ends",
-]
-
 #: A sampler: ``draw(lsh, t, h) -> (gamma, unit_shift)``. ``t``, ``h``: int ndarray[s, H] of
 #: sample and head indices; returns float64 ndarray[s, H] each: the pitches in units of sigma
 #: (every sample's marginal must be Gamma(2, 1)) and the shifts in units of the pitch (U[0, 1)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["perplexity"]
-
 _MAX_LOSS = 700.0
 
 

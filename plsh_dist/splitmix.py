@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["MASK64", "splitmix64", "splitmix64_int"]
-
 MASK64 = (1 << 64) - 1
 
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["check_writable_dir"]
-
 
 def check_writable_dir(path: str | Path, setting: str) -> None:
     """ValueError unless ``path`` is a directory this process can write, or can create.

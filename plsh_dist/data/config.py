@@ -12,8 +12,6 @@ from dataclasses import asdict, dataclass
 
 from plsh_dist.config_check import check_field_types
 
-__all__ = ["TokenizerConfig", "DataConfig"]
-
 # Values shown in type errors for the fields that default to None.
 _DATA_EXAMPLES = {
     "train_files": ["data/train/*.txt"], "val_files": ["data/val/*.txt"], "dataset_name": "HuggingFaceFW/fineweb-edu",
@@ -30,7 +28,7 @@ class TokenizerConfig:
     vocab_size: int = 8192
     """Pieces when training (>= 300: 4 special ids + 256 byte pieces + merges)."""
     input_sentence_size: int = 20_000
-    """Line chunks (~4 KB) sampled for training; bounds training time (~10 s for the stdlib, 2 cores)."""
+    """Line chunks (~4 KB) sampled for training; bounds training time (figures: results/tokenizer/README.md)."""
     seed: int = 0
     """Seed of the chunk sampling; the same seed and data give the same model."""
 

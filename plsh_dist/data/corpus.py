@@ -51,9 +51,6 @@ from pathlib import Path
 
 from plsh_dist.data.report import BadDataReport
 
-__all__ = ["CorpusFiles", "CorpusStats", "stdlib_root", "list_stdlib_files", "stable_unit_hash", "write_stdlib_corpus",
-           "JARGON_FILE", "JARGON_PACKAGE", "jargon_documents", "write_prose_corpus"]
-
 #: Where Debian's ``jargon-text`` package puts the Jargon File.
 JARGON_FILE = "/usr/share/doc/jargon-text/jargon.txt.gz"
 #: The Debian package that ships it.

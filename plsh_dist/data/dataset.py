@@ -22,8 +22,6 @@ from plsh_dist.data.sources import iter_documents, resolve_files
 from plsh_dist.data.token_cache import TokenStream, load_or_build_token_stream
 from plsh_dist.data.tokenizer import Tokenizer, load_or_train_tokenizer
 
-__all__ = ["Source", "data_sources", "load_token_stream", "PreparedData", "prepare_data", "build_loader"]
-
 logger = logging.getLogger(__name__)
 
 

@@ -15,8 +15,6 @@ from plsh_dist.data.sampler import ShardedSampler
 from plsh_dist.data.tokenizer import EOS_ID
 from plsh_dist.distributed.sp_chunks import sp_bounds
 
-__all__ = ["PackedLoader"]
-
 
 class PackedLoader:
     """Yields ``{"input_ids", "labels", "position_ids"}``, int64 tensors (B, T_local),

@@ -34,8 +34,6 @@ import torch
 
 from plsh_dist.distributed.sp_chunks import sp_bounds
 
-__all__ = ["num_windows", "gather_windows", "document_cu_seqlens", "max_document_length", "split_for_sp"]
-
 
 def num_windows(num_tokens: int, seq_len: int) -> int:
     """Full windows of ``seq_len + 1`` tokens (stride ``seq_len``) in a stream of ``num_tokens``."""

@@ -16,8 +16,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-__all__ = ["BadDataReport", "SKIP_REASONS"]
-
 # Every reason a document or file can be skipped for; a fixed vocabulary so
 # tests and dashboards can rely on the keys.
 SKIP_REASONS = (

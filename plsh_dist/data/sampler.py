@@ -21,8 +21,6 @@ import numpy as np
 
 from plsh_dist.splitmix import MASK64, splitmix64
 
-__all__ = ["epoch_permutation", "ShardedSampler"]
-
 def epoch_permutation(num_items: int, seed: int, epoch: int) -> np.ndarray:
     """Permutation of ``range(num_items)`` (int64), a pure function of (seed, epoch)."""
     with np.errstate(over="ignore"):

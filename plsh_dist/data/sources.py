@@ -25,8 +25,6 @@ from typing import Iterator, Sequence
 
 from plsh_dist.data.report import BadDataReport
 
-__all__ = ["BUILDER_BY_EXTENSION", "resolve_files", "builder_for", "check_local_files", "iter_documents"]
-
 logger = logging.getLogger(__name__)
 
 # Extension (after stripping a compression suffix) -> datasets builder.

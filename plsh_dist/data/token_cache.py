@@ -30,8 +30,6 @@ import numpy as np
 from plsh_dist.data.report import BadDataReport
 from plsh_dist.data.tokenizer import Tokenizer
 
-__all__ = ["TokenStream", "cache_key", "build_token_stream", "open_token_stream", "load_or_build_token_stream"]
-
 logger = logging.getLogger(__name__)
 
 _FORMAT_VERSION = 1

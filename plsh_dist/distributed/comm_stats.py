@@ -19,8 +19,6 @@ Keys of :func:`comm_stats`:
 
 from __future__ import annotations
 
-__all__ = ["comm_stats", "reset_comm_stats", "record_bytes", "record_call", "record_meta"]
-
 _KEYS = ("fwd_sent_bytes", "fwd_recv_bytes", "bwd_sent_bytes", "bwd_recv_bytes", "meta_bytes", "calls")
 _stats = dict.fromkeys(_KEYS, 0)
 

@@ -35,8 +35,6 @@ import torch.distributed as dist
 from plsh_dist.distributed.comm_stats import record_bytes
 from plsh_dist.distributed.sp_layout import SPLayout
 
-__all__ = ["Need", "RowNeeds", "HaloPlan", "plsh_needs", "window_needs", "post_kv", "post_grads"]
-
 _TAG = {"fwd": 71, "bwd": 72}
 
 

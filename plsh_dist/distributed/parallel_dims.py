@@ -20,8 +20,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-__all__ = ["ParallelDims", "default_backend"]
-
 
 def default_backend(device: torch.device | str) -> str:
     """Collective backend for a device: nccl on CUDA, gloo otherwise."""

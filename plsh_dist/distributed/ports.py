@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import socket
 
-__all__ = ["free_port"]
-
 
 def free_port() -> int:
     """A port the OS reports free on 127.0.0.1 right now (another process may

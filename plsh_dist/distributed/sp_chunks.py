@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_sp_divisible", "sp_bounds", "sp_chunk", "sp_positions"]
-
 
 def check_sp_divisible(seq_len: int, sp_size: int, name: str = "[data].seq_len") -> None:
     """ValueError unless ``sp_size`` divides ``seq_len``; ``name`` is the length's

@@ -28,8 +28,6 @@ import torch.distributed as dist
 
 from plsh_dist.distributed.comm_stats import record_meta
 
-__all__ = ["SPLayout", "exchange_layout", "hash_fingerprint", "dtype_code"]
-
 _DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
 

@@ -61,11 +61,6 @@ from plsh_dist.ops.alibi import truncation_windows
 from plsh_dist.ops.backends import choose_path
 from plsh_dist.ops.documents import cu_seqlens_from_position_ids
 
-__all__ = [
-    "IMPLEMENTATION", "register", "plsh_dist_attention", "no_dense_mask", "head_scales", "alibi_window",
-    "AttentionBinding", "BIAS_FUNCTIONS", "BINDING_ATTR",
-]
-
 #: Name under which transformers finds our attention (``config._attn_implementation``).
 IMPLEMENTATION = "plsh_dist"
 

@@ -34,11 +34,6 @@ from plsh_dist.models.config import AttentionConfig, ModelConfig
 from plsh_dist.models.rope import set_rope
 from plsh_dist.models.runtime import AttentionRuntime
 
-__all__ = [
-    "build_model", "model_with_weights", "set_attention_mode", "set_attention_ops", "get_runtime", "attention_modules",
-    "count_parameters",
-]
-
 
 #: plsh_dist's transformers model types, filled by :mod:`plsh_dist.models.hf_config` when
 #: ``plsh_dist.models`` is imported (it imports this module, not the other way round).

@@ -25,7 +25,6 @@ from plsh_dist.models.presets import PRESET_TABLES
 from plsh_dist.ops.alibi import equal_cost_c
 from plsh_dist.ops.backends import BACKENDS, METHODS
 
-__all__ = ["AttentionConfig", "ModelConfig", "BIASES", "FAMILIES", "presets"]
 #: transformers decoder families we build (all share the AttentionInterface path).
 FAMILIES = ("qwen3", "llama", "mistral")
 

@@ -49,12 +49,6 @@ from plsh_dist.models.build import model_with_weights, register_model_types, set
 from plsh_dist.models.config import AttentionConfig, ModelConfig
 from plsh_dist.models.runtime import AttentionRuntime
 
-__all__ = [
-    "SECTION", "FORMAT", "CONFIG_CLASSES", "MODEL_CLASSES", "MODEL_TYPES", "PLSH_CONFIG_TYPES",
-    "describe", "read_section", "check_against_run", "read_safetensors_dir", "check_safetensors_dir",
-    "load_pretrained", "register",
-]
-
 #: Key of plsh_dist's section in ``config.json``.
 SECTION = "plsh_dist"
 #: Layout version of that section (bumped when its meaning changes).

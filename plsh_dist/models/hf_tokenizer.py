@@ -25,8 +25,6 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizer
 
-__all__ = ["PlshTokenizer", "save_tokenizer"]
-
 
 class PlshTokenizer(PreTrainedTokenizer):
     """transformers tokenizer over plsh_dist's SentencePiece model (module doc)."""

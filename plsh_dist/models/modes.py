@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AttentionMode", "MODES", "BIASES"]
-
 
 @dataclass(frozen=True)
 class AttentionMode:

@@ -16,8 +16,6 @@ built as ``ModelConfig`` objects.
 
 from __future__ import annotations
 
-__all__ = ["PRESET_TABLES"]
-
 PRESET_TABLES: dict[str, dict] = {
     "tiny": dict(
         family="qwen3",

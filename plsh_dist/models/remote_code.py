@@ -26,8 +26,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["MODULES", "auto_map", "write_remote_code", "add_tokenizer_auto_map"]
-
 _HEADER = '''"""plsh_dist export: lets transformers load this directory with trust_remote_code=True.
 
 Needs the plsh_dist package installed (pip install -e <plsh_dist clone>); the classes

@@ -18,8 +18,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["set_rope", "rope_enabled", "rotary_module"]
-
 _FLAG = "plsh_rope_enabled"
 _HANDLE = "plsh_rope_hook"
 

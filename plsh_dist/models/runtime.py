@@ -55,8 +55,6 @@ from dataclasses import dataclass
 
 from plsh_dist.splitmix import MASK64, splitmix64_int
 
-__all__ = ["AttentionRuntime", "hash_seed"]
-
 def hash_seed(run_seed: int, step: int, micro_step: int, layer: int) -> int:
     """Seed of one layer's hash in one forward, an int in [0, 2^63).
 

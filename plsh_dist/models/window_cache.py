@@ -18,8 +18,6 @@ from plsh_dist.models.attention import BINDING_ATTR, alibi_window
 from plsh_dist.models.build import attention_modules
 from plsh_dist.ops.alibi import widest_window
 
-__all__ = ["window_cache"]
-
 
 def window_cache(model: nn.Module) -> Cache:
     """A cache of ``w_layer - 1`` tokens per layer for ``model``'s windowed attention mode.

@@ -33,12 +33,6 @@ from plsh_dist.ops.merge import accum_dtype
 from plsh_dist.ops.triton_onepass import alibi_window_attention, triton_cuda
 from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_for
 
-__all__ = [
-    "alibi_attention", "causal_attention", "alibi_forward", "alibi_backward", "default_chunk_size",
-    "window_chunk_size", "check_window", "window_groups", "widest_window", "head_windows", "check_alibi_attention",
-    "AlibiAttentionFunction", "EQUAL_COST_OFFSET", "equal_cost_c", "truncation_windows",
-]
-
 #: ``c = ln s + EQUAL_COST_OFFSET``: truncated ALiBi at ``w_h = ceil(c sigma_h)`` attends as many
 #: keys per query as positional LSH's one-pass band of s samples (about ``sigma H_s``, the mean
 #: of the largest of s Exp(sigma) block reaches; 0.58 is Euler's constant, the large-s limit of

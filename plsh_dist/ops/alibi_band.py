@@ -24,8 +24,6 @@ import torch
 
 from plsh_dist.ops.dense import dense_bwd, dense_fwd
 
-__all__ = ["interior_rows", "band_chunk", "banded_forward", "banded_backward"]
-
 #: Elements of one call's scores (B G Hc C K, fp32): a few of these live at once.
 _CALL_ELEMENTS = 16 * 2**20
 

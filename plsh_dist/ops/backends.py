@@ -105,13 +105,7 @@ from plsh_dist.ops.plsh_onepass import OnePass
 from plsh_dist.ops.plsh_padded import PaddedPerSample
 from plsh_dist.ops.plsh_varlen import VarlenPerSample
 from plsh_dist.ops.triton_onepass import TritonOnePass, triton_cuda, triton_interpreter
-from plsh_dist.ops.varlen_kernels import VarlenKernel, cuda_half, flash_attn_available, flash_attn_module
-
-__all__ = [
-    "Backend", "BACKENDS", "Method", "METHODS", "Row", "TABLE", "choose_path", "describe_table", "auto_order",
-    "VARLEN_REFERENCE",
-    "flash_attn_available", "flash_attn_module", "DenseKernel", "VarlenKernel",
-]
+from plsh_dist.ops.varlen_kernels import VarlenKernel, cuda_half, flash_attn_available
 
 
 class Backend(str, enum.Enum):

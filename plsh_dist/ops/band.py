@@ -20,8 +20,6 @@ import torch.nn.functional as F
 
 from plsh_dist.hashing import PositionalLSH
 
-__all__ = ["block_firsts", "log_count_bias"]
-
 
 def block_firsts(lsh: PositionalLSH, positions: torch.Tensor) -> torch.Tensor:
     """First position of the block holding each of ``positions`` (CPU LongTensor[m]), in every
@@ -54,7 +52,7 @@ def log_count_bias(first: torch.Tensor, stop: torch.Tensor, weight: float, num_k
     # a block that ends past the range's last key needs no decrement
     hist.scatter_add_(-1, stop.clamp(max=num_keys - 1), torch.where(stop < num_keys, -weight, 0.0).to(acc))
     # log 0 = -inf for keys outside every block, but log of 0 takes a slow path
-    # (measured 10x the time of log 0.5), so the zeros become 0.5 first: below
+    # (figures: results/cpu_ops/README.md), so the zeros become 0.5 first: below
     # log 1 = 0, they are the negative entries afterwards, set to -inf in one
     # in-place pass (threshold_: no boolean mask).
     bias = hist.cumsum_(dim=-1).clamp_(min=0.5).log_()

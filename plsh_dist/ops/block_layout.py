@@ -16,8 +16,6 @@ import torch
 
 from plsh_dist.hashing import block_starts, cu_seqlens_from_buckets
 
-__all__ = ["BlockLayout", "GroupedLayout", "block_layout"]
-
 
 @dataclass(frozen=True)
 class BlockLayout:

@@ -43,8 +43,6 @@ from plsh_dist.ops.dense import dense_fwd
 from plsh_dist.ops.gqa import repeat_kv
 from plsh_dist.ops.head_groups import head_groups
 
-__all__ = ["alibi_decode", "causal_decode", "block_decode", "check_decode_inputs", "DecodeOnePass"]
-
 #: Queries per chunk (a decoding step has one; a chunked prefill may have many).
 _CHUNK = 64
 

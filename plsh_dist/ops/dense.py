@@ -31,8 +31,6 @@ import torch
 
 from plsh_dist.ops.merge import accum_dtype
 
-__all__ = ["DenseKernel", "dense_fwd", "dense_bwd", "kernel_for"]
-
 
 class DenseKernel(str, enum.Enum):
     """What computes one dense attention call (padded blocks, or query chunks against a key range)."""
@@ -49,8 +47,8 @@ _ATEN_CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
 # Below this key length one batched matmul beats the aten kernel, whose fixed
-# cost per (sequence, head) dominates tiny blocks (measured: sigma = 2 blocks at
-# T = 16k run ~5x faster with math; at L >= 64 aten wins by skipping masked tiles).
+# cost per (sequence, head) dominates tiny blocks; on longer keys aten wins by
+# skipping masked tiles (figures: results/cpu_ops/README.md).
 MATH_MAX_LEN = 32
 
 

@@ -36,11 +36,6 @@ import torch
 
 from plsh_dist.ops.validation import LAYOUT
 
-__all__ = [
-    "Documents", "check_cu_seqlens", "cu_seqlens_from_position_ids", "flat_documents", "flatten_lse", "flatten_rows",
-    "unflatten_rows", "unflatten_lse", "on_flat_row", "backward_on_flat_row",
-]
-
 
 @dataclass(frozen=True)
 class Documents:

@@ -40,10 +40,7 @@ import functools
 
 import torch
 
-__all__ = ["BLOCK_SIZE", "flex_status", "compiled_flex", "band_block_mask", "visited_blocks", "alibi_band",
-           "alibi_score_mod", "count_score_mod", "hash_count_score_mod", "flex_attend"]
-
-#: Block size of the sparse masks: FlexAttention's default (64 measured slower on CPU at 16k).
+#: Block size of the sparse masks: FlexAttention's default (against 64 on CPU: results/flex/README.md).
 BLOCK_SIZE = 128
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["repeat_kv", "sum_kv_repeats"]
-
 
 def repeat_kv(x: torch.Tensor, groups: int, dim: int = 2) -> torch.Tensor:
     """Repeat every key/value head ``groups`` times along the heads axis ``dim``

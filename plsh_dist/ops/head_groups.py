@@ -20,8 +20,6 @@ from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.gqa import repeat_kv
 from plsh_dist.ops.validation import LAYOUT
 
-__all__ = ["HeadGroup", "HeadGroups", "head_groups", "group_inputs"]
-
 
 @dataclass(frozen=True)
 class HeadGroup:

@@ -19,8 +19,6 @@ import torch
 from plsh_dist.ops.tile_bands import (CountBias, CountReach, TileConfig, TokenLayout, WindowBias, WindowReach,
                                       key_bands, query_bands)
 
-__all__ = ["KernelBias", "KernelTables"]
-
 
 def _padded_samples(s: int) -> int:
     """``s`` padded to a power of two >= 16 (``tl.dot``'s smallest inner dimension)."""

@@ -28,8 +28,6 @@ from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.kernel_bias import KernelBias
 from plsh_dist.ops.tile_bands import CountBias, TileConfig, TokenLayout
 
-__all__ = ["count_plan", "clear", "builds"]
-
 #: (pitch, shift, shapes, causal, head_dim, device) -> [(token arrays, weakref to the plan)]
 _plans: dict[tuple, list[tuple[tuple[np.ndarray, ...], weakref.ref]]] = {}
 #: the most recent plan, held strongly (calls without autograd share it too)

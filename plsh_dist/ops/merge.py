@@ -16,8 +16,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["merge_into", "accum_dtype"]
-
 
 def accum_dtype(dtype: torch.dtype) -> torch.dtype:
     """Accumulation dtype for partial results: fp64 stays fp64, all else fp32."""

@@ -15,8 +15,6 @@ import torch
 from plsh_dist.ops.block_layout import BlockLayout, GroupedLayout
 from plsh_dist.ops.dense import DenseKernel, dense_bwd, dense_fwd
 
-__all__ = ["block_fwd", "block_bwd"]
-
 
 def _bias(layout: BlockLayout, batch: int, causal: bool, dtype: torch.dtype) -> torch.Tensor | None:
     """Padding-key bias (B * nb, 1, 1, L) for non-causal calls, else None."""

@@ -27,8 +27,6 @@ from plsh_dist.ops.documents import Documents, flat_documents, flatten_rows, on_
 from plsh_dist.ops.head_groups import head_groups
 from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_for
 
-__all__ = ["plsh_attention", "fixed_blocks_attention", "check_block_attention", "PLSHAttentionFunction"]
-
 
 # ---------------------------------------------------------------------------
 # Layer 2: autograd

@@ -30,8 +30,6 @@ from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.flex import band_block_mask, count_score_mod, flex_attend, flex_status
 from plsh_dist.ops.plsh_onepass import _token_bounds, onepass_forward
 
-__all__ = ["FlexOnePass", "flex_cpu_inference", "flex_forward", "block_bound_tables"]
-
 _log = logging.getLogger(__name__)
 
 #: Shape sets compiled in this process (see :func:`_compiles`).

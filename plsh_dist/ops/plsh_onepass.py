@@ -28,8 +28,8 @@ Counting (why not compare bucket ids): for causal attention
 ``c_ij = #{t : first_t(i) <= j}``, a step function of j with at most s steps,
 so each query's s block starts are scattered into its key row and summed
 cumulatively: O(C K + C s) per chunk whatever s (non-causal subtracts the
-ends the same way). Comparing bucket ids instead costs O(s C K): a
-prototype spent 8x longer counting than attending at sigma = 256, s = 8.
+ends the same way). Comparing bucket ids instead costs O(s C K), which
+outweighs the attention itself (figures: results/cpu_ops/README.md).
 
 Each call finds its queries' blocks from the hash itself
 (:meth:`PositionalLSH.block_bounds`: O(s C) per call), so no (s, n) table of
@@ -59,8 +59,6 @@ from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.gqa import sum_kv_repeats
 from plsh_dist.ops.head_groups import group_inputs, head_groups
 from plsh_dist.ops.merge import accum_dtype
-
-__all__ = ["OnePass", "onepass_forward", "onepass_backward", "chunk_size_for_band", "count_bias"]
 
 #: Elements of one call's (Hc * B, G, C, K) logits plus its per-sample block
 #: bounds ((s, G * C) int64 tables, a few at a time: counted as 16 elements per

@@ -29,8 +29,6 @@ from plsh_dist.ops.head_groups import head_groups, group_inputs
 from plsh_dist.ops.merge import accum_dtype, merge_into
 from plsh_dist.ops.padded_blocks import block_bwd, block_fwd
 
-__all__ = ["PaddedPerSample", "padded_forward", "padded_backward"]
-
 
 def _sample_layouts(lsh: PositionalLSH, positions: torch.Tensor, device: torch.device, docs: Documents | None):
     """Yield, per sample, a function hash head -> its block layout (cheap, never stored)."""

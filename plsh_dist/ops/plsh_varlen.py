@@ -34,8 +34,6 @@ from plsh_dist.ops.merge import accum_dtype, merge_into
 from plsh_dist.ops.varlen_kernels import VarlenKernel, varlen_bwd, varlen_fwd
 from plsh_dist.ops.varlen_plan import VarlenChunk, plan_samples
 
-__all__ = ["VarlenPerSample", "VarlenPlan", "varlen_forward", "varlen_backward"]
-
 
 @dataclass(frozen=True)
 class VarlenPlan:

@@ -16,8 +16,6 @@ import torch
 
 from plsh_dist.ops.gqa import repeat_kv
 
-__all__ = ["dense_attention", "alibi_weights"]
-
 
 def dense_attention(
     q: torch.Tensor,

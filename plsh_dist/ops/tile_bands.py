@@ -33,11 +33,6 @@ import torch
 
 from plsh_dist.hashing import PositionalLSH
 
-__all__ = ["TileConfig", "TILES", "tiles_for", "TokenLayout", "CountBias", "WindowBias",
-           "query_tile_bands", "key_tile_bands", "query_bands", "key_bands", "block_start", "num_tiles", "block_bounds",
-           "row_spans", "tile_index", "CountReach", "WindowReach",
-           "key_spans"]
-
 
 @dataclass(frozen=True)
 class TileConfig:

@@ -39,11 +39,6 @@ from plsh_dist.ops.kernel_bias import KernelBias
 from plsh_dist.ops.kernel_plans import count_plan
 from plsh_dist.ops.tile_bands import TileConfig, TokenLayout, WindowBias, num_tiles, tiles_for
 
-__all__ = ["TritonOnePass", "triton_cuda", "triton_interpreter", "triton_status", "interpreting", "kernels",
-           "banded_forward", "banded_backward", "triton_onepass_forward",
-           "triton_onepass_backward", "alibi_window_attention", "BandedAttentionFunction",
-           "kernel_tiles"]
-
 LOG2E = 1.4426950408889634
 _log = logging.getLogger(__name__)
 

@@ -45,8 +45,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["onepass_fwd_kernel", "onepass_bwd_dkdv_kernel", "onepass_bwd_dq_kernel"]
-
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 #: Sample loops up to this many samples are unrolled (pipelined with the key loop); longer ones loop.

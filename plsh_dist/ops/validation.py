@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["LAYOUT", "check_qkv", "check_positions", "softmax_scale_for"]
-
 #: What a length mismatch most often means, said where a shape allows the check.
 LAYOUT = ("q, k, v are (batch, seqlen, heads, head_dim); a (batch, heads, seqlen, head_dim) tensor puts its heads "
           "where seqlen belongs: pass q.transpose(1, 2) (and k, v)")

@@ -35,8 +35,6 @@ import torch
 
 from plsh_dist.ops.varlen_reference import reference_bwd, reference_fwd
 
-__all__ = ["VarlenKernel", "varlen_fwd", "varlen_bwd", "flash_attn_module", "flash_attn_available", "cuda_half"]
-
 
 class VarlenKernel(str, enum.Enum):
     """What computes one varlen call."""

@@ -38,8 +38,6 @@ import torch
 from plsh_dist.hashing import PositionalLSH, block_starts
 from plsh_dist.ops.documents import Documents
 
-__all__ = ["MAX_SEQS_PER_CALL", "VarlenChunk", "plan_samples"]
-
 MAX_SEQS_PER_CALL = 65535
 
 

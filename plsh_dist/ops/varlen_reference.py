@@ -16,8 +16,6 @@ from plsh_dist.ops.dense import DenseKernel
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.padded_blocks import block_bwd, block_fwd
 
-__all__ = ["reference_fwd", "reference_bwd"]
-
 
 def _layout(cu: torch.Tensor) -> BlockLayout:
     """The padded layout of the sequences ``cu`` (int32 (nseq + 1,)) cuts the rows into."""

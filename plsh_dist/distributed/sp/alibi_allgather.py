@@ -21,8 +21,6 @@ from plsh_dist.distributed.sp.signature import call_signature, slopes_crc
 from plsh_dist.distributed.sp_layout import SPLayout, exchange_layout
 from plsh_dist.ops.alibi import default_chunk_size
 
-__all__ = ["SPAlibiGather", "all_gather_kv", "reduce_scatter_kv"]
-
 
 def all_gather_kv(layout: SPLayout, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Every rank's k, v (B, T, Hkv, D) -> (2, B, P*T, Hkv, D) in rank order; one collective."""

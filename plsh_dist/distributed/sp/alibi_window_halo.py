@@ -36,8 +36,6 @@ from plsh_dist.ops.merge import accum_dtype
 from plsh_dist.ops.tile_bands import TokenLayout, WindowBias
 from plsh_dist.ops.triton_onepass import banded_backward, banded_forward, kernel_tiles, triton_cuda
 
-__all__ = ["SPAlibiWindow"]
-
 
 def _window_rows(T: int, window: int, causal: bool) -> tuple[int, int]:
     """Query rows [i0, i1) whose window lies inside the chunk (no halo needed)."""

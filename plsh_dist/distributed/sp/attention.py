@@ -36,8 +36,6 @@ from plsh_dist.ops.alibi import check_alibi_attention
 from plsh_dist.ops.plsh import check_block_attention
 from plsh_dist.ops.validation import check_qkv, softmax_scale_for
 
-__all__ = ["SequenceParallelAttention"]
-
 
 class SequenceParallelAttention:
     """Attention over the ranks of ``group`` (group rank r holds the r-th chunk).

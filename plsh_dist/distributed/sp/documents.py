@@ -26,8 +26,6 @@ from plsh_dist.distributed.sp_layout import SPLayout
 from plsh_dist.ops.alibi import alibi_backward, alibi_forward
 from plsh_dist.ops.documents import Documents, backward_on_flat_row, check_cu_seqlens, on_flat_row
 
-__all__ = ["SPDocuments", "documents_crc", "alibi_rows_forward", "alibi_rows_backward"]
-
 #: Document ids of row b start at b * _ROW_IDS: ids never collide across rows.
 _ROW_IDS = 1 << 40
 

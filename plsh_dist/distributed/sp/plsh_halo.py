@@ -48,8 +48,6 @@ from plsh_dist.distributed.sp_layout import SPLayout, exchange_layout, hash_fing
 from plsh_dist.ops.documents import Documents, backward_on_flat_row, on_flat_row
 from plsh_dist.ops.merge import accum_dtype
 
-__all__ = ["SPBlockAttention"]
-
 
 def _cat(*xs: torch.Tensor, dim: int = 1) -> torch.Tensor:
     return torch.cat(xs, dim=dim)

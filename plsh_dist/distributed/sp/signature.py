@@ -17,8 +17,6 @@ import torch
 
 from plsh_dist.distributed.sp_layout import dtype_code
 
-__all__ = ["call_signature", "slopes_crc", "window_code"]
-
 _OPS = {"plsh": 1, "alibi_gather": 2, "alibi_window": 3}
 
 
