@@ -29,7 +29,6 @@ import types
 import typing
 from typing import Any
 
-__all__ = ["check_field_types", "describe_type", "toml_literal", "did_you_mean"]
 
 _NAMES = {int: "an int", float: "a finite float", bool: "a bool (true or false)", str: "a string"}
 # A valid value per type, for fields whose default cannot serve as the example (None).
