@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cluster.deepspeed_hostfile import RANK_ENV, write_deepspeed_env, write_hostfile
+from cluster.exit_reason import exit_reason, kernel_oom_kills
 from cluster.hosts import namespaces_refused
 from cluster.rank_memory import RankMemory
 from cluster.ssh import ssh_hosts, ssh_unavailable
@@ -56,6 +57,11 @@ __all__ = ["SP", "REAL_CONFIG", "TINY_CONFIG", "Settings", "Refused", "train_ove
 
 SP = 2  # one rank per host
 REAL_CONFIG = ROOT / "configs" / "qwen3_0.6b_8k_plsh_s10.toml"
+# glibc keeps freed blocks under its dynamic mmap threshold (which grows to 32 MiB) in the heap, so a
+# rank's resident set grows past its live tensors. A fixed 1 MiB threshold maps each tensor of 1 MiB or
+# more on its own and unmaps it when freed. Without it the first 0.6B run here was killed by the kernel's
+# out-of-memory killer in step 1, its two ranks at 9.2 GiB resident each (the planner: 7.2 GiB live).
+REHEARSAL_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 TINY_CONFIG = ROOT / "configs" / "debug.toml"
 PORT = 29500  # inside node-0's own network namespace: nothing else listens there
 _SAVED = re.compile(r"checkpoint: (\S+) saved in ([0-9.]+) s \(([0-9.]+) MiB\)")
@@ -280,16 +286,21 @@ def _run_phases(r: Rehearsal, logs: Path) -> None:
         def train(name: str, out_dir: Path, port: int, **kw) -> Finished:
             fault = kw.pop("fault", None)
             extra = {"PLSH_FAULT": fault} if fault else {}
-            write_deepspeed_env(env_file, {**RANK_ENV, **extra})
+            write_deepspeed_env(env_file, {**RANK_ENV, **REHEARSAL_ENV, **extra})
             cmd = deepspeed_cmd(0, s.config, train_overrides(s, out_dir, **kw), hostfile=hostfile, port=port)
             rep.setdefault("commands", {})[name] = " ".join(str(c) for c in cmd)
-            return _launch(hosts[0], cmd, logs, name, s.train_timeout_s(), DS_ENV_FILE=str(env_file), **extra)
+            oom_before = kernel_oom_kills()
+            res = _launch(hosts[0], cmd, logs, name, s.train_timeout_s(), DS_ENV_FILE=str(env_file), **extra)
+            if res.returncode != 0:
+                rep.setdefault("exit_reasons", {})[name] = exit_reason(res.returncode, res.stdout, oom_before,
+                                                                       kernel_oom_kills())
+            return res
 
         def reference() -> str:
             with RankMemory([(h.name, h.pid) for h in hosts]) as mem:
                 res = train("reference", ref_dir, PORT, every_steps=0, resume="never", export=False)
             if res.returncode != 0:
-                raise RuntimeError(f"the reference run exited {res.returncode}: {res.stderr[-1500:]}")
+                raise RuntimeError(f"the reference run ended: {rep['exit_reasons']['reference']} (log: {logs}/reference.out)")
             got = _losses(ref_dir)
             if sorted(got) != list(range(1, s.steps + 1)):
                 raise RuntimeError(f"the reference run logged steps {sorted(got)}, expected 1..{s.steps}")
@@ -325,7 +336,7 @@ def _run_phases(r: Rehearsal, logs: Path) -> None:
         def resumed() -> str:
             res = train("resumed", cut_dir, PORT + 2, every_steps=ckpt_step, resume="auto", export=True)
             if res.returncode != 0:
-                raise RuntimeError(f"the resumed run exited {res.returncode}: {res.stderr[-1500:]}")
+                raise RuntimeError(f"the resumed run ended: {rep['exit_reasons']['resumed']} (log: {logs}/resumed.out)")
             loaded = _LOADED.search(res.stdout)
             r.check(f"resumed from step_{ckpt_step:08d}", bool(loaded) and loaded.group(1).endswith(
                 f"step_{ckpt_step:08d}"), loaded.group(0) if loaded else "no 'resumed from' line")
