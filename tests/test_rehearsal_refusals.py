@@ -57,3 +57,29 @@ def test_too_little_disk_for_the_checkpoints_is_refused(rehearsal, tmp_path, cap
     assert rehearsal.main(["--tiny", "--out", str(tmp_path / "out")]) == 2
     assert f"not enough disk under {tmp_path}" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_memory_is_budgeted_as_resident_not_live_tensors(rehearsal, tmp_path, capsys, monkeypatch):
+    """Two ranks whose live peak fits the machine but whose resident peak does not are refused: the first
+    0.6B run, let through on the live peak, was killed by the kernel's out-of-memory killer."""
+    import cluster.rehearsal
+    from plsh_dist.plan import plan_run
+    from plsh_dist.plan.machine import MachineMemory
+
+    monkeypatch.setattr(cluster.rehearsal, "namespaces_refused", lambda: None)
+    monkeypatch.setattr(cluster.rehearsal, "ssh_unavailable", lambda: None)
+    peaks = []
+
+    def planned(cfg, **kw):
+        plan = plan_run(cfg, **kw)
+        peaks.append(plan.memory.peak)
+        return plan
+
+    monkeypatch.setattr("plsh_dist.plan.plan_run", planned)
+    # available memory that holds two live peaks with room, but not two resident ones
+    monkeypatch.setattr("plsh_dist.plan.machine.machine_memory",
+                        lambda: MachineMemory(available=int(2.2 * peaks[-1] / 0.9), total=2**40, source="test"))
+    assert rehearsal.main(["--tiny", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "not enough memory: each rank needs about" in err and "x 1.3" in err
+    assert not (tmp_path / "out").exists()
