@@ -78,13 +78,39 @@ class PositionsCache:
 
     Every layer of a forward receives the same position tensors; keeping the result
     makes the device-to-host copy (a sync on GPU) and the checks happen once per
-    forward, not once per layer. Keyed by the tensors' identity and version: a tensor
-    refilled in place (a reused buffer) misses.
+    forward, not once per layer.
+
+    Keyed by the tensors' identity *and* content: the cache holds the tensors it was
+    given and a copy of what they held, and a lookup hits only for the same tensor
+    objects still holding those values (``torch.equal`` on their own device; position
+    ids are small). A buffer refilled in place between forwards therefore misses, and
+    no private tensor attribute is read.
     """
 
     def __init__(self):
-        self.entry = None
-        """((position_ids, version), (cu_seq_lens, version)) and the layout made from them."""
+        self.inputs: tuple[torch.Tensor | None, ...] | None = None
+        """The ``(position_ids, cu_seq_lens)`` the layout was made from (held: their ids cannot be reused)."""
+        self.contents: tuple[torch.Tensor | None, ...] = ()
+        """Copies of ``inputs`` when the layout was made, on their devices."""
+        self.layout: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        """The ops' ``(positions, cu_seqlens)`` made from ``inputs``."""
+
+    def lookup(self, inputs: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The layout made from ``inputs`` if they are the held tensors with unchanged values, else None."""
+        if self.inputs is None or len(inputs) != len(self.inputs):
+            return None
+        for given, held, content in zip(inputs, self.inputs, self.contents):
+            if given is not held:
+                return None
+            if given is not None and not torch.equal(given, content):
+                return None  # refilled in place since the layout was made
+        return self.layout
+
+    def store(self, inputs: tuple[torch.Tensor | None, ...], layout: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+        """Keep ``layout`` as the one of ``inputs`` (and a copy of their values)."""
+        self.inputs = inputs
+        self.contents = tuple(None if x is None else x.detach().clone() for x in inputs)
+        self.layout = layout
 
 
 @dataclass(frozen=True)
@@ -179,11 +205,10 @@ def _layout(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, 
     """
     if position_ids is None and cu_seqlens is None:
         return torch.arange(T), None
-    cached = cache.entry
-    # Identity and version: a tensor refilled in place (a reused buffer) misses the cache.
-    key = [(x, x._version if x is not None else None) for x in (position_ids, cu_seqlens)]
-    if cached is not None and all(a[0] is b[0] and a[1] == b[1] for a, b in zip(cached[0], key)):
-        return cached[1]
+    inputs = (position_ids, cu_seqlens)
+    cached = cache.lookup(inputs)
+    if cached is not None:
+        return cached
     if position_ids is None:
         result = torch.arange(T), cu_seqlens.to("cpu")
     else:
@@ -200,8 +225,7 @@ def _layout(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, 
             result = rows, torch.arange(B + 1, dtype=torch.int32) * T
         else:
             result = rows[0], None
-    # Holding the tensors themselves keeps the identity test sound (their ids cannot be reused).
-    cache.entry = (key, result)
+    cache.store(inputs, result)
     return result
 
 
