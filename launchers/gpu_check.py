@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 GPU_TESTS = ["tests/ops/test_cuda_backends.py", "tests/ops/test_plsh_attention.py::test_cuda_backends_match_math_path",
              # the fused Triton kernel compiled on the GPU (bf16 too) against the fp64 reference
              "tests/ops/triton_kernel/test_triton_attention.py", "tests/ops/triton_kernel/test_triton_counts.py"]
-CPU_SAFE_TESTS = ["tests/ops/test_varlen_path.py"]
+CPU_SAFE_TESTS = ["tests/ops/test_varlen_strategy.py"]
 
 
 def environment() -> dict:

@@ -58,7 +58,7 @@ from plsh_dist.models.modes import BIASES
 from plsh_dist.models.runtime import AttentionRuntime
 from plsh_dist.ops import decode as decode_ops
 from plsh_dist.ops.alibi import truncation_windows
-from plsh_dist.ops.backends import choose_path
+from plsh_dist.ops.backends import choose_strategy
 from plsh_dist.ops.documents import cu_seqlens_from_position_ids
 
 __all__ = [
@@ -197,7 +197,7 @@ def _layout(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, 
     - position_ids that restart at 0 inside a row (``DataCollatorWithFlattening``):
       a document starts at every 0; positions are the (B, T) rows.
     - rows that differ without restarting: each row is one document.
-    - otherwise: row 0 and no documents (the plain path, one hash for the batch).
+    - otherwise: row 0 and no documents (the plain case, one hash for the batch).
 
     Every layer of a forward receives the same tensors; ``cache`` keeps the
     result, so the device-to-host copy (a sync on GPU) and the checks happen once
@@ -282,10 +282,10 @@ def _fixed_blocks_hash(sigma: float | None, num_heads: int) -> FixedBlocks:
 
 def _blocks_decode(hash_of: Callable[[AttentionBinding, int], PositionalLSH], b: AttentionBinding, q, k, v, q_pos,
                    k_pos, scale):
-    """PLSH / fixed blocks rows through the table's decoding path, with the full forward's hash."""
+    """PLSH / fixed blocks rows through the table's decoding strategy, with the full forward's hash."""
     lsh = hash_of(b, q.shape[2])
-    path = choose_path(b.cfg.backend, b.cfg.method, q.device, q.dtype, lsh.num_samples, decoding=True)
-    return path.forward(q, k, v, q_pos, k_pos, lsh, scale=scale)
+    strategy = choose_strategy(b.cfg.backend, b.cfg.method, q.device, q.dtype, lsh.num_samples, decoding=True)
+    return strategy.forward(q, k, v, q_pos, k_pos, lsh, scale=scale)
 
 
 @dataclass(frozen=True)

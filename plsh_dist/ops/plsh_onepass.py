@@ -313,7 +313,7 @@ def onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: tor
 
 @dataclass(frozen=True)
 class OnePass:
-    """Path: the s samples as one attention with the bias ``log c_ij``, in query chunks on dense calls.
+    """Strategy: the s samples as one attention with the bias ``log c_ij``, in query chunks on dense calls.
 
     ``kernel``: the dense calls' (``AUTO``: per call by key length; ``MATH``: explicit matmuls).
     """

@@ -1,4 +1,4 @@
-"""PLSH per sample on the varlen (CUDA) kernels: one call per sample (the path
+"""PLSH per sample on the varlen (CUDA) kernels: one call per sample (the strategy
 :class:`VarlenPerSample`).
 
 Tensors are laid
@@ -151,7 +151,7 @@ def varlen_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torc
 
 @dataclass(frozen=True)
 class VarlenPerSample:
-    """Path: one varlen call per sample over all heads and rows, merged by log-sum-exp."""
+    """Strategy: one varlen call per sample over all heads and rows, merged by log-sum-exp."""
 
     kernel: VarlenKernel
     onepass = False
@@ -163,6 +163,6 @@ class VarlenPerSample:
     def backward(self, dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, plan=None):
         """``(dq, dk, dv)`` with the forward's plan."""
         if plan is None:
-            raise ValueError("the varlen path's backward needs its forward's plan (the third value forward returns)")
+            raise ValueError("the varlen strategy's backward needs its forward's plan (the third value forward returns)")
         return varlen_backward(dout, q, k, v, out, lse, lsh, positions, causal=causal, scale=scale,
                                kernel=self.kernel, plan=plan)

@@ -226,7 +226,7 @@ def _doc(layout: TokenLayout) -> torch.Tensor:
     return layout.doc if layout.doc is not None else layout.kernel_positions
 
 
-# -- PLSH: the contract of plsh_dist.ops.plsh_onepass, and the dispatch table's path ------------
+# -- PLSH: the contract of plsh_dist.ops.plsh_onepass, and the dispatch table's strategy -----
 
 
 def triton_onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, scale: float,
@@ -258,7 +258,7 @@ def triton_onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positio
 
 @dataclass(frozen=True)
 class TritonOnePass:
-    """Path (:mod:`plsh_dist.ops.backends`): the one-pass estimator on the fused Triton kernel."""
+    """Strategy (:mod:`plsh_dist.ops.backends`): the one-pass estimator on the fused Triton kernel."""
 
     onepass = True
 

@@ -15,7 +15,7 @@ every block is one "sequence" of a varlen call. Kernels (:class:`VarlenKernel`):
 
 LSE layout: older builds of both libraries return the varlen LSE padded,
 (nseq, H, max_seqlen), newer ones (H, total). :func:`varlen_fwd` always
-returns (H, total) and says which layout the kernel gave; the path keeps that
+returns (H, total) and says which layout the kernel gave; the strategy keeps that
 in its plan and hands it to :func:`varlen_bwd`, which gives the kernel back
 the layout its forward produced (each library's backward wants its own
 forward's).
