@@ -61,7 +61,7 @@ attention can run, per forward (all layers; backward reuses the plans):
   every rank's need (``plsh_needs``), this rank's ``HaloPlan.build`` and the
   suffix split (``_split``), exactly the calls ``SPBlockAttention.forward``
   makes (its communication excluded);
-- *varlen block plan*: the CUDA per-sample path's ``plan_samples`` for the
+- *varlen block plan*: the CUDA per-sample path's ``varlen_calls`` for the
   rank's chunk (one layer timed, times the layers). Timed on the CPU, where
   the ``(s, H, T/P)`` bucket table is computed on the host as well: an upper
   bound of its host part on a GPU, which computes the buckets on the device
@@ -247,11 +247,11 @@ class PlanningTime:
     halo: float
     """Hash + ``plsh_needs`` + ``HaloPlan.build`` + split, every layer (median of repeats)."""
     varlen: float | None
-    """``plan_samples`` of the rank's chunk, one layer's median times the layers (None: not timed)."""
+    """``varlen_calls`` of the rank's chunk, one layer's median times the layers (None: not timed)."""
     varlen_buckets: float | None = None
     """The part of ``varlen`` that builds the bucket table and finds the block starts
     (``_block_start_indices``, timed alone): on a GPU it runs on the device. The rest,
-    ``varlen - varlen_buckets``, is ``plan_samples`` timed with those starts given (the host's
+    ``varlen - varlen_buckets``, is ``varlen_calls`` timed with those starts given (the host's
     part on a GPU too, the device-to-host copy of the starts excluded)."""
     varlen_extrapolated_from: int | None = None
     """Chunk length the varlen times were measured at, when scaled linearly to the real one."""
@@ -285,8 +285,8 @@ def planning_time(seq_len: int, sp: int, sigma: float | None, num_samples: int,
     """
     from plsh_dist.distributed.halo import HaloPlan, plsh_needs
     from plsh_dist.distributed.sp.plsh_halo import _split
-    from plsh_dist.ops import varlen_plan
-    from plsh_dist.ops.varlen_plan import _block_start_indices
+    from plsh_dist.ops import varlen_layout
+    from plsh_dist.ops.varlen_layout import _block_start_indices
 
     _check_split(seq_len, sp)
     tokens = seq_len // sp
@@ -309,8 +309,8 @@ def planning_time(seq_len: int, sp: int, sigma: float | None, num_samples: int,
     cpu = torch.device("cpu")
     starts = _block_start_indices(lsh, positions, cpu)
     buckets = _median(lambda: _block_start_indices(lsh, positions, cpu), repeats)
-    with mock.patch.object(varlen_plan, "_block_start_indices", lambda *_: starts):  # the rest of plan_samples
-        host = _median(lambda: varlen_plan.plan_samples(lsh, positions, 1, cpu), repeats)
+    with mock.patch.object(varlen_layout, "_block_start_indices", lambda *_: starts):  # the rest of varlen_calls
+        host = _median(lambda: varlen_layout.varlen_calls(lsh, positions, 1, cpu), repeats)
     scale = tokens / n * shape.layers
     return PlanningTime(halo=halo, varlen=(buckets + host) * scale, varlen_buckets=buckets * scale,
                         varlen_extrapolated_from=n if n != tokens else None)

@@ -122,7 +122,7 @@ def markdown(result: dict) -> str:
         for r in recs:
             lines.append(f"| {_name(r['seq_len'])} | {r['sp']} | "
                          + " | ".join(f"{c['halo_plan_s'] * 1e3:,.0f}" for c in r["plsh"]) + " |")
-        lines += ["", "Varlen block plan of the rank's chunk per forward (CUDA per-sample path, plan_samples; one "
+        lines += ["", "Varlen block plan of the rank's chunk per forward (CUDA per-sample path, varlen_calls; one "
                   "layer timed, x 28), CPU ms, timed on the CPU: total / without the bucket table and block-start "
                   "search (which a GPU computes on the device); ~ = timed on a shorter chunk and scaled linearly.",
                   "", "| T | P | " + " | ".join(label(*v) for v in variants) + " |",

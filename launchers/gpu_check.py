@@ -111,20 +111,20 @@ def planning_cost(device_name: str) -> list[dict]:
     import torch
 
     from plsh_dist.hashing import PositionalLSH, alibi_slopes
-    from plsh_dist.ops.varlen_plan import plan_samples
+    from plsh_dist.ops.varlen_layout import varlen_calls
 
     device = torch.device("cuda" if device_name != "CPU" else "cpu")
     rows = []
     for T in ((8192, 32768, 131072) if device.type == "cuda" else (8192, 32768)):
         for sigma_name, sigma in (("per_head", alibi_slopes(16).reciprocal()), ("256", 256.0)):
             lsh = PositionalLSH(sigma, 8, seed=0)
-            plan_samples(lsh, torch.arange(T), 1, device)  # warm-up
+            varlen_calls(lsh, torch.arange(T), 1, device)  # warm-up
             times = []
             for _ in range(3):
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                plan = plan_samples(lsh, torch.arange(T), 1, device)
+                plan = varlen_calls(lsh, torch.arange(T), 1, device)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)

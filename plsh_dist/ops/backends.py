@@ -57,14 +57,14 @@ a CPU's noise, and every new shape set costs a compile (the measurements:
 
 A strategy has ``onepass`` (bool) and:
 
-- ``forward(q, k, v, lsh, positions, *, causal, scale, docs=None) -> (out, lse, plan)``:
+- ``forward(q, k, v, lsh, positions, *, causal, scale, docs=None) -> (out, lse, saved)``:
   q (B, T, Hq, D), k, v (B, T, Hkv, D), positions CPU LongTensor[T], docs the
   :class:`~plsh_dist.ops.documents.Documents` of a batch-1 call; out in q's
-  dtype, lse (B, Hq, T) fp32 (fp64 for fp64); ``plan`` is whatever the
+  dtype, lse (B, Hq, T) fp32 (fp64 for fp64); ``saved`` is whatever the
   backward needs from the forward besides the saved tensors (None when it
   recomputes everything, the varlen calls and their LSE layout otherwise);
-- ``backward(dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, plan=None)
-  -> (dq, dk, dv)`` with the forward's ``plan``.
+- ``backward(dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, saved=None)
+  -> (dq, dk, dv)`` with the forward's ``saved``.
 
 (:class:`~plsh_dist.ops.decode.DecodeOnePass` has a forward of its own shape and no backward;
 an output-only row's strategy, :class:`~plsh_dist.ops.plsh_flex.FlexOnePass`, has

@@ -9,7 +9,7 @@ Three layers, as flash-attention's interface:
    which); sequence parallelism (:mod:`plsh_dist.distributed.sp`) calls the
    same strategy on its chunk plus a halo;
 2. ``PLSHAttentionFunction``: saves q, k, v, out, lse only (not per sample)
-   and the path's plan, and calls the path;
+   and what the strategy saved, and calls the strategy;
 3. ``plsh_attention`` / ``fixed_blocks_attention``: the public functions.
 
 Single process only: nothing here communicates.
@@ -43,13 +43,13 @@ class PLSHAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, lsh, positions, causal, scale, strategy, docs: Documents | None = None):
-        """``strategy``: from :func:`~plsh_dist.ops.backends.choose_strategy`; its plan is kept for the backward."""
-        out, lse, plan = strategy.forward(q, k, v, lsh, positions, causal=causal, scale=scale, docs=docs)
+        """``strategy``: from :func:`~plsh_dist.ops.backends.choose_strategy`; what it saved is kept for the backward."""
+        out, lse, saved = strategy.forward(q, k, v, lsh, positions, causal=causal, scale=scale, docs=docs)
         ctx.mark_non_differentiable(lse)
         if any(ctx.needs_input_grad[:3]):
             ctx.save_for_backward(q, k, v, out, lse)
             ctx.lsh, ctx.positions, ctx.causal, ctx.scale, ctx.strategy = lsh, positions, causal, scale, strategy
-            ctx.plan, ctx.docs = plan, docs
+            ctx.saved, ctx.docs = saved, docs
         return out, lse
 
     @staticmethod
@@ -57,7 +57,7 @@ class PLSHAttentionFunction(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = ctx.strategy.backward(
             dout.contiguous(), q, k, v, out, lse, ctx.lsh, ctx.positions,
-            causal=ctx.causal, scale=ctx.scale, docs=ctx.docs, plan=ctx.plan,
+            causal=ctx.causal, scale=ctx.scale, docs=ctx.docs, saved=ctx.saved,
         )
         return dq, dk, dv, None, None, None, None, None, None
 

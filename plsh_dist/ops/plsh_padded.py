@@ -5,7 +5,7 @@ one batched dense call (:mod:`plsh_dist.ops.padded_blocks`); the s samples
 merge by log-sum-exp (:mod:`plsh_dist.ops.merge`). Backward calls every
 sample's block backward with the merged ``out`` / ``lse`` and sums
 (docs/design.md, section 1, "Backward"), so nothing per sample is kept between forward and backward: the
-block layouts are cheap and recomputed, the strategy's plan is None.
+block layouts are cheap and recomputed, the strategy saves nothing (``saved`` is None).
 
 Loop order, forward and backward: samples outer, hash heads inner (the order
 in which a key/value head's gradient sums its query heads' parts).
@@ -96,11 +96,11 @@ class PaddedPerSample:
     onepass = False
 
     def forward(self, q, k, v, lsh, positions, *, causal, scale, docs=None):
-        """``(out, lse, plan)``; the plan is None (layouts are recomputed in backward)."""
+        """``(out, lse, saved)``; ``saved`` is None (layouts are recomputed in backward)."""
         return (*padded_forward(q, k, v, lsh, positions, causal=causal, scale=scale, kernel=self.kernel,
                                 docs=docs), None)
 
-    def backward(self, dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, plan=None):
+    def backward(self, dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, saved=None):
         """``(dq, dk, dv)``."""
         return padded_backward(dout, q, k, v, out, lse, lsh, positions, causal=causal, scale=scale,
                                kernel=self.kernel, docs=docs)

@@ -119,7 +119,7 @@ def test_every_row_is_reachable_and_says_what_it_computes():
 
 
 def test_the_varlen_lse_layout_travels_in_the_plan():
-    """No module state: the forward's plan carries the kernel's LSE layout to the backward, and the
+    """No module state: what the forward saved carries the kernel's LSE layout to the backward, and the
     padded layout the older kernels use round-trips exactly."""
     from plsh_dist.hashing import PositionalLSH
     from plsh_dist.ops.backends import VARLEN_REFERENCE
@@ -127,9 +127,9 @@ def test_the_varlen_lse_layout_travels_in_the_plan():
 
     q, k, v = (torch.randn(1, 40, 2, 8, dtype=torch.float64) for _ in range(3))
     lsh = PositionalLSH(5.0, 2, seed=0)
-    out, lse, plan = VARLEN_REFERENCE.forward(q, k, v, lsh, torch.arange(40), causal=True, scale=0.3)
-    assert plan.lse_padded is False and len(plan.samples) == 2
-    with pytest.raises(ValueError, match="forward's plan"):
+    out, lse, saved = VARLEN_REFERENCE.forward(q, k, v, lsh, torch.arange(40), causal=True, scale=0.3)
+    assert saved.lse_padded is False and len(saved.samples) == 2
+    with pytest.raises(ValueError, match="what its forward saved"):
         VARLEN_REFERENCE.backward(out, q, k, v, out, lse, lsh, torch.arange(40), causal=True, scale=0.3)
     cu = torch.tensor([0, 3, 10, 11, 25], dtype=torch.int32)
     lse_HR = torch.randn(2, 25)

@@ -11,7 +11,7 @@ import torch
 from plsh_dist.hashing import PositionalLSH, alibi_slopes
 from plsh_dist.ops.backends import VARLEN_REFERENCE, choose_strategy
 from plsh_dist.ops.plsh import PLSHAttentionFunction
-from plsh_dist.ops.varlen_plan import plan_samples
+from plsh_dist.ops.varlen_layout import varlen_calls
 from tests.ops.test_plsh_attention import _check_against_reference, _qkv
 
 
@@ -25,8 +25,8 @@ def test_varlen_strategy_matches_dense_reference(causal, per_head, max_seqs, mon
     lsh = PositionalLSH(sigma, 3, seed=11)
     positions = torch.arange(T) * 2 + 1000  # gapped and offset
     if max_seqs:  # cut every sample into many calls of <= 7 blocks
-        monkeypatch.setattr("plsh_dist.ops.varlen_plan.MAX_SEQS_PER_CALL", max_seqs)
-        assert len(plan_samples(lsh, positions, 2, torch.device("cpu"))[0]) > 3
+        monkeypatch.setattr("plsh_dist.ops.varlen_layout.MAX_SEQS_PER_CALL", max_seqs)
+        assert len(varlen_calls(lsh, positions, 2, torch.device("cpu"))[0]) > 3
     out = PLSHAttentionFunction.apply(q, k, v, lsh, positions, causal, 8**-0.5, VARLEN_REFERENCE)[0]
     _check_against_reference(q, k, v, out, lsh.averaged_mask(positions), causal)
 
@@ -47,7 +47,7 @@ def test_chunks_cover_rows_and_respect_the_sequence_cap():
     lsh = PositionalLSH(torch.tensor([1.5, 3.0, 50.0]), 2, seed=0)
     pos = torch.arange(500)
     B = 3
-    for t, chunks in enumerate(plan_samples(lsh, pos, B, torch.device("cpu"), max_seqs=40)):
+    for t, chunks in enumerate(varlen_calls(lsh, pos, B, torch.device("cpu"), max_seqs=40)):
         assert chunks[0].row_start == 0 and chunks[-1].row_end == 3 * B * 500
         for c, nxt in zip(chunks, chunks[1:]):
             assert c.row_end == nxt.row_start
