@@ -115,7 +115,7 @@ def markdown(result: dict) -> str:
                      + f" | {_bytes(r['ring']['forward'])} | {uly} |")
     if "halo_plan_s" in recs[0]["plsh"][0]:
         lines += ["", "Host planning of the SP halo per forward (28 layers) on the last rank, CPU ms (one thread), "
-                  f"median of {result['repeats']}: the hash, plsh_needs (every rank's need), HaloPlan.build "
+                  f"median of {result['repeats']}: the hash, plsh_needs (every rank's need), HaloExchange.build "
                   "and the suffix split, as SPBlockAttention.forward calls them (backward reuses the plan).", "",
                   "| T | P | " + " | ".join(label(*v) for v in variants) + " |",
                   "|---" * (2 + len(variants)) + "|"]

@@ -43,7 +43,8 @@ class PLSHAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, lsh, positions, causal, scale, strategy, docs: Documents | None = None):
-        """``strategy``: from :func:`~plsh_dist.ops.backends.choose_strategy`; what it saved is kept for the backward."""
+        """``strategy``: from :func:`~plsh_dist.ops.backends.choose_strategy`; what it saved is kept for the
+        backward."""
         out, lse, saved = strategy.forward(q, k, v, lsh, positions, causal=causal, scale=scale, docs=docs)
         ctx.mark_non_differentiable(lse)
         if any(ctx.needs_input_grad[:3]):
@@ -174,8 +175,8 @@ def _block_attention(q, k, v, lsh: PositionalLSH, positions, causal, softmax_sca
                      cu_seqlens):
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     out_only = not (needs_grad or return_lse)
-    pos, scale, strategy, docs = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method, cu_seqlens,
-                                                   out_only)
+    pos, scale, strategy, docs = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method,
+                                                       cu_seqlens, out_only)
     if hasattr(strategy, "attend"):  # an output-only strategy (the table gives it only to such calls)
         if docs is None:
             return strategy.attend(q, k, v, lsh, pos, causal=causal, scale=scale)

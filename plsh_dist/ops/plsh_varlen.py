@@ -163,6 +163,7 @@ class VarlenPerSample:
     def backward(self, dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, saved=None):
         """``(dq, dk, dv)`` with what the forward saved."""
         if saved is None:
-            raise ValueError("the varlen strategy's backward needs what its forward saved (the third value forward returns)")
+            raise ValueError("the varlen strategy's backward needs what its forward saved "
+                             "(the third value forward returns)")
         return varlen_backward(dout, q, k, v, out, lse, lsh, positions, causal=causal, scale=scale,
                                kernel=self.kernel, saved=saved)

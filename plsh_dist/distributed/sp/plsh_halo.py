@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from plsh_dist.distributed.comm_stats import record_call
-from plsh_dist.distributed.halo import HaloPlan, plsh_needs, post_grads, post_kv
+from plsh_dist.distributed.halo import HaloExchange, plsh_needs, post_grads, post_kv
 from plsh_dist.distributed.sp.documents import SPDocuments, documents_crc
 from plsh_dist.distributed.sp.signature import call_signature
 from plsh_dist.distributed.sp_layout import SPLayout, exchange_layout, hash_fingerprint
@@ -116,11 +116,11 @@ class SPBlockAttention(torch.autograd.Function):
         layout = exchange_layout(group, pos, sig)
         record_call()
         docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, layout, B)
-        plan = HaloPlan.build(layout, plsh_needs(lsh, layout, Hq, k.shape[2], causal, docs))
+        exchange = HaloExchange.build(layout, plsh_needs(lsh, layout, Hq, k.shape[2], causal, docs))
         sp = _split(lsh, layout, causal)
         kw = dict(causal=causal, scale=scale)
 
-        pending = post_kv(layout, plan, k, v)
+        pending = post_kv(layout, exchange, k, v)
         docs_s = saved_s = None
         if sp.a < T:  # blocks that need no halo, computed while it is in flight
             q_s = _zero_head_rows(q[:, sp.a:], sp.s - sp.a)
@@ -130,10 +130,10 @@ class SPBlockAttention(torch.autograd.Function):
         (lk, lv), (rk, rv) = halos["left"], halos["right"]
         L, R, e = lk.shape[1], rk.shape[1], sp.e
         q_e = _cat(_zeros_rows(q, L), q[:, :e], _zeros_rows(q, R))
-        pos_e = _cat(plan.left_pos, pos[:e], plan.right_pos, dim=0)
+        pos_e = _cat(exchange.left_pos, pos[:e], exchange.right_pos, dim=0)
         docs_e = None if docs is None else docs.flat(pos_e)
-        out_e, lse_e, saved_e = _forward(strategy, q_e, _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), lsh, pos_e, docs_e,
-                                        **kw)
+        out_e, lse_e, saved_e = _forward(strategy, q_e, _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), lsh, pos_e,
+                                         docs_e, **kw)
         out, lse = out_e[:, L:L + e], lse_e[:, :, L:L + e]
         if sp.a < T:
             out = _cat(out, out_s[:, sp.s - sp.a:])
@@ -141,7 +141,7 @@ class SPBlockAttention(torch.autograd.Function):
         out, lse = out.contiguous(), lse.contiguous()
         if needs_grad:
             ctx.save_for_backward(q, k, v, out, lse, lk, lv, rk, rv)
-            ctx.lsh, ctx.pos, ctx.layout, ctx.plan, ctx.sp, ctx.kw = lsh, pos, layout, plan, sp, kw
+            ctx.lsh, ctx.pos, ctx.layout, ctx.exchange, ctx.sp, ctx.kw = lsh, pos, layout, exchange, sp, kw
             ctx.docs_e, ctx.docs_s = docs_e, docs_s
             ctx.strategy, ctx.saved_e, ctx.saved_s = strategy, saved_e, saved_s
         return out
@@ -159,13 +159,13 @@ class SPBlockAttention(torch.autograd.Function):
         def pad(x, dim=1):  # zero halo rows around local rows [0, e)
             return _cat(_zeros_rows(x, L, dim), x.narrow(dim, 0, e), _zeros_rows(x, R, dim), dim=dim)
 
-        pos_e = _cat(ctx.plan.left_pos, pos[:e], ctx.plan.right_pos, dim=0)
+        pos_e = _cat(ctx.exchange.left_pos, pos[:e], ctx.exchange.right_pos, dim=0)
         dq_e, dk_e, dv_e = _backward(
             ctx.strategy, ctx.saved_e, pad(dout), pad(q), _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), pad(out),
             pad(lse, 2), lsh, pos_e, ctx.docs_e, **kw,
         )
         halo_grads = {"left": (dk_e[:, :L], dv_e[:, :L]), "right": (dk_e[:, L + e:], dv_e[:, L + e:])}
-        pending = post_grads(ctx.layout, ctx.plan, halo_grads, like=k)
+        pending = post_grads(ctx.layout, ctx.exchange, halo_grads, like=k)
 
         # 2. suffix while the halo gradients travel.
         dq = torch.empty_like(q)
@@ -178,7 +178,8 @@ class SPBlockAttention(torch.autograd.Function):
             n = sp.s - sp.a
             a = sp.a
             dq_s, dk_s, dv_s = _backward(
-                ctx.strategy, ctx.saved_s, _zero_head_rows(dout[:, a:], n), _zero_head_rows(q[:, a:], n), k[:, a:], v[:, a:],
+                ctx.strategy, ctx.saved_s, _zero_head_rows(dout[:, a:], n), _zero_head_rows(q[:, a:], n), k[:, a:],
+                v[:, a:],
                 _zero_head_rows(out[:, a:], n), _zero_head_rows(lse[:, :, a:], n, dim=2), lsh, pos[a:], ctx.docs_s,
                 **kw,
             )
