@@ -119,8 +119,8 @@ class AttentionBinding:
 
     Attributes:
         cfg: the module's attention settings.
-        seeds: the seed context (shared by the model's modules); the seed rule is
-            :meth:`seed`.
+        runtime: the seed context, an :class:`~plsh_dist.models.runtime.AttentionRuntime` (shared by
+            the model's modules); the seed rule is :meth:`seed`.
         layer: the module's layer index (``layer_idx``), an input of the seed rule.
         ops: the object computing the attention (None: the single-process
             :mod:`plsh_dist.ops`).
@@ -128,7 +128,7 @@ class AttentionBinding:
     """
 
     cfg: AttentionConfig
-    seeds: AttentionRuntime
+    runtime: AttentionRuntime
     layer: int
     ops: Any = None
     positions: PositionsCache = field(default_factory=PositionsCache, compare=False, repr=False)
@@ -136,7 +136,7 @@ class AttentionBinding:
     def seed(self) -> int:
         """The hash seed of this layer in the seed context's current step (``fixed_masks``:
         step 0's): ``hash_seed(run_seed, step, micro_step, layer)``."""
-        return self.seeds.layer_seed(self.layer, self.cfg.fixed_masks)
+        return self.runtime.layer_seed(self.layer, self.cfg.fixed_masks)
 
     def forward(self, q, k, v, positions, scale, cu_seqlens=None) -> torch.Tensor:
         """q (B, T, Hq, D), k/v (B, T, Hkv, D) -> (B, T, Hq, D) under ``cfg.bias``, computed by ``ops``."""
