@@ -75,7 +75,7 @@ def test_a_new_hash_of_the_same_shapes_reuses_the_compiled_graph():
 
 
 def test_past_the_recompile_limit_new_shapes_run_the_chunked_one_pass(monkeypatch, caplog):
-    """Dynamo would run FlexAttention eagerly (dense scores) past its limit: the path does not let it."""
+    """Dynamo would run FlexAttention eagerly (dense scores) past its limit: the strategy does not let it."""
     import torch._dynamo
 
     from torch._dynamo.utils import counters
@@ -93,7 +93,7 @@ def test_past_the_recompile_limit_new_shapes_run_the_chunked_one_pass(monkeypatc
 
 
 def test_other_flexattention_users_do_not_take_the_paths_compiles(monkeypatch, recwarn):
-    """The path compiles its own function: a benchmark's FlexAttention graphs in the same process
+    """The strategy compiles its own function: a benchmark's FlexAttention graphs in the same process
     do not count against the strategy's recompile limit (else dynamo runs it eagerly, dense)."""
     import torch._dynamo
 

@@ -176,7 +176,7 @@ def test_method_is_validated_and_auto_rule():
     q, k, v, _ = _qkv(16)
     with pytest.raises(ValueError, match="method must be one of"):
         plsh_attention(q, k, v, sigma=2.0, num_samples=2, seed=0, method="fast")
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # choosing a path touches no device
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # choosing a strategy touches no device
     padded = lambda method, s: choose_strategy("torch", method, cpu, torch.float32, s).onepass
     varlen = lambda method, s: choose_strategy("torch", method, cuda, torch.bfloat16, s).onepass
     assert padded("auto", 8) and not padded("auto", 1)
