@@ -61,8 +61,9 @@ A strategy has ``onepass`` (bool) and:
   q (B, T, Hq, D), k, v (B, T, Hkv, D), positions CPU LongTensor[T], docs the
   :class:`~plsh_dist.ops.documents.Documents` of a batch-1 call; out in q's
   dtype, lse (B, Hq, T) fp32 (fp64 for fp64); ``saved`` is whatever the
-  backward needs from the forward besides the saved tensors (None when it
-  recomputes everything, the varlen calls and their LSE layout otherwise);
+  backward needs from the forward besides the tensors autograd keeps (None when
+  it recomputes everything; the varlen calls and their LSE layout, or the fused
+  kernel's band tables, otherwise);
 - ``backward(dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, saved=None)
   -> (dq, dk, dv)`` with the forward's ``saved``.
 
