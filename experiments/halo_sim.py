@@ -17,12 +17,12 @@ so the rank receives exactly
     pairs_r = sum_h (first_r - max(lo_h, 0))        (kv head, position) pairs,
     forward bytes_r = pairs_r * 2 D b                (K and V)
 
-which is ``HaloPlan.build(...).recv_tokens()`` (tested against it and
+which is ``HaloExchange.build(...).recv_tokens()`` (tested against it and
 against ``comm_stats`` of a real SP run). Only the ``P`` block starts per
 (sample, hash head) are computed (``PositionalLSH.block_bounds`` of the
 chunks' first positions: ``O(P s H)``, no bucket of any other position), so
 ``T = 4M``, ``P = 256``, ``s = 100`` costs milliseconds, whereas building
-every rank's ``HaloPlan`` is ``O(P^3)``. Backward sends the halo's dK/dV
+every rank's ``HaloExchange`` is ``O(P^3)``. Backward sends the halo's dK/dV
 back to their owners: the same bytes. The hash of layer ``l`` is the one
 the trainer draws at step 0 (``AttentionRuntime(run_seed).layer_seed(l)``).
 
@@ -58,10 +58,10 @@ SP ops (a few hundred bytes per call) is not counted.
 attention can run, per forward (all layers; backward reuses the plans):
 
 - *halo plan*: per layer the hash (``PositionalLSH``: pitches and shifts),
-  every rank's need (``plsh_needs``), this rank's ``HaloPlan.build`` and the
+  every rank's need (``plsh_needs``), this rank's ``HaloExchange.build`` and the
   suffix split (``_split``), exactly the calls ``SPBlockAttention.forward``
   makes (its communication excluded);
-- *varlen block plan*: the CUDA per-sample path's ``plan_samples`` for the
+- *varlen block plan*: the CUDA per-sample path's ``varlen_calls`` for the
   rank's chunk (one layer timed, times the layers). Timed on the CPU, where
   the ``(s, H, T/P)`` bucket table is computed on the host as well: an upper
   bound of its host part on a GPU, which computes the buckets on the device
@@ -160,9 +160,9 @@ def halo_pairs(lsh, sp: int, tokens: int, q_heads: int, kv_heads: int, offset: i
     """Causal halo of every rank when ``sp`` chunks of ``tokens`` tile ``[offset, offset + sp * tokens)``.
 
     Returns ``(pairs, slots, peers)``, int64 ndarray[P] each: the (kv head,
-    position) pairs rank ``r`` receives (``HaloPlan.recv_tokens()``), its
+    position) pairs rank ``r`` receives (``HaloExchange.recv_tokens()``), its
     left halo buffer's positions (``left_pos.numel()``) and the number of
-    earlier ranks it receives from (``len(HaloPlan.recv)``).
+    earlier ranks it receives from (``len(HaloExchange.recv)``).
     """
     firsts = torch.arange(sp, dtype=torch.long) * tokens + offset
     H = lsh.num_heads
@@ -245,13 +245,13 @@ class PlanningTime:
     """CPU seconds of host planning per forward (all layers) on one rank (one thread)."""
 
     halo: float
-    """Hash + ``plsh_needs`` + ``HaloPlan.build`` + split, every layer (median of repeats)."""
+    """Hash + ``plsh_needs`` + ``HaloExchange.build`` + split, every layer (median of repeats)."""
     varlen: float | None
-    """``plan_samples`` of the rank's chunk, one layer's median times the layers (None: not timed)."""
+    """``varlen_calls`` of the rank's chunk, one layer's median times the layers (None: not timed)."""
     varlen_buckets: float | None = None
     """The part of ``varlen`` that builds the bucket table and finds the block starts
     (``_block_start_indices``, timed alone): on a GPU it runs on the device. The rest,
-    ``varlen - varlen_buckets``, is ``plan_samples`` timed with those starts given (the host's
+    ``varlen - varlen_buckets``, is ``varlen_calls`` timed with those starts given (the host's
     part on a GPU too, the device-to-host copy of the starts excluded)."""
     varlen_extrapolated_from: int | None = None
     """Chunk length the varlen times were measured at, when scaled linearly to the real one."""
@@ -283,10 +283,10 @@ def planning_time(seq_len: int, sp: int, sigma: float | None, num_samples: int,
     under the cap and scaled linearly to the real chunk (its cost is linear in
     the chunk's length), reported in ``varlen_extrapolated_from``.
     """
-    from plsh_dist.distributed.halo import HaloPlan, plsh_needs
+    from plsh_dist.distributed.halo import HaloExchange, plsh_needs
     from plsh_dist.distributed.sp.plsh_halo import _split
-    from plsh_dist.ops import varlen_plan
-    from plsh_dist.ops.varlen_plan import _block_start_indices
+    from plsh_dist.ops import varlen_layout
+    from plsh_dist.ops.varlen_layout import _block_start_indices
 
     _check_split(seq_len, sp)
     tokens = seq_len // sp
@@ -295,7 +295,7 @@ def planning_time(seq_len: int, sp: int, sigma: float | None, num_samples: int,
     def halo_forward():
         for layer in range(shape.layers):
             lsh = layer_hash(sigma, num_samples, layer, shape, run_seed)
-            HaloPlan.build(layout, plsh_needs(lsh, layout, shape.q_heads, shape.kv_heads, True))
+            HaloExchange.build(layout, plsh_needs(lsh, layout, shape.q_heads, shape.kv_heads, True))
             _split(lsh, layout, True)
 
     halo = _median(halo_forward, repeats)
@@ -309,8 +309,8 @@ def planning_time(seq_len: int, sp: int, sigma: float | None, num_samples: int,
     cpu = torch.device("cpu")
     starts = _block_start_indices(lsh, positions, cpu)
     buckets = _median(lambda: _block_start_indices(lsh, positions, cpu), repeats)
-    with mock.patch.object(varlen_plan, "_block_start_indices", lambda *_: starts):  # the rest of plan_samples
-        host = _median(lambda: varlen_plan.plan_samples(lsh, positions, 1, cpu), repeats)
+    with mock.patch.object(varlen_layout, "_block_start_indices", lambda *_: starts):  # the rest of varlen_calls
+        host = _median(lambda: varlen_layout.varlen_calls(lsh, positions, 1, cpu), repeats)
     scale = tokens / n * shape.layers
     return PlanningTime(halo=halo, varlen=(buckets + host) * scale, varlen_buckets=buckets * scale,
                         varlen_extrapolated_from=n if n != tokens else None)

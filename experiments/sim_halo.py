@@ -115,14 +115,14 @@ def markdown(result: dict) -> str:
                      + f" | {_bytes(r['ring']['forward'])} | {uly} |")
     if "halo_plan_s" in recs[0]["plsh"][0]:
         lines += ["", "Host planning of the SP halo per forward (28 layers) on the last rank, CPU ms (one thread), "
-                  f"median of {result['repeats']}: the hash, plsh_needs (every rank's need), HaloPlan.build "
+                  f"median of {result['repeats']}: the hash, plsh_needs (every rank's need), HaloExchange.build "
                   "and the suffix split, as SPBlockAttention.forward calls them (backward reuses the plan).", "",
                   "| T | P | " + " | ".join(label(*v) for v in variants) + " |",
                   "|---" * (2 + len(variants)) + "|"]
         for r in recs:
             lines.append(f"| {_name(r['seq_len'])} | {r['sp']} | "
                          + " | ".join(f"{c['halo_plan_s'] * 1e3:,.0f}" for c in r["plsh"]) + " |")
-        lines += ["", "Varlen block plan of the rank's chunk per forward (CUDA per-sample path, plan_samples; one "
+        lines += ["", "Varlen block plan of the rank's chunk per forward (CUDA per-sample path, varlen_calls; one "
                   "layer timed, x 28), CPU ms, timed on the CPU: total / without the bucket table and block-start "
                   "search (which a GPU computes on the device); ~ = timed on a shorter chunk and scaled linearly.",
                   "", "| T | P | " + " | ".join(label(*v) for v in variants) + " |",

@@ -12,7 +12,7 @@ warm-up, the masked and unmasked calls interleaved so load drifts hit both
 alike; each figure is quoted as the ratio masked / unmasked measured side by
 side. Halo: the bytes each of ``--sp`` ranks receives per layer in forward
 (K and V, bf16, Hkv = 8, D = 128: Qwen3-0.6B's), from the real hash and the
-halo plan, without computing attention: for the timed layout, and averaged
+halo exchange, without computing attention: for the timed layout, and averaged
 over ``--layouts`` seeded layouts (a saving needs a document start within a
 halo's reach of a chunk start, so one layout says little).
 """
@@ -80,7 +80,7 @@ def halo_bytes(seq_len: int, lengths: list[int], sp: int, samples: int, layers: 
     """Forward halo bytes each rank receives per layer, mean over ``layers`` hashes, with and without documents."""
     import torch
 
-    from plsh_dist.distributed.halo import HaloPlan, plsh_needs
+    from plsh_dist.distributed.halo import HaloExchange, plsh_needs
     from plsh_dist.distributed.sp.documents import SPDocuments
     from plsh_dist.distributed.sp_layout import SPLayout
     from plsh_dist.hashing import PositionalLSH, alibi_slopes
@@ -97,8 +97,8 @@ def halo_bytes(seq_len: int, lengths: list[int], sp: int, samples: int, layers: 
         for r in range(sp):
             layout = SPLayout(None, r, sp, tuple(range(sp)), tuple(i * T for i in range(sp)), T)
             docs = SPDocuments.build(cu, layout, 1)
-            plain[r] += HaloPlan.build(layout, plsh_needs(lsh, layout, Hq, Hkv, True)).recv_tokens(1)
-            masked[r] += HaloPlan.build(layout, plsh_needs(lsh, layout, Hq, Hkv, True, docs)).recv_tokens(1)
+            plain[r] += HaloExchange.build(layout, plsh_needs(lsh, layout, Hq, Hkv, True)).recv_tokens(1)
+            masked[r] += HaloExchange.build(layout, plsh_needs(lsh, layout, Hq, Hkv, True, docs)).recv_tokens(1)
     return {"plain": [x * per_token / layers for x in plain], "masked": [x * per_token / layers for x in masked],
             "chunk_starts_document": [int(r * T) in set(cu.tolist()) for r in range(sp)]}
 

@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 GPU_TESTS = ["tests/ops/test_cuda_backends.py", "tests/ops/test_plsh_attention.py::test_cuda_backends_match_math_path",
              # the fused Triton kernel compiled on the GPU (bf16 too) against the fp64 reference
              "tests/ops/triton_kernel/test_triton_attention.py", "tests/ops/triton_kernel/test_triton_counts.py"]
-CPU_SAFE_TESTS = ["tests/ops/test_varlen_path.py"]
+CPU_SAFE_TESTS = ["tests/ops/test_varlen_strategy.py"]
 
 
 def environment() -> dict:
@@ -111,20 +111,20 @@ def planning_cost(device_name: str) -> list[dict]:
     import torch
 
     from plsh_dist.hashing import PositionalLSH, alibi_slopes
-    from plsh_dist.ops.varlen_plan import plan_samples
+    from plsh_dist.ops.varlen_layout import varlen_calls
 
     device = torch.device("cuda" if device_name != "CPU" else "cpu")
     rows = []
     for T in ((8192, 32768, 131072) if device.type == "cuda" else (8192, 32768)):
         for sigma_name, sigma in (("per_head", alibi_slopes(16).reciprocal()), ("256", 256.0)):
             lsh = PositionalLSH(sigma, 8, seed=0)
-            plan_samples(lsh, torch.arange(T), 1, device)  # warm-up
+            varlen_calls(lsh, torch.arange(T), 1, device)  # warm-up
             times = []
             for _ in range(3):
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                plan = plan_samples(lsh, torch.arange(T), 1, device)
+                plan = varlen_calls(lsh, torch.arange(T), 1, device)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)

@@ -152,7 +152,7 @@ def window_needs(window: int, layout: SPLayout, num_kv_heads: int, causal: bool,
 
 
 # ---------------------------------------------------------------------------
-# The plan: slots and messages
+# The exchange: slots and messages
 # ---------------------------------------------------------------------------
 
 
@@ -227,7 +227,7 @@ def _transfers(layout: SPLayout, i: int, need) -> list[tuple[int, Transfer]]:
 
 
 @dataclass
-class HaloPlan:
+class HaloExchange:
     """This rank's messages and halo slots, derived identically on every rank.
 
     Attributes:
@@ -242,13 +242,13 @@ class HaloPlan:
     right_pos: torch.Tensor
 
     @classmethod
-    def build(cls, layout: SPLayout, needs: list[Need]) -> "HaloPlan":
+    def build(cls, layout: SPLayout, needs: list[Need]) -> "HaloExchange":
         me = layout.rank
         recv, send = [], []
         mine = (layout.start(me), layout.end(me))
         for i in range(layout.size):  # fixed order: receiver, then owner
             if i != me and not _reaches(layout, i, needs[i], *mine):
-                continue  # nothing between i and this rank: O(P) per plan instead of O(P^2)
+                continue  # nothing between i and this rank: O(P) per exchange instead of O(P^2)
             for j, t in _transfers(layout, i, needs[i]):
                 if i == me:
                     recv.append(Transfer(peer=j, side=t.side, pieces=t.pieces))
@@ -311,17 +311,17 @@ def _irecv(layout: SPLayout, buf: torch.Tensor, peer: int, phase: str):
 class PendingHalo:
     """Posted forward halo messages; :meth:`wait` returns the filled halo buffers."""
 
-    def __init__(self, layout: SPLayout, plan: HaloPlan, k: torch.Tensor, v: torch.Tensor):
-        self.plan = plan
+    def __init__(self, layout: SPLayout, exchange: HaloExchange, k: torch.Tensor, v: torch.Tensor):
+        self.exchange = exchange
         B, _, Hkv, D = k.shape
-        self.shapes = {"left": (B, plan.left_pos.numel(), Hkv, D), "right": (B, plan.right_pos.numel(), Hkv, D)}
+        self.shapes = {"left": (B, exchange.left_pos.numel(), Hkv, D), "right": (B, exchange.right_pos.numel(), Hkv, D)}
         self.like = k
         self.works, self.bufs = [], []
-        for t in plan.recv:  # receives first, so a sender never waits on an unposted receive
+        for t in exchange.recv:  # receives first, so a sender never waits on an unposted receive
             buf = k.new_empty(2 * t.tokens(B) * D)
             self.bufs.append((t, buf))
             self.works.append(_irecv(layout, buf, t.peer, "fwd"))
-        for t in plan.send:
+        for t in exchange.send:
             self.works.append(_isend(layout, _pack([k, v], t.pieces, "src").contiguous(), t.peer, "fwd"))
 
     def wait(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -334,22 +334,22 @@ class PendingHalo:
         return halos
 
 
-def post_kv(layout: SPLayout, plan: HaloPlan, k: torch.Tensor, v: torch.Tensor) -> PendingHalo:
+def post_kv(layout: SPLayout, exchange: HaloExchange, k: torch.Tensor, v: torch.Tensor) -> PendingHalo:
     """Post the forward halo messages of ``k``, ``v`` (B, T, Hkv, D); returns before they complete."""
-    return PendingHalo(layout, plan, k, v)
+    return PendingHalo(layout, exchange, k, v)
 
 
 class PendingGrads:
     """Posted backward messages: halo gradients going back to their owners."""
 
-    def __init__(self, layout, plan: HaloPlan, halo_grads: dict[str, tuple[torch.Tensor, torch.Tensor]], like):
+    def __init__(self, layout, exchange: HaloExchange, halo_grads: dict[str, tuple[torch.Tensor, torch.Tensor]], like):
         self.works, self.bufs = [], []
         B, _, Hkv, D = like.shape
-        for t in plan.send:  # gradients for the tokens this rank sent in forward
+        for t in exchange.send:  # gradients for the tokens this rank sent in forward
             buf = like.new_empty(2 * t.tokens(B) * D)
             self.bufs.append((t, buf))
             self.works.append(_irecv(layout, buf, t.peer, "bwd"))
-        for t in plan.recv:
+        for t in exchange.recv:
             buf = _pack(list(halo_grads[t.side]), t.pieces, "dst").to(like.dtype).contiguous()
             self.works.append(_isend(layout, buf, t.peer, "bwd"))
 
@@ -361,8 +361,8 @@ class PendingGrads:
             _unpack_into(buf, [dk, dv], t.pieces, "src", add=True)
 
 
-def post_grads(layout: SPLayout, plan: HaloPlan, halo_grads, like: torch.Tensor) -> PendingGrads:
+def post_grads(layout: SPLayout, exchange: HaloExchange, halo_grads, like: torch.Tensor) -> PendingGrads:
     """Post the backward messages: ``halo_grads`` side -> (dk_halo, dv_halo) go to
     their owners; the gradients of this rank's sent tokens are received.
     ``like``: a (B, T, Hkv, D) tensor of the gradient dtype."""
-    return PendingGrads(layout, plan, halo_grads, like)
+    return PendingGrads(layout, exchange, halo_grads, like)

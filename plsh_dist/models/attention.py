@@ -58,7 +58,7 @@ from plsh_dist.models.modes import BIASES
 from plsh_dist.models.runtime import AttentionRuntime
 from plsh_dist.ops import decode as decode_ops
 from plsh_dist.ops.alibi import truncation_windows
-from plsh_dist.ops.backends import choose_path
+from plsh_dist.ops.backends import choose_strategy
 from plsh_dist.ops.documents import cu_seqlens_from_position_ids
 
 #: Name under which transformers finds our attention (``config._attn_implementation``).
@@ -73,13 +73,39 @@ class PositionsCache:
 
     Every layer of a forward receives the same position tensors; keeping the result
     makes the device-to-host copy (a sync on GPU) and the checks happen once per
-    forward, not once per layer. Keyed by the tensors' identity and version: a tensor
-    refilled in place (a reused buffer) misses.
+    forward, not once per layer.
+
+    Keyed by the tensors' identity *and* content: the cache holds the tensors it was
+    given and a copy of what they held, and a lookup hits only for the same tensor
+    objects still holding those values (``torch.equal`` on their own device; position
+    ids are small). A buffer refilled in place between forwards therefore misses, and
+    no private tensor attribute is read.
     """
 
     def __init__(self):
-        self.entry = None
-        """((position_ids, version), (cu_seq_lens, version)) and the layout made from them."""
+        self.inputs: tuple[torch.Tensor | None, ...] | None = None
+        """The ``(position_ids, cu_seq_lens)`` the layout was made from (held: their ids cannot be reused)."""
+        self.contents: tuple[torch.Tensor | None, ...] = ()
+        """Copies of ``inputs`` when the layout was made, on their devices."""
+        self.layout: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        """The ops' ``(positions, cu_seqlens)`` made from ``inputs``."""
+
+    def lookup(self, inputs: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The layout made from ``inputs`` if they are the held tensors with unchanged values, else None."""
+        if self.inputs is None or len(inputs) != len(self.inputs):
+            return None
+        for given, held, content in zip(inputs, self.inputs, self.contents):
+            if given is not held:
+                return None
+            if given is not None and not torch.equal(given, content):
+                return None  # refilled in place since the layout was made
+        return self.layout
+
+    def store(self, inputs: tuple[torch.Tensor | None, ...], layout: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+        """Keep ``layout`` as the one of ``inputs`` (and a copy of their values)."""
+        self.inputs = inputs
+        self.contents = tuple(None if x is None else x.detach().clone() for x in inputs)
+        self.layout = layout
 
 
 @dataclass(frozen=True)
@@ -88,8 +114,8 @@ class AttentionBinding:
 
     Attributes:
         cfg: the module's attention settings.
-        seeds: the seed context (shared by the model's modules); the seed rule is
-            :meth:`seed`.
+        runtime: the seed context, an :class:`~plsh_dist.models.runtime.AttentionRuntime` (shared by
+            the model's modules); the seed rule is :meth:`seed`.
         layer: the module's layer index (``layer_idx``), an input of the seed rule.
         ops: the object computing the attention (None: the single-process
             :mod:`plsh_dist.ops`).
@@ -97,7 +123,7 @@ class AttentionBinding:
     """
 
     cfg: AttentionConfig
-    seeds: AttentionRuntime
+    runtime: AttentionRuntime
     layer: int
     ops: Any = None
     positions: PositionsCache = field(default_factory=PositionsCache, compare=False, repr=False)
@@ -105,7 +131,7 @@ class AttentionBinding:
     def seed(self) -> int:
         """The hash seed of this layer in the seed context's current step (``fixed_masks``:
         step 0's): ``hash_seed(run_seed, step, micro_step, layer)``."""
-        return self.seeds.layer_seed(self.layer, self.cfg.fixed_masks)
+        return self.runtime.layer_seed(self.layer, self.cfg.fixed_masks)
 
     def forward(self, q, k, v, positions, scale, cu_seqlens=None) -> torch.Tensor:
         """q (B, T, Hq, D), k/v (B, T, Hkv, D) -> (B, T, Hq, D) under ``cfg.bias``, computed by ``ops``."""
@@ -166,7 +192,7 @@ def _layout(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, 
     - position_ids that restart at 0 inside a row (``DataCollatorWithFlattening``):
       a document starts at every 0; positions are the (B, T) rows.
     - rows that differ without restarting: each row is one document.
-    - otherwise: row 0 and no documents (the plain path, one hash for the batch).
+    - otherwise: row 0 and no documents (the plain case, one hash for the batch).
 
     Every layer of a forward receives the same tensors; ``cache`` keeps the
     result, so the device-to-host copy (a sync on GPU) and the checks happen once
@@ -174,11 +200,10 @@ def _layout(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, 
     """
     if position_ids is None and cu_seqlens is None:
         return torch.arange(T), None
-    cached = cache.entry
-    # Identity and version: a tensor refilled in place (a reused buffer) misses the cache.
-    key = [(x, x._version if x is not None else None) for x in (position_ids, cu_seqlens)]
-    if cached is not None and all(a[0] is b[0] and a[1] == b[1] for a, b in zip(cached[0], key)):
-        return cached[1]
+    inputs = (position_ids, cu_seqlens)
+    cached = cache.lookup(inputs)
+    if cached is not None:
+        return cached
     if position_ids is None:
         result = torch.arange(T), cu_seqlens.to("cpu")
     else:
@@ -195,8 +220,7 @@ def _layout(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, 
             result = rows, torch.arange(B + 1, dtype=torch.int32) * T
         else:
             result = rows[0], None
-    # Holding the tensors themselves keeps the identity test sound (their ids cannot be reused).
-    cache.entry = (key, result)
+    cache.store(inputs, result)
     return result
 
 
@@ -253,10 +277,10 @@ def _fixed_blocks_hash(sigma: float | None, num_heads: int) -> FixedBlocks:
 
 def _blocks_decode(hash_of: Callable[[AttentionBinding, int], PositionalLSH], b: AttentionBinding, q, k, v, q_pos,
                    k_pos, scale):
-    """PLSH / fixed blocks rows through the table's decoding path, with the full forward's hash."""
+    """PLSH / fixed blocks rows through the table's decoding strategy, with the full forward's hash."""
     lsh = hash_of(b, q.shape[2])
-    path = choose_path(b.cfg.backend, b.cfg.method, q.device, q.dtype, lsh.num_samples, decoding=True)
-    return path.forward(q, k, v, q_pos, k_pos, lsh, scale=scale)
+    strategy = choose_strategy(b.cfg.backend, b.cfg.method, q.device, q.dtype, lsh.num_samples, decoding=True)
+    return strategy.forward(q, k, v, q_pos, k_pos, lsh, scale=scale)
 
 
 @dataclass(frozen=True)

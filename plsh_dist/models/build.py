@@ -148,7 +148,7 @@ def set_attention_mode(
     modules = attention_modules(model)
     current = getattr(modules[0], BINDING_ATTR, None)
     if runtime is None:
-        runtime = current.seeds if current is not None else AttentionRuntime()
+        runtime = current.runtime if current is not None else AttentionRuntime()
     ops = current.ops if current is not None else None
     if model.config._attn_implementation != IMPLEMENTATION:
         model.set_attn_implementation(IMPLEMENTATION)
@@ -186,7 +186,7 @@ def _binding(module: nn.Module) -> AttentionBinding:
 
 def get_runtime(model: nn.Module) -> AttentionRuntime:
     """The seed context (``AttentionRuntime``) shared by the model's attention modules."""
-    return _binding(attention_modules(model)[0]).seeds
+    return _binding(attention_modules(model)[0]).runtime
 
 
 def count_parameters(model: nn.Module, *, exclude_embeddings: bool = False) -> int:

@@ -14,7 +14,6 @@ config maps onto them one section each.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +26,11 @@ from plsh_dist.ops.backends import BACKENDS, METHODS
 
 #: transformers decoder families we build (all share the AttentionInterface path).
 FAMILIES = ("qwen3", "llama", "mistral")
+
+
+def _default(obj, name: str) -> Any:
+    """The dataclass default of field ``name`` of ``obj``: the 'e.g.' of a value error."""
+    return obj.__dataclass_fields__[name].default
 
 
 def _from_dict(cls, d: dict[str, Any], section: str):
@@ -119,41 +123,31 @@ class AttentionConfig:
                                               "truncate_c": 2.66})
         if self.bias not in BIASES:
             raise ValueError(f"attention.bias must be one of {BIASES}, got {self.bias!r}")
-        if not isinstance(self.rope, bool):
-            raise ValueError(f"attention.rope must be true or false, got {self.rope!r}")
-        if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or self.num_samples < 1:
+        # Types were checked above (one rule for every section); what follows checks values.
+        if self.num_samples < 1:
             raise ValueError(
                 f"attention.num_samples must be an int >= 1 (hash samples averaged; error ~ 1/sqrt(s)), "
                 f"got {self.num_samples!r}; e.g. num_samples = 8"
             )
-        if self.sigma is not None:
-            if isinstance(self.sigma, bool) or not isinstance(self.sigma, (int, float)) or not (
-                    self.sigma > 0 and math.isfinite(self.sigma)):
-                raise ValueError(
-                    f"attention.sigma must be a finite float > 0 (a kernel scale in tokens), got {self.sigma!r}; "
-                    f"e.g. sigma = 256.0 (the paper's), or leave sigma out for per-head 1/alibi_slope"
-                )
-            self.sigma = float(self.sigma)
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
-            raise ValueError(f"attention.window must be an int >= 1 (tokens), got {self.window!r}")
-        if self.truncate_c is not None:
-            if isinstance(self.truncate_c, bool) or not isinstance(self.truncate_c, (int, float)) or not (
-                    self.truncate_c > 0 and math.isfinite(self.truncate_c)):
-                raise ValueError(f"attention.truncate_c must be a float > 0 (the window in units of sigma), got "
-                                 f"{self.truncate_c!r}; e.g. truncate_c = 2.66 (= ln 8 + 0.58, PLSH's cost at s = 8)"
-                                 ", or leave it out for ln(num_samples) + 0.58")
-            self.truncate_c = float(self.truncate_c)
-        if not isinstance(self.fixed_masks, bool):
-            raise ValueError(f"attention.fixed_masks must be true or false, got {self.fixed_masks!r}")
+        if self.sigma is not None and not self.sigma > 0:
+            raise ValueError(
+                f"attention.sigma must be a finite float > 0 (a kernel scale in tokens), got {self.sigma!r}; "
+                f"e.g. sigma = 256.0 (the paper's), or leave sigma out for per-head 1/alibi_slope"
+            )
+        if self.window < 1:
+            raise ValueError(f"attention.window must be an int >= 1 (tokens), got {self.window!r}; e.g. window = 512")
+        if self.truncate_c is not None and not self.truncate_c > 0:
+            raise ValueError(f"attention.truncate_c must be a float > 0 (the window in units of sigma), got "
+                             f"{self.truncate_c!r}; e.g. truncate_c = 2.66 (= ln 8 + 0.58, PLSH's cost at s = 8)"
+                             ", or leave it out for ln(num_samples) + 0.58")
         get_sampler(self.sampler, "attention.sampler")
         if self.backend not in BACKENDS:
             raise ValueError(f"attention.backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.method not in METHODS:
             raise ValueError(f"attention.method must be one of {METHODS}, got {self.method!r}")
-        if self.chunk_size is not None and (
-            isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size < 1
-        ):
-            raise ValueError(f"attention.chunk_size must be an int >= 1 or None, got {self.chunk_size!r}")
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise ValueError(f"attention.chunk_size must be an int >= 1 or left out, got {self.chunk_size!r}; "
+                             f"e.g. chunk_size = 1024, or leave it out to let the op choose")
 
     def truncation_c(self) -> float:
         """``c`` of ``"truncated"``: ``truncate_c``, or ``ln(num_samples) + 0.58`` when unset."""
@@ -207,11 +201,12 @@ class ModelConfig:
         check_field_types(self, "model")
         if self.family not in FAMILIES:
             raise ValueError(f"model.family must be one of {FAMILIES}, got {self.family!r}")
+        # Types were checked above (one rule for every section); what follows checks values.
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                      "intermediate_size", "max_position_embeddings"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"model.{name} must be an int >= 1, got {value!r}")
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name} must be an int >= 1, got {getattr(self, name)!r}; "
+                                 f"e.g. {name} = {_default(self, name)}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"model.num_heads ({self.num_heads}) must be a multiple of model.num_kv_heads "
@@ -222,13 +217,9 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValueError(f"model.head_dim must be even (rotary pairs dimensions), got {self.head_dim}")
         for name in ("rope_theta", "rms_norm_eps", "init_std"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"model.{name} must be a number > 0, got {value!r}")
-            setattr(self, name, float(value))
-        for name in ("tie_embeddings", "attention_bias"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
+            if not getattr(self, name) > 0:
+                raise ValueError(f"model.{name} must be a number > 0, got {getattr(self, name)!r}; "
+                                 f"e.g. {name} = {_default(self, name)}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,11 +1,11 @@
 """The one table: how PLSH is computed, for a user's ``backend`` / ``method`` and the tensors at hand.
 
-:func:`choose_path` maps (backend, method, device, dtype, s) to one *path*, a
+:func:`choose_strategy` maps (backend, method, device, dtype, s) to one *strategy*, a
 small frozen object holding the forward and backward of one way to compute
 the estimator. It is the only place that chooses; nothing downstream tests
 the backend, the method or the device again.
 
-    path                 file                 what it computes
+    strategy             file                 what it computes
     TritonOnePass        triton_onepass.py    one attention with the bias log c_ij, one fused Triton kernel
     PaddedPerSample      plsh_padded.py       s block attentions on padded blocks, merged by log-sum-exp
     VarlenPerSample      plsh_varlen.py       s varlen calls (flash-attn, aten or the CPU reference), merged
@@ -19,7 +19,7 @@ row, in table order, of those whose "backend=auto" column says yes.
 :func:`describe_table` prints this table from ``TABLE`` (docs/design.md
 carries the same text; a test holds both to it):
 
-    backend     method      runs on                             path                         method=auto  backend=auto
+    backend     method      runs on                             strategy                     method=auto  backend=auto
     triton      onepass     CUDA (sm >= 80) fp16/bf16/fp32      TritonOnePass()              always       yes
     triton      onepass     CPU fp32/fp16, Triton interpreter   TritonOnePass()              always       no
     flex        onepass     CPU fp32, output only               FlexOnePass()                always       no
@@ -38,7 +38,7 @@ So ``backend="auto"`` tries triton, then flash_attn, then torch.
 On CUDA with Triton importable the fused one-pass kernel comes first: it
 visits only the tiles of each query tile's band (cost grows like log s); where
 Triton is missing the log says so once and the rows below it run. One pass
-is the default on the padded (CPU) path from s = 2 on, where the attention
+is the default on the padded (CPU) strategy from s = 2 on, where the attention
 benchmark measures it faster (README, "Attention operator"); with s = 1 the
 two are the same attention; on the CUDA varlen rows per sample is the
 default (an explicit ``method="onepass"`` there runs the device-generic one
@@ -55,22 +55,23 @@ It is not in ``backend="auto"``: its gain over the chunked one pass is within
 a CPU's noise, and every new shape set costs a compile (the measurements:
 ``results/flex/README.md``).
 
-A path has ``onepass`` (bool) and:
+A strategy has ``onepass`` (bool) and:
 
-- ``forward(q, k, v, lsh, positions, *, causal, scale, docs=None) -> (out, lse, plan)``:
+- ``forward(q, k, v, lsh, positions, *, causal, scale, docs=None) -> (out, lse, saved)``:
   q (B, T, Hq, D), k, v (B, T, Hkv, D), positions CPU LongTensor[T], docs the
   :class:`~plsh_dist.ops.documents.Documents` of a batch-1 call; out in q's
-  dtype, lse (B, Hq, T) fp32 (fp64 for fp64); ``plan`` is whatever the
-  backward needs from the forward besides the saved tensors (None when it
-  recomputes everything, the varlen calls and their LSE layout otherwise);
-- ``backward(dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, plan=None)
-  -> (dq, dk, dv)`` with the forward's ``plan``.
+  dtype, lse (B, Hq, T) fp32 (fp64 for fp64); ``saved`` is whatever the
+  backward needs from the forward besides the tensors autograd keeps (None when
+  it recomputes everything; the varlen calls and their LSE layout, or the fused
+  kernel's band tables, otherwise);
+- ``backward(dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, saved=None)
+  -> (dq, dk, dv)`` with the forward's ``saved``.
 
 (:class:`~plsh_dist.ops.decode.DecodeOnePass` has a forward of its own shape and no backward;
-an output-only row's path, :class:`~plsh_dist.ops.plsh_flex.FlexOnePass`, has
+an output-only row's strategy, :class:`~plsh_dist.ops.plsh_flex.FlexOnePass`, has
 ``attend(q, k, v, lsh, positions, *, causal, scale, docs=None) -> out`` instead of both.)
 
-How to add a path (a fused GPU kernel, say):
+How to add a strategy (a fused GPU kernel, say):
 
 1. write its forward and backward as pure functions in one new file of
    ``plsh_dist/ops/``, and in that file a frozen dataclass with ``onepass`` and the
@@ -80,7 +81,7 @@ How to add a path (a fused GPU kernel, say):
    accept it from then on);
 3. add one :class:`Row` to ``TABLE``: its backend, the method it computes,
    a predicate ``(device, dtype) -> bool`` saying where it runs and the same in
-   words, the path, when ``method="auto"`` picks it, and what it needs (the
+   words, the strategy, when ``method="auto"`` picks it, and what it needs (the
    error an explicit ``backend=`` gets where it does not apply). Its place in
    ``TABLE`` is its priority for ``backend="auto"``;
 4. paste :func:`describe_table`'s new text over the table above and in
@@ -172,24 +173,24 @@ class Row:
     """One row of the table.
 
     Attributes:
-        backend: the backend that offers this path.
-        method: what the path computes (``ONEPASS`` or ``PER_SAMPLE``).
-        applies: ``(device, dtype) -> bool``, where the path runs.
+        backend: the backend that offers this strategy.
+        method: what the strategy computes (``ONEPASS`` or ``PER_SAMPLE``).
+        applies: ``(device, dtype) -> bool``, where the strategy runs.
         runs_on: ``applies`` in words (the table's "runs on" column).
-        path: the path object.
+        strategy: the strategy object.
         auto: ``num_samples -> bool``, whether ``method="auto"`` picks this row.
         needs: what ``applies`` asks for, said when an explicit ``backend=`` finds none of
             its rows applying (empty for rows that apply anywhere).
         in_auto: whether ``backend="auto"`` may pick this row.
-        out_only: the path computes the output only (``attend``): chosen only for a call
-            that needs neither gradients nor the log-sum-exp (``choose_path(out_only=True)``).
+        out_only: the strategy computes the output only (``attend``): chosen only for a call
+            that needs neither gradients nor the log-sum-exp (``choose_strategy(out_only=True)``).
     """
 
     backend: Backend
     method: Method
     applies: Callable[[torch.device, torch.dtype], bool]
     runs_on: str
-    path: object
+    strategy: object
     auto: Callable[[int], bool] = _always
     needs: str = ""
     in_auto: bool = True
@@ -204,7 +205,7 @@ _FLEX_NEEDS = ("CPU fp32 tensors, a torch whose compiled FlexAttention builds he
                "compiler), and a call that needs neither gradients nor the log-sum-exp (under torch.no_grad(), "
                "return_lse=False, one process)")
 
-#: The paths, in priority order for ``backend="auto"`` (see the module docstring).
+#: The strategies, in priority order for ``backend="auto"`` (see the module docstring).
 _CUDA_HALF = "CUDA fp16/bf16"
 _FLASH_ATTN_RUNS_ON = "CUDA fp16/bf16, flash-attn"
 _ANYWHERE = "anything"
@@ -229,28 +230,28 @@ TABLE: tuple[Row, ...] = (
     Row(Backend.MATH, Method.PER_SAMPLE, _anywhere, _ANYWHERE, PaddedPerSample(DenseKernel.MATH), in_auto=False),
 )
 
-#: The forward-only path of a decoding step, for every backend and method (the same
+#: The forward-only strategy of a decoding step, for every backend and method (the same
 #: estimator as either method's full forward).
 DECODE = DecodeOnePass()
 
-#: The varlen path on explicit matmuls (CPU tests of the CUDA code path; in no row).
+#: The varlen strategy on explicit matmuls (CPU tests of the CUDA code path; in no row).
 VARLEN_REFERENCE = VarlenPerSample(VarlenKernel.REFERENCE)
 
 
-def _path_text(path) -> str:
-    """``VarlenPerSample(FLASH_ATTN)``: the path's class and its kernel, as the table shows them."""
-    values = (getattr(path, field.name) for field in dataclasses.fields(path))
-    return f"{type(path).__name__}({', '.join(v.name if isinstance(v, enum.Enum) else repr(v) for v in values)})"
+def _strategy_text(strategy) -> str:
+    """``VarlenPerSample(FLASH_ATTN)``: the strategy's class and its kernel, as the table shows them."""
+    values = (getattr(strategy, field.name) for field in dataclasses.fields(strategy))
+    return f"{type(strategy).__name__}({', '.join(v.name if isinstance(v, enum.Enum) else repr(v) for v in values)})"
 
 
 def describe_table() -> str:
     """``TABLE`` as the text of the module docstring's table (and docs/design.md's): one
-    line per row, then the decoding path; 4 spaces of indent, no trailing newline."""
+    line per row, then the decoding strategy; 4 spaces of indent, no trailing newline."""
     widths = (12, 12, 36, 29, 13)  # every column but the last
-    lines = [("backend", "method", "runs on", "path", "method=auto", "backend=auto")]
-    lines += [(row.backend.value, row.method.value, row.runs_on, _path_text(row.path), row.auto.__doc__,
+    lines = [("backend", "method", "runs on", "strategy", "method=auto", "backend=auto")]
+    lines += [(row.backend.value, row.method.value, row.runs_on, _strategy_text(row.strategy), row.auto.__doc__,
                "yes" if row.in_auto else "no") for row in TABLE]
-    lines.append(("(decoding)", "any", _ANYWHERE, _path_text(DECODE)))
+    lines.append(("(decoding)", "any", _ANYWHERE, _strategy_text(DECODE)))
     return "\n".join(("    " + "".join(cell.ljust(w) for cell, w in zip(line[:-1], widths)) + line[-1]).rstrip()
                      for line in lines)
 
@@ -272,9 +273,9 @@ def _vocabulary(backend, method) -> tuple[Backend, Method]:
     return backend, method
 
 
-def choose_path(backend: str | Backend, method: str | Method, device: torch.device, dtype: torch.dtype,
+def choose_strategy(backend: str | Backend, method: str | Method, device: torch.device, dtype: torch.dtype,
                 num_samples: int, *, decoding: bool = False, out_only: bool = False):
-    """The path that computes PLSH for tensors of ``device`` / ``dtype`` with ``num_samples`` samples.
+    """The strategy that computes PLSH for tensors of ``device`` / ``dtype`` with ``num_samples`` samples.
 
     ``decoding``: a KV-cache step (queries against cached keys, forward only).
     ``out_only``: the call needs the output alone (no gradient, no log-sum-exp), so output-only
@@ -290,9 +291,9 @@ def choose_path(backend: str | Backend, method: str | Method, device: torch.devi
         if row.out_only and not out_only:
             continue
         if row.applies(device, dtype) and (method is not Method.AUTO or row.auto(num_samples)):
-            return row.path
+            return row.strategy
     needs = next((r.needs for r in offered if r.needs), "")
     if needs:
         raise ValueError(f"backend={backend.value!r} needs {needs}; use backend='auto' to fall back to torch")
-    raise ValueError(f"backend={backend.value!r} has no method={method.value!r} path for {device.type} "
+    raise ValueError(f"backend={backend.value!r} has no method={method.value!r} strategy for {device.type} "
                      f"{dtype}; use method='auto'")

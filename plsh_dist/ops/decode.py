@@ -14,12 +14,12 @@ sequence, up to rounding:
   of samples whose block holding ``i`` also holds ``j``, and attends with the
   bias ``log c_ij`` over its band of keys (from the earliest block start
   ``min_t first_t(i)`` to ``i``: about ``sigma * (ln s + 0.58)`` keys per hash
-  head). Block starts and counts are the one-pass path's own
+  head). Block starts and counts are the one-pass strategy's own
   (:mod:`plsh_dist.ops.band`), so the masks are those of the same
   ``(seed, sample, head, position)`` as a full forward's, whichever method (per
   sample or one pass) that forward used: the two compute the same estimator.
-  This is the forward-only path :class:`DecodeOnePass` of the table
-  (:func:`plsh_dist.ops.backends.choose_path` with ``decoding=True``).
+  This is the forward-only strategy :class:`DecodeOnePass` of the table
+  (:func:`plsh_dist.ops.backends.choose_strategy` with ``decoding=True``).
 
 The keys are taken to be the whole sequence: a band reaching before
 ``k_pos[0]`` stops there, as a full forward over the cached tokens would.
@@ -133,7 +133,7 @@ def block_decode(q, k, v, q_pos, k_pos, lsh: PositionalLSH, *, scale: float | No
 
 @dataclass(frozen=True)
 class DecodeOnePass:
-    """Forward-only path of a KV-cache step: the one-pass form over each query's band
+    """Forward-only strategy of a KV-cache step: the one-pass form over each query's band
     (:func:`block_decode`), whatever method the full forward uses."""
 
     onepass = True

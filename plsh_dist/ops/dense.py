@@ -1,6 +1,6 @@
 """Dense softmax attention math that returns / accepts the log-sum-exp.
 
-The building block of every path: softmax attention on a batch of short
+The building block of every strategy: softmax attention on a batch of short
 sequences (blocks, or query chunks against a key range), forward returning
 ``(out, lse)`` and backward taking a possibly *merged* ``(out, lse)`` — the
 recipe ring attention uses, which lets several partial attentions share one
@@ -18,8 +18,8 @@ Two kernels with one signature (:class:`DenseKernel`):
   flash-attn). Memory O(N * H * Lq * Lk): only for short blocks or chunks.
 
 ``AUTO`` (or None) picks one per call with :func:`kernel_for`, by the call's
-key length: a size rule inside the chosen path, not a choice of path
-(that is :func:`plsh_dist.ops.backends.choose_path`'s alone).
+key length: a size rule inside the chosen strategy, not a choice of strategy
+(that is :func:`plsh_dist.ops.backends.choose_strategy`'s alone).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ PyTorch's FlexAttention (``torch.nn.attention.flex_attention``) compiles a
 ``score_mod`` (a bias added to each score) and a block-sparse mask (the key
 blocks each query block visits, and a ``mask_mod`` inside the blocks it only
 partly sees) into one fused attention. Here are the pieces every user of it in
-this project shares (the CPU path :mod:`plsh_dist.ops.plsh_flex`, the GPU
+this project shares (the CPU strategy :mod:`plsh_dist.ops.plsh_flex`, the GPU
 benchmark, the CPU comparison in ``experiments/flex_cpu.py``):
 
 - :func:`band_block_mask`: the block mask of a *band*, each query row ``i``
@@ -13,7 +13,7 @@ benchmark, the CPU comparison in ``experiments/flex_cpu.py``):
   band (from the earliest block start of the s blocks holding ``i``);
 - score mods: ALiBi's ``-m_h |i - j|`` (:func:`alibi_score_mod`) and PLSH's
   ``log c_ij`` in two forms, from per-token block bounds
-  (:func:`count_score_mod`: integer compares, what the CPU path runs) and
+  (:func:`count_score_mod`: integer compares, what the CPU strategy runs) and
   straight from the hash's pitch and shift tables (:func:`hash_count_score_mod`:
   ``s`` float64 bucket pairs per score, the form a user would write from the
   paper; the GPU benchmark's);

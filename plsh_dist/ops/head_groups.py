@@ -3,7 +3,7 @@
 A hash has one head (one ``sigma`` for every query head: each sample's blocks
 serve all heads at once) or one head per query head (per-head ``sigma``,
 ALiBi's default: query head ``h`` has its own blocks and reads key/value head
-``h // g``, ``g = Hq // Hkv``). Every path reads the decision from
+``h // g``, ``g = Hq // Hkv``). Every strategy reads the decision from
 :func:`head_groups` instead of testing ``lsh.num_heads`` itself.
 
 Legend: B batch, n tokens, Hq / Hkv query / key-value heads, Hc query heads

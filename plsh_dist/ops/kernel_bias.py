@@ -5,7 +5,7 @@ shapes, the arguments each kernel reads (block bounds and per-tile spans of a
 :class:`~plsh_dist.ops.tile_bands.CountBias`, or a
 :class:`~plsh_dist.ops.tile_bands.WindowBias`'s sigma and windows) and the band
 limits of each tile. The launchers (:mod:`plsh_dist.ops.triton_onepass`) read it; the
-cache (:mod:`plsh_dist.ops.kernel_plans`) shares one between calls with the same hash.
+cache (:mod:`plsh_dist.ops.kernel_bias_cache`) shares one between calls with the same hash.
 
 Legend: n tokens, s samples, Hh bias heads (1 shared, Hq per head).
 """
@@ -48,7 +48,7 @@ class KernelBias:
     """A bias as the kernels read it, for one call: the tables and bands of the forward, dK/dV
     and dQ kernels, every head at once. Built once per (bias, tokens, causal, tiles): the
     forward and backward of a call share it, and so do calls with the same hash
-    (:mod:`plsh_dist.ops.kernel_plans`).
+    (:mod:`plsh_dist.ops.kernel_bias_cache`).
 
     Attributes:
         bias: the :class:`CountBias` or :class:`WindowBias`; layout: the tokens; causal.

@@ -1,4 +1,4 @@
-"""Block attention on a padded batch of blocks: the CPU path (and any device via math).
+"""Block attention on a padded batch of blocks: the CPU strategies (and any device via math).
 
 One call handles one (sample, head-group): every token attends (causally) to
 the tokens of its own block only. Blocks are padded to the longest one and run

@@ -4,12 +4,12 @@ bias ``log c_ij`` (``method="onepass"``, :mod:`plsh_dist.ops.plsh_onepass`).
 
 Three layers, as flash-attention's interface:
 
-1. pure forward / backward functions, one file per path
-   (:mod:`plsh_dist.ops.backends` chooses the path, and says which file holds
+1. pure forward / backward functions, one file per strategy
+   (:mod:`plsh_dist.ops.backends` chooses the strategy, and says which file holds
    which); sequence parallelism (:mod:`plsh_dist.distributed.sp`) calls the
-   same path on its chunk plus a halo;
+   same strategy on its chunk plus a halo;
 2. ``PLSHAttentionFunction``: saves q, k, v, out, lse only (not per sample)
-   and the path's plan, and calls the path;
+   and what the strategy saved, and calls the strategy;
 3. ``plsh_attention`` / ``fixed_blocks_attention``: the public functions.
 
 Single process only: nothing here communicates.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH
-from plsh_dist.ops.backends import choose_path
+from plsh_dist.ops.backends import choose_strategy
 from plsh_dist.ops.documents import Documents, flat_documents, flatten_rows, on_flat_row, unflatten_rows
 from plsh_dist.ops.head_groups import head_groups
 from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_for
@@ -40,22 +40,23 @@ class PLSHAttentionFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, lsh, positions, causal, scale, path, docs: Documents | None = None):
-        """``path``: from :func:`~plsh_dist.ops.backends.choose_path`; its plan is kept for the backward."""
-        out, lse, plan = path.forward(q, k, v, lsh, positions, causal=causal, scale=scale, docs=docs)
+    def forward(ctx, q, k, v, lsh, positions, causal, scale, strategy, docs: Documents | None = None):
+        """``strategy``: from :func:`~plsh_dist.ops.backends.choose_strategy`; what it saved is kept for the
+        backward."""
+        out, lse, saved = strategy.forward(q, k, v, lsh, positions, causal=causal, scale=scale, docs=docs)
         ctx.mark_non_differentiable(lse)
         if any(ctx.needs_input_grad[:3]):
             ctx.save_for_backward(q, k, v, out, lse)
-            ctx.lsh, ctx.positions, ctx.causal, ctx.scale, ctx.path = lsh, positions, causal, scale, path
-            ctx.plan, ctx.docs = plan, docs
+            ctx.lsh, ctx.positions, ctx.causal, ctx.scale, ctx.strategy = lsh, positions, causal, scale, strategy
+            ctx.saved, ctx.docs = saved, docs
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ctx.path.backward(
+        dq, dk, dv = ctx.strategy.backward(
             dout.contiguous(), q, k, v, out, lse, ctx.lsh, ctx.positions,
-            causal=ctx.causal, scale=ctx.scale, docs=ctx.docs, plan=ctx.plan,
+            causal=ctx.causal, scale=ctx.scale, docs=ctx.docs, saved=ctx.saved,
         )
         return dq, dk, dv, None, None, None, None, None, None
 
@@ -151,11 +152,11 @@ def check_block_attention(q, k, v, lsh: PositionalLSH, positions, softmax_scale,
                           cu_seqlens=None, out_only=False):
     """Validate the arguments of a block attention; ValueErrors name the argument.
 
-    Returns ``(positions, scale, path, docs)``: without ``cu_seqlens`` CPU
+    Returns ``(positions, scale, strategy, docs)``: without ``cu_seqlens`` CPU
     LongTensor[T] and ``docs = None``; with it the flat row's LongTensor[B * T]
-    and its :class:`~plsh_dist.ops.documents.Documents`; then float, the path
-    (:func:`~plsh_dist.ops.backends.choose_path`; ``out_only``: the call needs no gradient
-    and no log-sum-exp, so an output-only path may answer).
+    and its :class:`~plsh_dist.ops.documents.Documents`; then float, the strategy
+    (:func:`~plsh_dist.ops.backends.choose_strategy`; ``out_only``: the call needs no gradient
+    and no log-sum-exp, so an output-only strategy may answer).
     """
     check_qkv(q, k, v)
     head_groups(lsh, q.shape[2], k.shape[2])  # checks sigma's length
@@ -164,24 +165,24 @@ def check_block_attention(q, k, v, lsh: PositionalLSH, positions, softmax_scale,
     else:
         docs = flat_documents(positions, cu_seqlens, q.shape[0], q.shape[1])
         pos = docs.positions
-    path = choose_path(backend, method, q.device, q.dtype, lsh.num_samples, out_only=out_only)
-    return pos, softmax_scale_for(q, softmax_scale), path, docs
+    strategy = choose_strategy(backend, method, q.device, q.dtype, lsh.num_samples, out_only=out_only)
+    return pos, softmax_scale_for(q, softmax_scale), strategy, docs
 
 
 def _block_attention(q, k, v, lsh: PositionalLSH, positions, causal, softmax_scale, backend, method, return_lse,
                      cu_seqlens):
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     out_only = not (needs_grad or return_lse)
-    pos, scale, path, docs = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method, cu_seqlens,
-                                                   out_only)
-    if hasattr(path, "attend"):  # an output-only path (the table gives it only to such calls)
+    pos, scale, strategy, docs = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method,
+                                                       cu_seqlens, out_only)
+    if hasattr(strategy, "attend"):  # an output-only strategy (the table gives it only to such calls)
         if docs is None:
-            return path.attend(q, k, v, lsh, pos, causal=causal, scale=scale)
+            return strategy.attend(q, k, v, lsh, pos, causal=causal, scale=scale)
         B = q.shape[0]
-        out = path.attend(*(flatten_rows(x) for x in (q, k, v)), lsh, pos, causal=causal, scale=scale, docs=docs)
+        out = strategy.attend(*(flatten_rows(x) for x in (q, k, v)), lsh, pos, causal=causal, scale=scale, docs=docs)
         return unflatten_rows(out, B)
     if docs is None:
-        out, lse = PLSHAttentionFunction.apply(q, k, v, lsh, pos, causal, scale, path)
+        out, lse = PLSHAttentionFunction.apply(q, k, v, lsh, pos, causal, scale, strategy)
     else:  # documents: one flat row of B * T tokens whose row boundaries are document boundaries
-        out, lse = on_flat_row(PLSHAttentionFunction.apply, q, k, v, lsh, pos, causal, scale, path, docs)
+        out, lse = on_flat_row(PLSHAttentionFunction.apply, q, k, v, lsh, pos, causal, scale, strategy, docs)
     return (out, lse) if return_lse else out

@@ -4,7 +4,7 @@ The one-pass estimator (:mod:`plsh_dist.ops.plsh_onepass`) is attention with
 the bias ``log c_ij`` over a band of keys per query. Here it is one compiled
 FlexAttention call (:mod:`plsh_dist.ops.flex`): the count as a ``score_mod``
 reading every token's block bounds, the band as a block-sparse mask. On CPU
-PyTorch compiles only its forward and returns no log-sum-exp, so this path
+PyTorch compiles only its forward and returns no log-sum-exp, so this strategy
 computes ``out`` alone: the table (:mod:`plsh_dist.ops.backends`) offers it
 only to calls that need nothing else (no gradient, no ``return_lse``, one
 process), and ``backend="auto"`` never picks it (why: the table's docstring).
@@ -38,8 +38,8 @@ _COMPILED: set[tuple] = set()
 
 def _path_flex(q, k, v, score_mod, block_mask, scale, enable_gqa):
     """FlexAttention through a function of this module's own, so that the graphs dynamo keeps
-    for it (and counts against its recompile limit) are this path's alone: other users of
-    FlexAttention in the process (benchmarks) do not take the path's room."""
+    for it (and counts against its recompile limit) are this strategy's alone: other users of
+    FlexAttention in the process (benchmarks) do not take the strategy's room."""
     return torch.nn.attention.flex_attention.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
                                                              scale=scale, enable_gqa=enable_gqa)
 
@@ -50,7 +50,7 @@ def _compiled_path_flex():
 
 
 def flex_cpu_inference(device: torch.device, dtype: torch.dtype) -> bool:
-    """Where the path runs: CPU fp32 tensors (what was measured), torch's compiled FlexAttention
+    """Where the strategy runs: CPU fp32 tensors (what was measured), torch's compiled FlexAttention
     buildable here."""
     return device.type == "cpu" and dtype == torch.float32 and flex_status("cpu") is None
 
@@ -106,13 +106,13 @@ def _say_once(message: str) -> None:
 
 @dataclass(frozen=True)
 class FlexOnePass:
-    """Path: one pass on FlexAttention, output only (``attend``; no ``forward`` / ``backward``:
+    """Strategy: one pass on FlexAttention, output only (``attend``; no ``forward`` / ``backward``:
     the table gives it only to calls that need neither gradients nor the log-sum-exp)."""
 
     onepass = True
 
     def attend(self, q, k, v, lsh, positions, *, causal, scale, docs=None) -> torch.Tensor:
-        """``out`` (B, n, Hq, D), as the other paths' forward computes it; past dynamo's recompile
+        """``out`` (B, n, Hq, D), as the other strategies' forward computes it; past dynamo's recompile
         limit (new shape sets), the chunked one pass computes it, and the log says so once."""
         key = (tuple(q.shape), tuple(k.shape), q.dtype, lsh.num_samples, lsh.num_heads, causal, float(scale))
         if not _compiles(key):

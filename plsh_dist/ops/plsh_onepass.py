@@ -239,10 +239,10 @@ def _add_keys(dst_BnHD: torch.Tensor, x_GNKD: torch.Tensor, call: _Call) -> None
     dst_BnHD.index_add_(1, call.k_idx.flatten().to(dst_BnHD.device), x.to(dst_BnHD.dtype))
 
 
-def _head_plans(lsh: PositionalLSH, positions: torch.Tensor, causal: bool, B: int, Hq: int, Hkv: int,
+def _head_calls(lsh: PositionalLSH, positions: torch.Tensor, causal: bool, B: int, Hq: int, Hkv: int,
                 docs: Documents | None):
     """Per hash head: (its :class:`~plsh_dist.ops.head_groups.HeadGroup`, its calls). Forward
-    and backward plan alike: the plan is cheap (O(s) per chunk), and keeping it between them
+    and backward build them alike: they are cheap (O(s) per chunk), and keeping them between the two
     would hold O(n) indices per hash head and layer."""
     heads = head_groups(lsh, Hq, Hkv)
     heads_batch = B * (Hq if heads.shared else 1)
@@ -262,7 +262,7 @@ def onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, cau
     Hkv = k.shape[2]
     out = torch.empty_like(q)
     lse = torch.empty(B, n, Hq, 1, dtype=accum_dtype(q.dtype), device=q.device)  # heads-last, like out
-    for g, calls in _head_plans(lsh, positions, causal, B, Hq, Hkv, docs):
+    for g, calls in _head_calls(lsh, positions, causal, B, Hq, Hkv, docs):
         q_h, k_h, v_h = group_inputs(q, k, v, g)
         out_h = out[:, :, g.q_heads]
         lse_h = lse[:, :, g.q_heads]
@@ -289,7 +289,7 @@ def onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: tor
     dk = torch.zeros(B, n, Hq if heads.shared else Hkv, D, dtype=acc, device=q.device)
     dv = torch.zeros_like(dk)
     lse_BnH1 = lse.permute(0, 2, 1)[..., None]
-    for g, calls in _head_plans(lsh, positions, causal, B, Hq, Hkv, docs):
+    for g, calls in _head_calls(lsh, positions, causal, B, Hq, Hkv, docs):
         q_h, k_h, v_h = group_inputs(q, k, v, g)
         # contiguous once per head: index_select from a strided view costs O(n) per call
         dout_h, out_h, lse_h = (x[:, :, g.q_heads].contiguous() for x in (dout, out, lse_BnH1))
@@ -311,7 +311,7 @@ def onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: tor
 
 @dataclass(frozen=True)
 class OnePass:
-    """Path: the s samples as one attention with the bias ``log c_ij``, in query chunks on dense calls.
+    """Strategy: the s samples as one attention with the bias ``log c_ij``, in query chunks on dense calls.
 
     ``kernel``: the dense calls' (``AUTO``: per call by key length; ``MATH``: explicit matmuls).
     """
@@ -320,11 +320,11 @@ class OnePass:
     onepass = True
 
     def forward(self, q, k, v, lsh, positions, *, causal, scale, docs=None):
-        """``(out, lse, plan)``; the plan is None (the calls are recomputed in backward, see ``_head_plans``)."""
+        """``(out, lse, saved)``; ``saved`` is None (the calls are recomputed in backward, see ``_head_calls``)."""
         return (*onepass_forward(q, k, v, lsh, positions, causal=causal, scale=scale, kernel=self.kernel,
                                  docs=docs), None)
 
-    def backward(self, dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, plan=None):
+    def backward(self, dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, saved=None):
         """``(dq, dk, dv)``."""
         return onepass_backward(dout, q, k, v, out, lse, lsh, positions, causal=causal, scale=scale,
                                 kernel=self.kernel, docs=docs)

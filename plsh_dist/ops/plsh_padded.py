@@ -1,11 +1,11 @@
-"""PLSH per sample on padded blocks: the CPU path (and any device on explicit matmuls).
+"""PLSH per sample on padded blocks: the CPU strategy (and any device on explicit matmuls).
 
 Each sample's blocks of one hash head are padded to the longest and run as
 one batched dense call (:mod:`plsh_dist.ops.padded_blocks`); the s samples
 merge by log-sum-exp (:mod:`plsh_dist.ops.merge`). Backward calls every
 sample's block backward with the merged ``out`` / ``lse`` and sums
 (docs/design.md, section 1, "Backward"), so nothing per sample is kept between forward and backward: the
-block layouts are cheap and recomputed, the path's plan is None.
+block layouts are cheap and recomputed, the strategy saves nothing (``saved`` is None).
 
 Loop order, forward and backward: samples outer, hash heads inner (the order
 in which a key/value head's gradient sums its query heads' parts).
@@ -84,7 +84,7 @@ def padded_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torc
 
 @dataclass(frozen=True)
 class PaddedPerSample:
-    """Path: s block attentions on padded blocks, merged by log-sum-exp.
+    """Strategy: s block attentions on padded blocks, merged by log-sum-exp.
 
     ``kernel``: ``AUTO`` (aten's flash-attention-for-CPU, or explicit matmuls for
     short blocks, chosen per call by block length) or ``MATH`` (explicit matmuls).
@@ -94,11 +94,11 @@ class PaddedPerSample:
     onepass = False
 
     def forward(self, q, k, v, lsh, positions, *, causal, scale, docs=None):
-        """``(out, lse, plan)``; the plan is None (layouts are recomputed in backward)."""
+        """``(out, lse, saved)``; ``saved`` is None (layouts are recomputed in backward)."""
         return (*padded_forward(q, k, v, lsh, positions, causal=causal, scale=scale, kernel=self.kernel,
                                 docs=docs), None)
 
-    def backward(self, dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, plan=None):
+    def backward(self, dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, saved=None):
         """``(dq, dk, dv)``."""
         return padded_backward(dout, q, k, v, out, lse, lsh, positions, causal=causal, scale=scale,
                                kernel=self.kernel, docs=docs)

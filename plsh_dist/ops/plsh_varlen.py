@@ -1,16 +1,16 @@
-"""PLSH per sample on the varlen (CUDA) kernels: one call per sample (the path
+"""PLSH per sample on the varlen (CUDA) kernels: one call per sample (the strategy
 :class:`VarlenPerSample`).
 
 Tensors are laid
-out once along the rows axis of :mod:`plsh_dist.ops.varlen_plan` (all heads
+out once along the rows axis of :mod:`plsh_dist.ops.varlen_layout` (all heads
 with per-head hashes, all batch rows), so each sample is a single varlen call
 over every head and row, usually one launch (more only past 65535 blocks).
 Samples are merged by log-sum-exp in fp32 in that layout.
 
-Host synchronisation: one per forward, in :func:`plan_samples` (the block
+Host synchronisation: one per forward, in :func:`varlen_calls` (the block
 starts come back to the host because the kernels take the number of blocks
-and ``max_seqlen`` as host integers). The forward returns its plan
-(:class:`VarlenPlan`: the calls and the kernel's LSE layout) and the backward
+and ``max_seqlen`` as host integers). The forward returns what it saved
+(:class:`VarlenSaved`: the calls and the kernel's LSE layout) and the backward
 reuses it, so the backward never waits.
 
 Memory: with per-head hashes and GQA (g = Hq / Hkv > 1), k and v are
@@ -32,15 +32,15 @@ from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.head_groups import head_groups
 from plsh_dist.ops.merge import accum_dtype, merge_into
 from plsh_dist.ops.varlen_kernels import VarlenKernel, varlen_bwd, varlen_fwd
-from plsh_dist.ops.varlen_plan import VarlenChunk, plan_samples
+from plsh_dist.ops.varlen_layout import VarlenChunk, varlen_calls
 
 
 @dataclass(frozen=True)
-class VarlenPlan:
+class VarlenSaved:
     """What the backward reuses from the forward.
 
     Attributes:
-        samples: ``samples[t]`` is sample t's varlen calls (:func:`plan_samples`).
+        samples: ``samples[t]`` is sample t's varlen calls (:func:`varlen_calls`).
         lse_padded: whether the kernel gave its LSE padded (its backward wants it so).
     """
 
@@ -84,19 +84,19 @@ def varlen_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, caus
     q: (B, T, Hq, D); k, v: (B, T, Hkv, D); positions CPU LongTensor[T].
     ``docs``: documents of a batch-1 call (:mod:`plsh_dist.ops.documents`): blocks are cut there too.
     Returns out (B, T, Hq, D) in q's dtype, lse (B, Hq, T) fp32 (fp64 for fp64) and the
-    :class:`VarlenPlan` for the backward.
+    :class:`VarlenSaved` for the backward.
     """
     B, T, Hq, D = q.shape
     heads = head_groups(lsh, Hq, k.shape[2])
     per_head, g = not heads.shared, heads.kv_repeat
-    plan = plan_samples(lsh, positions, B, q.device, docs=docs)  # the op's one host sync
+    calls = varlen_calls(lsh, positions, B, q.device, docs=docs)  # the op's one host sync
     q_rows = _to_rows(q, per_head)
     k_rows, v_rows = (_to_rows(x, per_head, g) for x in (k, v))
     acc = accum_dtype(q.dtype)
     out_rows = torch.empty(q_rows.shape, dtype=acc, device=q.device)  # merged over samples
     lse_rows = torch.empty(q_rows.shape[1], q_rows.shape[0], dtype=acc, device=q.device)  # (Hc, R)
     lse_padded = False
-    for t, chunks in enumerate(plan):
+    for t, chunks in enumerate(calls):
         for c in chunks:
             a, b = c.row_start, c.row_end
             o, l, lse_padded = varlen_fwd(q_rows[a:b], k_rows[a:b], v_rows[a:b], c.cu_seqlens, c.max_len,
@@ -108,12 +108,12 @@ def varlen_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, caus
                 _, merged_lse = merge_into(out_rows[None, a:b], lse_rows[None, :, a:b], o[None], l[None])
                 lse_rows[:, a:b] = merged_lse[0]
     out = _from_rows(out_rows, B, T, per_head).to(q.dtype)
-    return out, _lse_from_rows(lse_rows, B, T), VarlenPlan(plan, lse_padded)
+    return out, _lse_from_rows(lse_rows, B, T), VarlenSaved(calls, lse_padded)
 
 
 def varlen_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool,
-                    scale: float, kernel: VarlenKernel, plan: VarlenPlan):
-    """Gradients of :func:`varlen_forward` with the merged ``out`` / ``lse`` and the forward's ``plan``.
+                    scale: float, kernel: VarlenKernel, saved: VarlenSaved):
+    """Gradients of :func:`varlen_forward` with the merged ``out`` / ``lse`` and what the forward saved.
 
     Returns dq (B, T, Hq, D), dk, dv (B, T, Hkv, D) in the inputs' dtype.
     """
@@ -128,12 +128,12 @@ def varlen_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torc
     dq_rows = torch.zeros(q_rows.shape, dtype=acc, device=q.device)
     dk_rows = torch.zeros(k_rows.shape, dtype=acc, device=q.device)
     dv_rows = torch.zeros(v_rows.shape, dtype=acc, device=q.device)
-    for chunks in plan.samples:
+    for chunks in saved.samples:
         for c in chunks:
             a, b = c.row_start, c.row_end
             dq_c, dk_c, dv_c = varlen_bwd(
                 dout_rows[a:b], q_rows[a:b], k_rows[a:b], v_rows[a:b], out_rows[a:b], lse_rows[:, a:b],
-                c.cu_seqlens, c.max_len, causal=causal, scale=scale, kernel=kernel, lse_padded=plan.lse_padded,
+                c.cu_seqlens, c.max_len, causal=causal, scale=scale, kernel=kernel, lse_padded=saved.lse_padded,
             )
             dq_rows[a:b] += dq_c
             dk_rows[a:b] += dk_c
@@ -149,18 +149,19 @@ def varlen_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torc
 
 @dataclass(frozen=True)
 class VarlenPerSample:
-    """Path: one varlen call per sample over all heads and rows, merged by log-sum-exp."""
+    """Strategy: one varlen call per sample over all heads and rows, merged by log-sum-exp."""
 
     kernel: VarlenKernel
     onepass = False
 
     def forward(self, q, k, v, lsh, positions, *, causal, scale, docs=None):
-        """``(out, lse, plan)``: the plan (:class:`VarlenPlan`) is the backward's."""
+        """``(out, lse, saved)``: ``saved`` (:class:`VarlenSaved`) is the backward's."""
         return varlen_forward(q, k, v, lsh, positions, causal=causal, scale=scale, kernel=self.kernel, docs=docs)
 
-    def backward(self, dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, plan=None):
-        """``(dq, dk, dv)`` with the forward's plan."""
-        if plan is None:
-            raise ValueError("the varlen path's backward needs its forward's plan (the third value forward returns)")
+    def backward(self, dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, saved=None):
+        """``(dq, dk, dv)`` with what the forward saved."""
+        if saved is None:
+            raise ValueError("the varlen strategy's backward needs what its forward saved "
+                             "(the third value forward returns)")
         return varlen_backward(dout, q, k, v, out, lse, lsh, positions, causal=causal, scale=scale,
-                               kernel=self.kernel, plan=plan)
+                               kernel=self.kernel, saved=saved)

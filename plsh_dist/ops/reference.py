@@ -1,8 +1,8 @@
-"""Dense fp64 references for every attention path (tests and tools only: O(n^2)).
+"""Dense fp64 references for every attention strategy (tests and tools only: O(n^2)).
 
 Legend: B batch, T tokens, Hq query heads, Hkv key/value heads, D head dim.
 
-All paths are one formula, ``T = D^-1 (E o W) V`` with ``E_ij = exp(q_i . k_j * scale)``
+All strategies are one formula, ``T = D^-1 (E o W) V`` with ``E_ij = exp(q_i . k_j * scale)``
 (``j <= i`` when causal) and a non-negative weight matrix ``W`` per head:
 
 - exact ALiBi: ``W = L*``, ``L*_ij = exp(-m_h |p_i - p_j|)`` (times a window mask);

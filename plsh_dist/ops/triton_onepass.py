@@ -36,7 +36,7 @@ import torch
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.kernel_bias import KernelBias
-from plsh_dist.ops.kernel_plans import count_plan
+from plsh_dist.ops.kernel_bias_cache import cached_kernel_bias
 from plsh_dist.ops.tile_bands import TileConfig, TokenLayout, WindowBias, num_tiles, tiles_for
 
 LOG2E = 1.4426950408889634
@@ -221,7 +221,7 @@ def _doc(layout: TokenLayout) -> torch.Tensor:
     return layout.doc if layout.doc is not None else layout.kernel_positions
 
 
-# -- PLSH: the contract of plsh_dist.ops.plsh_onepass, and the dispatch table's path ------------
+# -- PLSH: the contract of plsh_dist.ops.plsh_onepass, and the dispatch table's strategy -----
 
 
 def triton_onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, scale: float,
@@ -237,35 +237,35 @@ def triton_onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor,
 
 def _plsh_forward(q, k, v, lsh, positions, *, causal, scale, docs=None):
     """(out, lse, the call's :class:`KernelBias`, kept for the backward)."""
-    kb = count_plan(lsh, positions, docs, causal, q.device, kernel_tiles(q))
+    kb = cached_kernel_bias(lsh, positions, docs, causal, q.device, kernel_tiles(q))
     return (*banded_forward(q, k, v, kb.bias, kb.layout, causal=causal, scale=scale, kernel_bias=kb), kb)
 
 
 def triton_onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool,
                             scale: float, docs: Documents | None = None, kernel_bias: KernelBias | None = None):
     """Gradients of :func:`triton_onepass_forward`: dq (B, n, Hq, D), dk, dv (B, n, Hkv, D).
-    ``kernel_bias``: the forward's (:meth:`TritonOnePass.forward`'s plan), else rebuilt."""
+    ``kernel_bias``: the forward's (what :meth:`TritonOnePass.forward` saved), else rebuilt."""
     if kernel_bias is None:
-        kernel_bias = count_plan(lsh, positions, docs, causal, q.device, kernel_tiles(q))
+        kernel_bias = cached_kernel_bias(lsh, positions, docs, causal, q.device, kernel_tiles(q))
     return banded_backward(dout, q, k, v, out, lse, kernel_bias.bias, kernel_bias.layout, causal=causal,
                            scale=scale, kernel_bias=kernel_bias)
 
 
 @dataclass(frozen=True)
 class TritonOnePass:
-    """Path (:mod:`plsh_dist.ops.backends`): the one-pass estimator on the fused Triton kernel."""
+    """Strategy (:mod:`plsh_dist.ops.backends`): the one-pass estimator on the fused Triton kernel."""
 
     onepass = True
 
     def forward(self, q, k, v, lsh, positions, *, causal, scale, docs=None):
-        """``(out, lse, plan)``; the plan is the call's :class:`KernelBias` (block bounds, shared with
+        """``(out, lse, saved)``; ``saved`` is the call's :class:`KernelBias` (block bounds, shared with
         the backward, which recomputes the counts from them)."""
         return _plsh_forward(q, k, v, lsh, positions, causal=causal, scale=scale, docs=docs)
 
-    def backward(self, dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, plan=None):
+    def backward(self, dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, saved=None):
         """``(dq, dk, dv)``."""
         return triton_onepass_backward(dout, q, k, v, out, lse, lsh, positions, causal=causal, scale=scale,
-                                       docs=docs, kernel_bias=plan)
+                                       docs=docs, kernel_bias=saved)
 
 
 #: dtypes the kernel takes (fp32 accumulation; fp32 inputs use IEEE fp32 products).

@@ -1,6 +1,6 @@
 """Varlen flash-attention kernels on CUDA (no padding), behind one signature.
 
-The rows and ``cu_seqlens`` of a call come from :mod:`plsh_dist.ops.varlen_plan`:
+The rows and ``cu_seqlens`` of a call come from :mod:`plsh_dist.ops.varlen_layout`:
 every block is one "sequence" of a varlen call. Kernels (:class:`VarlenKernel`):
 
 - the ``flash_attn`` package (``_flash_attn_varlen_forward/_backward``);
@@ -15,8 +15,8 @@ every block is one "sequence" of a varlen call. Kernels (:class:`VarlenKernel`):
 
 LSE layout: older builds of both libraries return the varlen LSE padded,
 (nseq, H, max_seqlen), newer ones (H, total). :func:`varlen_fwd` always
-returns (H, total) and says which layout the kernel gave; the path keeps that
-in its plan and hands it to :func:`varlen_bwd`, which gives the kernel back
+returns (H, total) and says which layout the kernel gave; the strategy keeps that
+in what it saves for the backward and hands it to :func:`varlen_bwd`, which gives the kernel back
 the layout its forward produced (each library's backward wants its own
 forward's).
 

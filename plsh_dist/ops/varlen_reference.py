@@ -1,8 +1,8 @@
 """The varlen kernel signature on padded explicit matmuls (``VarlenKernel.REFERENCE``).
 
-Runs each varlen call as the CPU path would (blocks padded into one batched
-matmul), on any device, so the CPU tests exercise everything the CUDA path
-does around its kernels: the rows layout, the plan's chunks, the merge.
+Runs each varlen call as the CPU strategy would (blocks padded into one batched
+matmul), on any device, so the CPU tests exercise everything the CUDA strategy
+does around its kernels: the rows layout, the calls' chunks, the merge.
 
 Legend: R rows, Hc query heads of the call, Hkc key/value heads, D head dim.
 """

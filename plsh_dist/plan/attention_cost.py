@@ -36,7 +36,7 @@ from plsh_dist.hashing import FixedBlocks, PositionalLSH
 from plsh_dist.models.attention import BINDING_ATTR, AttentionBinding, head_scales, plsh_dist_attention
 from plsh_dist.models.runtime import AttentionRuntime
 from plsh_dist.ops.alibi import default_chunk_size, truncation_windows
-from plsh_dist.ops.backends import choose_path
+from plsh_dist.ops.backends import choose_strategy
 from plsh_dist.ops.plsh_varlen import VarlenPerSample
 from plsh_dist.ops.triton_onepass import TritonOnePass
 from plsh_dist.plan.kernel_tiles import kernel_tiles
@@ -74,19 +74,19 @@ def attention_setup(attn_cfg, num_heads: int, device_type: str, dtype: torch.dty
     sig = tuple(float(x) for x in sigma) if per_head else (float(sigma),) * num_heads
     device = torch.device(device_type)
     try:
-        path = choose_path(attn_cfg.backend, attn_cfg.method, device, dtype, attn_cfg.num_samples)
+        strategy = choose_strategy(attn_cfg.backend, attn_cfg.method, device, dtype, attn_cfg.num_samples)
     except ValueError:  # flash_attn asked for on a machine without it: plan as if it were there, where its
         # rows are torch's CUDA rows with another varlen kernel (the same layout and method)
-        path = choose_path("torch", attn_cfg.method, torch.device("cuda"), torch.bfloat16, attn_cfg.num_samples)
+        strategy = choose_strategy("torch", attn_cfg.method, torch.device("cuda"), torch.bfloat16, attn_cfg.num_samples)
     samples = attn_cfg.num_samples if attn_cfg.bias == "plsh" else 1
     window, head_windows = attn_cfg.window, None
     if attn_cfg.bias == "truncated":
         head_windows = tuple(truncation_windows(attn_cfg.truncation_c(), sig).tolist())
         window = max(head_windows)
     return AttentionSetup(bias=attn_cfg.bias, sigma=sig, per_head_hash=per_head, num_samples=samples,
-                          onepass=path.onepass and attn_cfg.bias in ("plsh", "fixed_blocks"),
-                          varlen=isinstance(path, VarlenPerSample), window=window,
-                          fused=isinstance(path, TritonOnePass) and attn_cfg.bias in ("plsh", "fixed_blocks"),
+                          onepass=strategy.onepass and attn_cfg.bias in ("plsh", "fixed_blocks"),
+                          varlen=isinstance(strategy, VarlenPerSample), window=window,
+                          fused=isinstance(strategy, TritonOnePass) and attn_cfg.bias in ("plsh", "fixed_blocks"),
                           sampler=attn_cfg.sampler,
                           chunk_size=attn_cfg.chunk_size, head_windows=head_windows)
 

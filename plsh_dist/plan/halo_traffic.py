@@ -4,7 +4,7 @@ PLSH and fixed blocks: for every layer the hash the run will draw (step 0,
 micro-step 0: ``AttentionRuntime(run_seed).layer_seed(layer)``), every
 rank's halo need (``plsh_needs``) over a chunk table of P equal chunks
 (an ``SPLayout`` built without a process group, as
-tests/distributed/test_halo_plan.py does) and its ``HaloPlan``: the keys and
+tests/distributed/test_halo_exchange.py does) and its ``HaloExchange``: the keys and
 values a rank receives in forward, the same bytes of their gradients sent
 back in backward. Windowed ALiBi: the ``window - 1`` positions before each
 chunk. Exact ALiBi and no bias all-gather K/V (P - 1 chunks received per
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from plsh_dist.distributed.halo import HaloPlan, plsh_needs, window_needs
+from plsh_dist.distributed.halo import HaloExchange, plsh_needs, window_needs
 from plsh_dist.distributed.sp_layout import SPLayout
 from plsh_dist.hashing import FixedBlocks, PositionalLSH
 from plsh_dist.models.runtime import AttentionRuntime
@@ -74,7 +74,7 @@ def sp_traffic(setup, attn_cfg, *, run_seed: int, layers: int, sp: int, tokens: 
             else:
                 needs = plsh_needs(_hash(setup, attn_cfg, run_seed, layer), layouts[0], q_heads, kv_heads,
                                    causal=True)
-            plans = [HaloPlan.build(layout, needs) for layout in layouts]
+            plans = [HaloExchange.build(layout, needs) for layout in layouts]
             recv = [p.recv_tokens() for p in plans]
             slots = [p.left_pos.numel() + p.right_pos.numel() for p in plans]
         worst = max(recv)

@@ -147,10 +147,10 @@ def _run_case(case: Case) -> None:
     if case.bias == "count":
         from plsh_dist.ops.triton_onepass import TritonOnePass  # noqa: PLC0415
 
-        path, lsh = TritonOnePass(), PositionalLSH(sigma, case.samples, seed=0)
-        out, lse, plan = path.forward(q, k, v, lsh, positions, causal=case.causal, scale=scale, docs=docs)
-        path.backward(torch.zeros_like(out), q, k, v, out, lse, lsh, positions, causal=case.causal, scale=scale,
-                      docs=docs, plan=plan)
+        strategy, lsh = TritonOnePass(), PositionalLSH(sigma, case.samples, seed=0)
+        out, lse, saved = strategy.forward(q, k, v, lsh, positions, causal=case.causal, scale=scale, docs=docs)
+        strategy.backward(torch.zeros_like(out), q, k, v, out, lse, lsh, positions, causal=case.causal, scale=scale,
+                      docs=docs, saved=saved)
     elif case.bias == "window":
         from plsh_dist.ops.alibi import equal_cost_c, truncation_windows  # noqa: PLC0415
         from plsh_dist.ops.triton_onepass import alibi_window_attention  # noqa: PLC0415

@@ -158,8 +158,23 @@ def _comm_bytes() -> float:
 
 
 @dataclass
+class Progress:
+    """The part of a :class:`TrainSession` that changes while ``train`` runs (the rest is fixed)."""
+
+    comm_bytes: float = 0.0
+    """Halo bytes this process had sent + received when the last step ended."""
+    valid_tags: set[str] = field(default_factory=set)
+    """Checkpoint tags of this run known valid (written, or verified on resume): pruning hashes the others once."""
+    checkpoints_written: int = 0
+    """Checkpoints this ``train`` call saved (for the closing outputs line)."""
+
+
+@dataclass(frozen=True)
 class TrainSession:
-    """What ``setup`` builds for one ``train`` call: this process's view of the run."""
+    """What ``setup`` builds for one ``train`` call: this process's view of the run.
+
+    Fixed once built (frozen); what a step or a checkpoint changes is in ``progress``.
+    The objects held (engine, data, runtime, logger) keep their own state."""
 
     cfg: RunConfig
     """The resolved run config (never modified)."""
@@ -183,16 +198,12 @@ class TrainSession:
     resume: tuple[Path, str] | None
     """(checkpoint root, tag) resumed from, or None for a fresh run."""
     log: MetricsLogger
-    comm_bytes: float = 0.0
-    """Halo bytes this process had sent + received when the last step ended."""
     stop: StopRequest = field(default_factory=StopRequest)
     """Set by the SIGTERM / SIGUSR1 handler ``train`` installs; read at the end of each step."""
-    valid_tags: set[str] = field(default_factory=set)
-    """Checkpoint tags of this run known valid (written, or verified on resume): pruning hashes the others once."""
-    checkpoints_written: int = 0
-    """Checkpoints this ``train`` call saved (for the closing outputs line)."""
     resume_load_s: float | None = None
     """Seconds loading the resumed checkpoint took (manifest check, every shard read); None for a fresh run."""
+    progress: Progress = field(default_factory=Progress)
+    """The mutable part: halo byte count, known-valid checkpoint tags, checkpoints written."""
 
     @property
     def out_dir(self) -> Path:
@@ -204,7 +215,7 @@ class TrainSession:
         return cfg.data.micro_batch_size * cfg.optim.grad_accum_steps * self.dims.dp_size * cfg.data.seq_len
 
 
-def setup(cfg: RunConfig, lock: RunDirLock | None = None) -> TrainSession:
+def setup(cfg: RunConfig, lock: RunDirLock | None = None, stop: StopRequest | None = None) -> TrainSession:
     """Device, process groups, data, model, DeepSpeed engine, resume and logger; collective.
 
     Every check of the user's input comes first and refuses the run
@@ -216,7 +227,8 @@ def setup(cfg: RunConfig, lock: RunDirLock | None = None) -> TrainSession:
     start-up summary is printed.
 
     ``lock``: rank 0's lock of ``out_dir`` (``train`` takes it, run_lock.py),
-    kept when a previous run is moved aside; None elsewhere.
+    kept when a previous run is moved aside; None elsewhere. ``stop``: the stop request the
+    signal handler writes (``train`` installs one); None: a request nothing sets.
     """
     from plsh_dist.models import AttentionRuntime
 
@@ -257,7 +269,8 @@ def setup(cfg: RunConfig, lock: RunDirLock | None = None) -> TrainSession:
     session = TrainSession(cfg=cfg, device=device, rank=rank, world=world, dims=dims, sp_group=sp_group,
                            precision=precision, model_cfg=model_cfg, attn_cfg=attn_cfg, data=data, runtime=runtime,
                            engine=engine, n_params=n_params, start_step=start_step, resume=resume, log=log,
-                           valid_tags=valid_tags, resume_load_s=load_s)
+                           stop=stop if stop is not None else StopRequest(), resume_load_s=load_s,
+                           progress=Progress(valid_tags=valid_tags))
     log.print(startup_summary(_summary(session)))
     return session
 
@@ -415,8 +428,8 @@ def train_step(s: TrainSession, step: int) -> StepStats:
         grad_norm = _grad_norm(engine)
     maybe_fail("in_step", step + 1, s.rank)
     comm_now = _comm_bytes()
-    sums[2] = comm_now - s.comm_bytes
-    s.comm_bytes = comm_now
+    sums[2] = comm_now - s.progress.comm_bytes
+    s.progress.comm_bytes = comm_now
     sums[3] = 1.0 if s.stop.requested else 0.0  # read once: a later signal counts at the next step
     dist.all_reduce(sums)
     total = sums.tolist()  # one device-to-host copy
@@ -460,9 +473,9 @@ def _save_checkpoint(s: TrainSession, step: int, loss: float | None) -> Path:
     """Checkpoint after optimizer step ``step``; collective. Returns the published tag directory.
     Rank 0 says how long the save took (every rank's shards written, hashed and published) and its size."""
     trainer_state = {"step": step, "consumed_micro_batches": step * s.cfg.optim.grad_accum_steps, "loss": loss}
-    s.checkpoints_written += 1
+    s.progress.checkpoints_written += 1
     t0 = time.time()
-    tag_dir = save_checkpoint(s.engine, s.cfg, step, trainer_state, s.cfg.tokenizer.model_path, s.valid_tags)
+    tag_dir = save_checkpoint(s.engine, s.cfg, step, trainer_state, s.cfg.tokenizer.model_path, s.progress.valid_tags)
     if s.rank == 0:
         size = sum(p.stat().st_size for p in tag_dir.rglob("*") if p.is_file())
         s.log.print(f"checkpoint: {tag_dir} saved in {time.time() - t0:.2f} s ({size / 2**20:.1f} MiB)")
@@ -501,7 +514,7 @@ def _outputs_line(s: TrainSession, result: TrainResult) -> str:
     written = ["metrics.jsonl"]
     if s.cfg.logging.tensorboard:
         written.append("tensorboard/")
-    if s.checkpoints_written:
+    if s.progress.checkpoints_written:
         written.append("checkpoints/")
     if result.final_dir:
         written.append("final/")
@@ -522,8 +535,7 @@ def train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainResult:
     ``TrainResult.preempted_at``.
     """
     with handle_stop_signals(cfg.checkpoint.save_on_signal) as stop, _holding_out_dir(cfg) as lock:
-        s = setup(cfg, lock)
-        s.stop = stop
+        s = setup(cfg, lock, stop)
         return _train_loop(s, stop_after)
 
 
@@ -543,7 +555,7 @@ def _train_loop(s: TrainSession, stop_after: int | None) -> TrainResult:
     max_steps = cfg.run.max_steps
     result = TrainResult(first_step=s.start_step, out_dir=str(s.out_dir))
     s.engine.train()
-    last_t, s.comm_bytes = time.time(), _comm_bytes()
+    last_t, s.progress.comm_bytes = time.time(), _comm_bytes()
     for step in range(s.start_step, max_steps):
         stats = train_step(s, step)
         now = time.time()

@@ -1,4 +1,4 @@
-"""The halo simulation equals the real halo plan (HaloPlan, the planner's
+"""The halo simulation equals the real halo exchange (HaloExchange, the planner's
 sp_traffic, comm_stats of a real SP run) at small sizes, and the ring /
 Ulysses formulas equal hand-computed cases."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from plsh_dist.distributed.halo import HaloPlan, plsh_needs
+from plsh_dist.distributed.halo import HaloExchange, plsh_needs
 from plsh_dist.distributed.sp_layout import SPLayout
 from experiments.halo_sim import (QWEN3_0_6B, AttentionShape, halo_pairs, layer_hash, ring_bytes,
                                      simulate_halo, ulysses_bytes)
@@ -22,15 +22,15 @@ from tests.experiments import halo_sim_worker
     (256.0, 100, 6, 100, 0),  # one hash for all heads, every rank reaches far back
     (3.0, 4, 5, 7, 13),       # chunks after an offset: positions before it exist nowhere
 ])
-def test_simulation_equals_every_ranks_halo_plan(sigma, s, P, tokens, offset):
+def test_simulation_equals_every_ranks_halo_exchange(sigma, s, P, tokens, offset):
     for layer in range(3):
         lsh = layer_hash(sigma, s, layer)
         pairs, slots, peers = halo_pairs(lsh, P, tokens, 16, 8, offset=offset)
         for r in range(P):
             layout = SPLayout(None, r, P, tuple(range(P)), tuple(offset + i * tokens for i in range(P)), tokens)
-            plan = HaloPlan.build(layout, plsh_needs(lsh, layout, 16, 8, causal=True))
-            assert pairs[r] == plan.recv_tokens(), (layer, r)
-            assert slots[r] == plan.left_pos.numel() and peers[r] == len(plan.recv), (layer, r)
+            exchange = HaloExchange.build(layout, plsh_needs(lsh, layout, 16, 8, causal=True))
+            assert pairs[r] == exchange.recv_tokens(), (layer, r)
+            assert slots[r] == exchange.left_pos.numel() and peers[r] == len(exchange.recv), (layer, r)
         assert pairs[0] == 0 and pairs[1:].min() > 0
         if sigma != 3.0:
             assert peers.max() >= 3  # the case exercises halos spanning several ranks

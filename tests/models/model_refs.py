@@ -40,7 +40,7 @@ def reference_weights(cfg, runtime, layer: int, num_heads: int, positions: torch
 def dense_reference_attention(module, query, key, value, attention_mask, scaling=None, position_ids=None, **kwargs):
     """HF attention function computing our mode densely in fp64 (returned in query's dtype)."""
     assert attention_mask is None
-    cfg, runtime = module.plsh_binding.cfg, module.plsh_binding.seeds
+    cfg, runtime = module.plsh_binding.cfg, module.plsh_binding.runtime
     T = query.shape[2]
     positions = position_ids[0] if position_ids is not None else torch.arange(T)
     weights = reference_weights(cfg, runtime, module.layer_idx, query.shape[1], positions.cpu())

@@ -32,6 +32,10 @@ from plsh_dist.models import (
         (dict(sigma=float("nan")), r"\[attention\]\.sigma must be a finite float"),
         (dict(truncate_c="wide"), r"\[attention\]\.truncate_c"),
         (dict(rope="yes"), r"\[attention\]\.rope"),  # the generic type check's wording
+        (dict(num_samples=True), r"\[attention\]\.num_samples must be an int, got True"),
+        (dict(window=2.0), r"\[attention\]\.window must be an int, got 2.0 \(float\); e.g. window = 512"),
+        (dict(fixed_masks=1), r"\[attention\]\.fixed_masks must be a bool"),
+        (dict(chunk_size="big"), r"\[attention\]\.chunk_size must be an int \(or left out\).*e.g. chunk_size = 1024"),
     ],
 )
 def test_attention_config_rejects(kwargs, field):
@@ -58,6 +62,12 @@ def test_truncated_c_defaults_to_plsh_cost():
         (dict(head_dim=33), "model.head_dim"),
         (dict(vocab_size=0), "model.vocab_size"),
         (dict(init_std=0.0), "model.init_std"),
+        (dict(vocab_size=0), r"e.g. vocab_size = 151936"),  # value errors name a fix too
+        (dict(rope_theta=-1.0), r"model.rope_theta must be a number > 0.*e.g. rope_theta = 1000000.0"),
+        (dict(num_layers=True), r"\[model\]\.num_layers must be an int, got True"),
+        (dict(hidden_size=1024.0), r"\[model\]\.hidden_size must be an int"),
+        (dict(tie_embeddings=1), r"\[model\]\.tie_embeddings must be a bool"),
+        (dict(init_std="small"), r"\[model\]\.init_std must be a finite float.*e.g. init_std = 0.02"),
     ],
 )
 def test_model_config_rejects(kwargs, field):

@@ -89,8 +89,8 @@ def test_low_precision_error_is_bounded_by_the_same_dtype_baseline(backend, meth
 
 
 def test_backward_never_waits_for_the_gpu():
-    """The forward syncs once (its plan comes back to the host); the backward reuses
-    the plan, so PyTorch's sync debugger sees no synchronising call in it."""
+    """The forward syncs once (its block starts come back to the host); the backward reuses
+    what the forward saved, so PyTorch's sync debugger sees no synchronising call in it."""
     sigma = alibi_slopes(HQ).reciprocal()
     q, k, v = (x.to(torch.bfloat16).requires_grad_() for x in _inputs(torch.bfloat16, seed=1))
     positions = torch.arange(T)

@@ -110,8 +110,8 @@ def test_positions_restarting_per_document(mode):
 
 
 @pytest.mark.parametrize("per_head", [True, False], ids=["per_head", "shared"])
-def test_varlen_path_cuts_blocks_at_documents(per_head):
-    """The CUDA path's plan and rows layout (on the reference kernel) with documents."""
+def test_varlen_strategy_cuts_blocks_at_documents(per_head):
+    """The CUDA strategy's varlen calls and rows layout (on the reference kernel) with documents."""
     q, k, v, dout = _qkv(2, T, seed=2)
     lsh = PositionalLSH(_sigma(per_head), 4, seed=9)
     docs = flat_documents(None, _cu(), 2, T)

@@ -9,7 +9,7 @@ import torch
 
 from plsh_dist.hashing import PositionalLSH, alibi_slopes
 from plsh_dist.ops import plsh_attention, plsh_flex
-from plsh_dist.ops.backends import Backend, choose_path
+from plsh_dist.ops.backends import Backend, choose_strategy
 from plsh_dist.ops.flex import flex_status
 from plsh_dist.ops.plsh_flex import FlexOnePass
 from plsh_dist.ops.plsh_onepass import onepass_forward
@@ -75,7 +75,7 @@ def test_a_new_hash_of_the_same_shapes_reuses_the_compiled_graph():
 
 
 def test_past_the_recompile_limit_new_shapes_run_the_chunked_one_pass(monkeypatch, caplog):
-    """Dynamo would run FlexAttention eagerly (dense scores) past its limit: the path does not let it."""
+    """Dynamo would run FlexAttention eagerly (dense scores) past its limit: the strategy does not let it."""
     import torch._dynamo
 
     from torch._dynamo.utils import counters
@@ -93,8 +93,8 @@ def test_past_the_recompile_limit_new_shapes_run_the_chunked_one_pass(monkeypatc
 
 
 def test_other_flexattention_users_do_not_take_the_paths_compiles(monkeypatch, recwarn):
-    """The path compiles its own function: a benchmark's FlexAttention graphs in the same process
-    do not count against the path's recompile limit (else dynamo runs it eagerly, dense)."""
+    """The strategy compiles its own function: a benchmark's FlexAttention graphs in the same process
+    do not count against the strategy's recompile limit (else dynamo runs it eagerly, dense)."""
     import torch._dynamo
 
     from plsh_dist.ops.flex import alibi_band, alibi_score_mod, band_block_mask, flex_attend
@@ -120,13 +120,13 @@ def test_calls_that_need_gradients_or_the_lse_are_refused_by_name(grad, return_l
 
 
 def test_the_table_offers_flex_to_output_only_calls_and_auto_never_picks_it():
-    assert choose_path("flex", "auto", CPU, FP32_DTYPE, 8, out_only=True) == FlexOnePass()
-    assert choose_path("flex", "onepass", CPU, FP32_DTYPE, 1, out_only=True) == FlexOnePass()
+    assert choose_strategy("flex", "auto", CPU, FP32_DTYPE, 8, out_only=True) == FlexOnePass()
+    assert choose_strategy("flex", "onepass", CPU, FP32_DTYPE, 1, out_only=True) == FlexOnePass()
     for out_only in (True, False):
-        assert not isinstance(choose_path("auto", "auto", CPU, FP32_DTYPE, 8, out_only=out_only), FlexOnePass)
+        assert not isinstance(choose_strategy("auto", "auto", CPU, FP32_DTYPE, 8, out_only=out_only), FlexOnePass)
     for kw in (dict(device=CPU, dtype=torch.bfloat16, out_only=True), dict(device=CPU, dtype=FP32_DTYPE),
                dict(device=torch.device("cuda"), dtype=FP32_DTYPE, out_only=True)):
         with pytest.raises(ValueError, match="backend='flex' needs"):
-            choose_path(Backend.FLEX, "auto", kw.pop("device"), kw.pop("dtype"), 8, **kw)
+            choose_strategy(Backend.FLEX, "auto", kw.pop("device"), kw.pop("dtype"), 8, **kw)
     with pytest.raises(ValueError, match="has no method='per_sample'"):
-        choose_path("flex", "per_sample", CPU, FP32_DTYPE, 8, out_only=True)
+        choose_strategy("flex", "per_sample", CPU, FP32_DTYPE, 8, out_only=True)

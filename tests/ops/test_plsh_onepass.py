@@ -8,7 +8,7 @@ import torch
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
 from plsh_dist.ops import fixed_blocks_attention, plsh_attention
 from plsh_dist.ops import plsh_onepass
-from plsh_dist.ops.backends import choose_path
+from plsh_dist.ops.backends import choose_strategy
 from plsh_dist.ops.reference import dense_attention
 from tests.tolerances import FP32
 
@@ -176,9 +176,9 @@ def test_method_is_validated_and_auto_rule():
     q, k, v, _ = _qkv(16)
     with pytest.raises(ValueError, match="method must be one of"):
         plsh_attention(q, k, v, sigma=2.0, num_samples=2, seed=0, method="fast")
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # choosing a path touches no device
-    padded = lambda method, s: choose_path("torch", method, cpu, torch.float32, s).onepass
-    varlen = lambda method, s: choose_path("torch", method, cuda, torch.bfloat16, s).onepass
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # choosing a strategy touches no device
+    padded = lambda method, s: choose_strategy("torch", method, cpu, torch.float32, s).onepass
+    varlen = lambda method, s: choose_strategy("torch", method, cuda, torch.bfloat16, s).onepass
     assert padded("auto", 8) and not padded("auto", 1)
     assert not varlen("auto", 8) and varlen("onepass", 8)
     assert not padded("per_sample", 8)

@@ -51,7 +51,7 @@ def test_the_kernel_loops_over_the_counted_tiles(monkeypatch):
 
     if not triton_onepass.interpreting():
         pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1 before triton is imported)")
-    from plsh_dist.ops import kernel_bias, kernel_plans
+    from plsh_dist.ops import kernel_bias, kernel_bias_cache
 
     seen = []
     real = kernel_bias.query_bands
@@ -61,7 +61,7 @@ def test_the_kernel_loops_over_the_counted_tiles(monkeypatch):
         seen.append(int((hi - lo).long().sum()))
         return lo, hi
 
-    kernel_plans.clear()  # the plan is built here, not found from another test's call
+    kernel_bias_cache.clear()  # the kernel bias is built here, not found from another test's call
     monkeypatch.setattr(kernel_bias, "query_bands", spy)
     T, lsh = 200, PositionalLSH(SIGMA, 4, seed=2)
     q, k, v = (torch.randn(1, T, 4, 128) for _ in range(3))

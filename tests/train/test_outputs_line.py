@@ -18,5 +18,5 @@ from plsh_dist.train.loop import TrainResult, _outputs_line
 ])
 def test_outputs_line_lists_only_what_was_written(tensorboard, saved, final, expected):
     cfg = load_config(None, [f"--logging.tensorboard={str(tensorboard).lower()}"])
-    session = SimpleNamespace(cfg=cfg, out_dir="runs/x", checkpoints_written=saved)
+    session = SimpleNamespace(cfg=cfg, out_dir="runs/x", progress=SimpleNamespace(checkpoints_written=saved))
     assert _outputs_line(session, TrainResult(final_dir=final)) == f"outputs: runs/x {expected}"

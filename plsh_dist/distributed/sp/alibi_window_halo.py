@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from plsh_dist.distributed.comm_stats import record_call
-from plsh_dist.distributed.halo import HaloPlan, post_grads, post_kv, window_needs
+from plsh_dist.distributed.halo import HaloExchange, post_grads, post_kv, window_needs
 from plsh_dist.distributed.sp.documents import SPDocuments, alibi_rows_backward, alibi_rows_forward, documents_crc
 from plsh_dist.distributed.sp.signature import call_signature, slopes_crc, window_code
 from plsh_dist.distributed.sp_layout import exchange_layout
@@ -93,42 +93,42 @@ class SPAlibiWindow(torch.autograd.Function):
         record_call()
         docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, layout, B)
         widest = widest_window(window)
-        plan = HaloPlan.build(layout, window_needs(widest, layout, k.shape[2], causal, docs))
+        exchange = HaloExchange.build(layout, window_needs(widest, layout, k.shape[2], causal, docs))
         on_kernel = chunk is None and docs is None and triton_cuda(q.device, q.dtype)  # one process's choice
         if not isinstance(window, tuple):  # per-head windows: each window group's own chunk (alibi_forward)
-            chunk = chunk or default_chunk_size(Hq, min(T + plan.left_pos.numel() + plan.right_pos.numel(),
+            chunk = chunk or default_chunk_size(Hq, min(T + exchange.left_pos.numel() + exchange.right_pos.numel(),
                                                          2 * window))
         kw = dict(causal=causal, window=window, scale=scale, chunk=chunk)
         i0, i1 = _window_rows(T, widest, causal)
 
         if on_kernel:
-            halos = post_kv(layout, plan, k, v).wait()
+            halos = post_kv(layout, exchange, k, v).wait()
             (lk, lv), (rk, rv) = halos["left"], halos["right"]
-            pos_e = torch.cat([plan.left_pos, pos, plan.right_pos])
+            pos_e = torch.cat([exchange.left_pos, pos, exchange.right_pos])
             kernel = _KernelWindow(q, slopes, window, pos_e, causal, scale)
             out, lse = kernel.forward(q, torch.cat([lk, k, rk], 1), torch.cat([lv, v, rv], 1), lk.shape[1],
                                       rk.shape[1])
             if needs_grad:
                 ctx.save_for_backward(q, k, v, out, lse, lk, lv, rk, rv)
-                ctx.kernel, ctx.layout, ctx.plan = kernel, layout, plan
+                ctx.kernel, ctx.layout, ctx.exchange = kernel, layout, exchange
             return out
         out = torch.empty_like(q)
         lse = torch.empty(B, Hq, T, dtype=accum_dtype(q.dtype), device=q.device)
-        pending = post_kv(layout, plan, k, v)
+        pending = post_kv(layout, exchange, k, v)
         if i1 > i0:  # rows whose window is local, while the halo is in flight
             out[:, i0:i1], lse[:, :, i0:i1] = alibi_rows_forward(q[:, i0:i1], k, v, pos[i0:i1], pos, slopes, docs,
                                                                  **kw)
         halos = pending.wait()
         (lk, lv), (rk, rv) = halos["left"], halos["right"]
         k_e, v_e = torch.cat([lk, k, rk], dim=1), torch.cat([lv, v, rv], dim=1)
-        pos_e = torch.cat([plan.left_pos, pos, plan.right_pos])
+        pos_e = torch.cat([exchange.left_pos, pos, exchange.right_pos])
         for a, b in ((0, i0), (i1, T)):
             if b > a:
                 out[:, a:b], lse[:, :, a:b] = alibi_rows_forward(q[:, a:b], k_e, v_e, pos[a:b], pos_e, slopes, docs,
                                                                  **kw)
         if needs_grad:
             ctx.save_for_backward(q, k, v, out, lse, lk, lv, rk, rv)
-            ctx.pos, ctx.slopes, ctx.kw, ctx.layout, ctx.plan, ctx.docs = pos, slopes, kw, layout, plan, docs
+            ctx.pos, ctx.slopes, ctx.kw, ctx.layout, ctx.exchange, ctx.docs = pos, slopes, kw, layout, exchange, docs
             ctx.kernel = None
         return out
 
@@ -143,7 +143,7 @@ class SPAlibiWindow(torch.autograd.Function):
         i0, i1 = _window_rows(T, widest_window(kw["window"]), kw["causal"])
         acc = accum_dtype(q.dtype)
         k_e, v_e = torch.cat([lk, k, rk], dim=1), torch.cat([lv, v, rv], dim=1)
-        pos_e = torch.cat([ctx.plan.left_pos, pos, ctx.plan.right_pos])
+        pos_e = torch.cat([ctx.exchange.left_pos, pos, ctx.exchange.right_pos])
         dq = torch.empty_like(q)
         dk_e = torch.zeros(k_e.shape, dtype=acc, device=k.device)
         dv_e = torch.zeros(v_e.shape, dtype=acc, device=v.device)
@@ -156,7 +156,7 @@ class SPAlibiWindow(torch.autograd.Function):
                 dk_e += dk_c
                 dv_e += dv_c
         halo_grads = {"left": (dk_e[:, :L], dv_e[:, :L]), "right": (dk_e[:, L + T:], dv_e[:, L + T:])}
-        pending = post_grads(ctx.layout, ctx.plan, halo_grads, like=k)
+        pending = post_grads(ctx.layout, ctx.exchange, halo_grads, like=k)
         dk, dv = dk_e[:, L:L + T].clone(), dv_e[:, L:L + T].clone()
         if i1 > i0:
             dq[:, i0:i1], dk_c, dv_c = alibi_rows_backward(
@@ -174,7 +174,7 @@ class SPAlibiWindow(torch.autograd.Function):
         dq, dk_e, dv_e = ctx.kernel.backward(dout, q, torch.cat([lk, k, rk], 1), torch.cat([lv, v, rv], 1), out,
                                              lse, L, R)
         halo_grads = {"left": (dk_e[:, :L], dv_e[:, :L]), "right": (dk_e[:, L + T:], dv_e[:, L + T:])}
-        pending = post_grads(ctx.layout, ctx.plan, halo_grads, like=k)
+        pending = post_grads(ctx.layout, ctx.exchange, halo_grads, like=k)
         dk, dv = dk_e[:, L:L + T].to(accum_dtype(k.dtype)), dv_e[:, L:L + T].to(accum_dtype(v.dtype))
         pending.wait_add(dk, dv)
         return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None, None

@@ -89,6 +89,6 @@ class SequenceParallelAttention:
                                     softmax_scale=scale, cu_seqlens=cu_seqlens)
 
     def _blocks(self, q, k, v, lsh, positions, causal, softmax_scale, backend, method, cu_seqlens):
-        pos, scale, path, _ = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method)
-        return SPBlockAttention.apply(q, k, v, lsh, pos, causal, scale, path, self.group, cu_seqlens)
+        pos, scale, strategy, _ = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method)
+        return SPBlockAttention.apply(q, k, v, lsh, pos, causal, scale, strategy, self.group, cu_seqlens)
 

@@ -8,8 +8,8 @@ can run their backward communication in different orders on different ranks).
 
 The hash is a pure function of position, so every rank computes every rank's
 halo (:mod:`plsh_dist.distributed.halo`). The work splits in two pieces that
-call the single-process path (:func:`plsh_dist.ops.backends.choose_path`)
-unchanged, each keeping its own plan for its backward:
+call the single-process strategy (:func:`plsh_dist.ops.backends.choose_strategy`)
+unchanged, each keeping what it saved for its backward:
 
 - *suffix* (causal only): local tokens from ``a`` on, whose queries from
   ``s`` on have their whole block inside the chunk (``s`` = first position
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from plsh_dist.distributed.comm_stats import record_call
-from plsh_dist.distributed.halo import HaloPlan, plsh_needs, post_grads, post_kv
+from plsh_dist.distributed.halo import HaloExchange, plsh_needs, post_grads, post_kv
 from plsh_dist.distributed.sp.documents import SPDocuments, documents_crc
 from plsh_dist.distributed.sp.signature import call_signature
 from plsh_dist.distributed.sp_layout import SPLayout, exchange_layout, hash_fingerprint
@@ -66,19 +66,19 @@ def _zero_head_rows(x: torch.Tensor, n: int, dim: int = 1) -> torch.Tensor:
     return x
 
 
-def _forward(path, q, k, v, lsh, pos, docs: Documents | None, **kw):
-    """``path.forward`` of (B, n) tensors at positions ``pos`` (LongTensor[n]): (out, lse, plan);
+def _forward(strategy, q, k, v, lsh, pos, docs: Documents | None, **kw):
+    """``strategy.forward`` of (B, n) tensors at positions ``pos`` (LongTensor[n]): (out, lse, saved);
     with the flattened rows' documents ``docs`` (:meth:`SPDocuments.flat` of ``pos``), on those rows."""
     if docs is None:
-        return path.forward(q, k, v, lsh, pos, **kw)
-    return on_flat_row(path.forward, q, k, v, lsh, docs.positions, docs=docs, **kw)
+        return strategy.forward(q, k, v, lsh, pos, **kw)
+    return on_flat_row(strategy.forward, q, k, v, lsh, docs.positions, docs=docs, **kw)
 
 
-def _backward(path, plan, dout, q, k, v, out, lse, lsh, pos, docs: Documents | None, **kw):
-    """``path.backward`` as :func:`_forward` (the forward's ``docs`` and ``plan``); lse (B, Hq, n)."""
+def _backward(strategy, saved, dout, q, k, v, out, lse, lsh, pos, docs: Documents | None, **kw):
+    """``strategy.backward`` as :func:`_forward` (the forward's ``docs`` and ``saved``); lse (B, Hq, n)."""
     if docs is None:
-        return path.backward(dout, q, k, v, out, lse, lsh, pos, plan=plan, **kw)
-    return backward_on_flat_row(path.backward, dout, q, k, v, out, lse, lsh, docs.positions, docs=docs, plan=plan,
+        return strategy.backward(dout, q, k, v, out, lse, lsh, pos, saved=saved, **kw)
+    return backward_on_flat_row(strategy.backward, dout, q, k, v, out, lse, lsh, docs.positions, docs=docs, saved=saved,
                                 **kw)
 
 
@@ -106,7 +106,7 @@ class SPBlockAttention(torch.autograd.Function):
     """Positional LSH attention over an SP group; saves q, k, v, out, lse and the halo."""
 
     @staticmethod
-    def forward(ctx, q, k, v, lsh, pos, causal, scale, path, group, cu_seqlens=None):
+    def forward(ctx, q, k, v, lsh, pos, causal, scale, strategy, group, cu_seqlens=None):
         B, T, Hq, D = q.shape
         needs_grad = any(ctx.needs_input_grad[:3])
         sig = call_signature("plsh", q, k, causal, scale, needs_grad, hash=hash_fingerprint(lsh),
@@ -114,24 +114,24 @@ class SPBlockAttention(torch.autograd.Function):
         layout = exchange_layout(group, pos, sig)
         record_call()
         docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, layout, B)
-        plan = HaloPlan.build(layout, plsh_needs(lsh, layout, Hq, k.shape[2], causal, docs))
+        exchange = HaloExchange.build(layout, plsh_needs(lsh, layout, Hq, k.shape[2], causal, docs))
         sp = _split(lsh, layout, causal)
         kw = dict(causal=causal, scale=scale)
 
-        pending = post_kv(layout, plan, k, v)
-        docs_s = plan_s = None
+        pending = post_kv(layout, exchange, k, v)
+        docs_s = saved_s = None
         if sp.a < T:  # blocks that need no halo, computed while it is in flight
             q_s = _zero_head_rows(q[:, sp.a:], sp.s - sp.a)
             docs_s = None if docs is None else docs.flat(pos[sp.a:])  # kept for the backward
-            out_s, lse_s, plan_s = _forward(path, q_s, k[:, sp.a:], v[:, sp.a:], lsh, pos[sp.a:], docs_s, **kw)
+            out_s, lse_s, saved_s = _forward(strategy, q_s, k[:, sp.a:], v[:, sp.a:], lsh, pos[sp.a:], docs_s, **kw)
         halos = pending.wait()
         (lk, lv), (rk, rv) = halos["left"], halos["right"]
         L, R, e = lk.shape[1], rk.shape[1], sp.e
         q_e = _cat(_zeros_rows(q, L), q[:, :e], _zeros_rows(q, R))
-        pos_e = _cat(plan.left_pos, pos[:e], plan.right_pos, dim=0)
+        pos_e = _cat(exchange.left_pos, pos[:e], exchange.right_pos, dim=0)
         docs_e = None if docs is None else docs.flat(pos_e)
-        out_e, lse_e, plan_e = _forward(path, q_e, _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), lsh, pos_e, docs_e,
-                                        **kw)
+        out_e, lse_e, saved_e = _forward(strategy, q_e, _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), lsh, pos_e,
+                                         docs_e, **kw)
         out, lse = out_e[:, L:L + e], lse_e[:, :, L:L + e]
         if sp.a < T:
             out = _cat(out, out_s[:, sp.s - sp.a:])
@@ -139,9 +139,9 @@ class SPBlockAttention(torch.autograd.Function):
         out, lse = out.contiguous(), lse.contiguous()
         if needs_grad:
             ctx.save_for_backward(q, k, v, out, lse, lk, lv, rk, rv)
-            ctx.lsh, ctx.pos, ctx.layout, ctx.plan, ctx.sp, ctx.kw = lsh, pos, layout, plan, sp, kw
+            ctx.lsh, ctx.pos, ctx.layout, ctx.exchange, ctx.sp, ctx.kw = lsh, pos, layout, exchange, sp, kw
             ctx.docs_e, ctx.docs_s = docs_e, docs_s
-            ctx.path, ctx.plan_e, ctx.plan_s = path, plan_e, plan_s
+            ctx.strategy, ctx.saved_e, ctx.saved_s = strategy, saved_e, saved_s
         return out
 
     @staticmethod
@@ -157,13 +157,13 @@ class SPBlockAttention(torch.autograd.Function):
         def pad(x, dim=1):  # zero halo rows around local rows [0, e)
             return _cat(_zeros_rows(x, L, dim), x.narrow(dim, 0, e), _zeros_rows(x, R, dim), dim=dim)
 
-        pos_e = _cat(ctx.plan.left_pos, pos[:e], ctx.plan.right_pos, dim=0)
+        pos_e = _cat(ctx.exchange.left_pos, pos[:e], ctx.exchange.right_pos, dim=0)
         dq_e, dk_e, dv_e = _backward(
-            ctx.path, ctx.plan_e, pad(dout), pad(q), _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), pad(out),
+            ctx.strategy, ctx.saved_e, pad(dout), pad(q), _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), pad(out),
             pad(lse, 2), lsh, pos_e, ctx.docs_e, **kw,
         )
         halo_grads = {"left": (dk_e[:, :L], dv_e[:, :L]), "right": (dk_e[:, L + e:], dv_e[:, L + e:])}
-        pending = post_grads(ctx.layout, ctx.plan, halo_grads, like=k)
+        pending = post_grads(ctx.layout, ctx.exchange, halo_grads, like=k)
 
         # 2. suffix while the halo gradients travel.
         dq = torch.empty_like(q)
@@ -176,7 +176,8 @@ class SPBlockAttention(torch.autograd.Function):
             n = sp.s - sp.a
             a = sp.a
             dq_s, dk_s, dv_s = _backward(
-                ctx.path, ctx.plan_s, _zero_head_rows(dout[:, a:], n), _zero_head_rows(q[:, a:], n), k[:, a:], v[:, a:],
+                ctx.strategy, ctx.saved_s, _zero_head_rows(dout[:, a:], n), _zero_head_rows(q[:, a:], n), k[:, a:],
+                v[:, a:],
                 _zero_head_rows(out[:, a:], n), _zero_head_rows(lse[:, :, a:], n, dim=2), lsh, pos[a:], ctx.docs_s,
                 **kw,
             )

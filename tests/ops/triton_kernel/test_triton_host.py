@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 pytest.importorskip("triton")
 
 from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: E402
-from plsh_dist.ops import kernel_plans, triton_onepass  # noqa: E402
+from plsh_dist.ops import kernel_bias_cache, triton_onepass  # noqa: E402
 from plsh_dist.ops.documents import Documents  # noqa: E402
 from plsh_dist.ops.kernel_bias import KernelBias  # noqa: E402
 from plsh_dist.ops.plsh import plsh_attention  # noqa: E402
@@ -95,7 +95,7 @@ def test_host_ops_do_not_grow_with_heads_samples_or_tokens(count_ops, causal):
     count depends on H, s or n."""
     counts = []
     for H, s, n in ((2, 2, 40), (6, 9, 100)):
-        kernel_plans.clear()
+        kernel_bias_cache.clear()
         positions = 10 + torch.arange(n)
         first = count_ops(_layer(H, n, s, 1, positions, causal))
         again = count_ops(_layer(H, n, s, 1, positions, causal))
@@ -119,18 +119,18 @@ def test_window_ops_do_not_grow_with_heads(count_ops):
 def test_band_tables_built_once_per_hash():
     """Two layers sharing a hash and a third with its own: forward of all three, then their
     backward, builds the tables twice; a positions tensor changed in place is a new key."""
-    kernel_plans.clear()
+    kernel_bias_cache.clear()
     positions = torch.arange(90)
-    before = kernel_plans.builds()
+    before = kernel_bias_cache.builds()
     layers = [_layer(2, 90, 4, seed, positions) for seed in (5, 5, 6)]
     for run in layers:
         run()
-    assert kernel_plans.builds() - before == 2
+    assert kernel_bias_cache.builds() - before == 2
     layers[2]()  # the last plan is kept
-    assert kernel_plans.builds() - before == 2
+    assert kernel_bias_cache.builds() - before == 2
     positions.add_(7)
     layers[2]()
-    assert kernel_plans.builds() - before == 3
+    assert kernel_bias_cache.builds() - before == 3
 
 
 def test_cache_holds_only_the_last_plan_beyond_autograd():
@@ -138,13 +138,13 @@ def test_cache_holds_only_the_last_plan_beyond_autograd():
     import gc
     import weakref
 
-    kernel_plans.clear()
+    kernel_bias_cache.clear()
     n, positions = 60, torch.arange(60)
     q, k, v = (torch.randn(1, n, 2, 32, requires_grad=True) for _ in range(3))
     lsh = PositionalLSH(torch.tensor([2.0, 9.0], dtype=torch.float64), 3, seed=1)
     out_a = plsh_attention(q, k, v, sigma=lsh.sigma, num_samples=3, seed=1, positions=positions,
                            backend="triton", method="onepass")
-    plan_a = weakref.ref(kernel_plans._last[0])
+    plan_a = weakref.ref(kernel_bias_cache._last[0])
     plsh_attention(q.detach(), k.detach(), v.detach(), sigma=lsh.sigma, num_samples=3, seed=2,
                    positions=positions, backend="triton", method="onepass")
     gc.collect()

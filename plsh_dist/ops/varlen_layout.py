@@ -1,4 +1,4 @@
-"""Plans for the varlen (CUDA) block attention: rows, cu_seqlens, chunks.
+"""The layout of the varlen (CUDA) block attention's calls: rows, cu_seqlens, chunks.
 
 The varlen kernels see a flat "rows" axis of tokens and a ``cu_seqlens``
 array of sequence boundaries; each hash block becomes one sequence. To keep
@@ -14,15 +14,15 @@ for per-head hashes, every head is laid out along that axis:
 
 Where the work happens: the buckets of all samples and heads (O(s H n)) are
 computed on the compute device with the hash's own formula, and only the
-block starts come back to the host, in **one device-to-host copy per plan**:
+block starts come back to the host, in **one device-to-host copy per forward**:
 the single host synchronisation of the op, unavoidable because the kernels
 take the number of blocks and ``max_seqlen`` as host integers. The backward
-reuses the forward's plan. Each call's ``cu_seqlens`` goes back to the device
+reuses the forward's calls. Each call's ``cu_seqlens`` goes back to the device
 without blocking.
 
 Chunks: FlashAttention-2 launches a grid of (query tiles, sequences, heads)
 whose second dimension CUDA caps at 65535, so one call takes at most
-``MAX_SEQS_PER_CALL`` blocks; longer plans are cut (at block boundaries)
+``MAX_SEQS_PER_CALL`` blocks; longer samples are cut (at block boundaries)
 into several calls over consecutive row ranges.
 
 Legend: s samples, B batch, n tokens, Hq query heads, H hash heads (1 or Hq), R rows.
@@ -109,7 +109,7 @@ def _chunks(rows: np.ndarray, total: int, device: torch.device, max_seqs: int) -
     return chunks
 
 
-def plan_samples(
+def varlen_calls(
     lsh: PositionalLSH,
     positions: torch.Tensor,
     batch: int,
@@ -117,7 +117,7 @@ def plan_samples(
     max_seqs: int | None = None,
     docs: Documents | None = None,
 ) -> list[list[VarlenChunk]]:
-    """The varlen calls of every sample: ``plan[t]`` is sample t's list of chunks.
+    """The varlen calls of every sample: ``calls[t]`` is sample t's list of chunks.
 
     Args:
         lsh: the hash (1 head, or one per query head: rows then include heads).
@@ -134,8 +134,8 @@ def plan_samples(
     index = flat % max(n - 1, 1) + 1  # token index of the start
     bounds = np.searchsorted(seg, np.arange(s * H + 1))  # entries of (t, h) are [bounds[tH+h], bounds[tH+h+1])
     zero = np.zeros(1, dtype=np.int64)
-    plan = []
+    calls = []
     for t in range(s):
         per_head = [np.concatenate([zero, index[bounds[t * H + h] : bounds[t * H + h + 1]]]) for h in range(H)]
-        plan.append(_chunks(_sample_rows(per_head, n, batch), H * batch * n, device, max_seqs))
-    return plan
+        calls.append(_chunks(_sample_rows(per_head, n, batch), H * batch * n, device, max_seqs))
+    return calls

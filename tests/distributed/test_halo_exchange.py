@@ -1,10 +1,10 @@
-"""Halo planning without processes: block starts agree with the hash, and the
+"""The halo exchange without processes: block starts agree with the hash, and the
 planned halo of every rank is exactly the brute-force need from the buckets."""
 
 import pytest
 import torch
 
-from plsh_dist.distributed.halo import HaloPlan, plsh_needs
+from plsh_dist.distributed.halo import HaloExchange, plsh_needs
 from plsh_dist.distributed.sp_layout import SPLayout
 from plsh_dist.hashing import PositionalLSH, alibi_slopes
 
@@ -27,14 +27,14 @@ def test_bucket_start_is_the_first_position_of_each_block():
 
 
 @pytest.mark.parametrize("P,causal", [(3, True), (4, False)])
-def test_plan_receives_exactly_the_needed_pairs(P, causal):
+def test_exchange_receives_exactly_the_needed_pairs(P, causal):
     T, Hq, Hkv = 600, 4, 2
     lsh = PositionalLSH(alibi_slopes(Hq).reciprocal() * 20, 4, seed=9)
     Tl, offset = T // P, 50
     buckets = lsh.buckets(torch.arange(T) + offset)
     for r in range(P):
         layout = SPLayout(None, r, P, tuple(range(P)), tuple(offset + i * Tl for i in range(P)), Tl)
-        plan = HaloPlan.build(layout, plsh_needs(lsh, layout, Hq, Hkv, causal))
+        exchange = HaloExchange.build(layout, plsh_needs(lsh, layout, Hq, Hkv, causal))
         c0, c1 = r * Tl, (r + 1) * Tl
         expected = 0
         for h in range(Hkv):
@@ -46,9 +46,9 @@ def test_plan_receives_exactly_the_needed_pairs(P, causal):
             if causal:
                 need[c1:] = False
             expected += int(need.sum())
-        assert plan.recv_tokens() == expected
+        assert exchange.recv_tokens() == expected
         sent = {}
-        for t in plan.recv:
+        for t in exchange.recv:
             for piece in t.pieces:  # every piece lies inside its owner's chunk
                 assert 0 <= piece.src and piece.src + piece.length <= Tl
                 sent[t.peer] = sent.get(t.peer, 0) + piece.length
