@@ -48,7 +48,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -63,6 +63,8 @@ from plsh_dist.distributed import ParallelDims, default_backend
 from plsh_dist.distributed.comm_stats import comm_stats
 from plsh_dist.distributed.ports import free_port
 from plsh_dist.faults import maybe_fail
+from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig, apply_sequence_parallel, count_parameters
+from plsh_dist.models.pretrained import initial_model
 from plsh_dist.perplexity import perplexity
 from plsh_dist.train.data_setup import DataPipeline, prepare
 from plsh_dist.train.deepspeed_config import deepspeed_config
@@ -75,10 +77,6 @@ from plsh_dist.train.refusal import RunRefused, refusing
 from plsh_dist.train.run_dir import set_aside_previous_run
 from plsh_dist.train.run_lock import RunDirLock, claim_out_dir
 from plsh_dist.train.validation import validation_loss
-
-if TYPE_CHECKING:
-    from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig
-
 
 # Peak dense bf16 FLOP/s for MFU when the GPU is not recognised (H100 SXM).
 _DEFAULT_PEAK_FLOPS = 989e12
@@ -230,8 +228,6 @@ def setup(cfg: RunConfig, lock: RunDirLock | None = None, stop: StopRequest | No
     kept when a previous run is moved aside; None elsewhere. ``stop``: the stop request the
     signal handler writes (``train`` installs one); None: a request nothing sets.
     """
-    from plsh_dist.models import AttentionRuntime
-
     with refusing("config"):
         device = resolve_device(cfg.run.device)
     init_distributed(device, cfg.parallel.timeout_s)
@@ -279,10 +275,7 @@ def _build_engine(cfg: RunConfig, model_cfg: ModelConfig, attn_cfg: AttentionCon
                   sp_group, device: torch.device) -> tuple[Any, int]:
     """The model (initialised from torch's global RNG, or from [model].init_from) with sequence parallelism
     applied once, optimizer, scheduler and DeepSpeed engine -> ``(engine, parameter count)``."""
-    import deepspeed
-
-    from plsh_dist.models import apply_sequence_parallel, count_parameters
-    from plsh_dist.models.pretrained import initial_model
+    import deepspeed  # here, not at import: DeepSpeed picks its accelerator (DS_ACCELERATOR) when imported
 
     # Random init, or [model].init_from's weights (continued pretraining).
     model = apply_sequence_parallel(initial_model(cfg, model_cfg, attn_cfg, runtime, device), sp_group)
