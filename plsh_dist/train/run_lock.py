@@ -58,6 +58,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
+from plsh_dist.train.refusal import RunRefused
+
 LOCK_NAME = "run.lock"
 HEARTBEAT_S = 15.0
 """Seconds between two touches of the lock file by its holder."""
@@ -346,8 +348,6 @@ def claim_out_dir(out_dir: str | Path, rank: int) -> Iterator[RunDirLock | None]
     verdict; a busy out_dir raises ``RunRefused("out_dir")`` on every rank (rank 0 prints it).
     Yields the lock on rank 0, None elsewhere."""
     import torch.distributed as dist
-
-    from plsh_dist.train.refusal import RunRefused
 
     lock, verdict = None, [None]
     if rank == 0:
