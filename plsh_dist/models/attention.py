@@ -72,8 +72,9 @@ class PositionsCache:
     """The ops' ``(positions, cu_seqlens)`` of the current forward, shared by a model's layers.
 
     Every layer of a forward receives the same position tensors; keeping the result
-    makes the device-to-host copy (a sync on GPU) and the checks happen once per
-    forward, not once per layer.
+    makes the layout's device-to-host copy and checks happen once per forward, not
+    once per layer. A hit still compares the inputs (below): on GPU that is one small
+    sync per layer, the price of never trusting a private version counter.
 
     Keyed by the tensors' identity *and* content: the cache holds the tensors it was
     given and a copy of what they held, and a lookup hits only for the same tensor
