@@ -72,7 +72,7 @@ test-cluster: $(STAMP) cluster-deps
 
 # The 0.6B rehearsal on the two hosts (configs/qwen3_0.6b_8k_plsh_s10.toml, SP = 2 across them, ZeRO-3,
 # 4k tokens; a checkpoint, a SIGKILL of node-1's rank mid-step, the resume, the ZeRO-3 export and an
-# evaluation at 2x the length): hours on a 2-core CPU. Writes runs/rehearsal/rehearsal.json and
+# evaluation at 2x the length): ~50 min on an otherwise idle 2-core CPU with ~21 GiB free. Writes runs/rehearsal/rehearsal.json and
 # results/cluster/rehearsal.md. REHEARSAL_ARGS="--tiny --out DIR": the same phases on the debug model.
 REHEARSAL_ARGS ?=
 rehearsal: $(STAMP) cluster-deps
