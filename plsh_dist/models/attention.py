@@ -72,41 +72,33 @@ class PositionsCache:
     """The ops' ``(positions, cu_seqlens)`` of the current forward, shared by a model's layers.
 
     Every layer of a forward receives the same position tensors; keeping the result
-    makes the layout's device-to-host copy and checks happen once per forward, not
-    once per layer. A hit still compares the inputs (below): on GPU that is one small
-    sync per layer, the price of never trusting a private version counter.
-
-    Keyed by the tensors' identity *and* content: the cache holds the tensors it was
-    given and a copy of what they held, and a lookup hits only for the same tensor
-    objects still holding those values (``torch.equal`` on their own device; position
-    ids are small). A buffer refilled in place between forwards therefore misses, and
-    no private tensor attribute is read.
+    makes the layout's device-to-host copy (a sync on GPU) and checks happen once per
+    forward, not once per layer. An entry lives for one forward: the model's decoder
+    clears it when a forward starts (``models.build`` registers the hook), so a caller's
+    buffer refilled in place for the next forward misses. Within a forward the held
+    tensors are matched by identity (held, so their ids cannot be reused): no content
+    comparison, no copy and no sync on a hit.
     """
 
     def __init__(self):
         self.inputs: tuple[torch.Tensor | None, ...] | None = None
-        """The ``(position_ids, cu_seq_lens)`` the layout was made from (held: their ids cannot be reused)."""
-        self.contents: tuple[torch.Tensor | None, ...] = ()
-        """Copies of ``inputs`` when the layout was made, on their devices."""
+        """The ``(position_ids, cu_seq_lens)`` the layout was made from."""
         self.layout: tuple[torch.Tensor, torch.Tensor | None] | None = None
         """The ops' ``(positions, cu_seqlens)`` made from ``inputs``."""
 
     def lookup(self, inputs: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """The layout made from ``inputs`` if they are the held tensors with unchanged values, else None."""
+        """The layout of this forward's ``inputs`` (the same tensor objects), else None."""
         if self.inputs is None or len(inputs) != len(self.inputs):
             return None
-        for given, held, content in zip(inputs, self.inputs, self.contents):
-            if given is not held:
-                return None
-            if given is not None and not torch.equal(given, content):
-                return None  # refilled in place since the layout was made
-        return self.layout
+        return self.layout if all(a is b for a, b in zip(inputs, self.inputs)) else None
 
     def store(self, inputs: tuple[torch.Tensor | None, ...], layout: tuple[torch.Tensor, torch.Tensor | None]) -> None:
-        """Keep ``layout`` as the one of ``inputs`` (and a copy of their values)."""
-        self.inputs = inputs
-        self.contents = tuple(None if x is None else x.detach().clone() for x in inputs)
-        self.layout = layout
+        """Keep ``layout`` as the one of ``inputs`` until the forward ends."""
+        self.inputs, self.layout = inputs, layout
+
+    def clear(self, *_hook_args) -> None:
+        """Forget the entry: a new forward starts (also a forward pre-hook, whose arguments it ignores)."""
+        self.inputs = self.layout = None
 
 
 @dataclass(frozen=True)
@@ -120,14 +112,15 @@ class AttentionBinding:
         layer: the module's layer index (``layer_idx``), an input of the seed rule.
         ops: the object computing the attention (None: the single-process
             :mod:`plsh_dist.ops`).
-        positions: the model's per-forward positions cache (shared by its modules).
+        positions: the model's per-forward positions cache (shared by its modules; ``build_model``
+            gives one, cleared at each forward); None: every call makes its layout.
     """
 
     cfg: AttentionConfig
     runtime: AttentionRuntime
     layer: int
     ops: Any = None
-    positions: PositionsCache = field(default_factory=PositionsCache, compare=False, repr=False)
+    positions: PositionsCache | None = field(default=None, compare=False, repr=False)
 
     def seed(self) -> int:
         """The hash seed of this layer in the seed context's current step (``fixed_masks``:
@@ -185,7 +178,7 @@ def _truncation_window(c: float, sigma: float | None, num_heads: int):
 
 
 def _layout(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, B: int, T: int,
-            cache: PositionsCache) -> tuple[torch.Tensor, torch.Tensor | None]:
+            cache: PositionsCache | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """position_ids (B or 1, T) and the packed-documents offsets -> the ops' ``(positions, cu_seqlens)``.
 
     - ``cu_seqlens`` given (transformers' ``cu_seq_lens_q/k``): passed on; positions
@@ -202,7 +195,7 @@ def _layout(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, 
     if position_ids is None and cu_seqlens is None:
         return torch.arange(T), None
     inputs = (position_ids, cu_seqlens)
-    cached = cache.lookup(inputs)
+    cached = cache.lookup(inputs) if cache is not None else None
     if cached is not None:
         return cached
     if position_ids is None:
@@ -221,7 +214,8 @@ def _layout(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, 
             result = rows, torch.arange(B + 1, dtype=torch.int32) * T
         else:
             result = rows[0], None
-    cache.store(inputs, result)
+    if cache is not None:
+        cache.store(inputs, result)
     return result
 
 

@@ -152,7 +152,8 @@ def set_attention_mode(
     ops = current.ops if current is not None else None
     if model.config._attn_implementation != IMPLEMENTATION:
         model.set_attn_implementation(IMPLEMENTATION)
-    positions = PositionsCache()  # one per model: every layer of a forward reads the same positions
+    positions = current.positions if current is not None and current.positions is not None else \
+        _positions_cache(model)
     for module in modules:
         setattr(module, BINDING_ATTR, AttentionBinding(attn_cfg, runtime, module.layer_idx, ops, positions))
     set_rope(model, attn_cfg.rope)
@@ -174,6 +175,15 @@ def set_attention_ops(model: nn.Module, ops) -> nn.Module:
     for module in attention_modules(model):
         setattr(module, BINDING_ATTR, dataclasses.replace(_binding(module), ops=ops))
     return model
+
+
+def _positions_cache(model: nn.Module) -> PositionsCache:
+    """The model's one positions cache (every layer of a forward reads the same positions),
+    cleared by a forward pre-hook on the decoder: each forward starts without an entry."""
+    cache = PositionsCache()
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    decoder.register_forward_pre_hook(cache.clear)
+    return cache
 
 
 def _binding(module: nn.Module) -> AttentionBinding:

@@ -1,5 +1,6 @@
 """The per-forward positions cache: every layer of one forward reuses one layout,
-and a position buffer refilled in place is never answered with the old positions."""
+and a position buffer refilled in place for the next forward is never answered with the old
+positions (the decoder clears the cache when a forward starts)."""
 
 import dataclasses
 
@@ -26,12 +27,14 @@ def test_same_tensors_hit_and_refilled_buffer_misses():
     pos = torch.arange(8)[None].repeat(2, 1)
     first = _layout(pos, None, 2, 8, cache)
     assert _layout(pos, None, 2, 8, cache) is first and cache.stores == 1  # the next layer: a hit
+    cache.clear()  # the next forward starts (the decoder's pre-hook)
     pos.copy_(torch.cat([torch.arange(4), torch.arange(4)])[None].expand(2, 8))  # the caller reuses its buffer
     positions, cu = _layout(pos, None, 2, 8, cache)
     assert cache.stores == 2
     assert torch.equal(positions, pos) and cu.tolist() == [0, 4, 8, 12, 16]  # the new documents, not the old row
     offsets = torch.tensor([0, 8, 16], dtype=torch.int32)
     _layout(pos, offsets, 2, 8, cache)
+    cache.clear()
     offsets[1] = 4  # cu_seq_lens refilled in place too
     assert _layout(pos, offsets, 2, 8, cache)[1].tolist() == [0, 4, 16] and cache.stores == 4
     assert _layout(pos.clone(), offsets, 2, 8, cache) is not None and cache.stores == 5  # another tensor: a miss
@@ -41,11 +44,18 @@ def test_one_layout_per_forward_across_layers():
     torch.manual_seed(0)
     cfg = dataclasses.replace(presets["tiny"], num_layers=3)
     model = build_model(cfg, AttentionConfig(bias="alibi"), AttentionRuntime(run_seed=5), dtype=torch.float64)
-    cache = CountingCache()
     modules = [m for m in model.modules() if hasattr(m, "plsh_binding")]
     assert len(modules) == 3
-    for m in modules:
-        object.__setattr__(m.plsh_binding, "positions", cache)  # the bindings are frozen; share the counter
+    cache = modules[0].plsh_binding.positions  # the model's own, cleared by its decoder at each forward
+    assert all(m.plsh_binding.positions is cache for m in modules)
+    stored = cache.store
+    cache.stores = 0
+
+    def counting_store(inputs, layout):
+        cache.stores += 1
+        stored(inputs, layout)
+
+    cache.store = counting_store
     ids = torch.randint(0, cfg.vocab_size, (1, 12))
     pos = torch.arange(12)[None]
     with torch.no_grad():
