@@ -58,9 +58,9 @@ __all__ = ["SP", "REAL_CONFIG", "TINY_CONFIG", "Settings", "Refused", "train_ove
 SP = 2  # one rank per host
 REAL_CONFIG = ROOT / "configs" / "qwen3_0.6b_8k_plsh_s10.toml"
 # glibc keeps freed blocks under its dynamic mmap threshold (which grows to 32 MiB) in the heap, so a
-# rank's resident set grows past its live tensors. A fixed 1 MiB threshold maps each tensor of 1 MiB or
-# more on its own and unmaps it when freed. Without it the first 0.6B run here was killed by the kernel's
-# out-of-memory killer in step 1, its two ranks at 9.2 GiB resident each (the planner: 7.2 GiB live).
+# rank's resident set can grow past its live tensors; a fixed 1 MiB threshold maps each tensor of 1 MiB or
+# more on its own and unmaps it when freed. The 0.6B run on results/cluster/rehearsal.md ran with it; its
+# effect on the resident peak was not measured apart.
 REHEARSAL_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 # A rank's resident high-water mark over the planner's peak of live tensors: the interpreter, the
 # libraries, DeepSpeed's buffers and the allocator's slack. Measured in the 0.6B rehearsal

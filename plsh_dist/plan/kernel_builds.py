@@ -150,7 +150,7 @@ def _run_case(case: Case) -> None:
         strategy, lsh = TritonOnePass(), PositionalLSH(sigma, case.samples, seed=0)
         out, lse, saved = strategy.forward(q, k, v, lsh, positions, causal=case.causal, scale=scale, docs=docs)
         strategy.backward(torch.zeros_like(out), q, k, v, out, lse, lsh, positions, causal=case.causal, scale=scale,
-                      docs=docs, saved=saved)
+                          docs=docs, saved=saved)
     elif case.bias == "window":
         from plsh_dist.ops.alibi import equal_cost_c, truncation_windows  # noqa: PLC0415
         from plsh_dist.ops.triton_onepass import alibi_window_attention  # noqa: PLC0415
