@@ -16,8 +16,9 @@ modules transformers' trust_remote_code runs (plsh_dist/models/remote_code.py). 
 
 (or ``import plsh_dist.models`` first and drop trust_remote_code; docs/training.md).
 
-The converter checks that the written export gives the checkpoint's logits
-exactly (fp32) before it reports success.
+The export keeps the dtype the checkpoint's weights were saved in (bf16 for a
+bf16 run; config.json says "dtype"), and the converter checks that it gives the
+checkpoint's logits exactly, in that dtype, before it reports success.
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     from plsh_dist.checkpoint.loading import load_model
 
     try:
-        ck = load_model(args.checkpoint, tokenizer=args.tokenizer)
+        ck = load_model(args.checkpoint, tokenizer=args.tokenizer, dtype=None)  # the dtype it was saved in
         out = export_loaded(ck, args.out)
         ref = ck.model
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(out))
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype="auto")
         ids = torch.arange(min(64, ref.config.vocab_size))[None] % ref.config.vocab_size
         with torch.no_grad():
             same = torch.equal(ref(input_ids=ids).logits, model(input_ids=ids).logits)

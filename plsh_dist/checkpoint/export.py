@@ -94,8 +94,8 @@ def save_export(model, cfg: RunConfig, tokenizer_path: str | Path | None, direct
 
 
 def export_loaded(ck: LoadedCheckpoint, out_dir: str | Path) -> Path:
-    """Write the export of ``ck`` (``load_model``'s checkpoint) into ``out_dir``,
-    which must be a new or empty directory other than the checkpoint's own."""
+    """Write the export of ``ck`` (``load_model``'s checkpoint) into ``out_dir``, in its model's
+    dtype, which must be a new or empty directory other than the checkpoint's own."""
     out = Path(out_dir)
     if ck.run_config_file is None:
         raise ValueError(f"{ck.path} has no config.resolved.json: a new export would record default training "
@@ -108,5 +108,6 @@ def export_loaded(ck: LoadedCheckpoint, out_dir: str | Path) -> Path:
 
 def convert_to_export(path: str | Path, out_dir: str | Path, tokenizer: str | Path | None = None) -> Path:
     """Write the self-describing export of any checkpoint the loader reads (a DeepSpeed
-    ZeRO 0-3 tag, a run directory, an older export) into ``out_dir`` (``export_loaded``)."""
-    return export_loaded(load_model(path, tokenizer=tokenizer), out_dir)
+    ZeRO 0-3 tag, a run directory, an older export) into ``out_dir`` (``export_loaded``),
+    in the dtype its weights were saved in."""
+    return export_loaded(load_model(path, tokenizer=tokenizer, dtype=None), out_dir)

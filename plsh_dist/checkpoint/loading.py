@@ -2,6 +2,7 @@
 
     ck = load_model("runs/quickstart")              # a run dir, its final/ export or a step tag
     ck.model, ck.run_config, ck.tokenizer           # eval mode, float32, the trained attention
+    load_model(path, dtype=None).model              # in the dtype the weights were saved in (bf16 runs: bf16)
 
 Every reader of trained weights comes here: evaluation, generation, export
 and conversion (``launchers/convert_checkpoint.py``) and the validation of an
@@ -25,8 +26,8 @@ read on the model side: :mod:`plsh_dist.models.pretrained`.) Kinds of path:
   newest complete DeepSpeed tag;
 - a **DeepSpeed tag** (``out_dir/checkpoints/step_00000100``): ZeRO stage 0-2
   (``mp_rank_00_model_states.pt``, read with ``weights_only``), or ZeRO-3, its
-  per-rank fp32 shards gathered into whole parameters
-  (:mod:`plsh_dist.checkpoint.zero3_weights`, also ``weights_only``).
+  per-rank master-weight shards gathered into whole parameters in the dtype the
+  engine's module held (:mod:`plsh_dist.checkpoint.zero3_weights`, also ``weights_only``).
 
 The pass, in order: find the weights (``locate``), read the run config saved
 with them (older layouts accepted, ``plsh_dist.config.schema.read_resolved``)
@@ -182,15 +183,21 @@ def _weights(directory: Path, kind: str) -> dict[str, torch.Tensor]:
     return state
 
 
+def saved_dtype(weights: dict[str, torch.Tensor]) -> torch.dtype:
+    """The floating dtype the weights were saved in (their first floating tensor's)."""
+    return next((w.dtype for w in weights.values() if w.is_floating_point()), torch.float32)
+
+
 def load_model(path: str | Path, *, tokenizer: str | Path | None = None, attention: AttentionConfig | None = None,
-               device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> LoadedCheckpoint:
+               device: str | torch.device = "cpu", dtype: torch.dtype | None = torch.float32) -> LoadedCheckpoint:
     """Load a checkpoint (module doc) in one pass -> ``LoadedCheckpoint`` (eval mode).
 
     ``tokenizer``: a ``.model`` file to use instead of the checkpoint's own (it
     must be the same model). ``attention``: build under another attention mode
     (default the trained one; ``set_attention_mode`` switches later too). The
     hash masks are seeded by the run's seed (``AttentionRuntime(run_seed=...)``).
-    Raises ValueError for a missing path, a directory without weights, weights
+    ``dtype``: the model's; None: the dtype the weights were saved in (a bf16 run's are bf16,
+    which exports keep). Raises ValueError for a missing path, a directory without weights, weights
     or a tokenizer that do not fit the saved config.
     """
     directory, kind = locate(path)
@@ -202,8 +209,9 @@ def load_model(path: str | Path, *, tokenizer: str | Path | None = None, attenti
         if kind == "export":
             _check_export_config(directory, cfg)
     tok = _tokenizer(directory, tokenizer, cfg)
+    weights = _weights(directory, kind)
     model = model_with_weights(cfg.model, attention or cfg.attention, AttentionRuntime(run_seed=cfg.run.seed),
-                               _weights(directory, kind), source=directory, device=device, dtype=dtype)
+                               weights, source=directory, device=device, dtype=dtype or saved_dtype(weights))
     return LoadedCheckpoint(model, cfg, tok, directory, kind, resolved)
 
 

@@ -1,4 +1,4 @@
-"""The full fp32 weights of a ZeRO-3 checkpoint tag, gathered from its per-rank shards, read safely.
+"""The full weights of a ZeRO-3 checkpoint tag, gathered from its per-rank shards, read safely.
 
 Under ZeRO-3 no file holds a whole parameter. A tag written by ``W`` ranks has
 
@@ -6,15 +6,19 @@ Under ZeRO-3 no file holds a whole parameter. A tag written by ``W`` ranks has
   in the optimizer's order (``param_shapes``: one ordered dict per parameter
   group), the buffers (``module`` restricted to ``buffer_names``) and the tied
   parameters (``shared_params``: name -> the name it shares storage with);
-- ``zero_pp_rank_{r}_mp_rank_00_optim_states.pt`` for r < W: rank r's fp32
-  partition of every group, ``optimizer_state_dict.fp32_flat_groups`` (one flat
-  tensor per group), next to the AdamW moments, which are not read.
+- ``zero_pp_rank_{r}_mp_rank_00_optim_states.pt`` for r < W (``bf16_zero_pp_rank_...``
+  when the engine ran bf16): rank r's partition of the master weights of every
+  group, ``optimizer_state_dict.fp32_flat_groups`` (one flat tensor per group;
+  fp32, or bf16 under ``master_weights = "bf16"``), next to the AdamW moments,
+  which are not read.
 
 Each parameter of ``n`` elements owns ``ceil(n / W)`` consecutive elements of
 every rank's flat partition (the last rank's slice padded with zeros), the
 parameters one after the other in ``param_shapes`` order; the parameter is the
 ranks' slices concatenated in rank order, cut to ``n`` and viewed to its
-shape. DeepSpeed's own ``zero_to_fp32`` does the same merge but unpickles with
+shape, then cast to the dtype the engine's module held it in (``module``'s
+empty placeholder of it: bf16 in a bf16 run, the masters rounded to nearest as
+DeepSpeed copies them for the forward). DeepSpeed's own ``zero_to_fp32`` does the same merge but unpickles with
 ``weights_only=False``; here every file goes through ``safe_torch_load`` (the
 optimizer shards memory-mapped, so the moments are never read into memory).
 """
@@ -30,7 +34,7 @@ import torch
 from plsh_dist.checkpoint.safe_load import safe_torch_load
 
 ZERO3_MODEL_FILE = "zero_pp_rank_0_mp_rank_00_model_states.pt"
-_OPTIM_FILE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
+_OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
 
 
 def is_zero3_tag(directory: str | Path) -> bool:
@@ -63,7 +67,7 @@ def _flat_groups(path: Path, world: int) -> list[torch.Tensor]:
 
 
 def gather_zero3_weights(directory: str | Path) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer of the ZeRO-3 tag ``directory`` as full fp32 tensors (module doc),
+    """Every parameter and buffer of the ZeRO-3 tag ``directory`` as full tensors in the engine's dtypes (module doc),
     tied names sharing one tensor. Raises ``ValueError`` for an incomplete or inconsistent tag and
     ``CheckpointLoadError`` (naming the file) for one that cannot be read safely."""
     directory = Path(directory)
@@ -76,8 +80,8 @@ def gather_zero3_weights(directory: str | Path) -> dict[str, torch.Tensor]:
     ranks = [torch.cat([g.reshape(-1) for g in _flat_groups(f, world)]) for f in files]
 
     buffers = set(model.get("buffer_names") or ())
-    state = {k: v.float() if v.is_floating_point() else v
-             for k, v in (model.get("module") or {}).items() if k in buffers}
+    module = model.get("module") or {}
+    state = {k: v for k, v in module.items() if k in buffers}
     offset = 0
     for name, shape in ((k, v) for group in model["param_shapes"] for k, v in group.items()):
         numel = math.prod(shape)
@@ -86,7 +90,9 @@ def gather_zero3_weights(directory: str | Path) -> dict[str, torch.Tensor]:
             raise ValueError(f"{directory}: the optimizer shards end before parameter {name} "
                              f"(shape {tuple(shape)}): the tag is damaged; use another checkpoint")
         pieces = [r[offset:offset + part] for r in ranks]
-        state[name] = torch.cat(pieces)[:numel].view(tuple(shape)).clone()
+        held = module.get(name)
+        dtype = held.dtype if isinstance(held, torch.Tensor) else ranks[0].dtype
+        state[name] = torch.cat(pieces)[:numel].view(tuple(shape)).to(dtype, copy=True)
         offset += part
     if offset != ranks[0].numel():
         raise ValueError(f"{directory}: {ranks[0].numel() - offset} elements of rank 0's partition belong to no "

@@ -28,7 +28,7 @@ from plsh_dist.config.schema import (
                                      config_from_table,
                                      parse_overrides,
                                      read_resolved,
-                                     resolve_precision,
+                                     resolve_master_weights, resolve_precision,
                                      to_toml,
                                      upgrade_table,
                                      write_resolved,
@@ -40,5 +40,6 @@ __all__ = [
     "RunConfig", "RunSection", "OptimSection", "MemorySection", "DeepSpeedSection", "ParallelSection",
     "CheckpointSection", "LoggingSection", "RENAMED", "config_from_table", "upgrade_table", "build_section",
     "read_resolved", "write_resolved", "to_toml", "check_world_size", "parse_overrides", "apply_overrides",
+    "resolve_master_weights",
     "resolve_precision",
 ]

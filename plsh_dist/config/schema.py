@@ -158,7 +158,13 @@ class DeepSpeedSection:
     zero_stage: int = 0
     """ZeRO stage 0 (plain DDP), 1 (optimizer states), 2 (+gradients), 3 (+parameters)."""
     precision: str = "auto"
-    """auto (bf16 on GPU, fp32 on CPU) | bf16 (GPU only) | fp32."""
+    """auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32. bf16 on CPU runs through DeepSpeed's
+    CPU accelerator: slower than fp32 there, it is the GPU's arithmetic where CI can test it."""
+    master_weights: str = "fp32"
+    """With bf16: fp32 (weights kept and updated in fp32, bf16 copies for the model; gradients
+    reduced in fp32 at ZeRO >= 1) | bf16 (the paper's precision: bf16 weights, gradients and AdamW
+    moments, no fp32 copy; DeepSpeed's bf16_master_weights_and_grads, ZeRO 1-3 without
+    offload_optimizer). Ignored in fp32."""
     offload_optimizer: bool = False
     """ZeRO >= 1: keep optimizer states in CPU memory (GPU runs)."""
 
@@ -166,17 +172,35 @@ class DeepSpeedSection:
         check_field_types(self, "deepspeed")
         _choice("deepspeed", "zero_stage", self.zero_stage, (0, 1, 2, 3))
         _choice("deepspeed", "precision", self.precision, ("auto", "bf16", "fp32"))
+        _choice("deepspeed", "master_weights", self.master_weights, ("fp32", "bf16"))
+        if self.master_weights == "bf16":
+            if self.precision == "fp32":
+                raise ValueError('[deepspeed].master_weights = "bf16" needs bf16 weights, but precision = "fp32"; '
+                                 'set precision = "bf16", or master_weights = "fp32"')
+            if self.zero_stage == 0:
+                raise ValueError('[deepspeed].master_weights = "bf16" needs ZeRO 1-3 (DeepSpeed keeps bf16 master '
+                                 'weights only in its ZeRO optimizers), but zero_stage = 0; e.g. zero_stage = 1')
+            if self.offload_optimizer:
+                raise ValueError('[deepspeed].master_weights = "bf16" with offload_optimizer = true needs '
+                                 "DeepSpeed's CPU Adam, which this trainer does not use; set offload_optimizer = "
+                                 'false, or master_weights = "fp32"')
 
 
 def resolve_precision(section: DeepSpeedSection, device_type: str) -> str:
-    """``"bf16"`` or ``"fp32"`` for this device; bf16 on CPU is refused loudly."""
+    """``"bf16"`` or ``"fp32"`` for this device: ``auto`` is bf16 on CUDA only."""
     if section.precision == "auto":
         return "bf16" if device_type == "cuda" else "fp32"
-    if section.precision == "bf16" and device_type != "cuda":
-        raise ValueError(
-            "[deepspeed].precision = \"bf16\" needs a GPU; on CPU set precision = \"fp32\" (or \"auto\")"
-        )
     return section.precision
+
+
+def resolve_master_weights(section: DeepSpeedSection, device_type: str) -> str:
+    """``"bf16"`` or ``"fp32"``: the dtype the optimizer updates; fp32 whenever the run is fp32."""
+    if resolve_precision(section, device_type) == "fp32":
+        if section.master_weights == "bf16":  # precision = "auto" that resolved to fp32
+            raise ValueError('[deepspeed].master_weights = "bf16" needs bf16 weights, but precision = "auto" is '
+                             f'fp32 on {device_type}; set precision = "bf16", or master_weights = "fp32"')
+        return "fp32"
+    return section.master_weights
 
 
 @dataclass
@@ -291,11 +315,6 @@ class RunConfig:
         resolved config runs only these (its data may live elsewhere now)."""
         sp = self.parallel.sp_size
         check_sp_divisible(self.data.seq_len, sp)
-        if self.run.device == "cpu" and self.deepspeed.precision == "bf16":
-            raise ValueError(
-                '[deepspeed].precision = "bf16" needs a GPU but [run].device = "cpu"; '
-                'set precision = "fp32" (or "auto": bf16 on GPU, fp32 on CPU), or device = "cuda"'
-            )
         if self.attention.backend == "flex":
             raise ValueError(
                 '[attention].backend = "flex" computes the attention output only (PyTorch\'s FlexAttention has no '

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from plsh_dist.config.schema import DeepSpeedSection, OptimSection, resolve_precision
+from plsh_dist.config.schema import DeepSpeedSection, OptimSection, resolve_master_weights, resolve_precision
 
 
 def deepspeed_config(
@@ -37,7 +37,7 @@ def deepspeed_config(
         "gradient_accumulation_steps": optim.grad_accum_steps,
         "gradient_clipping": optim.grad_clip,
         "zero_optimization": zero,
-        "bf16": {"enabled": precision == "bf16"},
+        "bf16": _bf16_section(precision, resolve_master_weights(ds, device_type)),
         "fp16": {"enabled": False},
         # We log ourselves (metrics.jsonl, tensorboard); silence DeepSpeed's per-step prints.
         "steps_per_print": 2**31 - 1,
@@ -45,7 +45,18 @@ def deepspeed_config(
         # A torch optimizer is "untested" for ZeRO in DeepSpeed's eyes; AdamW is fine.
         "zero_allow_untested_optimizer": True,
     }
-    if precision == "bf16":
-        # Accumulate and all-reduce gradients in fp32 for bf16 params.
+    if precision == "bf16" and ds.master_weights == "fp32" and ds.zero_stage >= 1:
+        # Accumulate and reduce gradients in fp32 for bf16 weights. Without ZeRO, DeepSpeed refuses
+        # that mix (NotImplementedError in _do_optimizer_sanity_check); it then keeps fp32 master
+        # weights (its DDP bf16 optimizer) but accumulates and all-reduces the gradients in bf16.
         config["data_types"] = {"grad_accum_dtype": "fp32"}
     return config
+
+
+def _bf16_section(precision: str, master_weights: str) -> dict[str, Any]:
+    """DeepSpeed's ``bf16`` entry. bf16 master weights: the optimizer's partitions, gradients and
+    AdamW moments stay bf16 (``bf16_optimizer_states`` keeps them off DeepSpeed's CPU-Adam route)."""
+    section: dict[str, Any] = {"enabled": precision == "bf16"}
+    if precision == "bf16" and master_weights == "bf16":
+        section.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
+    return section

@@ -58,7 +58,7 @@ from plsh_dist.checkpoint.line import checkpoint_root, set_aside_newer
 from plsh_dist.checkpoint.resume_check import check_resume_config
 from plsh_dist.checkpoint.safe_load import CheckpointLoadError
 from plsh_dist.checkpoint.tags import find_resume, load_checkpoint, save_checkpoint
-from plsh_dist.config.schema import RunConfig, resolve_precision, write_resolved
+from plsh_dist.config.schema import RunConfig, resolve_master_weights, resolve_precision, write_resolved
 from plsh_dist.distributed import ParallelDims, default_backend
 from plsh_dist.distributed.comm_stats import comm_stats
 from plsh_dist.distributed.ports import free_port
@@ -67,6 +67,7 @@ from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig, app
 from plsh_dist.models.pretrained import initial_model
 from plsh_dist.perplexity import perplexity
 from plsh_dist.train.data_setup import DataPipeline, prepare
+from plsh_dist.train.ddp_bf16 import forget_initial_step
 from plsh_dist.train.deepspeed_config import deepspeed_config
 from plsh_dist.train.loss_head import install_chunked_loss
 from plsh_dist.train.losses import forward_sums
@@ -136,14 +137,14 @@ def _sp_token_count(n_local: torch.Tensor, sp_group) -> torch.Tensor:
     return n
 
 
-def _grad_norm(engine) -> float:
-    """Global L2 norm of the (averaged, unclipped) gradient."""
-    norm = engine.get_global_grad_norm()
-    if norm is None:
-        # ZeRO 0: DeepSpeed has averaged p.grad at the boundary but keeps no norm.
+def _grad_norm(engine, zero_stage: int) -> float:
+    """Global L2 norm of the (averaged, unclipped) gradient: ZeRO >= 1, after ``engine.step()``,
+    the norm its optimizer computed; ZeRO 0, before it, from the averaged ``p.grad`` (DeepSpeed's
+    plain path keeps no norm, and its bf16 optimizer's is the previous step's until ``step()``)."""
+    if zero_stage == 0:
         grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
-    return float(norm)
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+    return float(engine.get_global_grad_norm())
 
 
 def _comm_bytes() -> float:
@@ -235,6 +236,7 @@ def setup(cfg: RunConfig, lock: RunDirLock | None = None, stop: StopRequest | No
     with refusing("config"):
         cfg.validate(world_size=world)
         precision = resolve_precision(cfg.deepspeed, device.type)
+        resolve_master_weights(cfg.deepspeed, device.type)  # bf16 master weights with "auto" on a CPU
     with refusing("resume"):  # before the data: a refused resume costs no tokenising
         resume = find_resume(cfg.checkpoint.resume, Path(cfg.run.out_dir))
         if resume is not None:
@@ -290,6 +292,7 @@ def _build_engine(cfg: RunConfig, model_cfg: ModelConfig, attn_cfg: AttentionCon
                                  device_type=device.type)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config, dist_init_required=False)
+    forget_initial_step(engine.optimizer)  # ZeRO 0 + bf16 only (ddp_bf16.py)
     return engine, n_params
 
 
@@ -413,12 +416,12 @@ def train_step(s: TrainSession, step: int) -> StepStats:
             n_group = _sp_token_count(n_local, s.sp_group)
             engine.backward(loss_sum * (sp_scale / n_group.to(loss_sum.dtype)))
         if micro == gas - 1 and cfg.deepspeed.zero_stage == 0:
-            grad_norm = _grad_norm(engine)
+            grad_norm = _grad_norm(engine, 0)
         engine.step()
         sums[0] += loss_sum.detach().double()
         sums[1] += n_local.double()
     if cfg.deepspeed.zero_stage > 0:
-        grad_norm = _grad_norm(engine)
+        grad_norm = _grad_norm(engine, cfg.deepspeed.zero_stage)
     maybe_fail("in_step", step + 1, s.rank)
     comm_now = _comm_bytes()
     sums[2] = comm_now - s.progress.comm_bytes

@@ -114,9 +114,18 @@ def test_deepspeed_config_is_generated():
     assert ds["gradient_clipping"] == 0.5
     assert ds["bf16"]["enabled"] is False  # fp32 on CPU
     assert deepspeed_config(cfg.deepspeed, cfg.optim, micro_batch_size=2, device_type="cuda")["bf16"]["enabled"]
-    bf16 = load_config(None, ["--deepspeed.precision=bf16"]).deepspeed
-    with pytest.raises(ValueError, match="precision = \"bf16\" needs a GPU"):
-        resolve_precision(bf16, "cpu")
+    bf16 = load_config(None, ["--deepspeed.precision=bf16", "--deepspeed.zero_stage=0"]).deepspeed
+    assert resolve_precision(bf16, "cpu") == "bf16"
+    plain = deepspeed_config(bf16, cfg.optim, micro_batch_size=2, device_type="cpu")
+    assert plain["bf16"] == {"enabled": True} and "data_types" not in plain  # DeepSpeed refuses fp32 accumulation at ZeRO 0
+    bf16.zero_stage = 1
+    assert deepspeed_config(bf16, cfg.optim, micro_batch_size=2, device_type="cpu")["data_types"] == {
+        "grad_accum_dtype": "fp32"}
+    pure = load_config(None, ["--deepspeed.precision=bf16", "--deepspeed.master_weights=bf16",
+                              "--deepspeed.zero_stage=1"]).deepspeed
+    pure_ds = deepspeed_config(pure, cfg.optim, micro_batch_size=2, device_type="cpu")
+    assert pure_ds["bf16"] == {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+    assert "data_types" not in pure_ds
 
 
 def test_lr_warmup_then_cosine():

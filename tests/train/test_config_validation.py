@@ -31,6 +31,7 @@ from plsh_dist.config import (
     RunSection,
     check_world_size,
     load_config,
+    resolve_master_weights,
     resolve_precision,
 )
 from plsh_dist.config_check import check_field_types, toml_literal
@@ -226,10 +227,24 @@ def test_model_vocab_checked_again_once_the_tokenizer_is_ready():
     assert "[tokenizer].model_path" in str(err.value) and "[tokenizer].vocab_size = 600" in str(err.value)
 
 
-def test_bf16_on_cpu_device_fails_in_load_config():
-    msg = _error(["--run.device=cpu", "--deepspeed.precision=bf16"])
-    assert '[deepspeed].precision = "bf16" needs a GPU but [run].device = "cpu"' in msg
-    assert 'set precision = "fp32"' in msg
+def test_bf16_runs_on_cpu_and_auto_stays_fp32_there():
+    cfg = load_config(None, ["--run.device=cpu", "--deepspeed.precision=bf16"])
+    assert resolve_precision(cfg.deepspeed, "cpu") == "bf16"
+    assert resolve_precision(load_config(None, ["--run.device=cpu"]).deepspeed, "cpu") == "fp32"
+    assert resolve_precision(load_config(None, []).deepspeed, "cuda") == "bf16"
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    (["--deepspeed.master_weights=bf16", "--deepspeed.precision=fp32"],
+     '[deepspeed].master_weights = "bf16" needs bf16 weights, but precision = "fp32"'),
+    (["--deepspeed.master_weights=bf16", "--deepspeed.precision=bf16", "--deepspeed.zero_stage=0"],
+     '[deepspeed].master_weights = "bf16" needs ZeRO 1-3'),
+    (["--deepspeed.master_weights=bf16", "--deepspeed.precision=bf16", "--deepspeed.zero_stage=2",
+      "--deepspeed.offload_optimizer=true"], 'with offload_optimizer = true needs DeepSpeed\'s CPU Adam'),
+    (["--deepspeed.master_weights=fp16"], "[deepspeed].master_weights"),
+], ids=["fp32-run", "zero0", "offload", "unknown"])
+def test_bf16_master_weights_are_refused_where_they_cannot_work(overrides, expected):
+    assert expected in _error(overrides)
 
 
 def test_flex_backend_cannot_train_and_fails_in_load_config():
@@ -238,10 +253,10 @@ def test_flex_backend_cannot_train_and_fails_in_load_config():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="device auto resolves to CPU only without a GPU")
-def test_bf16_with_auto_device_on_cpu_fails_at_train_start():
-    cfg = load_config(None, ["--run.device=auto", "--deepspeed.precision=bf16"])  # fine until the device is known
-    with pytest.raises(ValueError, match='precision = "bf16" needs a GPU'):
-        resolve_precision(cfg.deepspeed, resolve_device(cfg.run.device).type)  # train()'s first checks
+def test_bf16_master_weights_with_auto_precision_on_cpu_fail_at_train_start():
+    cfg = load_config(None, ["--run.device=auto", "--deepspeed.master_weights=bf16", "--deepspeed.zero_stage=1"])
+    with pytest.raises(ValueError, match='precision = "auto" is fp32 on cpu'):
+        resolve_master_weights(cfg.deepspeed, resolve_device(cfg.run.device).type)  # train()'s first checks
 
 
 # --- the launcher -------------------------------------------------------------------
@@ -249,11 +264,12 @@ def test_bf16_with_auto_device_on_cpu_fails_at_train_start():
 
 @pytest.mark.parametrize("overrides,expected", [
     (["--data.train_files=['no/such/dir/*.txt']"], "[data].train_files: data file pattern 'no/such/dir/*.txt'"),
-    (["--deepspeed.precision=bf16"], '[deepspeed].precision = "bf16" needs a GPU but [run].device = "cpu"'),
+    (["--deepspeed.master_weights=bf16", "--parallel.sp_size=1"],
+     '[deepspeed].master_weights = "bf16" needs bf16 weights, but precision = "auto" is fp32 on cpu'),
     (["--attention.sigma=inf"], "[attention].sigma must be a finite float (or left out), got inf (float); "
                                 "e.g. sigma = 256.0"),
     (["--attention.sigma=nan"], "[attention].sigma must be a finite float (or left out), got nan (float)"),
-], ids=["missing-data-path", "bf16-on-cpu", "sigma-inf", "sigma-nan"])
+], ids=["missing-data-path", "bf16-master-weights-on-fp32", "sigma-inf", "sigma-nan"])
 def test_launcher_exits_2_and_writes_nothing(tmp_path, overrides, expected):
     out = tmp_path / "never"
     proc = subprocess.run(
