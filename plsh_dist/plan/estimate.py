@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from plsh_dist.config.schema import resolve_precision
+from plsh_dist.config.schema import resolve_master_weights, resolve_precision
 from plsh_dist.plan.activations import ActivationBytes, activation_bytes, loss_peak_bytes
 from plsh_dist.plan.attention_cost import (
     AttentionSetup,
@@ -164,7 +164,7 @@ def plan_run(cfg, *, world_size: int, device: str = "cuda") -> Plan:
     """The plan of ``cfg`` (a resolved ``RunConfig``) on ``world_size`` ranks of ``device``.
 
     Raises the trainer's own ValueErrors for layouts it would refuse (seq_len not
-    divisible by sp_size, sp_size not dividing the world, bf16 on CPU, ...).
+    divisible by sp_size, sp_size not dividing the world, bf16 master weights in an fp32 run, ...).
     """
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
@@ -180,7 +180,8 @@ def plan_run(cfg, *, world_size: int, device: str = "cuda") -> Plan:
     setup = attention_setup(attn_cfg, shapes.q_heads, device, torch.bfloat16 if b == 2 else torch.float32)
     ds = cfg.deepspeed
     states = state_bytes(params=shapes.params, largest_module=shapes.largest_module_params, stage=ds.zero_stage,
-                         precision=precision, world=world_size, offload_optimizer=ds.offload_optimizer)
+                         precision=precision, world=world_size, offload_optimizer=ds.offload_optimizer,
+                         master_weights=resolve_master_weights(ds, device))
     traffic = sp_traffic(setup, attn_cfg, run_seed=cfg.run.seed, layers=shapes.layers, sp=sp, tokens=rb.tokens,
                          batch=rb.batch, q_heads=shapes.q_heads, kv_heads=shapes.kv_heads,
                          head_dim=shapes.head_dim, b=b)

@@ -64,8 +64,6 @@ def format_plan(plan: Plan, device_bytes: int, advice: Advice, *, per_layer: boo
         f"FLOPs per optimizer step: attention {_flops(plan.flops.attention)}, the rest {_flops(plan.flops.rest)} "
         f"(attention {plan.flops.attention / plan.flops.total:.1%}); per rank {_flops(plan.flops.per_rank)}",
     ]
-    if st.refused:
-        lines.append(f"NOTE: {st.refused}")
     if plan.traffic:
         fwd = [t.forward_bytes_max for t in plan.traffic]
         lines.append(

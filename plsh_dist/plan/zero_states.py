@@ -3,28 +3,30 @@
 The trainer hands ``torch.optim.AdamW`` to DeepSpeed (``plsh_dist/train/optim.py``)
 and DeepSpeed wraps it by precision and stage (``DeepSpeedEngine._do_optimizer_sanity_check``).
 What each wrapper allocates (DeepSpeed 0.19.x), N parameters, W ranks,
-``N/W`` one rank's partition, b the parameter bytes (2 bf16, 4 fp32):
+``N/W`` one rank's partition, b the parameter bytes (2 bf16, 4 fp32), m the
+master weights' (4; 2 under ``master_weights = "bf16"``, whose AdamW moments are
+bf16 too):
 
 - ZeRO 0, fp32: no wrapper. Weights 4N, gradients 4N (``param.grad``, from
   backward until the step's zero_grad),
   AdamW's exp_avg/exp_avg_sq 8N; over several ranks DeepSpeed all-reduces
   through flat buckets of up to ``elements_per_buffer`` gradients.
-  bf16 with ZeRO 0 is refused by DeepSpeed (bf16 weights with fp32 gradient
-  accumulation need a ZeRO optimizer).
-- ZeRO 1, bf16 (no offload): ``BF16_Optimizer``. Weights 2N, a full fp32 gradient
-  accumulator 4N, fp32 master weights 4N/W, AdamW states 8N/W.
-- ZeRO 1 fp32, ZeRO 2: ``DeepSpeedZeroOptimizer``. Flat weights bN, fp32
-  master partition 4N/W (a clone even for fp32 weights), AdamW states 8N/W,
+- ZeRO 0, bf16: ``FP16_UnfusedOptimizer``. Weights 2N, fp32 masters 4N, AdamW
+  states 8N, bf16 gradients 2N and, in the step only, their fp32 copy 4N.
+- ZeRO 1, bf16 with fp32 masters (no offload): ``BF16_Optimizer``. Weights 2N, a
+  full fp32 gradient accumulator 4N, fp32 master weights 4N/W, AdamW states 8N/W.
+- ZeRO 1 otherwise, ZeRO 2: ``DeepSpeedZeroOptimizer``. Flat weights bN, master
+  partition mN/W (a clone even for fp32 weights), AdamW states 2mN/W,
   the partition's reduced gradients bN/W (built in backward) and, in the
-  step only, their fp32 copy 4N/W; and the gradient reduction bucket:
+  step only, their copy in the masters' dtype mN/W; and the gradient reduction bucket:
   ``reduce_bucket_size`` elements of b bytes (twice with ``overlap_comm``),
   allocated whole whatever the model's size when backward starts and
   released by the step.
 - ZeRO 3: ``DeepSpeedZeroOptimizer_Stage3``. Weight partition bN/W plus the
   gathered working set (the largest module + ``prefetch_bucket_size``
-  elements, at most all of N), fp32 master 4N/W, fp32 gradient partition
-  4N/W and one reduction bucket of ``reduce_bucket_size`` x b (both allocated
-  with the optimizer and kept), AdamW states 8N/W.
+  elements, at most all of N), master partition mN/W, gradient partition
+  mN/W and one reduction bucket of ``reduce_bucket_size`` x b (both allocated
+  with the optimizer and kept), AdamW states 2mN/W.
 - AdamW is torch's fused kernel (on CUDA and CPU): it updates its states in
   place, so the optimizer itself adds no temporary to the step.
 - ``offload_optimizer``: master weights, their gradients and AdamW states
@@ -49,9 +51,9 @@ class StateBytes:
     weights: int
     """Model parameters in their dtype (ZeRO 3: the partition + the gathered working set)."""
     master: int
-    """fp32 master weights."""
+    """Master weights (fp32, or bf16 under master_weights = "bf16")."""
     optimizer: int
-    """AdamW's exp_avg and exp_avg_sq (created by the first step, kept)."""
+    """AdamW's exp_avg and exp_avg_sq in the masters' dtype (created by the first step, kept)."""
     grad_buffers: int
     """Gradient buffers allocated with the optimizer and kept (ZeRO 3's partition and
     bucket, BF16_Optimizer's fp32 accumulator)."""
@@ -60,11 +62,10 @@ class StateBytes:
     grads: int
     """Gradients built up during backward, complete at the step (freed after it)."""
     step_temp: int
-    """What the step adds: ZeRO 1/2's fp32 copy of the gradient partition (fused AdamW adds nothing)."""
+    """What the step adds: the gradients' copy in the masters' dtype (ZeRO 0 bf16, ZeRO 1/2; fused
+    AdamW adds nothing)."""
     cpu: int = 0
     """Bytes kept in CPU memory instead (offload_optimizer)."""
-    refused: str | None = None
-    """Why DeepSpeed would refuse this combination, if it would."""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -98,36 +99,37 @@ def deepspeed_defaults(stage: int) -> dict[str, int | bool]:
 
 
 def state_bytes(*, params: int, largest_module: int, stage: int, precision: str, world: int,
-                offload_optimizer: bool = False) -> StateBytes:
-    """``StateBytes`` of one rank (module doc). ``precision``: "bf16" or "fp32"."""
+                offload_optimizer: bool = False, master_weights: str = "fp32") -> StateBytes:
+    """``StateBytes`` of one rank (module doc). ``precision``: "bf16" or "fp32";
+    ``master_weights``: "fp32" or "bf16" (bf16 runs only, as the config resolves it)."""
     if precision not in ("bf16", "fp32"):
         raise ValueError(f"precision must be 'bf16' or 'fp32', got {precision!r}")
     ds = deepspeed_defaults(stage)
     n, w = params, world
     part = -(-n // w)  # ceil(N / W)
     b = 2 if precision == "bf16" else 4
+    m = 2 if precision == "bf16" and master_weights == "bf16" else 4
     if stage == 0:
-        refused = None
-        if precision == "bf16":
-            refused = ("DeepSpeed refuses bf16 weights with fp32 gradient accumulation without ZeRO; "
-                       "set [deepspeed].zero_stage = 1 (or higher)")
         buckets = min(n, ds["allreduce_elements"]) * b if w > 1 else 0
+        if precision == "bf16":
+            return StateBytes("FP16_UnfusedOptimizer (DeepSpeed's bf16 without ZeRO)", weights=2 * n, master=4 * n,
+                              optimizer=8 * n, grad_buffers=0, buckets=buckets, grads=2 * n, step_temp=4 * n)
         return StateBytes("none (torch AdamW on the parameters)", weights=b * n, master=0, optimizer=8 * n,
-                          grad_buffers=0, buckets=buckets, grads=b * n, step_temp=0, refused=refused)
-    master, optimizer = 4 * part, 8 * part
-    if stage == 1 and precision == "bf16" and not offload_optimizer:
+                          grad_buffers=0, buckets=buckets, grads=b * n, step_temp=0)
+    master, optimizer = m * part, 2 * m * part
+    if stage == 1 and precision == "bf16" and m == 4 and not offload_optimizer:
         wrapper, weights, grad_buffers, buckets, grads, temp = "BF16_Optimizer", 2 * n, 4 * n, 0, 0, 0
         offloaded = 0
     elif stage in (1, 2):
         wrapper, weights, grad_buffers = "DeepSpeedZeroOptimizer", b * n, 0
         buckets = ds["reduce_bucket_size"] * b * (2 if ds["overlap_comm"] else 1)
-        grads, temp, offloaded = b * part, 4 * part, 4 * part
+        grads, temp, offloaded = b * part, m * part, m * part
     else:
         wrapper = "DeepSpeedZeroOptimizer_Stage3"
         working = min(n, largest_module + ds["prefetch_bucket_size"])
         weights = b * part + b * working
-        grad_buffers, buckets, grads, temp = 4 * part + ds["reduce_bucket_size"] * b, 0, 0, 0
-        offloaded = 4 * part
+        grad_buffers, buckets, grads, temp = m * part + ds["reduce_bucket_size"] * b, 0, 0, 0
+        offloaded = m * part
     cpu = 0
     if offload_optimizer:
         cpu = master + optimizer + offloaded

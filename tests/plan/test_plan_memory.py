@@ -6,7 +6,7 @@
   with activation checkpointing;
 - the loss's peak, plain and chunked, against the measured peak of live bytes;
 - DeepSpeed states per ZeRO stage: the ordering the stages promise, the
-  refusal of bf16 without ZeRO, offloading.
+  bf16 wrappers (fp32 or bf16 masters), offloading.
 """
 
 from __future__ import annotations
@@ -108,8 +108,11 @@ def test_zero_stages_shrink_per_rank_states_and_offload_moves_them():
     assert keep[0] > keep[1] > keep[2]  # buckets aside, each stage partitions more
     assert totals[0].wrapper == "BF16_Optimizer" and totals[2].wrapper == "DeepSpeedZeroOptimizer_Stage3"
     assert totals[1].buckets == bucket and totals[0].buckets == 0
-    zero0 = state_bytes(stage=0, **common)
-    assert zero0.refused and "zero_stage = 1" in zero0.refused
+    zero0 = state_bytes(stage=0, **common)  # DeepSpeed's bf16 without ZeRO: fp32 masters of every weight
+    assert zero0.master == 4 * 600_000_000 and zero0.step_temp == 4 * 600_000_000
+    pure = [state_bytes(stage=s, master_weights="bf16", **common) for s in (1, 2, 3)]
+    assert pure[0].wrapper == "DeepSpeedZeroOptimizer"  # BF16_Optimizer keeps fp32 masters only
+    assert all(p.master == 2 * 75_000_000 and p.optimizer == 4 * 75_000_000 for p in pure)
     off = state_bytes(stage=2, offload_optimizer=True, **common)
     assert off.master == off.optimizer == 0 and off.cpu == 16 * 75_000_000
     with pytest.raises(ValueError, match="precision must be"):

@@ -1,4 +1,4 @@
-"""Planner estimate vs measured peak of real CPU training runs (one process, fp32).
+"""Planner estimate vs measured peak of real CPU training runs (one process, fp32 and bf16).
 
 Run as a script by tests/plan/test_plan_validation.py (a fresh process, so
 nothing of the test session is in the measurement):
@@ -9,7 +9,8 @@ configs/debug.toml and configs/quickstart.toml (both the tiny Qwen3, with
 4 and 8 sequences per micro-batch) at three sequence lengths each, on the
 debug corpus and tokenizer; plus two variants that take other branches of
 the estimate (ZeRO 0: no DeepSpeed bucket; activation checkpointing; the
-plain loss). Each run: ``plan_run(..., device="cpu")`` then
+plain loss); and bf16 at every ZeRO stage, with fp32 and with bf16 master
+weights (each stage a DeepSpeed wrapper of its own). Each run: ``plan_run(..., device="cpu")`` then
 ``measure_cpu_peak`` (two real optimizer steps).
 """
 
@@ -33,12 +34,16 @@ RUNS = [
     ("configs/quickstart.toml", 1024, []),
     ("configs/debug.toml", 2048, ["--deepspeed.zero_stage=0", "--memory.activation_checkpointing=true"]),
     ("configs/quickstart.toml", 1024, ["--deepspeed.zero_stage=0", "--memory.loss_chunk_tokens=0"]),
+    *(("configs/debug.toml", 1024, ["--deepspeed.precision=bf16", f"--deepspeed.zero_stage={stage}"])
+      for stage in (0, 1, 2, 3)),
+    ("configs/debug.toml", 1024, ["--deepspeed.precision=bf16", "--deepspeed.zero_stage=1",
+                                  "--deepspeed.master_weights=bf16"]),
 ]
 
 
 def run_overrides(work: Path, config: str, seq_len: int, extra: list[str]) -> list[str]:
     """``config``'s model, attention, optim and deepspeed sections and micro-batch on the
-    debug data in ``work``, one CPU fp32 process, at ``seq_len``."""
+    debug data in ``work``, one CPU process, at ``seq_len``; fp32 unless ``extra`` says otherwise."""
     from tests.train.golden.debug_run import _literal, debug_overrides
 
     table = tomllib.loads((ROOT / config).read_text())
