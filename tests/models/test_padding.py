@@ -14,7 +14,7 @@ import transformers
 
 from plsh_dist.data.tokenizer import train_tokenizer
 from plsh_dist.models import (AttentionConfig, AttentionRuntime, build_model, get_runtime, presets,
-                              set_attention_mode, set_attention_ops)
+                              set_attention_mode, set_attention_ops, window_cache)
 from plsh_dist.models.hf_tokenizer import PlshTokenizer
 from tests.tolerances import FP32
 
@@ -96,6 +96,20 @@ def test_left_padded_generate_with_a_static_cache(model, attn):
         static = model.generate(input_ids=ids, attention_mask=mask, cache_implementation="static", **kw)
         dynamic = model.generate(input_ids=ids, attention_mask=mask, **kw)
     assert torch.equal(static, dynamic)
+
+
+@pytest.mark.parametrize("attn", [MODES[3], MODES[4]], ids=[IDS[3], IDS[4]])
+def test_left_padded_generate_with_a_window_cache(model, attn):
+    """window_cache keeps only the last w - 1 tokens: the mask is longer than the keys."""
+    _set(model, attn)
+    rows = _prompts()
+    ids, mask = _pad(rows, "left")
+    kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=PAD)
+    with torch.no_grad():
+        windowed = model.generate(input_ids=ids, attention_mask=mask, cache=window_cache(model), **kw)
+        for b, r in enumerate(rows):
+            alone = model.generate(input_ids=r[None], **kw)[0, len(r):]
+            assert windowed[b, ids.shape[1]:].tolist() == alone.tolist(), b
 
 
 @pytest.mark.parametrize("attn", [MODES[2], MODES[5], MODES[6]], ids=[IDS[2], IDS[5], IDS[6]])
