@@ -25,6 +25,8 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizer
 
+from plsh_dist.models.remote_code import TOKENIZER_MODULES, add_tokenizer_auto_map, write_remote_code
+
 
 class PlshTokenizer(PreTrainedTokenizer):
     """transformers tokenizer over plsh_dist's SentencePiece model (module doc)."""
@@ -82,8 +84,6 @@ class PlshTokenizer(PreTrainedTokenizer):
         """transformers' ``save_pretrained``, plus ``auto_map`` in ``tokenizer_config.json`` and
         ``tokenization_plsh.py`` (:mod:`plsh_dist.models.remote_code`): the directory's tokenizer
         loads with ``trust_remote_code=True`` in a Python that never imports plsh_dist."""
-        from plsh_dist.models.remote_code import TOKENIZER_MODULES, add_tokenizer_auto_map, write_remote_code
-
         files = super().save_pretrained(save_directory, *args, **kwargs)
         write_remote_code(save_directory, TOKENIZER_MODULES)
         add_tokenizer_auto_map(save_directory)
