@@ -13,8 +13,9 @@ and the hash-seed rule (:mod:`plsh_dist.models.hf_config`), so after
 
 and, with no import, the same with ``trust_remote_code=True``: the export
 carries transformers' ``auto_map`` and three small modules that name the
-installed package's classes (:mod:`plsh_dist.models.remote_code`). Without
-either, transformers asks for ``trust_remote_code=True`` instead of loading
+installed package's classes (:mod:`plsh_dist.models.remote_code`), written by the
+model's and tokenizer's own ``save_pretrained``, so a re-saved export carries them
+too. Without either, transformers asks for ``trust_remote_code=True`` instead of loading
 another model. ``save_export`` writes that layout (``export_final`` after training,
 ``convert_to_export`` / ``launchers/convert_checkpoint.py`` from any checkpoint
 the loader reads: :mod:`plsh_dist.checkpoint.loading`, which also reads exports back).
@@ -34,7 +35,6 @@ from plsh_dist.data import EOS_ID, PAD_ID
 from plsh_dist.data.tokenizer import BOS_ID
 from plsh_dist.models.hf_config import PLSH_CONFIG_TYPES, describe
 from plsh_dist.models.hf_tokenizer import save_tokenizer
-from plsh_dist.models.remote_code import add_tokenizer_auto_map, auto_map, write_remote_code
 
 
 def _full_state_dict(engine) -> dict[str, torch.Tensor] | None:
@@ -80,16 +80,14 @@ def save_export(model, cfg: RunConfig, tokenizer_path: str | Path | None, direct
     gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = BOS_ID, EOS_ID, PAD_ID
     state = state_dict if state_dict is not None else model.state_dict()
     state = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
-    # from_pretrained(directory, trust_remote_code=True) without importing plsh_dist (remote_code.py)
-    model.config.auto_map = auto_map(type(model.config).__name__.removesuffix("PlshConfig"))
+    # also writes auto_map and the remote-code modules (remote_code.py): from_pretrained(directory,
+    # trust_remote_code=True) without importing plsh_dist; save_tokenizer does the tokenizer's
     model.save_pretrained(str(directory), state_dict=state, safe_serialization=True)
-    write_remote_code(directory)
     write_resolved(cfg, directory)
     if tokenizer_path is not None and Path(tokenizer_path).is_file():
         if Path(tokenizer_path).resolve() != (directory / "tokenizer.model").resolve():
             shutil.copy2(tokenizer_path, directory / "tokenizer.model")
         save_tokenizer(directory / "tokenizer.model", directory)
-        add_tokenizer_auto_map(directory)
     return directory
 
 

@@ -12,9 +12,23 @@ and decoding functions.
 
 Masks: the op masks causally itself (and per block), so no (T, T) mask may
 be built. ``create_causal_mask`` asks ``ALL_MASK_ATTENTION_FUNCTIONS`` for
-the implementation's mask builder; ours returns ``None`` after checking that
-a given 2-D padding mask pads nothing (padding is not supported: pack
-sequences instead).
+the implementation's mask builder; ours (:func:`padding_mask`) returns
+``None`` when the caller passed no 2-D padding mask or one that pads nothing
+(training passes none), else that (B, K) boolean mask, which every layer then
+receives as ``attention_mask``.
+
+Padded batches (inference: ``generate`` on prompts of different lengths,
+a right-padded forward, ``pipeline(batch_size=...)``), as BLOOM does for its
+ALiBi: a token's position is the number of real tokens before it
+(``cumsum(mask) - 1``; ``position_ids`` are not read), so a row's ALiBi
+distances and PLSH blocks, a pure function of absolute positions, are those
+of the same row unpadded; padded keys are never attended, and padded queries
+get a zero output. A full forward gathers every row's real tokens into one
+flat row of packed documents, one per batch row, restarting at position 0
+(the ops' ``cu_seqlens``: :func:`_padded_forward`), and scatters the outputs
+back; a KV-cache step decodes each row's real tokens on their own
+(:func:`_padded_decode`). Both are differentiable; sequence parallelism and
+packed documents with a padding mask are refused.
 
 Positions and documents: the decoder layers forward ``position_ids``
 (B, T_local) and transformers' packed keyword arguments (``cu_seq_lens_q/k``)
@@ -82,17 +96,18 @@ class PositionsCache:
 
     def __init__(self):
         self.inputs: tuple[torch.Tensor | None, ...] | None = None
-        """The ``(position_ids, cu_seq_lens)`` the layout was made from."""
-        self.layout: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        """The ops' ``(positions, cu_seqlens)`` made from ``inputs``."""
+        """The tensors the layout was made from: ``(position_ids, cu_seq_lens)``, or
+        ``(attention_mask,)`` for a padded batch."""
+        self.layout: Any = None
+        """What was made from ``inputs``: the ops' ``(positions, cu_seqlens)``, or a :class:`Padding`."""
 
-    def lookup(self, inputs: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    def lookup(self, inputs: tuple[torch.Tensor | None, ...]) -> Any:
         """The layout of this forward's ``inputs`` (the same tensor objects), else None."""
         if self.inputs is None or len(inputs) != len(self.inputs):
             return None
         return self.layout if all(a is b for a, b in zip(inputs, self.inputs)) else None
 
-    def store(self, inputs: tuple[torch.Tensor | None, ...], layout: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+    def store(self, inputs: tuple[torch.Tensor | None, ...], layout: Any) -> None:
         """Keep ``layout`` as the one of ``inputs`` until the forward ends."""
         self.inputs, self.layout = inputs, layout
 
@@ -219,6 +234,102 @@ def _layout(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, 
     return result
 
 
+@dataclass(frozen=True)
+class Padding:
+    """A padding mask's layout, on the CPU: which tokens are real, and their positions.
+
+    Attributes:
+        real: BoolTensor (B, M), True for a real token (the mask, over every token the keys
+            may hold: the cached ones then the new ones).
+        positions: LongTensor (B, M), the number of real tokens before each token
+            (``cumsum(mask) - 1`` clamped at 0, transformers' and BLOOM's rule): a row's real
+            tokens sit at ``0 .. n - 1`` exactly as the row unpadded does.
+    """
+
+    real: torch.Tensor
+    positions: torch.Tensor
+
+    @classmethod
+    def of(cls, mask: torch.Tensor) -> "Padding":
+        real = mask.to("cpu", torch.bool)
+        return cls(real, (torch.cumsum(real.long(), 1) - 1).clamp(min=0))
+
+
+def _padding(mask: torch.Tensor, cache: PositionsCache | None) -> Padding:
+    """The :class:`Padding` of a (B, M) mask, made once per forward (every layer receives the
+    same mask object; the device-to-host copy is a sync on GPU)."""
+    if mask.dim() != 2:
+        raise ValueError(
+            f"plsh_dist attention got a materialised {mask.dim()}-D attention mask of shape {tuple(mask.shape)}; "
+            "it masks causally itself and takes only a 2-D (batch, tokens) padding mask (or none)"
+        )
+    cached = cache.lookup((mask,)) if cache is not None else None
+    if cached is None:
+        cached = Padding.of(mask)
+        if cache is not None:
+            cache.store((mask,), cached)
+    return cached
+
+
+def _padded_forward(binding: AttentionBinding, q, k, v, pad: Padding, scale) -> torch.Tensor:
+    """A padded full forward: q (B, T, Hq, D), k/v (B, T, Hkv, D) -> (B, T, Hq, D).
+
+    Every row's real tokens go into one flat row (batch 1), each batch row one packed
+    document at positions ``0 .. n_b - 1`` (no ``cu_seqlens`` when a single row has real
+    tokens: the plain call of that row alone); the outputs go back to their tokens, and
+    padded queries get zeros. Gather and scatter are differentiable."""
+    B, T, Hq, D = q.shape
+    if pad.real.shape != (B, T):
+        raise ValueError(f"the padding mask has shape {tuple(pad.real.shape)} but the forward has (B, T) = "
+                         f"({B}, {T}) tokens; pass a (batch, tokens) attention_mask")
+    real = pad.real.flatten()
+    index = torch.nonzero(real).flatten()  # (N,) the real tokens of the flattened (B, T) batch
+    if index.numel() == 0:
+        return torch.zeros_like(q)
+    lengths = pad.real.sum(1)
+    lengths = lengths[lengths > 0]
+    cu_seqlens = None
+    if lengths.numel() > 1:
+        cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(lengths, 0)]).to(torch.int32)
+    on_device = index.to(q.device)
+
+    def gather(x):  # (B, T, H, D) -> (1, N, H, D)
+        return x.reshape(B * T, *x.shape[2:]).index_select(0, on_device)[None]
+
+    out = binding.forward(gather(q), gather(k), gather(v), pad.positions.flatten()[index], scale, cu_seqlens)
+    return q.new_zeros(B * T, Hq, D).index_copy(0, on_device, out[0]).reshape(B, T, Hq, D)
+
+
+def _padded_decode(binding: AttentionBinding, q, k, v, pad: Padding, scale) -> torch.Tensor:
+    """A padded KV-cache step: q (B, T, Hq, D) of the new tokens against k/v (B, K, Hkv, D).
+
+    The mask covers the M tokens seen so far, the new ones last. ``M == K``: the keys are
+    those tokens (``DynamicCache``); ``M > K``: the last K of them (a sliding-window cache);
+    ``M < K``: a static cache, whose slots from M on are not written yet. Each row decodes
+    its real keys at their real-token positions (:meth:`AttentionBinding.decode`); padded
+    queries get zeros."""
+    B, T = q.shape[:2]
+    K, M = k.shape[1], pad.real.shape[1]
+    if pad.real.shape[0] != B or M < T:
+        raise ValueError(f"the padding mask has shape {tuple(pad.real.shape)} but the step has {B} rows of {T} "
+                         "new tokens; pass the attention_mask of every token so far (cached and new)")
+    if M < K:
+        k, v = k[:, :M], v[:, :M]
+    key_cols = slice(M - k.shape[1], M)
+    out = torch.zeros_like(q)
+    for b in range(B):
+        real_k, real_q = pad.real[b, key_cols], pad.real[b, M - T:]
+        if not bool(real_q.any()):
+            continue
+        ki = torch.nonzero(real_k).flatten().to(k.device)
+        qi = torch.nonzero(real_q).flatten().to(q.device)
+        rows = binding.decode(q[b:b + 1].index_select(1, qi), k[b:b + 1].index_select(1, ki),
+                              v[b:b + 1].index_select(1, ki), pad.positions[b, M - T:][real_q],
+                              pad.positions[b, key_cols][real_k], scale)
+        out[b].index_copy_(0, qi, rows[0])
+    return out
+
+
 # --- one bias -> function table, for the full forward and for decoding -------------------
 #
 # forward(binding, ops, q, k, v, common): q (B, T, Hq, D), k/v (B, T, Hkv, D); ``common`` holds
@@ -320,7 +431,10 @@ def plsh_dist_attention(
         query: (B, Hq, T, D); key, value: (B, Hkv, T, D) (after rope, if on),
             or (B, Hkv, K, D) with K > T when a KV cache is in use (the cached
             tokens then the new ones).
-        attention_mask: must be None (our mask builder returns None).
+        attention_mask: None, or the (B, M) boolean padding mask our builder
+            (:func:`padding_mask`) returns when a batch is padded: M = T in a full
+            forward, the tokens seen so far with a KV cache. With it, positions come
+            from the mask and ``position_ids`` are not read (module doc).
         scaling: softmax scale (``head_dim ** -0.5`` in these models).
         position_ids: (B, T) positions (under sequence parallelism the chunk's
             global positions, equal rows). Rows that restart at 0 are packed
@@ -339,11 +453,6 @@ def plsh_dist_attention(
             f"attention implementation {IMPLEMENTATION!r} needs an attention mode on every attention module: "
             "build the model with plsh_dist.models.build_model or call set_attention_mode(model, attn_cfg)"
         )
-    if attention_mask is not None:
-        raise ValueError(
-            "plsh_dist attention got a materialised attention mask; it masks causally itself and supports "
-            "no custom/padding masks (pass attention_mask=None and pack sequences)"
-        )
     if dropout:
         raise ValueError(f"attention dropout is not supported (got {dropout}); set attention_dropout=0")
     if sliding_window is not None:
@@ -352,10 +461,12 @@ def plsh_dist_attention(
             "window=...) and build the HF config with sliding_window=None"
         )
     B, Hq, T, D = query.shape
-    positions, cu_seqlens = _layout(position_ids, _packed_offsets(kwargs), B, T, binding.positions)
     q = query.transpose(1, 2)  # (B, T, Hq, D)
     k = key.transpose(1, 2)  # (B, T, Hkv, D); with a KV cache (B, K, Hkv, D), K > T
     v = value.transpose(1, 2)
+    if attention_mask is not None:
+        return _padded(binding, q, k, v, attention_mask, scaling, kwargs), None
+    positions, cu_seqlens = _layout(position_ids, _packed_offsets(kwargs), B, T, binding.positions)
     if key.shape[2] != T:
         return _decode(binding, q, k, v, positions, scaling, cu_seqlens), None
     return binding.forward(q, k, v, positions, scaling, cu_seqlens), None
@@ -411,6 +522,27 @@ def _decode(binding: AttentionBinding, q: torch.Tensor, k: torch.Tensor, v: torc
     return binding.decode(q, k, v, q_pos, k_pos, scale)
 
 
+def _padded(binding: AttentionBinding, q, k, v, attention_mask: torch.Tensor, scale: float | None,
+            kwargs: dict) -> torch.Tensor:
+    """A padded batch (the mask builder passed a (B, M) mask that pads): the full forward or
+    a KV-cache step over the real tokens (module doc); refuses what it cannot honour."""
+    if binding.ops is not None and binding.ops is not local_ops:
+        raise ValueError(
+            "padding masks are not supported under sequence parallelism (this model's attention is bound to "
+            f"{type(binding.ops).__name__}): pack the rows to full length (labels=-100 on the filler), or run "
+            "the padded batch on one process with the plain model"
+        )
+    if _packed_offsets(kwargs) is not None:
+        raise ValueError(
+            "got both a padding mask and packed documents (cu_seq_lens_q/k); pass one: packed rows need no "
+            "attention_mask"
+        )
+    pad = _padding(attention_mask, binding.positions)
+    if k.shape[1] == q.shape[1] and pad.real.shape[1] == q.shape[1]:
+        return _padded_forward(binding, q, k, v, pad, scale)
+    return _padded_decode(binding, q, k, v, pad, scale)
+
+
 def _packed_offsets(kwargs: dict) -> torch.Tensor | None:
     """transformers' packed keyword arguments -> one offsets tensor (or None); refuses
     what the attention cannot honour instead of attending across documents."""
@@ -425,19 +557,17 @@ def _packed_offsets(kwargs: dict) -> torch.Tensor | None:
     return cu_q
 
 
-def no_dense_mask(*, attention_mask: torch.Tensor | None = None, **kwargs) -> None:
-    """Mask builder of our implementation: builds nothing.
+def padding_mask(*, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:
+    """Mask builder of our implementation: builds no (T, T) mask.
 
-    ``attention_mask`` is the optional 2-D (B, T) padding mask the caller
-    passed; all-ones (what tokenizers return for unpadded rows) is accepted,
-    anything that pads is refused.
+    ``attention_mask`` is the optional 2-D (B, M) padding mask the caller passed
+    (transformers has made it boolean). None when there is none, or when it pads
+    nothing (what tokenizers return for unpadded rows): the attention then runs its
+    plain path. Otherwise that mask, which each layer receives as ``attention_mask``.
     """
-    if attention_mask is not None and not bool(attention_mask.all()):
-        raise ValueError(
-            "padding masks are not supported by plsh_dist attention: pack sequences to full length "
-            "(mask loss with labels=-100 instead)"
-        )
-    return None
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return attention_mask
 
 
 def register() -> None:
@@ -446,7 +576,7 @@ def register() -> None:
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(IMPLEMENTATION, plsh_dist_attention)
-    AttentionMaskInterface.register(IMPLEMENTATION, no_dense_mask)
+    AttentionMaskInterface.register(IMPLEMENTATION, padding_mask)
 
 
 register()

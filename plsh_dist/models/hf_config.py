@@ -47,6 +47,7 @@ import transformers
 
 from plsh_dist.models.build import model_with_weights, register_model_types, set_attention_mode
 from plsh_dist.models.config import AttentionConfig, ModelConfig
+from plsh_dist.models.remote_code import MODEL_MODULES, auto_map, write_remote_code
 from plsh_dist.models.runtime import AttentionRuntime
 
 #: Key of plsh_dist's section in ``config.json``.
@@ -97,6 +98,19 @@ class _PlshCausalLM:
         if model_args:
             raise ValueError(f"{cls.__name__}.from_pretrained takes no positional model arguments, got {model_args}")
         return load_pretrained(pretrained_model_name_or_path, **kwargs)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' ``save_pretrained``, plus ``auto_map`` in ``config.json`` and the
+        remote-code modules (:mod:`plsh_dist.models.remote_code`): the directory loads as an
+        export does, also with ``trust_remote_code=True`` in a Python that never imports
+        plsh_dist, however this model was loaded (a loaded model is built by ``build_model``,
+        so transformers' own remote-code marks are not on it)."""
+        self.config.auto_map = auto_map(CONFIG_CLASSES[MODEL_TYPES[self.config.model_type]].__name__
+                                        .removesuffix("PlshConfig"))
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            write_remote_code(save_directory, MODEL_MODULES)
+        return out
 
 
 class Qwen3PlshForCausalLM(_PlshCausalLM, transformers.Qwen3ForCausalLM):

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizer
 
+from plsh_dist.models.remote_code import TOKENIZER_MODULES, add_tokenizer_auto_map, write_remote_code
+
 
 class PlshTokenizer(PreTrainedTokenizer):
     """transformers tokenizer over plsh_dist's SentencePiece model (module doc)."""
@@ -78,6 +80,15 @@ class PlshTokenizer(PreTrainedTokenizer):
             ids = [i for i in ids if i not in special]
         return self.plsh.decode(ids)  # control pieces (bos/eos/pad) decode to nothing, as in training's decode
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' ``save_pretrained``, plus ``auto_map`` in ``tokenizer_config.json`` and
+        ``tokenization_plsh.py`` (:mod:`plsh_dist.models.remote_code`): the directory's tokenizer
+        loads with ``trust_remote_code=True`` in a Python that never imports plsh_dist."""
+        files = super().save_pretrained(save_directory, *args, **kwargs)
+        write_remote_code(save_directory, TOKENIZER_MODULES)
+        add_tokenizer_auto_map(save_directory)
+        return files
+
     def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str]:
         if not os.path.isdir(save_directory):
             raise ValueError(f"tokenizer save directory {save_directory} does not exist")
@@ -89,6 +100,7 @@ class PlshTokenizer(PreTrainedTokenizer):
 
 
 def save_tokenizer(model_file: str | Path, directory: str | Path) -> Path:
-    """Write ``tokenizer.model`` + ``tokenizer_config.json`` (``PlshTokenizer``) into ``directory``."""
+    """Write ``tokenizer.model`` + ``tokenizer_config.json`` (``PlshTokenizer``, with its
+    ``auto_map`` and ``tokenization_plsh.py``) into ``directory``."""
     PlshTokenizer(str(model_file)).save_pretrained(str(directory))
     return Path(directory) / "tokenizer.model"

@@ -19,6 +19,11 @@ subclasses keeps plsh_dist's own classes unmarked). The package must be
 installed where the export is loaded (nothing is downloaded); without it,
 transformers names the missing package. Without ``trust_remote_code=True``
 and without the import, transformers asks for ``trust_remote_code=True``.
+
+The classes' own ``save_pretrained`` writes them (``Qwen3PlshForCausalLM`` and the
+others: ``auto_map`` and the first two modules; ``PlshTokenizer``: its ``auto_map``
+and the third), so a directory re-saved from a loaded export, however it was
+loaded, is as loadable as the export; the export itself is written that way.
 """
 
 from __future__ import annotations
@@ -76,16 +81,21 @@ class PlshTokenizer(hf_tokenizer.PlshTokenizer):
 """File name -> source of the modules an export carries."""
 
 
+#: The modules a saved model needs (its config and model classes); a saved tokenizer needs the third.
+MODEL_MODULES = ("configuration_plsh.py", "modeling_plsh.py")
+TOKENIZER_MODULES = ("tokenization_plsh.py",)
+
+
 def auto_map(family_class_prefix: str) -> dict[str, str]:
     """``config.json``'s ``auto_map`` for ``"Qwen3"`` / ``"Llama"`` / ``"Mistral"``."""
     return {"AutoConfig": f"configuration_plsh.{family_class_prefix}PlshConfig",
             "AutoModelForCausalLM": f"modeling_plsh.{family_class_prefix}PlshForCausalLM"}
 
 
-def write_remote_code(directory: str | Path) -> None:
-    """Write the three modules into an export directory."""
-    for name, source in MODULES.items():
-        (Path(directory) / name).write_text(source)
+def write_remote_code(directory: str | Path, names=tuple(MODULES)) -> None:
+    """Write the modules ``names`` (default all three) into a saved directory."""
+    for name in names:
+        (Path(directory) / name).write_text(MODULES[name])
 
 
 def add_tokenizer_auto_map(directory: str | Path) -> None:

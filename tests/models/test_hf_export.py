@@ -165,6 +165,54 @@ def test_trust_remote_code_loads_an_export_with_no_import(corpus, tmp_path):
     assert got["class"] == "Qwen3PlshForCausalLM" and got["ids"] == ids and got["logits"] == want
 
 
+def test_a_resaved_export_loads_in_a_fresh_python(corpus, tmp_path):
+    """from_pretrained then save_pretrained (model and tokenizer) writes a directory as loadable as
+    the export: a fresh interpreter that never imports plsh_dist itself loads it with
+    trust_remote_code=True and gets the export's logits, whether the re-save ran under remote code
+    (a fresh interpreter) or after ``import plsh_dist.models`` (this process)."""
+    out = _export(corpus, tmp_path / "final")
+    here = tmp_path / "resaved_here"
+    transformers.AutoModelForCausalLM.from_pretrained(str(out)).save_pretrained(str(here))
+    transformers.AutoTokenizer.from_pretrained(str(out)).save_pretrained(str(here))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "HF_MODULES_CACHE": str(tmp_path / "mods")}
+
+    def fresh(code):
+        res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                             env=env, cwd=tmp_path, timeout=180, stdin=subprocess.DEVNULL)
+        assert res.returncode == 0, res.stderr[-3000:]
+        return res.stdout
+
+    remote = tmp_path / "resaved_remote"
+    fresh(f"""
+        import transformers
+        d, new = {str(out)!r}, {str(remote)!r}
+        transformers.AutoModelForCausalLM.from_pretrained(d, trust_remote_code=True).save_pretrained(new)
+        transformers.AutoTokenizer.from_pretrained(d, trust_remote_code=True).save_pretrained(new)
+    """)
+    text = "def f(x):\n    return x * 2\n"
+    got = json.loads(fresh(f"""
+        import json, torch, transformers
+        rows = {{}}
+        for d in {[str(here), str(remote)]!r}:
+            model = transformers.AutoModelForCausalLM.from_pretrained(d, trust_remote_code=True)
+            tok = transformers.AutoTokenizer.from_pretrained(d, trust_remote_code=True)
+            ids = tok({text!r}, return_tensors="pt").input_ids
+            with torch.no_grad():
+                rows[d] = {{"ids": ids[0].tolist(), "logits": model(input_ids=ids).logits[0].tolist()}}
+        print(json.dumps(rows))
+    """).strip().splitlines()[-1])
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(out))
+    ids = Tokenizer.load(out / "tokenizer.model").encode(text)
+    with torch.no_grad():
+        want = ref(input_ids=torch.tensor([ids])).logits[0].tolist()
+    for d in (here, remote):
+        table = json.loads((d / "config.json").read_text())
+        assert table["auto_map"] == {"AutoConfig": "configuration_plsh.Qwen3PlshConfig",
+                                     "AutoModelForCausalLM": "modeling_plsh.Qwen3PlshForCausalLM"}, d
+        assert table["plsh_dist"] == json.loads((out / "config.json").read_text())["plsh_dist"], d
+        assert got[str(d)] == {"ids": ids, "logits": want}, d
+
+
 def _edit(src: Path, dst: Path, fn) -> Path:
     shutil.copytree(src, dst)
     table = json.loads((dst / "config.json").read_text())
