@@ -80,7 +80,7 @@ class Case:
         docs: document lengths of the flattened (B, T) batch (``cu_seqlens``), or None.
         sigma: None for ALiBi's per-head ``1 / m_h``, else one sigma shared by all heads.
         samples: PLSH's s; window: ``alibi_window``'s; c: ``alibi_truncated``'s
-            ``w_h = ceil(c sigma_h)``.
+            ``w_h = ceil(c sigma_h)``; chunk: ALiBi's ``chunk_size`` (None: its default).
     """
 
     mode: str
@@ -97,10 +97,13 @@ class Case:
     samples: int = 8
     window: int = 64
     c: float = math.log(8) + 0.58
+    chunk: int | None = None
 
     def __post_init__(self):
         if self.mode not in MODES or self.path not in PATHS[self.mode]:
             raise ValueError(f"no path {self.path!r} for mode {self.mode!r}: {PATHS.get(self.mode)}")
+        if self.chunk is not None and (not self.mode.startswith("alibi") or self.path != "torch"):
+            raise ValueError("chunk is alibi_attention's chunk_size")
         if self.docs is not None and sum(self.docs) != self.B * self.T:
             raise ValueError(f"docs must add up to B * T = {self.B * self.T}, got {sum(self.docs)}")
 
@@ -111,6 +114,8 @@ class Case:
             parts.append(f"docs{len(self.docs)}")
         if self.sigma is not None:
             parts.append(f"sigma{self.sigma:g}")
+        if self.chunk is not None:
+            parts.append(f"chunk{self.chunk}")
         return " ".join(parts)
 
 
@@ -186,8 +191,9 @@ def attention(q, k, v, dout, logw: torch.Tensor, scale: float, precision: str):
     """``softmax(q k^T scale + logw) v`` and its gradients: (out, dq, dk, dv) in fp64.
 
     q (B, n, Hq, D), k, v (B, n, Hkv, D), logw (Hh, n, n) fp64 (broadcast over the batch).
-    ``precision``: ``"fp64"`` (the reference) or ``"bf16"`` (the plain bf16 computation of the
-    module docstring).
+    ``precision``: ``"fp64"`` (the reference), ``"bf16"`` (the plain bf16 computation of the
+    module docstring) or ``"fp8_probs"``: the plain computation with its probabilities rounded
+    to fp8 (e4m3) before the product with v, a deliberately worse op (the rule must reject it).
     """
     dtype = torch.float64 if precision == "fp64" else BF16
     q_, k_, v_ = (x.detach().to(dtype).requires_grad_() for x in (q, k, v))
@@ -198,6 +204,8 @@ def attention(q, k, v, dout, logw: torch.Tensor, scale: float, precision: str):
         probs = torch.softmax(scores * scale + logw[None], dim=-1)
     else:
         probs = torch.softmax(scores.float() * scale + logw.float()[None], dim=-1).to(BF16)
+        if precision == "fp8_probs":
+            probs = probs.to(torch.float8_e4m3fn).to(BF16)
     out = torch.matmul(probs, vh).transpose(1, 2)
     grads = torch.autograd.grad(out, (q_, k_, v_), dout.to(dtype))
     return tuple(x.detach().double() for x in (out, *grads))
@@ -216,7 +224,7 @@ def run_op(case: Case, q, k, v, dout):
     elif case.mode == "fixed_blocks":
         out = fixed_blocks_attention(q, k, v, sigma=_sigma(case), backend=case.path, **kw)
     else:
-        out = alibi_attention(q, k, v, slopes=_slopes(case), window=_windows(case), **kw)
+        out = alibi_attention(q, k, v, slopes=_slopes(case), window=_windows(case), chunk_size=case.chunk, **kw)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     return (out.detach(), *grads)
 
