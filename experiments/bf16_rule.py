@@ -27,8 +27,9 @@ values, with the compiled bf16 kernel's rounding emulated: p and dS rounded
 to bf16 before their products (``emulate_bf16``), out stored in bf16 (and
 read back so by the backward), gradients stored in bf16.
 
-The command measures :data:`REPORT_CASES` and writes ``results.json`` and
-``README.md``'s table (the worst ratio per mode and tensor) to ``--out``.
+The command measures :func:`_report_cases` and writes ``results.json`` and
+``table.md`` (the worst ratio per mode and tensor, and per mode, path and
+tensor) to ``--out``.
 """
 
 from __future__ import annotations
@@ -297,11 +298,13 @@ def _report_cases() -> list[Case]:
     return cases
 
 
-def worst(rows: list[dict]) -> dict[str, dict[str, float]]:
-    """``{mode: {tensor: worst ratio}}`` over every path and case of ``rows``."""
+def worst(rows: list[dict], by_path: bool = False) -> dict[str, dict[str, float]]:
+    """``{mode: {tensor: worst ratio}}`` over every path and case of ``rows`` (``by_path``: keyed
+    ``"mode path"``, the worst over that path's cases)."""
     table: dict[str, dict[str, float]] = {}
     for row in rows:
-        cell = table.setdefault(row["case"]["mode"], dict.fromkeys(TENSORS, 0.0))
+        key = f"{row['case']['mode']} {row['case']['path']}" if by_path else row["case"]["mode"]
+        cell = table.setdefault(key, dict.fromkeys(TENSORS, 0.0))
         for name in TENSORS:
             err, base = row[name]
             cell[name] = max(cell[name], err / base)
@@ -309,10 +312,13 @@ def worst(rows: list[dict]) -> dict[str, dict[str, float]]:
 
 
 def markdown(table: dict[str, dict[str, float]]) -> str:
+    """The worst ratios as a markdown table, modes (and paths) in :data:`PATHS` order; a ratio
+    above the rule's 2 in bold."""
+    keys = [k for mode, paths in PATHS.items() for k in (mode, *(f"{mode} {p}" for p in paths)) if k in table]
     lines = ["| mode | out | dq | dk | dv |", "|---|---|---|---|---|"]
-    for mode in MODES:
-        if mode in table:
-            lines.append(f"| {mode} | " + " | ".join(f"{table[mode][t]:.2f}" for t in TENSORS) + " |")
+    for key in keys:
+        cells = [f"**{r:.2f}**" if r > 2.0 else f"{r:.2f}" for r in (table[key][t] for t in TENSORS)]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -320,22 +326,28 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for results.json and table.md")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of the modes")
+    parser.add_argument("--tables-only", action="store_true",
+                        help="measure nothing: rewrite table.md from --out's results.json")
     args = parser.parse_args(argv)
     modes = args.modes.split(",")
-    torch.set_num_threads(min(2, torch.get_num_threads()))
-    rows, t0 = [], time.time()
-    for case in _report_cases():
-        if case.mode not in modes:
-            continue
-        errors = measure(case)
-        rows.append(dict(case=asdict(case), **errors))
-        print(case.label(), " ".join(f"{n}={e / b:.2f}" for n, (e, b) in errors.items()), flush=True)
-    table = worst(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(dict(rows=rows, worst=table), indent=1) + "\n")
-    (args.out / "table.md").write_text(markdown(table) + "\n")
-    print(markdown(table))
-    print(f"{len(rows)} cases in {time.time() - t0:.0f} s")
+    if args.tables_only:
+        rows = json.loads((args.out / "results.json").read_text())["rows"]
+    else:
+        torch.set_num_threads(min(2, torch.get_num_threads()))
+        rows, t0 = [], time.time()
+        for case in _report_cases():
+            if case.mode not in modes:
+                continue
+            errors = measure(case)
+            rows.append(dict(case=asdict(case), **errors))
+            print(case.label(), " ".join(f"{n}={e / b:.2f}" for n, (e, b) in errors.items()), flush=True)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps(dict(rows=rows, worst=worst(rows)), indent=1) + "\n")
+        print(f"{len(rows)} cases in {time.time() - t0:.0f} s")
+    text = f"Worst ratio per mode:\n\n{markdown(worst(rows))}\n\nPer mode and path:\n\n" \
+           f"{markdown(worst(rows, by_path=True))}\n"
+    (args.out / "table.md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":
