@@ -9,8 +9,8 @@ torch, Triton and this source tree (no pytest, no flash-attn, no downloads):
 1. **correctness**: the three kernels of the fused one pass (forward: out and
    lse; dK/dV; dQ) in bf16 against the dense fp64 reference of the same
    counts, at two shapes (:data:`CASES`), judged by flash-attention's rule:
-   each output errs at most 2x (forward) / 3x (gradients) what the same
-   formula computed by PyTorch in bf16 errs;
+   each output errs at most 2x what the same formula computed by PyTorch in
+   bf16 errs;
 2. **timing**: forward + backward of the kernel (per-head sigma, s = 8,
    H = 16, D = 128, bf16) at 8k and 32k tokens against the causal SDPA floor
    without bias, on the flash backend and on cuDNN's when this torch has it.
@@ -41,8 +41,9 @@ import torch  # noqa: E402
 from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: E402
 from plsh_dist.ops.gqa import repeat_kv  # noqa: E402
 
-#: Forward / gradient error factors over the same-dtype PyTorch baseline (flash-attention's rule).
-FWD_FACTOR, GRAD_FACTOR = 2.0, 3.0
+#: Error factor over the same-dtype PyTorch baseline, for the output, the lse and every gradient
+#: (flash-attention's rule; tests/tolerances.py's BF16_FACTOR).
+FACTOR = 2.0
 #: Added to the allowed error, per dtype: an output the baseline gets exactly may still err by a
 #: rounding of the kernel's own (fp32: the tests' fp32 tolerance).
 ATOL = {torch.bfloat16: 1e-4, torch.float32: 2e-5}
@@ -105,8 +106,8 @@ def check_case(name: str, case: tuple, device: torch.device, dtype: torch.dtype)
     base = _dense(q, k, v, counts, scale, dout, dtype)
     outputs = {}
     for (output, kernel, factor), got, want, baseline in zip(
-            (("out", "forward", FWD_FACTOR), ("lse", "forward", FWD_FACTOR), ("dq", "dQ", GRAD_FACTOR),
-             ("dk", "dK/dV", GRAD_FACTOR), ("dv", "dK/dV", GRAD_FACTOR)), (out, lse, *grads), ref, base):
+            (("out", "forward", FACTOR), ("lse", "forward", FACTOR), ("dq", "dQ", FACTOR),
+             ("dk", "dK/dV", FACTOR), ("dv", "dK/dV", FACTOR)), (out, lse, *grads), ref, base):
         err = float((got.double() - want).abs().max())
         base_err = float((baseline.double() - want).abs().max())
         ok = bool(torch.isfinite(got).all()) and err <= factor * base_err + ATOL[dtype]

@@ -9,10 +9,13 @@ O(1) outputs and gradients leaves room for the backward's extra products.
 
 FP64 = dict(atol=1e-10, rtol=1e-10)
 FP32 = dict(atol=2e-5, rtol=2e-5)
-# bf16 kernels may err at most 2x (forward) / 3x (grads) what a same-dtype
-# PyTorch baseline errs (flash-attention's rule).
-BF16_FWD_FACTOR = 2.0
-BF16_GRAD_FACTOR = 3.0
+# bf16 (and fp16) ops may err at most 2x what a plain same-dtype PyTorch computation of
+# the same estimator errs, both against its fp64 reference, for out and for each of dq,
+# dk, dv (flash-attention's rule). No slack is added: flash-attn's tests add twice
+# their fp32 reference's own rounding, and an fp64 reference's (~1e-16) is nothing
+# next to bf16 errors (~1e-3); the rule holds without it in every mode
+# (tests/ops/test_bf16_rule.py).
+BF16_FACTOR = 2.0
 
 
 def for_dtype(dtype):

@@ -273,8 +273,9 @@ def alibi_backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, *, causal, win
     """
     kw = dict(causal=causal, scale=scale, docs=docs)
     if not isinstance(window, tuple):
-        return _backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, window=window,
-                         chunk=_chunk(chunk, q, k, window), **kw)
+        dq, dk, dv = _backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, window=window,
+                               chunk=_chunk(chunk, q, k, window), **kw)
+        return dq, dk.to(k.dtype), dv.to(v.dtype)
     Hq = q.shape[2]
     groups = Hq // k.shape[2]
     dq = torch.empty_like(q)
@@ -287,13 +288,14 @@ def alibi_backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, *, causal, win
                                      chunk=_chunk(chunk, q[:, :, h], k, w, per_head=True), **kw)
         dq[:, :, h] = dq_g
         # query heads that share a key/value head add their gradients onto it
-        dk.index_add_(2, kv, dk_g.to(dk.dtype))
-        dv.index_add_(2, kv, dv_g.to(dv.dtype))
+        dk.index_add_(2, kv, dk_g)
+        dv.index_add_(2, kv, dv_g)
     return dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
 def _backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, *, causal, window, scale, chunk, docs=None):
-    """:func:`alibi_backward` with one window (None or an int) for every head."""
+    """:func:`alibi_backward` with one window (None or an int) for every head; dk, dv in the
+    accumulation dtype (the chunks' partial sums: the caller rounds them once)."""
     B, Tq, Hq, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     groups = Hq // Hkv
@@ -314,7 +316,7 @@ def _backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, *, causal, window, 
                      _chunk_docs(docs, i0, i1, k0, k1))
         dq_c, dk_c, dv_c = dense_bwd(
             dout_h[:, :, i0:i1], q_h[:, :, i0:i1], k_h[:, :, k0:k1], v_h[:, :, k0:k1],
-            out_h[:, :, i0:i1], lse[:, :, i0:i1], causal=False, scale=scale, bias=bias,
+            out_h[:, :, i0:i1], lse[:, :, i0:i1], causal=False, scale=scale, bias=bias, partial=True,
         )
         dq[:, :, i0:i1] = dq_c
         dk[:, :, k0:k1] += dk_c
@@ -322,7 +324,7 @@ def _backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, *, causal, window, 
     # Sum the repeated query heads back onto their key/value head.
     dk = sum_kv_repeats(dk, groups, dim=1).transpose(1, 2)
     dv = sum_kv_repeats(dv, groups, dim=1).transpose(1, 2)
-    return dq.transpose(1, 2), dk.to(k.dtype), dv.to(v.dtype)
+    return dq.transpose(1, 2), dk, dv
 
 
 class AlibiAttentionFunction(torch.autograd.Function):

@@ -100,8 +100,9 @@ def banded_forward(q_h, k_h, v_h, bias, *, a: int, b: int, causal: bool, window:
 
 def banded_backward(dout_h, q_h, k_h, v_h, out_h, lse, bias, *, a: int, b: int, causal: bool, window: int,
                     scale: float, chunk: int, dk: torch.Tensor, dv: torch.Tensor) -> torch.Tensor:
-    """Gradients of :func:`banded_forward`: returns dq (B, H, b - a, D); adds dK, dV into ``dk``,
-    ``dv`` (B, H, Tk, D), the caller's accumulators.
+    """Gradients of :func:`banded_forward`: returns dq (B, H, b - a, D) in the accumulation dtype;
+    adds dK, dV into ``dk``, ``dv`` (B, H, Tk, D), the caller's accumulators (in the
+    accumulation dtype: the chunks' partial gradients are not rounded before their sum).
 
     ``dout_h``, ``out_h`` (B, H, Tq, D) and ``lse`` (B, H, Tq) are the whole rows' (the
     merged output's, as :func:`~plsh_dist.ops.dense.dense_bwd` needs).
@@ -117,7 +118,7 @@ def banded_backward(dout_h, q_h, k_h, v_h, out_h, lse, bias, *, a: int, b: int, 
             _stack_keys(k_h, g0, g1, a, chunk, window, K), _stack_keys(v_h, g0, g1, a, chunk, window, K),
             _stack_queries(out_h, g0, g1, a, chunk),
             lse[:, :, rows[0] : rows[1]].reshape(B, H, G, chunk).transpose(1, 2).reshape(B * G, H, chunk),
-            causal=False, scale=scale, bias=bias,
+            causal=False, scale=scale, bias=bias, partial=True,
         )
         dqs.append(_unstack(dq_c, B))
         # key c of chunk g sits at start + g C + c

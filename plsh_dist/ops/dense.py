@@ -107,6 +107,7 @@ def dense_bwd(
     scale: float,
     bias: torch.Tensor | None = None,
     kernel: DenseKernel | None = None,
+    partial: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Softmax attention backward with a given ``(out, lse)``.
 
@@ -115,13 +116,27 @@ def dense_bwd(
     of the whole attention, so summing the returned gradients over the parts
     gives the exact gradient of the merged output.
 
-    Shapes as in :func:`dense_fwd`; returns dq, dk, dv in the inputs' dtype.
+    ``partial``: the caller sums these gradients with others (query chunks that
+    share keys, samples that share tokens), so they come back in the
+    accumulation dtype (fp32 for fp16/bf16 inputs) and are rounded to the
+    inputs' dtype once, by the caller, after the sum: a key seen by m calls
+    would otherwise be rounded m times. fp16/bf16 inputs then run aten's kernel
+    on fp32 copies: it returns its inputs' dtype, and its bf16 backward also
+    sums dK, dV over its own query tiles in bf16 (3-5x the error of the fp32
+    kernel rounded once, on one 1024-token block); on CPU it is no faster than
+    the fp32 one. fp32 and fp64 inputs are unaffected.
+
+    Shapes as in :func:`dense_fwd`; returns dq, dk, dv in the inputs' dtype
+    (``partial``: the accumulation dtype).
     """
-    if _pick(kernel, q, k) == DenseKernel.ATEN:
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout, q, k, v, out, lse.to(accum_dtype(q.dtype)), 0.0, causal, attn_mask=bias, scale=scale
-        )
     acc = accum_dtype(q.dtype)
+    if _pick(kernel, q, k) == DenseKernel.ATEN:
+        if partial and q.dtype != acc:
+            dout, q, k, v, out = (x.to(acc) for x in (dout, q, k, v, out))
+            bias = None if bias is None else bias.to(acc)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout, q, k, v, out, lse.to(acc), 0.0, causal, attn_mask=bias, scale=scale
+        )
     logits = _masked_logits(q, k, causal=causal, scale=scale, bias=bias)
     probs = torch.exp(logits - lse.to(acc)[..., None])  # (N, H, Lq, Lk)
     dout_a, v_a = dout.to(acc), v.to(acc)
@@ -131,6 +146,8 @@ def dense_bwd(
     dlogits = probs * (dprobs - delta) * scale
     dq = torch.matmul(dlogits, k.to(acc))
     dk = torch.matmul(dlogits.transpose(-1, -2), q.to(acc))
+    if partial:
+        return dq, dk, dv
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

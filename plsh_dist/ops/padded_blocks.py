@@ -14,6 +14,7 @@ import torch
 
 from plsh_dist.ops.block_layout import BlockLayout, GroupedLayout
 from plsh_dist.ops.dense import DenseKernel, dense_bwd, dense_fwd
+from plsh_dist.ops.merge import accum_dtype
 
 
 def _bias(layout: BlockLayout, batch: int, causal: bool, dtype: torch.dtype) -> torch.Tensor | None:
@@ -68,17 +69,20 @@ def block_bwd(
     causal: bool,
     scale: float,
     kernel: DenseKernel | None = None,
+    partial: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of :func:`block_fwd` given the merged ``out`` and ``lse``.
 
     Padding slots carry dout = 0, so they add nothing to dk, dv.
-    Returns dq, dk, dv (B, n, G, D) in the inputs' dtype.
+    Returns dq, dk, dv (B, n, G, D) in the inputs' dtype (``partial``: in the accumulation
+    dtype, for a caller that sums them over samples, as :func:`~plsh_dist.ops.dense.dense_bwd`).
     """
     if isinstance(layout, GroupedLayout):  # blocks partition the tokens: each part writes its own
-        grads = [torch.empty_like(x) for x in (q_BnGD, k_BnGD, v_BnGD)]
+        dtype = accum_dtype(q_BnGD.dtype) if partial else q_BnGD.dtype
+        grads = [torch.empty(x.shape, dtype=dtype, device=x.device) for x in (q_BnGD, k_BnGD, v_BnGD)]
         for part, tokens in layout.parts:
             part_grads = block_bwd(dout_BnGD, q_BnGD, k_BnGD, v_BnGD, out_BnGD, lse_BGn, part, causal=causal,
-                                   scale=scale, kernel=kernel)
+                                   scale=scale, kernel=kernel, partial=partial)
             for g, pg in zip(grads, part_grads):
                 g.index_copy_(1, tokens, pg)
         return tuple(grads)
@@ -87,5 +91,6 @@ def block_bwd(
     dout = layout.to_blocks(dout_BnGD, zero_pads=True)
     lse = layout.lse_to_blocks(lse_BGn)
     bias = _bias(layout, B, causal, q.dtype)
-    grads = dense_bwd(dout, q, k, v, out, lse, causal=causal, scale=scale, bias=bias, kernel=kernel)
+    grads = dense_bwd(dout, q, k, v, out, lse, causal=causal, scale=scale, bias=bias, kernel=kernel,
+                      partial=partial)
     return tuple(layout.from_blocks(g, B) for g in grads)

@@ -299,7 +299,7 @@ def onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: tor
             dq_c, dk_c, dv_c = dense_bwd(
                 _gather_queries(dout_h, call, zero_pads=True), _gather_queries(q_h, call), _gather_keys(k_h, call),
                 _gather_keys(v_h, call), _gather_queries(out_h, call), _gather_queries(lse_h, call)[..., 0],
-                causal=False, scale=scale, bias=bias, kernel=kernel,
+                causal=False, scale=scale, bias=bias, kernel=kernel, partial=True,
             )
             _scatter_queries(dq[:, :, g.q_heads], dq_c, call)
             _add_keys(dk[:, :, kv_slot], dk_c, call)

@@ -72,7 +72,7 @@ def padded_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torc
     for layout_of in _sample_layouts(lsh, positions, q.device, docs):
         for g, (q_g, k_g, v_g, dout_g, out_g, lse_g) in zip(heads.groups, inputs):
             dq_g, dk_g, dv_g = block_bwd(dout_g, q_g, k_g, v_g, out_g, lse_g, layout_of(g.hash_head),
-                                         causal=causal, scale=scale, kernel=kernel)
+                                         causal=causal, scale=scale, kernel=kernel, partial=True)
             kv = g.q_heads if heads.shared else slice(g.kv_head, g.kv_head + 1)
             dq[:, :, g.q_heads] += dq_g
             dk[:, :, kv] += dk_g

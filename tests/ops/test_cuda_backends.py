@@ -1,8 +1,8 @@
 """CUDA backends of plsh_attention against the dense fp64 reference (skipped without CUDA).
 
 Rule (flash-attention's, tests/tolerances.py): a low-precision kernel may err
-at most 2x (forward) / 3x (gradients) what a same-dtype PyTorch computation of
-the same estimator errs. The baseline is SDPA in that dtype with the float
+at most 2x what a same-dtype PyTorch computation of
+the same estimator errs, for out, dq, dk and dv. The baseline is SDPA in that dtype with the float
 mask ``log M~`` (the same masks, as a dense bias); the reference is the dense
 fp64 attention with weights ``M~``. Both CUDA providers are checked: PyTorch's
 own varlen flash kernels (``backend="torch"``) and flash-attn when installed.
@@ -16,7 +16,7 @@ import torch
 from plsh_dist.hashing import PositionalLSH, alibi_slopes
 from plsh_dist.ops import plsh_attention
 from plsh_dist.ops.reference import dense_attention
-from tests.tolerances import BF16_FWD_FACTOR, BF16_GRAD_FACTOR
+from tests.tolerances import BF16_FACTOR
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -81,11 +81,11 @@ def test_low_precision_error_is_bounded_by_the_same_dtype_baseline(backend, meth
 
     err = (out.double() - ref).abs().max().item()
     base_err = (base.double() - ref).abs().max().item()
-    assert out.dtype == dtype and err <= BF16_FWD_FACTOR * base_err + SLACK, (err, base_err)
+    assert out.dtype == dtype and err <= BF16_FACTOR * base_err + SLACK, (err, base_err)
     for name, g, bg, rg in zip("qkv", grads, base_grads, ref_grads):
         g_err = (g.double() - rg).abs().max().item()
         b_err = (bg.double() - rg).abs().max().item()
-        assert g_err <= BF16_GRAD_FACTOR * b_err + SLACK, (f"d{name}", g_err, b_err)
+        assert g_err <= BF16_FACTOR * b_err + SLACK, (f"d{name}", g_err, b_err)
 
 
 def test_backward_never_waits_for_the_gpu():

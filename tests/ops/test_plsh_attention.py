@@ -7,7 +7,7 @@ from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
 from plsh_dist.ops import fixed_blocks_attention, plsh_attention
 from plsh_dist.ops.merge import merge_into
 from plsh_dist.ops.reference import dense_attention
-from tests.tolerances import FP64, for_dtype
+from tests.tolerances import BF16_FACTOR, FP64, for_dtype
 
 
 def _qkv(B, T, Hq, Hkv, D, dtype, seed=0):
@@ -130,7 +130,8 @@ def test_no_grad_saves_nothing_and_matches():
 
 
 def test_bf16_error_is_bounded_by_the_same_dtype_baseline():
-    """bf16 may err at most 2x (forward) what a bf16 PyTorch computation of the same estimator errs."""
+    """bf16 may err at most 2x what a bf16 PyTorch computation of the same estimator errs (output only;
+    every mode, output and gradients: tests/ops/test_bf16_rule.py)."""
     q, k, v = _qkv(1, 200, 2, 2, 16, torch.float64)
     lsh_weights = PositionalLSH(8.0, 4, 3).averaged_mask(torch.arange(200))
     ref = dense_attention(q, k, v, lsh_weights)
@@ -144,7 +145,7 @@ def test_bf16_error_is_bounded_by_the_same_dtype_baseline():
     ).transpose(1, 2)
     err = (out.double() - ref).abs().max()
     base_err = (base.double() - ref).abs().max()
-    assert err <= 2.0 * base_err + 1e-6, (err, base_err)
+    assert err <= BF16_FACTOR * base_err + 1e-6, (err, base_err)
 
 
 @pytest.mark.parametrize(
