@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pytest
 
 from plsh_dist.checkpoint.line import tag_for_step
 from plsh_dist.config import load_config, write_resolved
+from plsh_dist.data.tokenizer import train_tokenizer
 from tests.train.conftest import base_overrides
 from tests.train.launcher_runs import PRETRAIN, Finished, deepspeed_cmd, empty_config, launcher_env, run
 
@@ -94,6 +96,33 @@ def test_resume_config_mismatch_exits_2_and_changes_nothing_on_disk(tiny_data, t
     proc = _launch(tmp_path, base_overrides(tiny_data, out, "--checkpoint.resume=auto"), "resume_mismatch")
     assert_refused(proc, "resume", "[model].num_layers: checkpoint 3, this config 2", out)
     assert _snapshot(out) == before  # config.resolved.* still describe the checkpoint's run
+
+
+@pytest.fixture(scope="module")
+def other_tokenizer(tiny_data, tmp_path_factory) -> Path:
+    """Another 512-piece tokenizer of the same corpus (fewer sentences): same size, other token ids."""
+    train = next(o for o in tiny_data if o.startswith("--data.train_files="))[len("--data.train_files=['"):-2]
+    prefix = tmp_path_factory.mktemp("other_tok") / "other"
+    train_tokenizer([train], prefix, vocab_size=512, input_sentence_size=200)
+    return prefix.with_suffix(".model")
+
+
+@pytest.mark.parametrize("case", ["existing", "trained_in_setup"])
+def test_resume_with_another_tokenizer_exits_2_and_changes_nothing_on_disk(tiny_data, other_tokenizer, tmp_path,
+                                                                           case):
+    """The checkpoint's tokenizer.model is the other one; this config's is the run's own: an existing
+    file (refused before the data), or one the data preparation trains (refused after it, before a step)."""
+    out = tmp_path / "run"
+    overrides = base_overrides(tiny_data, out, "--checkpoint.resume=auto")
+    _checkpoint_of(overrides, out, step=2)
+    shutil.copy2(other_tokenizer, out / "checkpoints" / tag_for_step(2) / "tokenizer.model")
+    if case == "trained_in_setup":
+        overrides.append(f"--tokenizer.model_path={tmp_path / 'new_tok.model'}")
+    before = _snapshot(out)
+    proc = _launch(tmp_path, overrides, f"resume_tokenizer_{case}")
+    assert_refused(proc, "resume", "is another tokenizer than the one the checkpoint was trained with", out)
+    assert "[model].init_from" in proc.stdout + proc.stderr
+    assert _snapshot(out) == before
 
 
 @pytest.mark.slow
