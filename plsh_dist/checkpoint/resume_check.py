@@ -7,7 +7,13 @@ the trained function are compared with the config resuming it: the whole
 same estimator is computed (:data:`COMPUTE_ONLY`), ``[data].document_masking``,
 ``[data].seq_len`` (the length the model was trained at; it also places the
 data the resumed run replays) and ``[run].seed`` (it seeds the hash masks). A
-difference is an error naming each field, both values and the fix. Without
+difference is an error naming each field, both values and the fix. The
+tokenizer too (``check_resume_tokenizer``): the checkpoint's own
+``tokenizer.model`` and ``[tokenizer].model_path`` must be the same file
+(SHA-256 of the bytes, the fingerprint token caches and ``generate.py`` use),
+or the resumed steps would train on other token ids; checked before the data
+when the file exists, and again on the tokenizer the data preparation trained
+or loaded. Without
 it, a config that leaves a field to its default would silently switch
 estimator mid-run when a default changes (for instance
 ``[attention].num_samples`` or ``sampler``).
@@ -28,6 +34,7 @@ new schedule's rate (loop.py sets it after the optimizer state is restored).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -64,6 +71,9 @@ def check_resume_config(cfg: RunConfig, tag_dir: str | Path) -> None:
     """
     if not (Path(tag_dir) / "config.resolved.json").is_file():
         return
+    if Path(cfg.tokenizer.model_path).is_file():  # else trained by the data preparation, checked after it
+        check_resume_tokenizer(tag_dir, cfg.tokenizer.model_path,
+                               hashlib.sha256(Path(cfg.tokenizer.model_path).read_bytes()).hexdigest())
     saved = read_resolved(tag_dir)
     diffs = trained_differences(saved, cfg)
     if not diffs:
@@ -78,6 +88,23 @@ def check_resume_config(cfg: RunConfig, tag_dir: str | Path) -> None:
         "the config takes its current default, which may have changed), or start a fresh run "
         "([checkpoint].resume = \"never\" or another [run].out_dir); to continue the weights under other "
         "settings on purpose, export them (launchers/convert_checkpoint.py) and use [model].init_from.")
+
+
+def check_resume_tokenizer(tag_dir: str | Path, path: str | Path, fingerprint: str) -> None:
+    """Raise ValueError if the tokenizer ``path`` (SHA-256 ``fingerprint``, as ``Tokenizer.fingerprint``)
+    is not the one checkpoint ``tag_dir`` was trained with (its ``tokenizer.model``; none: nothing to compare)."""
+    own = Path(tag_dir) / "tokenizer.model"
+    if not own.is_file():
+        return
+    saved = hashlib.sha256(own.read_bytes()).hexdigest()
+    if saved == fingerprint:
+        return
+    raise ValueError(
+        f"cannot resume from {tag_dir}: [tokenizer].model_path = {str(path)!r} is another tokenizer than the one "
+        f"the checkpoint was trained with ({own}; SHA-256 {fingerprint[:12]}... vs {saved[:12]}...): the resumed "
+        f"steps would train on other token ids. Set --tokenizer.model_path={own} to continue the run; to train "
+        "the weights with another tokenizer on purpose, export them (launchers/convert_checkpoint.py) and start "
+        "a new run with [model].init_from.")
 
 
 def _trained_steps(tag_dir: str | Path) -> int | None:

@@ -16,7 +16,12 @@ from plsh_dist.config_check import check_field_types
 _DATA_EXAMPLES = {
     "train_files": ["data/train/*.txt"], "val_files": ["data/val/*.txt"], "dataset_name": "HuggingFaceFW/fineweb-edu",
     "dataset_config": "sample-10BT", "val_split": "validation", "hf_cache_dir": "hf_cache", "corpus_max_files": 100,
+    "data_files": ["data/train/*.jsonl"],
 }
+
+#: ``datasets`` builders that read files (``load_dataset("json", data_files=...)``): without
+#: ``data_files`` they would read whatever the working directory holds.
+FILE_BUILDERS = ("arrow", "csv", "json", "pandas", "parquet", "text", "webdataset", "xml")
 
 
 @dataclass
@@ -63,6 +68,11 @@ class DataConfig:
     """A ``datasets.load_dataset`` name (needs network or a local HF cache). Ignored if train_files is set."""
     dataset_config: str | None = None
     """Second argument of ``load_dataset`` (the subset name), if the dataset has several."""
+    data_files: list[str] | None = None
+    """``data_files`` of ``load_dataset``: the files (or globs) a file builder ``dataset_name`` reads
+    (``json``, ``csv``, ``parquet``, ``text``, ...: ``FILE_BUILDERS``), its split ``train``; required
+    for those, which would otherwise read the working directory. Local files can also go in
+    ``train_files`` / ``val_files`` (the builder then follows each file's extension)."""
     train_split: str = "train"
     """Split of ``dataset_name`` used for training."""
     val_split: str | None = None
@@ -126,6 +136,17 @@ class DataConfig:
             raise ValueError(f"DataConfig.corpus_val_fraction must be in [0, 1), got {self.corpus_val_fraction}")
         if self.corpus_max_files is not None and self.corpus_max_files < 1:
             raise ValueError(f"DataConfig.corpus_max_files must be >= 1 or None, got {self.corpus_max_files}")
+        if isinstance(self.data_files, str):
+            self.data_files = [self.data_files]
+        if not self.train_files and self.dataset_name in FILE_BUILDERS and not self.data_files:
+            raise ValueError(
+                f"[data].dataset_name = {self.dataset_name!r} is a datasets builder that reads files, and "
+                f"[data].data_files is not set: load_dataset({self.dataset_name!r}) would read whatever the "
+                f"working directory holds. Set [data].data_files (e.g. --data.data_files=['corpus/*.jsonl']), or "
+                "put local files in [data].train_files / [data].val_files")
+        if self.data_files and not self.dataset_name:
+            raise ValueError("[data].data_files is set but [data].dataset_name is not: name the builder that "
+                             "reads them (e.g. --data.dataset_name=json), or use [data].train_files")
         if self.val_files and not self.train_files:
             raise ValueError("DataConfig.val_files is set but train_files is not; set both, or neither")
 

@@ -33,20 +33,33 @@ class Source:
     dataset_name: str | None = None
     dataset_config: str | None = None
     split: str = "train"
+    data_files: tuple[str, ...] | None = None
+
+    def label(self) -> str:
+        """The source as a user names it: its files, or the dataset and split."""
+        if self.files is not None:
+            return str(list(self.files))
+        files = f", data_files {list(self.data_files)}" if self.data_files is not None else ""
+        return f"{self.dataset_name!r} (split {self.split!r}{files})"
 
     def describe(self, cfg: DataConfig) -> dict:
         """What identifies the documents, for the cache key. Local files: path, size, mtime."""
         if self.files is not None:
             stats = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in resolve_files(list(self.files))]
             return {"files": stats, "text_field": cfg.text_field, "sample_by": cfg.sample_by}
-        return {"dataset": self.dataset_name, "config": self.dataset_config, "split": self.split,
-                "text_field": cfg.text_field}
+        key = {"dataset": self.dataset_name, "config": self.dataset_config, "split": self.split,
+               "text_field": cfg.text_field}
+        if self.data_files is not None:  # a file builder (json, parquet, ...): its files as local files are keyed
+            key["data_files"] = [(str(p), p.stat().st_size, p.stat().st_mtime_ns)
+                                 for p in resolve_files(list(self.data_files))]
+        return key
 
     def documents(self, cfg: DataConfig, report: BadDataReport, with_location: bool = False):
         """Iterator over the usable document texts (skips counted in ``report``)."""
         return iter_documents(
             list(self.files) if self.files is not None else None, dataset_name=self.dataset_name,
             dataset_config=self.dataset_config, split=self.split, text_field=cfg.text_field,
+            data_files=list(self.data_files) if self.data_files is not None else None,
             streaming=cfg.streaming, sample_by=cfg.sample_by, hf_cache_dir=cfg.hf_cache_dir, report=report,
             with_location=with_location,
         )
@@ -64,9 +77,12 @@ def data_sources(cfg: DataConfig, corpus_report: BadDataReport | None = None) ->
             out["val"] = Source(files=tuple(cfg.val_files))
         return out
     if cfg.dataset_name:
-        out = {"train": Source(dataset_name=cfg.dataset_name, dataset_config=cfg.dataset_config, split=cfg.train_split)}
+        files = tuple(cfg.data_files) if cfg.data_files else None
+        out = {"train": Source(dataset_name=cfg.dataset_name, dataset_config=cfg.dataset_config, split=cfg.train_split,
+                               data_files=files)}
         if cfg.val_split:
-            out["val"] = Source(dataset_name=cfg.dataset_name, dataset_config=cfg.dataset_config, split=cfg.val_split)
+            out["val"] = Source(dataset_name=cfg.dataset_name, dataset_config=cfg.dataset_config, split=cfg.val_split,
+                                data_files=files)
         return out
     corpus = write_stdlib_corpus(cfg.corpus_dir, cfg.corpus_val_fraction, cfg.corpus_max_files, cfg.seed)
     if corpus_report is not None:
@@ -124,6 +140,7 @@ def prepare_data(cfg: DataConfig, tok_cfg: TokenizerConfig, *, log_reports: bool
         text_field=cfg.text_field,
         input_sentence_size=tok_cfg.input_sentence_size,
         seed=tok_cfg.seed,
+        data_label=train_src.label(),
     )
     reports = {name: BadDataReport() for name in sources}
     if corpus_report.kept or corpus_report.counts:

@@ -146,6 +146,7 @@ def iter_documents(
     hf_cache_dir: str | None = None,
     report: BadDataReport | None = None,
     with_location: bool = False,
+    data_files: Sequence[str] | None = None,
 ) -> Iterator[str] | Iterator[tuple[str, str]]:
     """Yield the text of every usable document, in a deterministic order.
 
@@ -155,6 +156,8 @@ def iter_documents(
     is not touched here because length checks happen after tokenising.
     With ``with_location`` it yields ``(text, where)``: the record's ``source``
     field when it has one (the stdlib corpus does), else ``"<origin> record i"``.
+    ``data_files``: with ``dataset_name``, the ``data_files`` of ``load_dataset`` (a file builder
+    such as ``json``), as paths/globs; they go as one ``train`` split.
     """
     import datasets  # deferred: importing datasets costs ~1 s and is not needed for packing
 
@@ -177,7 +180,9 @@ def iter_documents(
         )
         where = f"{paths[0].parent}"
     else:
-        ds = datasets.load_dataset(dataset_name, dataset_config, split=split, streaming=streaming, cache_dir=hf_cache_dir)
+        extra = {"data_files": [str(p) for p in resolve_files(list(data_files))]} if data_files else {}
+        ds = datasets.load_dataset(dataset_name, dataset_config, split=split, streaming=streaming, cache_dir=hf_cache_dir,
+                                   **extra)
         where = dataset_name
 
     for i, record in enumerate(ds):

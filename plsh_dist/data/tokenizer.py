@@ -31,6 +31,7 @@ import hashlib
 import io
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -189,6 +190,7 @@ def train_tokenizer(
     input_sentence_size: int = 20_000,
     seed: int = 0,
     num_threads: int = 2,
+    data_label: str | None = None,
 ) -> Tokenizer:
     """Train a BPE SentencePiece model and write it to ``{model_prefix}.model``.
 
@@ -206,6 +208,8 @@ def train_tokenizer(
             time (figures: results/tokenizer/README.md).
         seed: makes the sampling, hence the model, reproducible.
         num_threads: SentencePiece trainer threads.
+        data_label: what ``inputs`` are, for the error of data too small for
+            ``vocab_size`` (default: the paths, when ``inputs`` are paths).
     """
     if vocab_size < 300:
         raise ValueError(f"vocab_size must be >= 300 (4 special + 256 byte pieces + merges), got {vocab_size}")
@@ -221,7 +225,6 @@ def train_tokenizer(
     else:
         documents = inputs
     prefix = Path(model_prefix)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
 
     model = io.BytesIO()
     spm.set_random_generator_seed(seed)
@@ -234,9 +237,14 @@ def train_tokenizer(
                 f"vocab_size={vocab_size} is too small for the characters of this data ({e}); "
                 "increase vocab_size"
             ) from e
+        most = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", str(e))
+        if most:  # a corpus too small for this many merges
+            raise ValueError(_too_small(vocab_size, int(most.group(1)), data_label or (
+                str(list(inputs) if isinstance(inputs, tuple) else inputs) if report is not None else None))) from None
         raise
     proto = model.getvalue()
     model_path = prefix.with_name(prefix.name + ".model")
+    model_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = model_path.with_name(model_path.name + ".tmp")
     tmp.write_bytes(proto)
     os.replace(tmp, model_path)
@@ -245,6 +253,16 @@ def train_tokenizer(
         report.log(logger, "tokenizer training data")
     logger.info("trained tokenizer %s: vocab %d in %.1f s", model_path, tok.vocab_size, time.perf_counter() - start)
     return tok
+
+
+def _too_small(vocab_size: int, most: int, data: str | None) -> str:
+    """The refusal of training data that SentencePiece can make at most ``most`` pieces of."""
+    fix = (f"set a smaller [tokenizer].vocab_size (at most {most}: --tokenizer.vocab_size={most}) or train on "
+           "more data" if most >= 300 else
+           "train on more data (vocab_size cannot go below 300: 260 special and byte pieces, and merges)")
+    return (f"[tokenizer].vocab_size = {vocab_size} is too large for the tokenizer's training data"
+            f"{f' {data}' if data else ''}: SentencePiece can make at most {most} pieces of it; {fix}, or point "
+            "[tokenizer].model_path at an existing tokenizer")
 
 
 def load_or_train_tokenizer(model_path: str | os.PathLike, train_inputs, vocab_size: int = 8192, **kwargs) -> Tokenizer:

@@ -8,12 +8,19 @@ call, without the interpreter, the libraries or the allocator's caching.
 Tensors that existed before the call count only by what they add (a free of
 one of them is not reported by the profiler, so it never lowers the count).
 
+Kineto (the profiler's backend) prints a ``USDT: ... profiler_start`` and
+``profiler_stop`` line to stderr around every profile at its default log
+level; ``peak_cpu_bytes`` sets ``KINETO_LOG_LEVEL=6`` (above its highest
+level, USDT = 5; read when the profiler first starts in the process) unless
+the environment sets it already.
+
 ``rss_bytes()`` / ``peak_rss_bytes()``: the process's current and peak
 resident set (what the operating system sees, allocator caching included).
 """
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 from collections.abc import Callable
@@ -25,6 +32,7 @@ def peak_cpu_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
     allocated (module doc). Profiles every op of ``fn``: for measurements, not hot loops."""
     from torch.profiler import ProfilerActivity, profile
 
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # no USDT profiler_start / profiler_stop lines (module doc)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
     events = [e for e in prof.profiler.kineto_results.events()

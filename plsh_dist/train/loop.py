@@ -55,7 +55,7 @@ import torch.distributed as dist
 
 from plsh_dist.checkpoint.export import export_final
 from plsh_dist.checkpoint.line import checkpoint_root, set_aside_newer
-from plsh_dist.checkpoint.resume_check import check_resume_config
+from plsh_dist.checkpoint.resume_check import check_resume_config, check_resume_tokenizer
 from plsh_dist.checkpoint.safe_load import CheckpointLoadError
 from plsh_dist.checkpoint.tags import find_resume, load_checkpoint, save_checkpoint
 from plsh_dist.config.schema import RunConfig, resolve_master_weights, resolve_precision, write_resolved
@@ -248,6 +248,9 @@ def setup(cfg: RunConfig, lock: RunDirLock | None = None, stop: StopRequest | No
     prepared = prepare(cfg.data, cfg.tokenizer)  # refuses bad data on every rank alike
     with refusing("config"):
         cfg.check_tokenizer_vocab(prepared.tokenizer.vocab_size)  # a tokenizer trained or replaced since load_config
+    if resume is not None:
+        with refusing("resume"):  # the tokenizer the data preparation trained or loaded: the run's own?
+            check_resume_tokenizer(resume[0] / resume[1], cfg.tokenizer.model_path, prepared.tokenizer.fingerprint)
     model_cfg, attn_cfg = cfg.model, cfg.attention
     with refusing("data"):  # e.g. a corpus too small for one global batch
         data = DataPipeline(prepared, cfg.data, dp_rank=dims.dp_rank(rank), dp_size=dims.dp_size,

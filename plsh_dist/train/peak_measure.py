@@ -9,11 +9,18 @@ CPU counterpart of ``torch.cuda.max_memory_allocated``. Two steps, so the
 optimizer states a first step creates are present in the second. Data must
 be prepared already (``plsh_dist.data.prepare_data``): tokenising is not
 part of a step.
+
+The run is a scratch one: it writes only to a temporary directory of its
+own, removed after (``[run].out_dir`` replaced, never resumed, no
+checkpoint, export or tensorboard), so measuring never moves aside,
+resumes or writes the config's out_dir.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import tempfile
 
 from plsh_dist.plan.memory_measure import peak_cpu_bytes
 from plsh_dist.train.loop import setup, train_step
@@ -26,11 +33,17 @@ def measure_cpu_peak(cfg, steps: int = 2) -> int:
         raise ValueError(f'measure_cpu_peak runs on CPU: set [run].device = "cpu" (got {cfg.run.device!r})')
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-    def run() -> None:
-        session = setup(cfg)
-        session.engine.train()
-        for step in range(steps):
-            train_step(session, step)
-        session.log.close()
+    with tempfile.TemporaryDirectory(prefix="plsh_measure_") as scratch:
+        scratch_cfg = dataclasses.replace(
+            cfg, run=dataclasses.replace(cfg.run, out_dir=os.path.join(scratch, "run")),
+            checkpoint=dataclasses.replace(cfg.checkpoint, resume="never", every_steps=0, export_safetensors=False),
+            logging=dataclasses.replace(cfg.logging, tensorboard=False, progress=False))
 
-    return peak_cpu_bytes(run)[1]
+        def run() -> None:
+            session = setup(scratch_cfg)
+            session.engine.train()
+            for step in range(steps):
+                train_step(session, step)
+            session.log.close()
+
+        return peak_cpu_bytes(run)[1]

@@ -11,6 +11,8 @@ import pytest
 
 from plsh_dist.plan import machine
 from plsh_dist.plan.machine import MachineMemory, machine_memory
+from tests.train.conftest import base_overrides, tiny_data  # noqa: F401  (tiny_data: a fixture)
+from tests.train.launcher_runs import empty_config, launcher_env
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = ROOT / "launchers" / "plan.py"
@@ -42,6 +44,7 @@ def test_bad_flags_exit_2_naming_the_flag(flags, message):
 
 def test_cpu_ranks_share_the_machines_memory(monkeypatch, capsys):
     """The debug run peaks at ~1.9 GiB per rank: one rank fits a 4 GiB machine, two sharing it do not."""
+    monkeypatch.syspath_prepend(str(ROOT / "launchers"))  # plan.py imports its sibling lab_samplers
     from launchers.plan import main
 
     monkeypatch.setattr(machine, "machine_memory",
@@ -71,3 +74,44 @@ def test_machine_memory_reads_memavailable(tmp_path):
     assert mem.source == f"MemAvailable in {meminfo}"
     fallback = machine_memory(tmp_path / "absent")  # no /proc/meminfo: the physical memory
     assert fallback.available == fallback.total > 0 and "SC_PHYS_PAGES" in fallback.source
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() if p.is_file() else b"dir"
+            for p in sorted(directory.rglob("*"))}
+
+
+def test_measure_runs_in_a_scratch_directory(tiny_data, tmp_path):
+    """``--measure`` with the config's out_dir a used run (resume auto): the run is neither resumed nor
+    moved aside, nothing appears under the working directory's runs/, and no profiler line is printed."""
+    from tests.train.test_refusals_launcher import _checkpoint_of
+
+    used = tmp_path / "runs" / "used"
+    overrides = base_overrides(tiny_data, used, "--checkpoint.resume=auto")
+    _checkpoint_of(overrides, used, step=2)
+    before = _snapshot(tmp_path / "runs")
+    config = empty_config(tmp_path)
+    done = subprocess.run([sys.executable, str(PLAN), "--config", str(config), "--device", "cpu", "--world-size", "1",
+                           "--measure", *overrides], cwd=tmp_path, env=launcher_env(), capture_output=True, text=True,
+                          timeout=300)
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-3000:]
+    assert "measured peak (two real steps, live torch CPU bytes, in a scratch directory)" in done.stdout
+    assert "Traceback" not in text and "USDT" not in text, text[-3000:]
+    assert _snapshot(tmp_path / "runs") == before  # runs/ holds the used run alone, byte for byte
+
+
+def test_a_measurement_a_bucket_above_the_estimate_is_repeated(monkeypatch, capsys):
+    """The spurious extra DeepSpeed bucket seen now and then: the lower of two measurements is printed."""
+    import plsh_dist.data
+
+    monkeypatch.syspath_prepend(str(ROOT / "launchers"))  # plan.py imports its sibling lab_samplers
+    from launchers.plan import main
+    from plsh_dist.train import peak_measure
+
+    measurements = iter([int(3.760 * 2**30), int(1.898 * 2**30)])
+    monkeypatch.setattr(plsh_dist.data, "prepare_data", lambda data, tokenizer: None)
+    monkeypatch.setattr(peak_measure, "measure_cpu_peak", lambda cfg: next(measurements))
+    assert main(["--config", CONFIG, "--device", "cpu", "--world-size", "1", "--measure"]) == 0
+    out = capsys.readouterr().out
+    assert "1.898 GiB; estimate 1.901 GiB (+0.2%) (lower of two measurements; the first gave 3.760 GiB)" in out

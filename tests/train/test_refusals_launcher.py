@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pytest
 
 from plsh_dist.checkpoint.line import tag_for_step
 from plsh_dist.config import load_config, write_resolved
+from plsh_dist.data.tokenizer import train_tokenizer
 from tests.train.conftest import base_overrides
 from tests.train.launcher_runs import PRETRAIN, Finished, deepspeed_cmd, empty_config, launcher_env, run
 
@@ -75,6 +77,44 @@ def test_empty_data_file_exits_2_and_leaves_no_cache_file(tiny_data, tmp_path):
     assert not cache.exists() or list(cache.iterdir()) == []  # nor an empty cache entry
 
 
+def _without_files(overrides: list[str]) -> list[str]:
+    return [o for o in overrides if not o.startswith(("--data.train_files=", "--data.val_files="))]
+
+
+def test_corpus_too_small_for_the_tokenizer_to_train_exits_2(tiny_data, tmp_path):
+    """SentencePiece cannot make 2048 pieces of a few lines: refused naming the field, the data and the fix."""
+    out, small, tok = tmp_path / "run", tmp_path / "small.txt", tmp_path / "tok" / "new.model"
+    small.write_text("def f(x):\n    return x + 1\n" * 20)
+    overrides = _without_files(base_overrides(tiny_data, out, f"--tokenizer.model_path={tok}",
+                                              "--tokenizer.vocab_size=2048", f"--data.cache_dir={tmp_path / 'cache'}"))
+    overrides.append(f"--data.train_files=['{small}']")
+    proc = _launch(tmp_path, overrides, "tokenizer_too_large")
+    assert_refused(proc, "data", f"[tokenizer].vocab_size = 2048 is too large for the tokenizer's training data "
+                                 f"['{small}']: SentencePiece can make at most", out)
+    assert "train on more data" in proc.stderr
+    assert not out.exists() and not tok.parent.exists()
+
+
+def test_file_builder_without_data_files_exits_2_before_any_work(tiny_data, tmp_path):
+    """``load_dataset("json")`` alone would read the working directory (the repository's .py files)."""
+    out = tmp_path / "run"
+    proc = _launch(tmp_path, _without_files(base_overrides(tiny_data, out, "--data.dataset_name=json")), "json")
+    assert_refused(proc, "config", "[data].dataset_name = 'json' is a datasets builder that reads files, and "
+                                   "[data].data_files is not set", out)
+    assert not out.exists()
+
+
+def test_file_builder_reads_data_files(tiny_data, tmp_path):
+    """The stdlib corpus's train.jsonl through ``--data.dataset_name=json --data.data_files=[...]``: one step."""
+    out = tmp_path / "run"
+    train = next(o for o in tiny_data if o.startswith("--data.train_files="))[len("--data.train_files="):]
+    overrides = _without_files(base_overrides(tiny_data, out, "--data.dataset_name=json", f"--data.data_files={train}",
+                                              "--run.max_steps=1", f"--data.cache_dir={tmp_path / 'cache'}"))
+    proc = _launch(tmp_path, overrides, "json_files")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert len((out / "metrics.jsonl").read_text().splitlines()) >= 1
+
+
 def _checkpoint_of(config_overrides: list[str], out: Path, step: int) -> None:
     """A run's record and a checkpoint tag as a run with ``config_overrides`` leaves them
     (the refusal comes before any weight is read, so no shard is needed)."""
@@ -94,6 +134,33 @@ def test_resume_config_mismatch_exits_2_and_changes_nothing_on_disk(tiny_data, t
     proc = _launch(tmp_path, base_overrides(tiny_data, out, "--checkpoint.resume=auto"), "resume_mismatch")
     assert_refused(proc, "resume", "[model].num_layers: checkpoint 3, this config 2", out)
     assert _snapshot(out) == before  # config.resolved.* still describe the checkpoint's run
+
+
+@pytest.fixture(scope="module")
+def other_tokenizer(tiny_data, tmp_path_factory) -> Path:
+    """Another 512-piece tokenizer of the same corpus (fewer sentences): same size, other token ids."""
+    train = next(o for o in tiny_data if o.startswith("--data.train_files="))[len("--data.train_files=['"):-2]
+    prefix = tmp_path_factory.mktemp("other_tok") / "other"
+    train_tokenizer([train], prefix, vocab_size=512, input_sentence_size=200)
+    return prefix.with_suffix(".model")
+
+
+@pytest.mark.parametrize("case", ["existing", "trained_in_setup"])
+def test_resume_with_another_tokenizer_exits_2_and_changes_nothing_on_disk(tiny_data, other_tokenizer, tmp_path,
+                                                                           case):
+    """The checkpoint's tokenizer.model is the other one; this config's is the run's own: an existing
+    file (refused before the data), or one the data preparation trains (refused after it, before a step)."""
+    out = tmp_path / "run"
+    overrides = base_overrides(tiny_data, out, "--checkpoint.resume=auto")
+    _checkpoint_of(overrides, out, step=2)
+    shutil.copy2(other_tokenizer, out / "checkpoints" / tag_for_step(2) / "tokenizer.model")
+    if case == "trained_in_setup":
+        overrides.append(f"--tokenizer.model_path={tmp_path / 'new_tok.model'}")
+    before = _snapshot(out)
+    proc = _launch(tmp_path, overrides, f"resume_tokenizer_{case}")
+    assert_refused(proc, "resume", "is another tokenizer than the one the checkpoint was trained with", out)
+    assert "[model].init_from" in proc.stdout + proc.stderr
+    assert _snapshot(out) == before
 
 
 @pytest.mark.slow
