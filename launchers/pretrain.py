@@ -3,7 +3,8 @@
     deepspeed --num_gpus 2 --master_port 29511 launchers/pretrain.py --config configs/quickstart.toml \
         [--section.key=value ...]
 
-On CPU set DS_ACCELERATOR=cpu (gloo backend). Plain ``python launchers/pretrain.py``
+An override is ``--section.key=value`` or ``--section.key value`` (both work:
+``--run.max_steps=3`` and ``--run.max_steps 3`` are the same). On CPU set DS_ACCELERATOR=cpu (gloo backend). Plain ``python launchers/pretrain.py``
 runs one process. The launcher's ``--local_rank`` is accepted (LOCAL_RANK env wins).
 Also runs under torchrun (``torchrun --nproc_per_node 2 launchers/pretrain.py ...``,
 multi-node with ``--nnodes/--node_rank/--master_addr``).
@@ -29,7 +30,8 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="Any --section.key=value overrides the config file.")
+                                     epilog="Any --section.key=value or --section.key value (the same) overrides the "
+                                            "config file, e.g. --run.max_steps=3 or --run.max_steps 3.")
     parser.add_argument("--config", required=True, help="TOML run config (configs/*.toml)")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
     parser.add_argument("--resume", default=None, help="auto | never | checkpoint dir (= --checkpoint.resume)")

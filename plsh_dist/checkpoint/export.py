@@ -75,14 +75,20 @@ def save_export(model, cfg: RunConfig, tokenizer_path: str | Path | None, direct
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     describe(model.config, cfg.attention, cfg.run.seed)
-    gen = model.generation_config
-    gen.use_cache = True  # HF generate() decodes with plsh_dist attention's KV cache
-    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = BOS_ID, EOS_ID, PAD_ID
+    # config.json and generation_config.json give the same ids and cache setting: HF generate()
+    # decodes with plsh_dist attention's KV cache, and tools reading config.json alone see the ids.
+    for settings in (model.config, model.generation_config):
+        settings.bos_token_id, settings.eos_token_id, settings.pad_token_id = BOS_ID, EOS_ID, PAD_ID
+    model.generation_config.use_cache = True
+    training_use_cache, model.config.use_cache = model.config.use_cache, True
     state = state_dict if state_dict is not None else model.state_dict()
     state = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
-    # also writes auto_map and the remote-code modules (remote_code.py): from_pretrained(directory,
-    # trust_remote_code=True) without importing plsh_dist; save_tokenizer does the tokenizer's
-    model.save_pretrained(str(directory), state_dict=state, safe_serialization=True)
+    try:
+        # also writes auto_map and the remote-code modules (remote_code.py): from_pretrained(directory,
+        # trust_remote_code=True) without importing plsh_dist; save_tokenizer does the tokenizer's
+        model.save_pretrained(str(directory), state_dict=state, safe_serialization=True)
+    finally:
+        model.config.use_cache = training_use_cache  # the live model keeps training's setting (no cache)
     write_resolved(cfg, directory)
     if tokenizer_path is not None and Path(tokenizer_path).is_file():
         if Path(tokenizer_path).resolve() != (directory / "tokenizer.model").resolve():

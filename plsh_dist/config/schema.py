@@ -259,9 +259,16 @@ class LoggingSection:
     """Validation loss every N steps (0 = only at the end)."""
     eval_batches: int = 8
     """Micro-batches per DP rank used for validation."""
+    peak_tflops: float = 0.0
+    """Peak TFLOP/s of one device, for the model FLOPs utilisation (mfu) in the progress
+    line, metrics.jsonl and tensorboard. 0 = from the GPU's name (bf16 dense: H100 / H200
+    989, A100 312; plsh_dist/train/metrics_log.py); on a CPU, an unlisted GPU or an fp32 run
+    no peak is known and only the achieved TFLOP/s is logged."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "logging")
+        if self.peak_tflops < 0:  # finite: check_field_types
+            raise ValueError(f"[logging].peak_tflops must be >= 0 (0 = from the device), got {self.peak_tflops!r}")
         _positive("logging", self, "every_steps")
         _positive("logging", self, "eval_every", "eval_batches", allow_zero=True)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from plsh_dist.data.config import DataConfig, TokenizerConfig
 from plsh_dist.data.corpus import write_stdlib_corpus
@@ -118,6 +119,17 @@ class PreparedData:
     train: TokenStream
     val: TokenStream | None
     reports: dict[str, BadDataReport]
+    tokenizer_trained: bool = False
+    """The tokenizer was trained by this call (its model_path did not exist), not loaded."""
+
+    def tokenizer_origin(self) -> str:
+        """Which tokenizer the run uses and why, for the start-up summary."""
+        tok = self.tokenizer
+        if self.tokenizer_trained:
+            return f"{tok.path} (trained now on the training data: {tok.vocab_size} pieces)"
+        return (f"{tok.path} (an existing file, {tok.vocab_size} pieces, used as it is: not retrained on this "
+                f"run's data; to train a new one on it, set --tokenizer.model_path to a .model path that does "
+                f"not exist yet, or run launchers/train_tokenizer.py)")
 
 
 def prepare_data(cfg: DataConfig, tok_cfg: TokenizerConfig, *, log_reports: bool = True) -> PreparedData:
@@ -131,6 +143,7 @@ def prepare_data(cfg: DataConfig, tok_cfg: TokenizerConfig, *, log_reports: bool
     corpus_report = BadDataReport()
     sources = data_sources(cfg, corpus_report)
     train_src = sources["train"]
+    trained = not Path(tok_cfg.model_path).is_file()
     tokenizer = load_or_train_tokenizer(
         tok_cfg.model_path,
         # A generator, so nothing is read when the model file already exists;
@@ -151,7 +164,7 @@ def prepare_data(cfg: DataConfig, tok_cfg: TokenizerConfig, *, log_reports: bool
         # Files read, documents and tokens kept, skips per cause: a warning when anything was skipped.
         if log_reports:
             reports[name].log(logger, f"{name} ({stream.path})")
-    return PreparedData(tokenizer, streams["train"], streams.get("val"), reports)
+    return PreparedData(tokenizer, streams["train"], streams.get("val"), reports, tokenizer_trained=trained)
 
 
 def build_loader(stream: TokenStream, cfg: DataConfig, *, dp_rank: int = 0, dp_size: int = 1, sp_rank: int = 0,

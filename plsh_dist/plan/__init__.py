@@ -11,6 +11,6 @@ attention pairs / FLOPs / workspace (``attention_cost.py``), SP halo traffic
 from the real hash (``halo_traffic.py``).
 """
 
-from plsh_dist.plan.estimate import FlopsPlan, MemoryPlan, Plan, plan_run
+from plsh_dist.plan.estimate import FlopsPlan, MemoryPlan, Plan, model_flops, plan_run
 
-__all__ = ["Plan", "MemoryPlan", "FlopsPlan", "plan_run"]
+__all__ = ["Plan", "MemoryPlan", "FlopsPlan", "model_flops", "plan_run"]

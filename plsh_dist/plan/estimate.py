@@ -33,6 +33,7 @@ from plsh_dist.plan.attention_cost import (
     Workspace,
     attention_flops,
     attention_setup,
+    pairs_per_head,
     probe_workspace_cpu,
     workspace_cuda,
 )
@@ -158,6 +159,29 @@ def _flops(cfg, shapes: ModelShapes, setup: AttentionSetup, world: int, dp: int)
         per_token += 2 * shapes.head_params
     attn = shapes.layers * attention_flops(setup, seq, shapes.head_dim, mem.activation_checkpointing)
     return FlopsPlan(attention=attn * sequences, rest=float(per_token) * seq * sequences, ranks=world)
+
+
+def model_flops(cfg, *, world_size: int, device: str = "cuda") -> FlopsPlan:
+    """Model FLOPs of one optimizer step of ``cfg`` on ``world_size`` ranks: what MFU counts.
+
+    The work the model needs, not the work the run's kernels issue: ``6 x`` the
+    matmul weights per token, and per layer and head ``12 D`` per expected
+    query-key pair of the configured mask (``pairs_per_head``: PLSH's band,
+    ``E[pairs]`` over the hash, not the dense ``T^2``; forward q.k and p.v, backward
+    twice that). Unlike ``plan_run``'s FLOPs it counts no recompute (activation
+    checkpointing, the chunked loss's, flash-attention's backward q.k) and no tile
+    the fused kernel visits beyond the band. Packed documents are not subtracted
+    (document masking attends fewer pairs), so with it this is an upper bound.
+    """
+    shapes = model_shapes(cfg.model, cfg.attention)
+    precision = resolve_precision(cfg.deepspeed, device)
+    setup = attention_setup(cfg.attention, shapes.q_heads, device,
+                            torch.bfloat16 if precision == "bf16" else torch.float32)
+    seq = cfg.data.seq_len
+    sequences = cfg.data.micro_batch_size * cfg.optim.grad_accum_steps * (world_size // cfg.parallel.sp_size)
+    per_token = 6 * (shapes.layers * shapes.matmul_params_per_layer + shapes.head_params)
+    attn = shapes.layers * 12 * shapes.head_dim * sum(pairs_per_head(setup, seq))
+    return FlopsPlan(attention=attn * sequences, rest=float(per_token) * seq * sequences, ranks=world_size)
 
 
 def plan_run(cfg, *, world_size: int, device: str = "cuda") -> Plan:

@@ -66,22 +66,20 @@ from plsh_dist.faults import maybe_fail
 from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig, apply_sequence_parallel, count_parameters
 from plsh_dist.models.pretrained import initial_model
 from plsh_dist.perplexity import perplexity
+from plsh_dist.train.curves import CURVES_FILE, write_training_curves
 from plsh_dist.train.data_setup import DataPipeline, prepare
 from plsh_dist.train.ddp_bf16 import forget_initial_step
 from plsh_dist.train.deepspeed_config import deepspeed_config
 from plsh_dist.train.loss_head import install_chunked_loss
 from plsh_dist.train.losses import forward_sums
-from plsh_dist.train.metrics_log import MetricsLogger, memory_mb, mfu, startup_summary
+from plsh_dist.plan import FlopsPlan, model_flops
+from plsh_dist.train.metrics_log import MetricsLogger, memory_mb, peak_flops, startup_summary
 from plsh_dist.train.optim import build_optimizer, build_scheduler
 from plsh_dist.train.preemption import StopRequest, handle_stop_signals, preempted_line
 from plsh_dist.train.refusal import RunRefused, refusing
 from plsh_dist.train.run_dir import set_aside_previous_run
 from plsh_dist.train.run_lock import RunDirLock, claim_out_dir
 from plsh_dist.train.validation import validation_loss
-
-# Peak dense bf16 FLOP/s for MFU when the GPU is not recognised (H100 SXM).
-_DEFAULT_PEAK_FLOPS = 989e12
-
 
 @dataclass
 class TrainResult:
@@ -203,6 +201,10 @@ class TrainSession:
     """Seconds loading the resumed checkpoint took (manifest check, every shard read); None for a fresh run."""
     progress: Progress = field(default_factory=Progress)
     """The mutable part: halo byte count, known-valid checkpoint tags, checkpoints written."""
+    flops: FlopsPlan | None = None
+    """Model FLOPs of one optimizer step (the planner's ``model_flops``: PLSH's expected pairs)."""
+    peak: tuple[float | None, str] = (None, "")
+    """Peak FLOP/s of one device (None: unknown, no MFU) and where it comes from (``peak_flops``)."""
 
     @property
     def out_dir(self) -> Path:
@@ -271,7 +273,9 @@ def setup(cfg: RunConfig, lock: RunDirLock | None = None, stop: StopRequest | No
                            precision=precision, model_cfg=model_cfg, attn_cfg=attn_cfg, data=data, runtime=runtime,
                            engine=engine, n_params=n_params, start_step=start_step, resume=resume, log=log,
                            stop=stop if stop is not None else StopRequest(), resume_load_s=load_s,
-                           progress=Progress(valid_tags=valid_tags))
+                           progress=Progress(valid_tags=valid_tags),
+                           flops=model_flops(cfg, world_size=world, device=device.type),
+                           peak=peak_flops(device, precision, cfg.logging.peak_tflops))
     log.print(startup_summary(_summary(session)))
     return session
 
@@ -367,6 +371,8 @@ def _summary(s: TrainSession) -> dict[str, str]:
         "parameters": f"{s.n_params:,}",
         "attention": f"bias={a.bias} rope={a.rope} samples={a.num_samples} "
                      f"sigma={a.sigma if a.sigma is not None else 'per-head 1/alibi_slope'}",
+        "tokenizer": s.data.prepared.tokenizer_origin(),
+        **{f"data {name}": _report_head(report, name) for name, report in s.data.prepared.reports.items()},
         "layout": f"{dims.describe()} (SP groups {dims.sp_group_ranks()})",
         "tokens/step": f"{s.tokens_per_step:,} = micro {cfg.data.micro_batch_size} x accum {gas} x dp "
                        f"{dims.dp_size} x seq {cfg.data.seq_len} (each rank {cfg.data.seq_len // dims.sp_size} tokens)",
@@ -374,10 +380,23 @@ def _summary(s: TrainSession) -> dict[str, str]:
                   f"act-ckpt {cfg.memory.activation_checkpointing}, loss "
                   + (f"chunked ({cfg.memory.loss_chunk_tokens} tokens)" if cfg.memory.loss_chunk_tokens
                      else "plain (full logits)"),
+        "flops/step": f"{s.flops.total / 1e9:,.3f} GFLOP model FLOPs (attention {s.flops.attention / s.flops.total:.1%}: "
+                      f"the mask's expected query-key pairs, not T^2); peak {s.peak[1]}",
+        "on a signal": ("Ctrl-C, SIGTERM, SIGUSR1: finish the step, checkpoint, exit 75 (a second Ctrl-C "
+                        "aborts without saving)" if cfg.checkpoint.save_on_signal else
+                        "[checkpoint].save_on_signal = false: Ctrl-C and SIGTERM end the run without saving"),
         "steps": f"{s.start_step} -> {cfg.run.max_steps}"
                  + (f" (resumed from {s.resume[0] / s.resume[1]}, loaded in {s.resume_load_s:.2f} s)"
                     if s.resume else ""),
     }
+
+
+def _report_head(report, name: str) -> str:
+    """A split's corpus report (files read, documents and tokens kept) for the summary; skips by
+    cause and count only (the examples are logged when the data is prepared)."""
+    head = report.summary(name).split(": ", 1)[1].split("; skipped")[0]
+    causes = ", ".join(f"{cause}={n}" for cause, n in report.counts.items())
+    return head + (f"; skipped {report.skipped} ({causes})" if report.counts else "")
 
 
 # --- one optimizer step ---------------------------------------------------------------
@@ -446,26 +465,34 @@ def _validate(s: TrainSession) -> float:
 
 def _log_step(s: TrainSession, done: int, stats: StepStats, tokens_per_s: float) -> None:
     """metrics.jsonl / tensorboard after step ``done`` (every [logging].every_steps,
-    the first and the last step) and the periodic validation ([logging].eval_every)."""
+    the first and the last step), the progress (a bar on a terminal, else one line per
+    logged step) and the periodic validation ([logging].eval_every)."""
     cfg = s.cfg
     metrics: dict[str, Any] = {}
-    if done % cfg.logging.every_steps == 0 or done in (s.start_step + 1, cfg.run.max_steps):
+    # Achieved model FLOP/s of one device: the step's model FLOPs over its time, per rank.
+    flops_per_s = s.flops.total * tokens_per_s / s.tokens_per_step / s.world
+    progress = {"loss": f"{stats.loss:.3f}", "lr": f"{stats.lr:.2e}", "tok/s": f"{tokens_per_s:.0f}",
+                "TFLOP/s": f"{flops_per_s / 1e12:.3g}"}
+    if s.peak[0] is not None:
+        progress["mfu"] = f"{flops_per_s / s.peak[0]:.1%}"
+    logged = done % cfg.logging.every_steps == 0 or done in (s.start_step + 1, cfg.run.max_steps)
+    if logged:
         metrics = {
             "loss": stats.loss,
             "lr": stats.lr,
             "grad_norm": stats.grad_norm,
             "tokens_per_s": tokens_per_s,
+            "tflops": flops_per_s / 1e12,
             "halo_bytes": stats.halo_bytes,
             "memory_mb": memory_mb(s.device),
         }
-        if s.device.type == "cuda":
-            metrics["mfu"] = mfu(tokens_per_s, s.n_params, s.model_cfg.num_layers, s.model_cfg.hidden_size,
-                                 cfg.data.seq_len, s.world, _DEFAULT_PEAK_FLOPS)
+        if s.peak[0] is not None:
+            metrics["mfu"] = flops_per_s / s.peak[0]
     if cfg.logging.eval_every and done % cfg.logging.eval_every == 0 and done != cfg.run.max_steps:
         metrics["val_loss"] = _validate(s)
     if metrics:
         s.log.log(done, metrics)
-    s.log.advance(1, {"loss": f"{stats.loss:.3f}", "tok/s": f"{tokens_per_s:.0f}"})
+    s.log.advance(1, progress, line=logged)
 
 
 def _save_checkpoint(s: TrainSession, step: int, loss: float | None) -> Path:
@@ -510,7 +537,7 @@ def _finish(s: TrainSession, result: TrainResult) -> None:
 
 def _outputs_line(s: TrainSession, result: TrainResult) -> str:
     """The closing line: the out_dir and what this call wrote there, nothing it did not."""
-    written = ["metrics.jsonl"]
+    written = ["metrics.jsonl"] + ([CURVES_FILE] if (Path(s.out_dir) / CURVES_FILE).is_file() else [])
     if s.cfg.logging.tensorboard:
         written.append("tensorboard/")
     if s.progress.checkpoints_written:
@@ -518,6 +545,12 @@ def _outputs_line(s: TrainSession, result: TrainResult) -> str:
     if result.final_dir:
         written.append("final/")
     return f"outputs: {s.out_dir} ({', '.join(written)})"
+
+
+def _curves(s: TrainSession) -> None:
+    """Rank 0: ``training_curves.png`` from metrics.jsonl (loss, lr, tokens/s vs step; curves.py)."""
+    if s.rank == 0:
+        write_training_curves(s.out_dir)
 
 
 # --- the loop --------------------------------------------------------------------------
@@ -554,6 +587,7 @@ def _train_loop(s: TrainSession, stop_after: int | None) -> TrainResult:
     max_steps = cfg.run.max_steps
     result = TrainResult(first_step=s.start_step, out_dir=str(s.out_dir))
     s.engine.train()
+    s.stop.armed = True  # from here Ctrl-C saves a checkpoint (preemption.py)
     last_t, s.progress.comm_bytes = time.time(), _comm_bytes()
     for step in range(s.start_step, max_steps):
         stats = train_step(s, step)
@@ -579,16 +613,19 @@ def _train_loop(s: TrainSession, stop_after: int | None) -> TrainResult:
         maybe_fail("after_step", done, s.rank)
         if signalled:
             s.log.print(preempted_line(done, tag_dir, s.stop, signalled, s.world))
+            _curves(s)
             s.log.close()
             result.preempted_at, result.checkpoint_dir = done, str(tag_dir)
             return result
         if stopping:
             s.log.print(f"stopped after step {done} (stop_after); resume with --resume auto")
+            _curves(s)
             s.log.close()
             return result
 
     if s.start_step < max_steps or s.resume is None:
         _finish(s, result)
+    _curves(s)
     s.log.print(_outputs_line(s, result))
     s.log.close()
     return result

@@ -1,4 +1,4 @@
-"""Training outputs on rank 0: metrics.jsonl, tensorboard scalars, progress bar, start-up summary.
+"""Training outputs on rank 0: metrics.jsonl, tensorboard scalars, progress, start-up summary, MFU's peak.
 
 Every other rank gets a ``MetricsLogger`` whose methods do nothing, so the
 loop calls them unconditionally.
@@ -26,13 +26,31 @@ def memory_mb(device: torch.device) -> float:
     return rss / (2**20 if sys.platform == "darwin" else 2**10)
 
 
-def mfu(tokens_per_s: float, n_params: int, num_layers: int, hidden: int, seq_len: int,
-        world_size: int, peak_flops: float) -> float:
-    """Model FLOPs utilisation, nanoGPT/PaLM estimate: ``6 N + 12 L H T`` FLOPs per token
-    (the attention term counts dense attention; PLSH does less, so this is an upper
-    estimate of the work done) over ``world_size`` devices of ``peak_flops`` each."""
-    flops_per_token = 6 * n_params + 12 * num_layers * hidden * seq_len
-    return tokens_per_s * flops_per_token / (world_size * peak_flops)
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0}
+"""Dense bf16 tensor-core peak TFLOP/s per GPU (NVIDIA's datasheets, SXM; no sparsity), by a
+word of ``torch.cuda.get_device_name``. [logging].peak_tflops overrides it (other GPUs, PCIe
+parts, fp32 runs)."""
+
+
+def peak_flops(device: torch.device, precision: str, configured_tflops: float) -> tuple[float | None, str]:
+    """``(peak FLOP/s of one device or None, where it comes from)`` for MFU.
+
+    ``configured_tflops`` ([logging].peak_tflops) wins when > 0; else the table
+    above for a bf16 run on a GPU it names. A CPU has no meaningful peak (its
+    vector units, clock and threads vary; the run shares them), nor an fp32 GPU run
+    in the table: MFU is then not logged, only the achieved TFLOP/s."""
+    if configured_tflops > 0:
+        return configured_tflops * 1e12, f"{configured_tflops:g} TFLOP/s per device ([logging].peak_tflops)"
+    if device.type != "cuda":
+        return None, ("none for a CPU: only the achieved TFLOP/s is logged (set [logging].peak_tflops for "
+                      "an MFU)")
+    name = torch.cuda.get_device_name(device)
+    words = name.replace("-", " ").upper().split()
+    known = next((gpu for gpu in PEAK_BF16_TFLOPS if gpu in words), None)
+    if known is None or precision != "bf16":
+        why = f"{name} is not in the table" if known is None else f"a {precision} run"
+        return None, f"unknown ({why}): only the achieved TFLOP/s is logged (set [logging].peak_tflops for an MFU)"
+    return PEAK_BF16_TFLOPS[known] * 1e12, f"{PEAK_BF16_TFLOPS[known]:g} TFLOP/s per device ({name}, bf16 dense)"
 
 
 def startup_summary(info: dict[str, Any]) -> str:
@@ -62,13 +80,17 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
-        if progress:
+        # Progress goes to stderr so stdout stays greppable for summaries: a bar on a terminal;
+        # in a log file (stderr not a terminal) a bar's redraws pile up, so one line per logged step.
+        self._total = total_steps
+        self._lines = progress and os.environ.get("PLSH_PROGRESS", "1") != "0" and not sys.stderr.isatty()
+        if progress and not self._lines:
             from tqdm import tqdm
 
-            # Progress goes to stderr so stdout stays greppable for summaries.
             self._bar = tqdm(total=total_steps, initial=initial_step, desc="train", unit="step",
                              dynamic_ncols=True, file=sys.stderr, mininterval=2.0,
                              disable=os.environ.get("PLSH_PROGRESS", "1") == "0")
+        self._step = initial_step
         self._t0 = time.time()
 
     def truncate_after(self, step: int) -> None:
@@ -100,11 +122,19 @@ class MetricsLogger:
                     self._tb.add_scalar(key if "/" in key else f"train/{key}", value, step)
             self._tb.flush()
 
-    def advance(self, n: int, postfix: dict[str, Any] | None = None) -> None:
+    def advance(self, n: int, postfix: dict[str, Any] | None = None, *, line: bool = False) -> None:
+        """``n`` more steps done; ``postfix``: the bar's values, or with ``line`` (a logged step) the
+        progress line's when stderr is not a terminal (``train step 3/5: loss 7.254  lr ...``)."""
+        if not self.enabled:
+            return
+        self._step += n
         if self._bar is not None:
             self._bar.update(n)
             if postfix:
                 self._bar.set_postfix(postfix, refresh=False)
+        elif self._lines and line:
+            values = "  ".join(f"{k} {v}" for k, v in (postfix or {}).items())
+            print(f"train step {self._step}/{self._total}: {values}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -46,8 +46,16 @@ not act on it; the launchers follow with SIGKILL after their grace period
 A signal that arrives before ``train`` installs the handler (imports,
 config loading) keeps its default action. ``save_on_signal = false`` gives
 the signals their default action (the process dies at once; resume from the
-last periodic checkpoint). Ctrl-C (SIGINT) is unchanged: interrupted, exit
-130, no checkpoint.
+last periodic checkpoint).
+
+Ctrl-C (SIGINT) takes the same path once the first step has begun
+(``StopRequest.armed``): the first one makes every rank finish its step,
+checkpoint and exit 75 (rank 0 writes one line at once saying so); it also
+restores Python's default handler, so a second Ctrl-C raises
+``KeyboardInterrupt``: abort at once, no checkpoint, exit 130. Before the first
+step (imports, data preparation, engine set-up) there is nothing to save and
+Ctrl-C aborts at once, as before. With ``save_on_signal = false`` Ctrl-C always
+aborts (exit 130).
 
 Launchers: the deepspeed launcher exits with its ranks' 75; torchrun exits 1
 for any failed rank and lists each rank's 75 in its summary; srun returns
@@ -83,6 +91,8 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signum = 0
+        self.armed = False
+        """Set when the first step begins: from then on Ctrl-C saves (module doc); before, it aborts."""
 
     @property
     def requested(self) -> bool:
@@ -115,12 +125,27 @@ def handle_stop_signals(enabled: bool = True) -> Iterator[StopRequest]:
     def on_stop_signal(signum, frame):  # noqa: ARG001 - no work here: the loop acts at the end of the step
         stop.signum = signum
 
+    announce = os.environ.get("RANK", "0") == "0"
+
+    def on_interrupt(signum, frame):  # noqa: ARG001
+        if not stop.armed:
+            raise KeyboardInterrupt  # nothing trained yet: abort as Python's own handler does
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts
+        if not stop.requested:
+            stop.signum = signum
+            if announce:  # os.write: unbuffered, safe wherever the handler lands (no reentrant print)
+                os.write(2, b"\nCtrl-C: every rank finishes its step and writes a checkpoint, then exits "
+                            b"75; press Ctrl-C again to abort at once without saving\n")
+
     previous = {}
     try:
         for sig in STOP_SIGNALS:
             previous[sig] = signal.signal(sig, on_stop_signal if enabled else signal.SIG_DFL)
             if enabled:
                 signal.siginterrupt(sig, False)  # SA_RESTART: interrupted system calls resume
+        if enabled:
+            previous[signal.SIGINT] = signal.signal(signal.SIGINT, on_interrupt)
+            signal.siginterrupt(signal.SIGINT, False)
         yield stop
     finally:
         for sig, handler in previous.items():
@@ -159,5 +184,6 @@ def ignore_stop_signals() -> None:
 def preempted_line(step: int, tag_dir, local: StopRequest, signalled_ranks: int, world: int) -> str:
     """The one line rank 0 prints when the run stops on a signal."""
     who = (f"{local.name}" if local.requested else "a stop signal") + f" on {signalled_ranks} of {world} rank(s)"
-    return (f"preempted at step {step} ({who}): checkpoint {tag_dir} written; resume with the same command "
+    what = "interrupted (Ctrl-C)" if local.signum == signal.SIGINT else "preempted"
+    return (f"{what} at step {step} ({who}): checkpoint {tag_dir} written; resume with the same command "
             f"(--resume auto, the default, continues from it); exit code {EXIT_PREEMPTED}")

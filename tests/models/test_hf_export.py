@@ -346,3 +346,14 @@ def test_export_without_resolved_config_loads_from_config_json(corpus, tmp_path)
                                                   "model_type": "qwen3"}))
     with pytest.raises(ValueError, match="does not state the attention the weights were trained with"):
         load_model(bare)
+
+
+def test_config_json_agrees_with_generation_config(corpus, tmp_path):
+    """config.json gives the same special ids and cache setting as generation_config.json
+    (a reader of either file, or a tool reading config.json only, sees one answer)."""
+    out = _export(corpus, tmp_path / "final")
+    table = json.loads((out / "config.json").read_text())
+    gen = json.loads((out / "generation_config.json").read_text())
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id", "use_cache"):
+        assert table[key] == gen[key], (key, table[key], gen[key])
+    assert (table["eos_token_id"], table["pad_token_id"], table["use_cache"]) == (2, 3, True)

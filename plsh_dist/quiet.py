@@ -1,0 +1,42 @@
+"""Third-party notices that say nothing to a plsh_dist user, silenced one by one at their source.
+
+Each filter matches one message of one emitter (a ``warnings`` filter by
+category and message, or a ``logging.Filter`` on the emitting logger), so any
+other warning of the same libraries still shows. Installed when ``plsh_dist``
+is imported (``install``; idempotent), before DeepSpeed or torch.distributed
+emit them.
+
+- DeepSpeed's ``Setting accelerator to CPU. If you have GPU or other
+  accelerator, we were unable to detect it.`` (logger ``DeepSpeed``, on import
+  wherever ``DS_ACCELERATOR`` is unset and no GPU is found): the run's summary
+  names the device it trains on.
+- torch's ``FutureWarning: `torch.distributed.all_gather_into_tensor` is
+  deprecated`` once per rank: DeepSpeed's ZeRO calls it, not plsh_dist.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+_DEEPSPEED_CPU_NOTICE = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
+
+
+class _DropMessage(logging.Filter):
+    """Drops the records whose message is exactly ``message``."""
+
+    def __init__(self, message: str):
+        super().__init__()
+        self.message = message
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != self.message
+
+
+def install() -> None:
+    """Add the filters of the module doc (once)."""
+    deepspeed_logger = logging.getLogger("DeepSpeed")  # deepspeed.utils.logging's logger, made or found by name
+    if not any(isinstance(f, _DropMessage) for f in deepspeed_logger.filters):
+        deepspeed_logger.addFilter(_DropMessage(_DEEPSPEED_CPU_NOTICE))
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
+                            category=FutureWarning)
