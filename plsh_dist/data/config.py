@@ -65,7 +65,9 @@ class DataConfig:
     val_files: list[str] | None = None
     """Local validation files or globs; None = no validation set (unless a dataset/corpus provides one)."""
     dataset_name: str | None = None
-    """A ``datasets.load_dataset`` name (needs network or a local HF cache). Ignored if train_files is set."""
+    """A ``datasets.load_dataset`` name (needs network or a local HF cache), or a directory written by
+    ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` (read with ``load_from_disk``; a ``Dataset`` is
+    the split ``train``). Ignored if train_files is set."""
     dataset_config: str | None = None
     """Second argument of ``load_dataset`` (the subset name), if the dataset has several."""
     data_files: list[str] | None = None

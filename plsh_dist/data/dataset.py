@@ -19,7 +19,7 @@ from plsh_dist.data.config import DataConfig, TokenizerConfig
 from plsh_dist.data.corpus import write_stdlib_corpus
 from plsh_dist.data.loader import PackedLoader
 from plsh_dist.data.report import BadDataReport
-from plsh_dist.data.sources import iter_documents, resolve_files
+from plsh_dist.data.sources import iter_documents, resolve_files, saved_dataset_dir
 from plsh_dist.data.token_cache import TokenStream, load_or_build_token_stream
 from plsh_dist.data.tokenizer import Tokenizer, load_or_train_tokenizer
 
@@ -50,6 +50,10 @@ class Source:
             return {"files": stats, "text_field": cfg.text_field, "sample_by": cfg.sample_by}
         key = {"dataset": self.dataset_name, "config": self.dataset_config, "split": self.split,
                "text_field": cfg.text_field}
+        saved = saved_dataset_dir(self.dataset_name)
+        if saved is not None:  # a save_to_disk directory: its files, as local files are keyed
+            key["saved"] = [(str(p.relative_to(saved)), p.stat().st_size, p.stat().st_mtime_ns)
+                            for p in sorted(saved.rglob("*")) if p.is_file()]
         if self.data_files is not None:  # a file builder (json, parquet, ...): its files as local files are keyed
             key["data_files"] = [(str(p), p.stat().st_size, p.stat().st_mtime_ns)
                                  for p in resolve_files(list(self.data_files))]

@@ -1,4 +1,4 @@
-"""Where documents come from: local files or any ``datasets.load_dataset`` name.
+"""Where documents come from: local files, any ``datasets.load_dataset`` name, or a ``save_to_disk`` directory.
 
 Local files are read with the ``datasets`` builder their extension asks for
 (text / json / parquet). A text file is one document (``sample_by="document"``
@@ -11,6 +11,11 @@ with bytes that are not UTF-8 are reported and left out. (The
 check is what turns one broken file into a counted skip rather than a crash.)
 Record-level problems (a text field that is missing, None, a number, empty)
 are counted while iterating.
+
+A ``dataset_name`` that is a directory written by ``Dataset.save_to_disk`` or
+``DatasetDict.save_to_disk`` (``load_dataset`` refuses the first and asks for
+``load_from_disk``) is read with ``datasets.load_from_disk``: a ``DatasetDict``'s
+split by name, a ``Dataset`` as the one split ``train``.
 """
 
 from __future__ import annotations
@@ -134,6 +139,38 @@ def check_local_files(paths: Sequence[Path], builder: str, report: BadDataReport
     return usable
 
 
+def saved_dataset_dir(name: str | None) -> Path | None:
+    """``name`` as a directory written by ``Dataset.save_to_disk`` (``state.json`` and
+    ``dataset_info.json``) or ``DatasetDict.save_to_disk`` (``dataset_dict.json``); None otherwise."""
+    if not name:
+        return None
+    path = Path(name).expanduser()
+    if (path / "dataset_dict.json").is_file() or ((path / "state.json").is_file()
+                                                  and (path / "dataset_info.json").is_file()):
+        return path
+    return None
+
+
+def _load_saved(path: Path, split: str, dataset_config: str | None, data_files: Sequence[str] | None):
+    """The ``split`` of a ``save_to_disk`` directory (module doc); ValueError naming the splits it has."""
+    import datasets
+
+    if dataset_config or data_files:
+        raise ValueError(f"[data].dataset_name = {str(path)!r} is a save_to_disk directory, read whole with "
+                         f"datasets.load_from_disk: unset [data].dataset_config and [data].data_files")
+    ds = datasets.load_from_disk(str(path))
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise ValueError(f"split {split!r} is not in the save_to_disk directory {path}: its splits are "
+                             f"{sorted(ds)}; set [data].train_split / [data].val_split to one of them")
+        return ds[split]
+    if split != "train":
+        raise ValueError(f"{path} holds one Dataset (Dataset.save_to_disk), read as split 'train', so it has no "
+                         f"split {split!r}: unset [data].val_split (or set [data].train_split = 'train'), or save a "
+                         f"DatasetDict with that split")
+    return ds
+
+
 def iter_documents(
     files: Sequence[str] | str | None = None,
     *,
@@ -151,7 +188,8 @@ def iter_documents(
     """Yield the text of every usable document, in a deterministic order.
 
     Exactly one of ``files`` (paths/globs) and ``dataset_name`` (anything
-    ``datasets.load_dataset`` accepts; needs network unless cached) is given.
+    ``datasets.load_dataset`` accepts, needing network unless cached, or a
+    ``save_to_disk`` directory: module doc) is given.
     Skipped items are counted in ``report`` (created if None); ``report.kept``
     is not touched here because length checks happen after tokenising.
     With ``with_location`` it yields ``(text, where)``: the record's ``source``
@@ -179,6 +217,8 @@ def iter_documents(
             streaming=streaming, cache_dir=hf_cache_dir, **kwargs,
         )
         where = f"{paths[0].parent}"
+    elif (saved := saved_dataset_dir(dataset_name)) is not None:
+        ds, where = _load_saved(saved, split, dataset_config, data_files), f"{saved} (split {split!r})"
     else:
         extra = {"data_files": [str(p) for p in resolve_files(list(data_files))]} if data_files else {}
         ds = datasets.load_dataset(dataset_name, dataset_config, split=split, streaming=streaming, cache_dir=hf_cache_dir,

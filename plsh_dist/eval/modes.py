@@ -25,13 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plsh_dist.models import AttentionConfig
-from plsh_dist.models.modes import MODES
+from plsh_dist.models.modes import MODES, OPTION_FIELDS
 
 #: spec name -> AttentionConfig.bias (the vocabulary is :data:`plsh_dist.models.modes.MODES`)
 _BIAS_OF = {name: m.bias for m in MODES.values() for name in (m.spec, *m.aliases)}
 #: option name in a spec -> AttentionConfig field
-_OPTION_FIELD = {"s": "num_samples", "num_samples": "num_samples", "sigma": "sigma", "sampler": "sampler",
-                 "w": "window", "window": "window", "rope": "rope", "chunk": "chunk_size", "c": "truncate_c"}
+_OPTION_FIELD = OPTION_FIELDS
 _INT_FIELDS = ("num_samples", "window", "chunk_size")
 _VALID_OPTIONS = {m.bias: m.options for m in MODES.values()}
 #: What a usage line shows for an option's value.

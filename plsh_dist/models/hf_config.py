@@ -47,6 +47,7 @@ import transformers
 
 from plsh_dist.models.build import model_with_weights, register_model_types, set_attention_mode
 from plsh_dist.models.config import AttentionConfig, ModelConfig
+from plsh_dist.models.modes import MODES, OPTION_FIELDS
 from plsh_dist.models.remote_code import MODEL_MODULES, auto_map, write_remote_code
 from plsh_dist.models.runtime import AttentionRuntime
 
@@ -296,22 +297,51 @@ def _resolve_device(device_map) -> torch.device:
                      "plsh_dist models are not split across devices at load time")
 
 
+def _mode_spec(run_attn: dict, attn: AttentionConfig) -> str:
+    """The launchers' ``--mode`` spec of ``attn``'s bias with the fields that differ from the run's
+    (``plsh:s=8``), for the refusal of an edited config.json."""
+    mode = MODES.get(attn.bias)
+    if mode is None:
+        return "MODE"
+    opts = []
+    for field, value in attn.to_dict().items():
+        key = next((o for o in mode.options if OPTION_FIELDS.get(o) == field), None)
+        if key and run_attn.get(field) != value and isinstance(value, (bool, int, float, str)):
+            opts.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
+    return ":".join([mode.spec, *opts])
+
+
 def _compare_with_run(run_table: dict, resolved: str, directory: Path, model_cfg: ModelConfig,
                       attn: AttentionConfig, seed: dict) -> None:
+    """ValueError when ``config.json`` (``model_cfg``, ``attn``, ``seed``) and the run config
+    ``run_table`` saved beside it describe different models. An edit of the attention alone is
+    how one would switch modes by hand: its message names the field and the supported way
+    (``from_pretrained(..., attention=...)``, the launchers' ``--mode``)."""
     try:
         run_model = {k: v for k, v in run_table["model"].items() if k != "init_from"}
         run_attn, run_seed = run_table["attention"], run_table["run"]["seed"]
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{resolved}: not a resolved run config (no {exc}); delete it or {_CONVERT}") from None
-    diffs = [f"model.{k}: {run_model.get(k)!r} vs {v!r}" for k, v in model_cfg.to_dict().items()
-             if run_model.get(k) != v]
-    diffs += [f"attention.{k}: {run_attn.get(k)!r} vs {v!r}" for k, v in attn.to_dict().items()
-              if run_attn.get(k) != v]
+    config_json = directory / "config.json"
+    both = f"in {Path(resolved).name}, {{!r}} in {config_json.name}"
+    model_diffs = [f"model.{k}: {run_model.get(k)!r} " + both.format(v) for k, v in model_cfg.to_dict().items()
+                   if run_model.get(k) != v]
+    edited = {k: v for k, v in attn.to_dict().items() if run_attn.get(k) != v}
+    attn_diffs = [f"attention.{k}: {run_attn.get(k)!r} " + both.format(v) for k, v in edited.items()]
     if run_seed != seed["run_seed"]:
-        diffs.append(f"run.seed vs hash_seed.run_seed: {run_seed!r} vs {seed['run_seed']!r}")
-    if diffs:
-        raise ValueError(f"{resolved} and {directory / 'config.json'} describe different models "
-                         f"({'; '.join(diffs[:6])}); one of them was edited by hand: {_CONVERT}")
+        model_diffs.append(f"run.seed vs hash_seed.run_seed: {run_seed!r} " + both.format(seed["run_seed"]))
+    if model_diffs:
+        raise ValueError(f"{resolved} and {config_json} describe different models "
+                         f"({'; '.join((model_diffs + attn_diffs)[:6])}); one of them was edited by hand: {_CONVERT}")
+    if attn_diffs:
+        raise ValueError(
+            f"{resolved} and {config_json} describe different models ({'; '.join(attn_diffs[:6])}): "
+            f"config.json's {SECTION}.attention was edited, but it must state the attention the weights were "
+            f"trained with. To run them under another attention, restore config.json and choose the mode when "
+            f"loading: AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True, attention={edited!r}) "
+            f"(a dict of attention fields or an AttentionConfig; plsh_dist.checkpoint.loading.load_model takes "
+            f"attention= too); launchers/generate.py --mode {_mode_spec(run_attn, attn)} "
+            f"(launchers/evaluate.py --modes)")
 
 
 def check_against_run(config: Any, run_table: dict, directory: str | Path):
@@ -353,21 +383,43 @@ def _check_tokenizer(directory: Path, model_cfg: ModelConfig) -> None:
                                      f"([tokenizer].model_path) into {directory}")
 
 
+def _chosen_attention(trained: AttentionConfig, attention) -> AttentionConfig:
+    """``from_pretrained``'s ``attention``: None (the trained mode), an ``AttentionConfig``, or a
+    dict of fields that replace the trained config's (``{"bias": "alibi"}``)."""
+    if attention is None:
+        return trained
+    if isinstance(attention, AttentionConfig):
+        return attention
+    if isinstance(attention, dict):
+        try:
+            return AttentionConfig.from_dict({**trained.to_dict(), **attention})
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"from_pretrained(attention={attention!r}): {exc}") from None
+    raise ValueError(f"from_pretrained(attention=...) takes a dict of attention fields ({{'bias': 'alibi'}}) or "
+                     f"a plsh_dist.models.AttentionConfig, got {type(attention).__name__}")
+
+
 def load_pretrained(path: str | Path, *, config=None, dtype=None, torch_dtype=None, device_map=None, device=None,
-                    attn_implementation: str | None = None, use_safetensors: bool | None = None, **kwargs):
+                    attn_implementation: str | None = None, use_safetensors: bool | None = None,
+                    attention: AttentionConfig | dict | None = None, **kwargs):
     """A plsh_dist export directory -> the model training-time evaluation builds (eval mode).
 
-    What ``AutoModelForCausalLM.from_pretrained(dir)`` runs after ``import plsh_dist.models``.
-    ``dtype``/``torch_dtype``: default float32 (``"auto"``: the saved dtype);
-    ``device_map``/``device``: one device (default CPU); ``attn_implementation``
-    may only be ``"plsh_dist"`` (another would drop the trained positional bias:
-    switch modes with ``set_attention_mode`` instead). Hub arguments are ignored
-    (local directories only). Raises ValueError naming the file and field.
+    What ``AutoModelForCausalLM.from_pretrained(dir)`` runs after ``import plsh_dist.models``
+    (or with ``trust_remote_code=True``). ``attention``: run the weights under another
+    attention mode, a dict of ``AttentionConfig`` fields replacing the trained ones
+    (``{"bias": "alibi"}``, ``{"num_samples": 16}``) or a whole ``AttentionConfig``; the
+    hash seed stays the export's, and ``config.json`` must still state the trained mode
+    (an edited one is refused, naming this keyword). ``dtype``/``torch_dtype``: default
+    float32 (``"auto"``: the saved dtype); ``device_map``/``device``: one device (default
+    CPU); ``attn_implementation`` may only be ``"plsh_dist"`` (another would drop the
+    trained positional bias: choose the mode with ``attention`` instead). Hub arguments
+    are ignored (local directories only). Raises ValueError naming the file and field.
     """
     unknown = sorted(set(kwargs) - _IGNORED)
     if unknown:
         raise ValueError(f"from_pretrained of a plsh_dist model does not support {unknown}; supported: dtype, "
-                         f"device_map (one device), attn_implementation='plsh_dist'")
+                         f"device_map (one device), attention (a dict of attention fields or an AttentionConfig), "
+                         f"attn_implementation='plsh_dist'")
     if use_safetensors is False:
         raise ValueError("plsh_dist exports are safetensors only; drop use_safetensors=False")
     directory = Path(path)
@@ -388,8 +440,9 @@ def load_pretrained(path: str | Path, *, config=None, dtype=None, torch_dtype=No
         raise ValueError(
             f"{source}: this model was trained with plsh_dist attention (bias={attn.bias}, rope={attn.rope}); "
             f"attn_implementation={attn_implementation!r} would run it without that positional bias. Load it "
-            f"as is and switch modes with plsh_dist.models.set_attention_mode(model, AttentionConfig(...))")
+            f"with attention={{'bias': 'alibi'}} (or another mode) instead to run it under another attention")
     _check_resolved(directory, model_cfg, attn, seed)
+    attn = _chosen_attention(attn, attention)
     _check_tokenizer(directory, model_cfg)
     state = read_safetensors_dir(directory, what="export")
     dtype = _resolve_dtype(dtype if dtype is not None else torch_dtype, config)

@@ -48,5 +48,9 @@ MODES: dict[str, AttentionMode] = {m.bias: m for m in (
                   "exact ALiBi on a window per head, w_h = ceil(c * sigma_h)"),
 )}
 
+#: An evaluation spec's option -> the ``AttentionConfig`` field it sets.
+OPTION_FIELDS = {"s": "num_samples", "num_samples": "num_samples", "sigma": "sigma", "sampler": "sampler",
+                 "w": "window", "window": "window", "rope": "rope", "chunk": "chunk_size", "c": "truncate_c"}
+
 #: The values ``[attention].bias`` accepts.
 BIASES = tuple(MODES)

@@ -114,3 +114,21 @@ def test_dataset_name_path(tmp_path, tiny_tokenizer):
     assert train.num_docs == 2 and report.counts == {"empty": 1}
     val = load_token_stream(sources["val"], cfg, tiny_tokenizer)
     assert val.num_docs == 1 and val.path != train.path
+
+
+def test_save_to_disk_directories_are_read_with_load_from_disk(tmp_path):
+    """A Dataset's directory is its one split ``train``; a DatasetDict's split is picked by name; a split
+    either lacks is refused naming the splits there are."""
+    import datasets
+
+    ds = datasets.Dataset.from_dict({"text": ["a doc", "", "another doc"]})
+    ds.save_to_disk(str(tmp_path / "one"))
+    datasets.DatasetDict({"train": ds, "validation": ds.select([2])}).save_to_disk(str(tmp_path / "dict"))
+    report = BadDataReport()
+    assert list(iter_documents(dataset_name=str(tmp_path / "one"), report=report)) == ["a doc", "another doc"]
+    assert report.counts == {"empty": 1}
+    assert list(iter_documents(dataset_name=str(tmp_path / "dict"), split="validation")) == ["another doc"]
+    with pytest.raises(ValueError, match=r"split 'test' is not in the save_to_disk directory .*\['train', 'validation'\]"):
+        list(iter_documents(dataset_name=str(tmp_path / "dict"), split="test"))
+    with pytest.raises(ValueError, match="holds one Dataset .*read as split 'train'.*unset \\[data\\].val_split"):
+        list(iter_documents(dataset_name=str(tmp_path / "one"), split="validation"))

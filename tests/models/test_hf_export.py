@@ -357,3 +357,44 @@ def test_config_json_agrees_with_generation_config(corpus, tmp_path):
     for key in ("bos_token_id", "eos_token_id", "pad_token_id", "use_cache"):
         assert table[key] == gen[key], (key, table[key], gen[key])
     assert (table["eos_token_id"], table["pad_token_id"], table["use_cache"]) == (2, 3, True)
+
+
+def test_attention_is_chosen_at_load_time_and_an_edited_config_json_is_refused(corpus, tmp_path):
+    """The supported way to run an export under another attention is a keyword of from_pretrained
+    (with trust_remote_code, as a user without our import loads it): the same weights, the chosen mode,
+    equal to set_attention_mode on the trained model. Editing config.json's plsh_dist section instead
+    (bias plsh -> alibi) is refused with one message naming the field and the keyword: a ValueError from
+    Python, exit 2 and no traceback from generate.py, whose --mode is the launchers' way."""
+    import dataclasses
+
+    from plsh_dist.models import AttentionConfig, set_attention_mode
+
+    out = _export(corpus, tmp_path / "final")
+    ids = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(4))
+    trained = load_model(out)
+    alibi_cfg = dataclasses.replace(trained.trained_attention, bias="alibi")
+    ref = set_attention_mode(trained.model, alibi_cfg)
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    for attention in ({"bias": "alibi"}, alibi_cfg):
+        model = load(str(out), trust_remote_code=True, attention=attention)
+        assert model.config.plsh_dist["attention"] == alibi_cfg.to_dict()
+        with torch.no_grad():
+            assert torch.equal(model(input_ids=ids).logits, ref(input_ids=ids).logits)
+    with pytest.raises(ValueError, match=r"attention=\{'bais': 'alibi'\}.*unknown keys \['bais'\]"):
+        load(str(out), trust_remote_code=True, attention={"bais": "alibi"})
+
+    edited = _edit(out, tmp_path / "edited", lambda t: t["plsh_dist"]["attention"].update(bias="alibi"))
+    fix = "attention={'bias': 'alibi'}"
+    for loader in (lambda d: load(str(d), trust_remote_code=True), load_model):
+        with pytest.raises(ValueError) as info:
+            loader(edited)
+        msg = str(info.value)
+        assert "attention.bias: 'plsh' in config.resolved.json, 'alibi' in config.json" in msg, msg
+        assert fix in msg and "--mode alibi" in msg, msg
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(ROOT / "launchers" / "generate.py"), "--checkpoint", str(edited),
+                           "--prompt", "def f(", "--max-new-tokens", "2"], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and done.stderr.count("generate: error:") == 1, done.stderr
+    assert "attention.bias" in done.stderr and "--mode alibi" in done.stderr, done.stderr

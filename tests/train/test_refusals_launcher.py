@@ -115,6 +115,32 @@ def test_file_builder_reads_data_files(tiny_data, tmp_path):
     assert len((out / "metrics.jsonl").read_text().splitlines()) >= 1
 
 
+@pytest.mark.parametrize("layout", ["Dataset", "DatasetDict"])
+def test_save_to_disk_directory_trains(tiny_data, tmp_path, layout):
+    """A ``save_to_disk`` directory as ``--data.dataset_name``, read with ``load_from_disk``: a ``Dataset``'s
+    (one split, read as ``train``; ``load_dataset`` asked for ``load_from_disk`` and the run exited 2) or a
+    ``DatasetDict``'s ``train`` split, ``--data.val_split`` picking its validation split: one step."""
+    import datasets
+
+    out, saved = tmp_path / "run", tmp_path / "saved"
+    train = next(o for o in tiny_data if o.startswith("--data.train_files="))[len("--data.train_files=['"):-2]
+    docs = datasets.load_dataset("json", data_files=[train], split="train", cache_dir=str(tmp_path / "hf"))
+    extra = []
+    if layout == "Dataset":
+        docs.save_to_disk(str(saved))
+    else:
+        datasets.DatasetDict({"train": docs, "validation": docs.select(range(8))}).save_to_disk(str(saved))
+        extra = ["--data.val_split=validation"]
+    overrides = _without_files(base_overrides(tiny_data, out, f"--data.dataset_name={saved}", *extra,
+                                              "--run.max_steps=1", f"--data.cache_dir={tmp_path / 'cache'}"))
+    proc = _launch(tmp_path, overrides, "save_to_disk")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert len((out / "metrics.jsonl").read_text().splitlines()) >= 1
+    # The token caches built: the train split's 24 documents, and the 8 of the DatasetDict's validation split.
+    docs_cached = sorted(json.loads(m.read_text())["num_docs"] for m in (tmp_path / "cache").glob("*/meta.json"))
+    assert docs_cached == ([24] if layout == "Dataset" else [8, 24]), docs_cached
+
+
 def _checkpoint_of(config_overrides: list[str], out: Path, step: int) -> None:
     """A run's record and a checkpoint tag as a run with ``config_overrides`` leaves them
     (the refusal comes before any weight is read, so no shard is needed)."""
