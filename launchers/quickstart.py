@@ -88,7 +88,12 @@ def main() -> int:
     cmd = [*_deepspeed_cmd(), "--num_gpus", str(args.nproc), "--master_port", str(free_port()),
            str(ROOT / "launchers" / "pretrain.py"), "--config", args.config, *overrides]
     print("      " + " ".join(cmd), flush=True)
-    rc = subprocess.call(cmd, env=env, cwd=os.getcwd())
+    try:
+        rc = subprocess.call(cmd, env=env, cwd=os.getcwd())
+    except KeyboardInterrupt:  # Ctrl-C reached the whole process group: the ranks checkpoint their step
+        print(f"interrupted (Ctrl-C): the ranks write their step's checkpoint to {out_dir / 'checkpoints'} and "
+              f"stop (docs/training.md, Ctrl-C under the deepspeed launcher)", file=sys.stderr)
+        return 130
     if rc != 0:
         kept = f"; the previous run is kept at {previous}" if previous is not None else ""
         print(f"training failed (exit {rc}){kept}", file=sys.stderr)
