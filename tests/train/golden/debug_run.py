@@ -100,6 +100,21 @@ def pinned_environment():
                 os.environ[k] = v
 
 
+# The bf16 debug runs the golden file pins (its "bf16" section): every ZeRO stage with fp32 master
+# weights, and the paper's precision (bf16 master weights, ZeRO 1). Without gradient clipping: the
+# clip coefficient takes DeepSpeed's square root of the norm, whose last bit follows the CPU model
+# (MKL's vector math, results/cpu_paths), and in bf16 one ulp of it moves the losses by up to 6.5e-5
+# within 5 steps (the updates round to other bf16 weights); unclipped, it reaches the logged norm only.
+_BF16 = ["--deepspeed.precision=bf16", "--optim.grad_clip=0.0"]
+BF16_RUNS = {
+    "zero0": [*_BF16, "--deepspeed.zero_stage=0"],
+    "zero1": [*_BF16, "--deepspeed.zero_stage=1"],
+    "zero2": [*_BF16, "--deepspeed.zero_stage=2"],
+    "zero3": [*_BF16, "--deepspeed.zero_stage=3"],
+    "zero1_bf16_masters": [*_BF16, "--deepspeed.zero_stage=1", "--deepspeed.master_weights=bf16"],
+}
+
+
 def record(run: dict) -> dict:
     """The pinned figures of one run, as the golden file keeps them."""
     return {k: run[k] for k in ("losses", "grad_norms", "val_loss")}
