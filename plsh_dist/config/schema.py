@@ -58,6 +58,10 @@ def _choice(section: str, name: str, value: Any, choices: tuple) -> None:
         raise ValueError(f"[{section}].{name} = {value!r} is invalid; choose one of {list(choices)}")
 
 
+#: The values ``[run].compile`` accepts.
+COMPILE_BACKENDS = ("off", "inductor", "aot_eager")
+
+
 @dataclass
 class RunSection:
     """What the run is and where it writes."""
@@ -72,9 +76,16 @@ class RunSection:
     """Optimizer steps to train (each = grad_accum_steps micro-batches on every DP rank)."""
     device: str = "auto"
     """auto (cuda if available, else cpu) | cpu | cuda."""
+    compile: str = "off"
+    """Compile each decoder layer on its own before DeepSpeed wraps the model, as torchtitan does
+    (``layer.compile(fullgraph=True)``: one graph per layer, the attention one custom op in it,
+    ``plsh_dist.ops.custom_ops``): ``"off"``, ``"inductor"`` (torch.compile's default backend,
+    the speed-up) or ``"aot_eager"`` (traced through dynamo and AOTAutograd, run eagerly: no
+    code generation, for checking a model compiles). The first step pays the compile."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "run")
+        _choice("run", "compile", self.compile, COMPILE_BACKENDS)
         _positive("run", self, "max_steps")
         _positive("run", self, "seed", allow_zero=True)
         _choice("run", "device", self.device, ("auto", "cpu", "cuda"))

@@ -163,8 +163,19 @@ class AttentionBinding:
         return BIAS_FUNCTIONS[self.cfg.bias].decode(self, q, k, v, q_pos, k_pos, scale)
 
 
-@functools.lru_cache(maxsize=64)
-@torch.compiler.assume_constant_result  # a pure function of its arguments: a constant of a compiled graph
+def _graph_constant(fn):
+    """``functools.lru_cache`` whose results a compiled graph takes as constants: dynamo calls the
+    function (a pure function of its hashable arguments) instead of tracing its host code."""
+    cached = functools.lru_cache(maxsize=64)(fn)
+
+    @functools.wraps(fn)
+    def call(*args):
+        return cached(*args)
+
+    return torch.compiler.assume_constant_result(call)
+
+
+@_graph_constant
 def head_scales(sigma: float | None, num_heads: int):
     """Per-head ``(sigma, slopes)`` of a config's ``sigma`` (cached; do not modify).
 
@@ -194,8 +205,7 @@ def alibi_window(cfg: AttentionConfig, num_heads: int):
     return _truncation_window(cfg.truncation_c(), cfg.sigma, num_heads)
 
 
-@functools.lru_cache(maxsize=64)
-@torch.compiler.assume_constant_result
+@_graph_constant
 def _truncation_window(c: float, sigma: float | None, num_heads: int):
     sig, _ = head_scales(sigma, num_heads)
     windows = truncation_windows(c, sig).tolist()

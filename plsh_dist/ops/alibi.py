@@ -398,7 +398,7 @@ def alibi_attention(
         out (B, T, Hq, D) in q's dtype; with ``return_lse`` also lse (B, Hq, T)
         fp32 (fp64 for fp64), not differentiable.
     """
-    window = check_window(window, q.shape[2]) if not isinstance(window, torch.Tensor) else window
+    window = check_window(window, q.shape[2])  # a tensor's values are read here (pass a tuple to compile)
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
     if cu_seqlens is None and window is not None and chunk_size is None and triton_cuda(q.device, q.dtype):

@@ -26,8 +26,8 @@ the window from a list of ints. Positions and documents: ``positions`` and
 transformers' raw ``position_ids`` and packed offsets, laid out inside the op
 (:func:`~plsh_dist.ops.documents.layout_of_position_ids`).
 
-The autograd formula saves q, k, v, out, lse and the small integer / float tensors
-above (positions, offsets, seed, sigma or slopes), nothing per sample; the backward
+The autograd formula saves q, k, v, out, lse and keeps the small host tensors above
+(positions, offsets, seed, sigma or slopes) as parameters, nothing per sample; the backward
 op rebuilds the hash and the layouts and calls the strategy's backward (or
 :func:`~plsh_dist.ops.alibi.alibi_backward`). These ops are layer 2 of the three
 layers (:mod:`plsh_dist.ops.plsh`, :mod:`plsh_dist.ops.alibi`): they only dispatch.
@@ -66,24 +66,21 @@ def _fake_backward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Ten
 
 
 def _register_autograd(op, backward_op) -> None:
-    """``op(q, k, v, *params) -> (out, lse)``'s autograd: saves q, k, v, out, lse and the params'
-    tensors; backward is ``backward_op(dout, q, k, v, out, lse, *params) -> (dq, dk, dv)``."""
+    """``op(q, k, v, *params) -> (out, lse)``'s autograd: saves q, k, v, out, lse (the only activations
+    saved) and keeps the params (small host tensors among them: positions, offsets, seed, sigma or
+    slopes); backward is ``backward_op(dout, q, k, v, out, lse, *params) -> (dq, dk, dv)``."""
 
     def setup_context(ctx, inputs, output):
         q, k, v, *params = inputs
         out, lse = output
         ctx.mark_non_differentiable(lse)
-        tensors = [i for i, p in enumerate(params) if isinstance(p, Tensor)]
-        ctx.save_for_backward(q, k, v, out, lse, *(params[i] for i in tensors))
-        ctx.params, ctx.tensor_params = params, tensors
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.params = params
 
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, *saved = ctx.saved_tensors
-        params = list(ctx.params)
-        for i, t in zip(ctx.tensor_params, saved):
-            params[i] = t
-        dq, dk, dv = backward_op(dout.contiguous(), q, k, v, out, lse, *params)
-        return (dq, dk, dv) + (None,) * len(params)
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = backward_op(dout.contiguous(), q, k, v, out, lse, *ctx.params)
+        return (dq, dk, dv) + (None,) * len(ctx.params)
 
     op.register_autograd(backward, setup_context=setup_context)
 

@@ -11,9 +11,10 @@ Three layers, as flash-attention's interface:
 2. the custom op ``plsh_dist::block_attention`` and its autograd formula
    (:mod:`plsh_dist.ops.custom_ops`): saves q, k, v, out, lse only (not per sample),
    rebuilds the hash from its seed and calls the strategy, so
-   ``torch.compile(fullgraph=True)`` keeps one graph. A strategy whose backward
-   reuses what its forward saved on the host (the CUDA varlen calls) runs through
-   ``PLSHAttentionFunction`` instead, which keeps that too (eager only);
+   ``torch.compile(fullgraph=True)`` keeps one graph. Eager, a strategy whose
+   backward reuses what its forward saved (the CUDA varlen calls, the fused
+   kernel's band tables) runs through ``PLSHAttentionFunction`` instead, which
+   keeps that too;
 3. ``plsh_attention`` / ``fixed_blocks_attention``: the public functions.
 
 Single process only: nothing here communicates.
@@ -30,6 +31,7 @@ from plsh_dist.ops.backends import choose_strategy
 from plsh_dist.ops.documents import Documents, flat_documents, flatten_rows, on_flat_row, unflatten_rows
 from plsh_dist.ops.head_groups import head_groups
 from plsh_dist.ops.plsh_varlen import VarlenPerSample
+from plsh_dist.ops.triton_onepass import TritonOnePass
 from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_for
 
 
@@ -188,15 +190,15 @@ def _sigma_tensor(sigma) -> torch.Tensor:
     return torch.tensor(list(sigma), dtype=torch.float64)
 
 
-def _keeps_host_state(backend, method, device, dtype, num_samples: int) -> bool:
-    """Whether the table's strategy for this call saves host state for its backward (the CUDA varlen
-    calls; they run through :class:`PLSHAttentionFunction`), or answers without gradients (FlexOnePass:
-    backend "flex"). No such strategy runs on a CPU (nor is picked under ``torch.compile``)."""
-    if str(getattr(backend, "value", backend)) == "flex":
-        return True
-    if device.type != "cuda" or torch.compiler.is_compiling():
+def _keeps_host_state(backend, method, device, dtype, num_samples: int, out_only: bool) -> bool:
+    """Whether the table's strategy for this eager call keeps host state from its forward for its
+    backward (the CUDA varlen calls, the fused kernel's band tables: :class:`PLSHAttentionFunction`
+    keeps them, so backward neither syncs nor rebuilds) or answers without gradients (an output-only
+    strategy). Compiled, every strategy runs in the custom op (backward rebuilds what it needs)."""
+    if torch.compiler.is_compiling():
         return False
-    return isinstance(choose_strategy(backend, method, device, dtype, num_samples), VarlenPerSample)
+    strategy = choose_strategy(backend, method, device, dtype, num_samples, out_only=out_only)
+    return isinstance(strategy, (VarlenPerSample, TritonOnePass)) or hasattr(strategy, "attend")
 
 
 def _block_attention(q, k, v, sigma, hash_args, positions, causal, softmax_scale, backend, method, return_lse,
@@ -204,7 +206,8 @@ def _block_attention(q, k, v, sigma, hash_args, positions, causal, softmax_scale
     """``hash_args`` = (num_samples, seed, sampler, fixed): the hash :func:`plsh_attention` (fixed: the
     fixed blocks) describes."""
     num_samples, seed, sampler, fixed = hash_args
-    if _keeps_host_state(backend, method, q.device, q.dtype, num_samples):
+    out_only = not (return_lse or torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)))
+    if _keeps_host_state(backend, method, q.device, q.dtype, num_samples, out_only):
         lsh = FixedBlocks(sigma) if fixed else PositionalLSH(sigma, num_samples, int(seed), sampler)
         return _function_attention(q, k, v, lsh, positions, causal, softmax_scale, backend, method, return_lse,
                                    cu_seqlens)
