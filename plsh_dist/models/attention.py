@@ -51,6 +51,15 @@ every cached key under the same bias and hash seed rule as a full forward
 gives one full forward's logits. Packed documents and sequence parallelism
 are refused with a cache.
 
+Compiled (``torch.compile`` of a decoder layer, ``models.compile_layers``): a full
+forward on the single-process ops calls the custom ops of :mod:`plsh_dist.ops.custom_ops`
+directly with the raw ``position_ids`` and packed offsets, laid out inside the op (the
+layout reads host integers, which would break the graph; the positions cache is not
+used), the hash seed as a tensor (``plsh_dist::layer_seed`` of the seed context's step
+tensor and the layer's index tensor: one graph for every step and every layer), and the
+per-head constants (:func:`head_scales`, the truncation windows) as graph constants.
+Padded batches, KV-cache steps and sequence parallelism are not compiled paths.
+
 Legend: B batch, T tokens (this rank's), Hq query heads, Hkv key/value
 heads, D head dim.
 """
@@ -70,11 +79,10 @@ from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
 from plsh_dist.models.config import AttentionConfig
 from plsh_dist.models.modes import BIASES
 from plsh_dist.models.runtime import AttentionRuntime
-from plsh_dist.ops import decode as decode_ops
-from plsh_dist.ops.alibi import truncation_windows
-from plsh_dist.ops.backends import choose_strategy
 from plsh_dist.ops import custom_ops
-from plsh_dist.ops.alibi import window_list
+from plsh_dist.ops import decode as decode_ops
+from plsh_dist.ops.alibi import truncation_windows, window_list
+from plsh_dist.ops.backends import choose_strategy
 from plsh_dist.ops.documents import layout_of_position_ids
 
 #: Name under which transformers finds our attention (``config._attn_implementation``).
@@ -138,6 +146,12 @@ class AttentionBinding:
     layer: int
     ops: Any = None
     positions: PositionsCache | None = field(default=None, compare=False, repr=False)
+    layer_index: torch.Tensor = field(init=False, compare=False, repr=False)
+    """``layer`` as an int64 scalar tensor: what a compiled layer reads, so the layers of a model share
+    one compiled graph instead of one each (an int would be a constant of the graph)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layer_index", torch.tensor(self.layer, dtype=torch.int64))
 
     def seed(self) -> int:
         """The hash seed of this layer in the seed context's current step (``fixed_masks``:
@@ -148,7 +162,7 @@ class AttentionBinding:
         """:meth:`seed` as an int64 scalar tensor computed by the op ``plsh_dist::layer_seed`` from the seed
         context's step tensor: a compiled graph reads the step as an input, so a new step is a new
         value, not a new graph."""
-        return self.runtime.layer_seed_tensor(self.layer, self.cfg.fixed_masks)
+        return self.runtime.layer_seed_tensor(self.layer_index, self.cfg.fixed_masks)
 
     def forward(self, q, k, v, positions, scale, cu_seqlens=None) -> torch.Tensor:
         """q (B, T, Hq, D), k/v (B, T, Hkv, D) -> (B, T, Hq, D) under ``cfg.bias``, computed by ``ops``."""

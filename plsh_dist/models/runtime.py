@@ -110,9 +110,10 @@ class AttentionRuntime:
             return hash_seed(self.run_seed, 0, 0, layer)
         return hash_seed(self.run_seed, self.step, self.micro_step, layer)
 
-    def layer_seed_tensor(self, layer: int, fixed_masks: bool = False) -> torch.Tensor:
-        """:meth:`layer_seed` as an int64 scalar tensor, by the op ``plsh_dist::layer_seed`` from
-        :attr:`steps` (``fixed_masks``: from zeros), so ``torch.compile`` does not bake the step in."""
+    def layer_seed_tensor(self, layer: torch.Tensor, fixed_masks: bool = False) -> torch.Tensor:
+        """:meth:`layer_seed` of ``layer`` (an int64 scalar tensor) as an int64 scalar tensor, by the op
+        ``plsh_dist::layer_seed`` from :attr:`steps` (``fixed_masks``: from zeros), so ``torch.compile``
+        bakes neither the step nor the layer into a graph."""
         from plsh_dist.ops.custom_ops import layer_seed, signed64
 
         steps = torch.zeros(2, dtype=torch.int64) if fixed_masks else self.steps

@@ -44,6 +44,7 @@ from plsh_dist.hashing import FixedBlocks, PositionalLSH
 from plsh_dist.ops import alibi, plsh
 from plsh_dist.ops.documents import backward_on_flat_row, layout_of_position_ids, on_flat_row
 from plsh_dist.ops.merge import accum_dtype
+from plsh_dist.ops.plsh_varlen import VarlenPerSample
 from plsh_dist.splitmix import MASK64, hash_seed
 
 NAMESPACE = "plsh_dist"
@@ -127,6 +128,11 @@ def block_attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
     pos, scale, strategy, docs = plsh.check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method,
                                                             cu_seqlens)
     kw = dict(causal=causal, scale=scale)
+    if isinstance(strategy, VarlenPerSample):
+        # its backward takes the forward's varlen calls (host integers), which an op cannot keep: they are
+        # remade by running the forward again (compiled CUDA per-sample only; eager keeps them)
+        kw["saved"] = (strategy.forward(q, k, v, lsh, pos, **kw) if docs is None else
+                       on_flat_row(strategy.forward, q, k, v, lsh, pos, docs=docs, **kw))[2]
     if docs is None:
         grads = strategy.backward(dout, q, k, v, out, lse, lsh, pos, **kw)
     else:
@@ -202,11 +208,12 @@ _register_autograd(alibi_attention, alibi_attention_backward)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::layer_seed", mutates_args=())
-def layer_seed(steps: Tensor, run_seed: int, layer: int) -> Tensor:
+def layer_seed(steps: Tensor, run_seed: int, layer: Tensor) -> Tensor:
     """``hash_seed(run_seed, step, micro_step, layer)`` as an int64 scalar tensor (CPU), from ``steps``
-    = LongTensor[2] ``(step, micro_step)`` (``run_seed`` taken mod 2^64, as ``hash_seed`` does)."""
+    = LongTensor[2] ``(step, micro_step)`` and ``layer`` (int64 scalar; tensors, so a compiled graph
+    serves every step and layer; ``run_seed`` taken mod 2^64, as ``hash_seed`` does)."""
     step, micro_step = steps.tolist()
-    return torch.tensor(hash_seed(run_seed & MASK64, step, micro_step, layer), dtype=torch.int64)
+    return torch.tensor(hash_seed(run_seed & MASK64, step, micro_step, int(layer)), dtype=torch.int64)
 
 
 @layer_seed.register_fake

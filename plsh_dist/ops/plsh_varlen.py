@@ -159,9 +159,9 @@ class VarlenPerSample:
         return varlen_forward(q, k, v, lsh, positions, causal=causal, scale=scale, kernel=self.kernel, docs=docs)
 
     def backward(self, dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, saved=None):
-        """``(dq, dk, dv)`` with what the forward saved; without it (the custom op, which keeps tensors
-        only: a compiled model) the forward runs again for its varlen calls."""
+        """``(dq, dk, dv)`` with what the forward saved."""
         if saved is None:
-            saved = self.forward(q, k, v, lsh, positions, causal=causal, scale=scale, docs=docs)[2]
+            raise ValueError("the varlen strategy's backward needs what its forward saved "
+                             "(the third value forward returns)")
         return varlen_backward(dout, q, k, v, out, lse, lsh, positions, causal=causal, scale=scale,
                                kernel=self.kernel, saved=saved)

@@ -18,7 +18,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 from plsh_dist import ops
 from plsh_dist.hashing import alibi_slopes
-from plsh_dist.models import build_model, get_runtime, presets
+from plsh_dist.models import build_model, compile_layers, get_runtime, presets
 from plsh_dist.models.config import AttentionConfig
 from plsh_dist.models.runtime import AttentionRuntime
 from tests.tolerances import FP32
@@ -147,3 +147,66 @@ def test_public_ops_compile_with_fullgraph():
             out.pow(2).sum().backward()
             results.append([out.detach(), lse, q.grad, k.grad, v.grad])
         _assert_close(results[1], results[0])
+
+
+@pytest.mark.parametrize("name", ["plsh_onepass", "truncated"])
+def test_compiled_layers_share_one_graph(name):
+    """compile_layers: every decoder layer compiled in place, one graph for all of them (the layer
+    index and the step are inputs, not constants: a model of many layers stays under dynamo's
+    recompile limit), logits and gradients as eager's."""
+    torch.manual_seed(0)
+    model = build_model(presets["tiny"], AttentionConfig(**BIASES[name]), AttentionRuntime(run_seed=1))
+    ids = torch.randint(0, 512, (B, T))
+    position_ids = torch.arange(T)[None].repeat(B, 1)
+
+    def logits_and_grads():
+        model.zero_grad()
+        logits = model(input_ids=ids, position_ids=position_ids).logits
+        logits.pow(2).mean().backward()
+        return [logits.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    runtime = get_runtime(model)
+    eager = []
+    for step in (0, 1):
+        with runtime.at(step):
+            eager.append(logits_and_grads())
+    counter = CompileCounterWithBackend("aot_eager")
+    compile_layers(model, counter)
+    for step in (0, 1):
+        with runtime.at(step):
+            _assert_close(logits_and_grads(), eager[step])
+    assert counter.frame_count == 1
+    assert not torch.equal(eager[0][0], eager[1][0]) or name == "truncated"
+
+
+@pytest.mark.parametrize("documents", [False, True])
+def test_op_backward_remakes_the_varlen_calls(monkeypatch, documents):
+    """The CUDA per-sample strategy keeps its varlen calls from forward to backward; the op keeps
+    tensors only, so its backward makes them again (run here on the CPU reference provider):
+    gradients equal those of the autograd Function that keeps them."""
+    from plsh_dist.ops import plsh as plsh_module
+    from plsh_dist.ops import custom_ops
+    from plsh_dist.ops.backends import VARLEN_REFERENCE
+    from plsh_dist.ops.documents import flat_documents, on_flat_row
+    from plsh_dist.hashing import PositionalLSH
+
+    monkeypatch.setattr(plsh_module, "choose_strategy", lambda *a, **kw: VARLEN_REFERENCE)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 30, H, 8, generator=g, dtype=torch.float64, requires_grad=True) for H in (2, 1, 1))
+    cu = torch.tensor([0, 12, 30, 41, 60], dtype=torch.int32) if documents else None
+    sigma = torch.tensor([3.0, 7.0], dtype=torch.float64)
+    out, _ = custom_ops.block_attention(q, k, v, None, cu, torch.tensor(4), sigma, 3, "iid", False, True, None,
+                                        "auto", "auto", False)
+    got = torch.autograd.grad(out.pow(2).sum(), (q, k, v))
+    lsh = PositionalLSH(sigma, 3, 4)
+    if documents:
+        docs = flat_documents(None, cu, 2, 30)
+        ref, _ = on_flat_row(plsh_module.PLSHAttentionFunction.apply, q, k, v, lsh, docs.positions, True, 8**-0.5,
+                             VARLEN_REFERENCE, docs)
+    else:
+        ref, _ = plsh_module.PLSHAttentionFunction.apply(q, k, v, lsh, torch.arange(30), True, 8**-0.5,
+                                                         VARLEN_REFERENCE)
+    want = torch.autograd.grad(ref.pow(2).sum(), (q, k, v))
+    assert torch.equal(out, ref)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
