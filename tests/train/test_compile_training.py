@@ -16,9 +16,10 @@ import pytest
 from tests.train.conftest import base_overrides
 from tests.train.spawn import run_training
 
-# AOTAutograd runs the layers' aten decompositions: sums in another order than eager's modules
-# (measured: losses within 1e-6 relative, gradient norms within 1e-5 over 4 steps).
-COMPILED_REL = 1e-4
+# Measured (torch 2.13, CPU): aot_eager gives eager's losses, gradient norms and validation loss to
+# the bit; the tolerance leaves room for AOTAutograd decomposing an op in another summation order
+# (GOLDEN_REL of the golden-loss test is 3e-6 for the same reason across CPUs).
+COMPILED_REL = 1e-6
 
 
 def test_compiled_layers_train_as_eager(tiny_data, tmp_path):
