@@ -58,6 +58,10 @@ def _choice(section: str, name: str, value: Any, choices: tuple) -> None:
         raise ValueError(f"[{section}].{name} = {value!r} is invalid; choose one of {list(choices)}")
 
 
+#: The values ``[run].compile`` accepts.
+COMPILE_BACKENDS = ("off", "inductor", "aot_eager")
+
+
 @dataclass
 class RunSection:
     """What the run is and where it writes."""
@@ -72,9 +76,16 @@ class RunSection:
     """Optimizer steps to train (each = grad_accum_steps micro-batches on every DP rank)."""
     device: str = "auto"
     """auto (cuda if available, else cpu) | cpu | cuda."""
+    compile: str = "off"
+    """Compile each decoder layer on its own before DeepSpeed wraps the model, as torchtitan does
+    (``layer.compile(fullgraph=True)``: one graph per layer, the attention one custom op in it,
+    ``plsh_dist.ops.custom_ops``): ``"off"``, ``"inductor"`` (torch.compile's default backend,
+    the speed-up) or ``"aot_eager"`` (traced through dynamo and AOTAutograd, run eagerly: no
+    code generation, for checking a model compiles). The first step pays the compile."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "run")
+        _choice("run", "compile", self.compile, COMPILE_BACKENDS)
         _positive("run", self, "max_steps")
         _positive("run", self, "seed", allow_zero=True)
         _choice("run", "device", self.device, ("auto", "cpu", "cuda"))
@@ -327,6 +338,16 @@ class RunConfig:
                 '[attention].backend = "flex" computes the attention output only (PyTorch\'s FlexAttention has no '
                 'CPU backward): training cannot use it; set backend = "auto" (flex is for evaluation and '
                 'generation, where no gradient is taken)')
+        if self.run.compile != "off" and self.memory.activation_checkpointing:
+            raise ValueError(
+                f'[run].compile = "{self.run.compile}" and [memory].activation_checkpointing = true: a compiled '
+                "layer cannot run inside transformers' checkpointing (dynamo refuses the side effect of its "
+                'kernel hub inside torch.utils.checkpoint); set one of them off (compile = "off", or '
+                "activation_checkpointing = false)")
+        if self.run.compile != "off" and sp > 1:
+            raise ValueError(
+                f'[run].compile = "{self.run.compile}" with [parallel].sp_size = {sp}: the sequence-parallel '
+                'attention is not a custom op yet, so a layer would not be one graph; set compile = "off"')
         if world_size is not None:
             check_world_size(world_size, sp)
 

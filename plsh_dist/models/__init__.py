@@ -33,7 +33,7 @@ from plsh_dist.models.build import (
     set_attention_ops,
 )
 from plsh_dist.models.config import BIASES, FAMILIES, AttentionConfig, ModelConfig, presets
-from plsh_dist.models.parallelize import apply_sequence_parallel
+from plsh_dist.models.parallelize import apply_sequence_parallel, compile_layers
 from plsh_dist.models.rope import rope_enabled, set_rope
 from plsh_dist.models.runtime import AttentionRuntime, hash_seed
 from plsh_dist.models.window_cache import window_cache
@@ -52,6 +52,7 @@ __all__ = [
     "set_attention_mode",
     "set_attention_ops",
     "apply_sequence_parallel",
+    "compile_layers",
     "get_runtime",
     "attention_modules",
     "count_parameters",

@@ -51,6 +51,15 @@ every cached key under the same bias and hash seed rule as a full forward
 gives one full forward's logits. Packed documents and sequence parallelism
 are refused with a cache.
 
+Compiled (``torch.compile`` of a decoder layer, ``models.compile_layers``): a full
+forward on the single-process ops calls the custom ops of :mod:`plsh_dist.ops.custom_ops`
+directly with the raw ``position_ids`` and packed offsets, laid out inside the op (the
+layout reads host integers, which would break the graph; the positions cache is not
+used), the hash seed as a tensor (``plsh_dist::layer_seed`` of the seed context's step
+tensor and the layer's index tensor: one graph for every step and every layer), and the
+per-head constants (:func:`head_scales`, the truncation windows) as graph constants.
+Padded batches, KV-cache steps and sequence parallelism are not compiled paths.
+
 Legend: B batch, T tokens (this rank's), Hq query heads, Hkv key/value
 heads, D head dim.
 """
@@ -70,10 +79,11 @@ from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
 from plsh_dist.models.config import AttentionConfig
 from plsh_dist.models.modes import BIASES
 from plsh_dist.models.runtime import AttentionRuntime
+from plsh_dist.ops import custom_ops
 from plsh_dist.ops import decode as decode_ops
-from plsh_dist.ops.alibi import truncation_windows
+from plsh_dist.ops.alibi import truncation_windows, window_list
 from plsh_dist.ops.backends import choose_strategy
-from plsh_dist.ops.documents import cu_seqlens_from_position_ids
+from plsh_dist.ops.documents import layout_of_position_ids
 
 #: Name under which transformers finds our attention (``config._attn_implementation``).
 IMPLEMENTATION = "plsh_dist"
@@ -136,11 +146,23 @@ class AttentionBinding:
     layer: int
     ops: Any = None
     positions: PositionsCache | None = field(default=None, compare=False, repr=False)
+    layer_index: torch.Tensor = field(init=False, compare=False, repr=False)
+    """``layer`` as an int64 scalar tensor: what a compiled layer reads, so the layers of a model share
+    one compiled graph instead of one each (an int would be a constant of the graph)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layer_index", torch.tensor(self.layer, dtype=torch.int64))
 
     def seed(self) -> int:
         """The hash seed of this layer in the seed context's current step (``fixed_masks``:
         step 0's): ``hash_seed(run_seed, step, micro_step, layer)``."""
         return self.runtime.layer_seed(self.layer, self.cfg.fixed_masks)
+
+    def seed_tensor(self) -> torch.Tensor:
+        """:meth:`seed` as an int64 scalar tensor computed by the op ``plsh_dist::layer_seed`` from the seed
+        context's step tensor: a compiled graph reads the step as an input, so a new step is a new
+        value, not a new graph."""
+        return self.runtime.layer_seed_tensor(self.layer_index, self.cfg.fixed_masks)
 
     def forward(self, q, k, v, positions, scale, cu_seqlens=None) -> torch.Tensor:
         """q (B, T, Hq, D), k/v (B, T, Hkv, D) -> (B, T, Hq, D) under ``cfg.bias``, computed by ``ops``."""
@@ -155,7 +177,19 @@ class AttentionBinding:
         return BIAS_FUNCTIONS[self.cfg.bias].decode(self, q, k, v, q_pos, k_pos, scale)
 
 
-@functools.lru_cache(maxsize=64)
+def _graph_constant(fn):
+    """``functools.lru_cache`` whose results a compiled graph takes as constants: dynamo calls the
+    function (a pure function of its hashable arguments) instead of tracing its host code."""
+    cached = functools.lru_cache(maxsize=64)(fn)
+
+    @functools.wraps(fn)
+    def call(*args):
+        return cached(*args)
+
+    return torch.compiler.assume_constant_result(call)
+
+
+@_graph_constant
 def head_scales(sigma: float | None, num_heads: int):
     """Per-head ``(sigma, slopes)`` of a config's ``sigma`` (cached; do not modify).
 
@@ -185,7 +219,7 @@ def alibi_window(cfg: AttentionConfig, num_heads: int):
     return _truncation_window(cfg.truncation_c(), cfg.sigma, num_heads)
 
 
-@functools.lru_cache(maxsize=64)
+@_graph_constant
 def _truncation_window(c: float, sigma: float | None, num_heads: int):
     sig, _ = head_scales(sigma, num_heads)
     windows = truncation_windows(c, sig).tolist()
@@ -213,22 +247,7 @@ def _layout(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, 
     cached = cache.lookup(inputs) if cache is not None else None
     if cached is not None:
         return cached
-    if position_ids is None:
-        result = torch.arange(T), cu_seqlens.to("cpu")
-    else:
-        if position_ids.dim() != 2 or position_ids.shape[-1] != T or position_ids.shape[0] not in (1, B):
-            raise ValueError(f"position_ids must be (B={B}, T={T}) or (1, T), got shape {tuple(position_ids.shape)}")
-        rows = position_ids.to("cpu", torch.long).expand(B, T)
-        restarts = bool((rows[:, 1:] <= rows[:, :-1]).any())
-        same = bool((rows == rows[:1]).all())
-        if cu_seqlens is not None:
-            result = (rows[0] if same and not restarts else rows), cu_seqlens.to("cpu")
-        elif restarts:
-            result = rows, cu_seqlens_from_position_ids(rows)
-        elif not same:
-            result = rows, torch.arange(B + 1, dtype=torch.int32) * T
-        else:
-            result = rows[0], None
+    result = layout_of_position_ids(position_ids, cu_seqlens, B, T)
     if cache is not None:
         cache.store(inputs, result)
     return result
@@ -338,6 +357,9 @@ def _padded_decode(binding: AttentionBinding, q, k, v, pad: Padding, scale) -> t
 
 
 def _causal_forward(b: AttentionBinding, ops, q, k, v, common):
+    if common.get("from_position_ids"):
+        # compiled: whether the rows hold documents is known inside the op only (zero slopes = no bias)
+        return _alibi_op(q, k, v, common, torch.zeros(q.shape[2]), None, None)
     return ops.causal_attention(q, k, v, **common)
 
 
@@ -347,8 +369,17 @@ def _causal_decode(b: AttentionBinding, q, k, v, q_pos, k_pos, scale):
 
 def _alibi_forward(b: AttentionBinding, ops, q, k, v, common):
     _, slopes = head_scales(b.cfg.sigma, q.shape[2])
-    return ops.alibi_attention(q, k, v, slopes=slopes, window=alibi_window(b.cfg, q.shape[2]),
-                               chunk_size=b.cfg.chunk_size, **common)
+    window = alibi_window(b.cfg, q.shape[2])
+    if common.get("from_position_ids"):
+        return _alibi_op(q, k, v, common, slopes, window, b.cfg.chunk_size)
+    return ops.alibi_attention(q, k, v, slopes=slopes, window=window, chunk_size=b.cfg.chunk_size, **common)
+
+
+def _alibi_op(q, k, v, common, slopes, window, chunk_size):
+    """The compiled path (raw position_ids, laid out inside the op): ``plsh_dist::alibi_attention``."""
+    return custom_ops.alibi_attention(q, k, v, common["positions"], common.get("cu_seqlens"), slopes,
+                                      window_list(window), common["causal"], common["softmax_scale"], chunk_size,
+                                      True)[0]
 
 
 def _alibi_decode(b: AttentionBinding, q, k, v, q_pos, k_pos, scale):
@@ -359,13 +390,25 @@ def _alibi_decode(b: AttentionBinding, q, k, v, q_pos, k_pos, scale):
 
 def _plsh_forward(b: AttentionBinding, ops, q, k, v, common):
     sigma, _ = head_scales(b.cfg.sigma, q.shape[2])
-    return ops.plsh_attention(q, k, v, sigma=sigma, num_samples=b.cfg.num_samples, seed=b.seed(),
-                              backend=b.cfg.backend, sampler=b.cfg.sampler, method=b.cfg.method, **common)
+    if not common.get("from_position_ids"):  # eager (or sequence parallelism): the public function
+        return ops.plsh_attention(q, k, v, sigma=sigma, num_samples=b.cfg.num_samples, seed=b.seed(),
+                                  backend=b.cfg.backend, sampler=b.cfg.sampler, method=b.cfg.method, **common)
+    return _block_op(b, q, k, v, common, sigma, b.cfg.num_samples, b.seed_tensor(), b.cfg.sampler, False)
 
 
 def _fixed_blocks_forward(b: AttentionBinding, ops, q, k, v, common):
     sigma, _ = head_scales(b.cfg.sigma, q.shape[2])
-    return ops.fixed_blocks_attention(q, k, v, sigma=sigma, backend=b.cfg.backend, method=b.cfg.method, **common)
+    if not common.get("from_position_ids"):
+        return ops.fixed_blocks_attention(q, k, v, sigma=sigma, backend=b.cfg.backend, method=b.cfg.method, **common)
+    return _block_op(b, q, k, v, common, sigma, 1, torch.zeros((), dtype=torch.int64), "iid", True)
+
+
+def _block_op(b: AttentionBinding, q, k, v, common, sigma, num_samples, seed, sampler, fixed):
+    """``plsh_dist::block_attention`` of the binding's hash (``fixed``: the fixed blocks)."""
+    sigma_t = sigma if isinstance(sigma, torch.Tensor) else torch.tensor([float(sigma)], dtype=torch.float64)
+    return custom_ops.block_attention(q, k, v, common["positions"], common.get("cu_seqlens"), seed, sigma_t,
+                                      num_samples, sampler, fixed, common["causal"], common["softmax_scale"],
+                                      b.cfg.backend, b.cfg.method, bool(common.get("from_position_ids")))[0]
 
 
 @functools.lru_cache(maxsize=256)
@@ -466,6 +509,11 @@ def plsh_dist_attention(
     v = value.transpose(1, 2)
     if attention_mask is not None:
         return _padded(binding, q, k, v, attention_mask, scaling, kwargs), None
+    if torch.compiler.is_compiling() and key.shape[2] == T and binding.ops in (None, local_ops):
+        # compiled: the layout (host integers read from the positions) is made inside the op
+        common = dict(positions=position_ids, causal=True, softmax_scale=scaling, from_position_ids=True)
+        common["cu_seqlens"] = _packed_offsets(kwargs)
+        return BIAS_FUNCTIONS[binding.cfg.bias].forward(binding, local_ops, q, k, v, common), None
     positions, cu_seqlens = _layout(position_ids, _packed_offsets(kwargs), B, T, binding.positions)
     if key.shape[2] != T:
         return _decode(binding, q, k, v, positions, scaling, cu_seqlens), None
@@ -549,6 +597,8 @@ def _packed_offsets(kwargs: dict) -> torch.Tensor | None:
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is None and cu_k is None:
         return None
+    if cu_q is cu_k:  # what the trainer passes (one tensor for both): nothing to compare (nor to sync)
+        return cu_q
     if cu_q is None or cu_k is None or cu_q.shape != cu_k.shape or not bool(torch.equal(cu_q, cu_k)):
         raise ValueError(
             "cu_seq_lens_q and cu_seq_lens_k must both be given and equal (plsh_dist attention is "

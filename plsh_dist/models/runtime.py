@@ -51,28 +51,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from plsh_dist.splitmix import MASK64, splitmix64_int
+import torch
 
-def hash_seed(run_seed: int, step: int, micro_step: int, layer: int) -> int:
-    """Seed of one layer's hash in one forward, an int in [0, 2^63).
+from plsh_dist.splitmix import MASK64, hash_seed
 
-    A chained SplitMix64 of (run_seed, step, micro_step, layer): the same
-    inputs give the same seed on every machine and Python process; changing
-    any one input gives an unrelated seed. 63 bits so it fits a signed
-    int64 (torch generators, numpy) as well as the hash's uint64 key.
-    """
-    for name, value in (("step", step), ("micro_step", micro_step), ("layer", layer)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    if isinstance(run_seed, bool) or not isinstance(run_seed, int):
-        raise ValueError(f"run_seed must be an int, got {run_seed!r}")
-    key = splitmix64_int(run_seed & MASK64)
-    for value in (step, micro_step, layer):
-        key = splitmix64_int(key ^ value)
-    return key >> 1
-
+__all__ = ["AttentionRuntime", "hash_seed"]
 
 @dataclass
 class AttentionRuntime:
@@ -88,8 +73,12 @@ class AttentionRuntime:
     """Optimizer step of the coming forward."""
     micro_step: int = 0
     """Gradient-accumulation micro-step within ``step``."""
+    steps: torch.Tensor = field(init=False, repr=False, compare=False)
+    """``(step, micro_step)`` as a CPU LongTensor[2], kept equal to them (written in place): what a compiled
+    graph reads (:meth:`layer_seed_tensor`), as an input rather than a constant of the graph."""
 
     def __post_init__(self) -> None:
+        self.steps = torch.zeros(2, dtype=torch.int64)
         if isinstance(self.run_seed, bool) or not isinstance(self.run_seed, int):
             raise ValueError(f"run_seed must be an int, got {self.run_seed!r}")
         self.set_step(self.step, self.micro_step)
@@ -101,6 +90,7 @@ class AttentionRuntime:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         self.step = step
         self.micro_step = micro_step
+        self.steps[0], self.steps[1] = step, micro_step
 
     @contextlib.contextmanager
     def at(self, step: int, micro_step: int = 0) -> Iterator["AttentionRuntime"]:
@@ -119,3 +109,12 @@ class AttentionRuntime:
         if fixed_masks:
             return hash_seed(self.run_seed, 0, 0, layer)
         return hash_seed(self.run_seed, self.step, self.micro_step, layer)
+
+    def layer_seed_tensor(self, layer: torch.Tensor, fixed_masks: bool = False) -> torch.Tensor:
+        """:meth:`layer_seed` of ``layer`` (an int64 scalar tensor) as an int64 scalar tensor, by the op
+        ``plsh_dist::layer_seed`` from :attr:`steps` (``fixed_masks``: from zeros), so ``torch.compile``
+        bakes neither the step nor the layer into a graph."""
+        from plsh_dist.ops.custom_ops import layer_seed, signed64
+
+        steps = torch.zeros(2, dtype=torch.int64) if fixed_masks else self.steps
+        return layer_seed(steps, signed64(self.run_seed), layer)

@@ -11,6 +11,11 @@ drops only weights below ``e^-c``): each group of heads that share a window
 runs on its own, in chunks sized by that window, so a narrow head does not pay
 for a wide one's key range.
 
+Three layers: the pure ``alibi_forward`` / ``alibi_backward``; the custom op
+``plsh_dist::alibi_attention`` and its autograd formula (:mod:`plsh_dist.ops.custom_ops`:
+saves q, k, v, out, lse only, backward recomputes chunk by chunk), so
+``torch.compile(fullgraph=True)`` keeps one graph; the public ``alibi_attention``.
+
 Single process only: sequence parallelism (:mod:`plsh_dist.distributed.sp`)
 calls ``alibi_forward`` / ``alibi_backward`` on its gathered keys or halo.
 
@@ -27,7 +32,7 @@ import torch.nn.functional as F
 
 from plsh_dist.ops.alibi_band import band_chunk, banded_backward, banded_forward, interior_rows
 from plsh_dist.ops.dense import dense_bwd, dense_fwd
-from plsh_dist.ops.documents import flat_documents, on_flat_row
+from plsh_dist.ops.documents import flat_documents
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.merge import accum_dtype
 from plsh_dist.ops.triton_onepass import alibi_window_attention, triton_cuda
@@ -327,29 +332,6 @@ def _backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, *, causal, window, 
     return dq.transpose(1, 2), dk, dv
 
 
-class AlibiAttentionFunction(torch.autograd.Function):
-    """Saves q, k, v, out, lse only; backward recomputes chunk by chunk.
-
-    Returns ``(out, lse)``; ``lse`` is not differentiable.
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, v, q_pos, k_pos, slopes, causal, window, scale, chunk, docs=None):
-        kw = dict(causal=causal, window=window, scale=scale, chunk=chunk, docs=docs)
-        out, lse = alibi_forward(q, k, v, q_pos, k_pos, slopes, **kw)
-        ctx.mark_non_differentiable(lse)
-        if any(ctx.needs_input_grad[:3]):
-            ctx.save_for_backward(q, k, v, out, lse)
-            ctx.pos, ctx.slopes, ctx.kw = (q_pos, k_pos), slopes, kw
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = alibi_backward(dout.contiguous(), q, k, v, out, lse, *ctx.pos, ctx.slopes, **ctx.kw)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
-
-
 def check_slopes(slopes, num_heads: int) -> torch.Tensor:
     """slopes -> float32 CPU Tensor[Hq], validated."""
     slopes = torch.as_tensor(slopes, dtype=torch.float32).reshape(-1).cpu()
@@ -416,16 +398,32 @@ def alibi_attention(
         out (B, T, Hq, D) in q's dtype; with ``return_lse`` also lse (B, Hq, T)
         fp32 (fp64 for fp64), not differentiable.
     """
-    if cu_seqlens is not None:
-        return _alibi_documents(q, k, v, slopes, positions, causal, window, softmax_scale, chunk_size, return_lse,
-                                cu_seqlens)
-    slopes, pos, scale, window = check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale,
-                                                       chunk_size)
-    if window is not None and chunk_size is None and triton_cuda(q.device, q.dtype):  # sm >= 80, Triton importable
+    window = check_window(window, q.shape[2])  # a tensor's values are read here (pass a tuple to compile)
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    if cu_seqlens is None and window is not None and chunk_size is None and triton_cuda(q.device, q.dtype):
+        # sm >= 80, Triton importable: the fused banded kernel (eager only; not a custom op yet)
+        slopes, pos, scale, window = check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale,
+                                                           chunk_size)
         out, lse = _kernel_window(q, k, v, slopes, pos, causal, window, scale)
     else:
-        out, lse = AlibiAttentionFunction.apply(q, k, v, pos, pos, slopes, causal, window, scale, chunk_size)
+        out, lse = custom_ops.alibi_attention(q, k, v, positions, cu_seqlens, _slopes_tensor(slopes),
+                                              window_list(window), causal, softmax_scale, chunk_size, False)
     return (out, lse) if return_lse else out
+
+
+def _slopes_tensor(slopes) -> torch.Tensor:
+    """slopes as the custom op takes them: a tensor (validated inside the op, :func:`check_slopes`)."""
+    return slopes if isinstance(slopes, torch.Tensor) else torch.as_tensor(slopes, dtype=torch.float32)
+
+
+def window_list(window) -> list[int]:
+    """A checked window as the custom op takes it: [] (None), [w] (every head) or one int per head."""
+    if window is None:
+        return []
+    if isinstance(window, int):
+        return [window]
+    return [int(w) for w in (window.tolist() if isinstance(window, torch.Tensor) else window)]
 
 
 def _kernel_window(q, k, v, slopes, pos, causal, window, scale):
@@ -435,9 +433,12 @@ def _kernel_window(q, k, v, slopes, pos, causal, window, scale):
                                   positions=pos, causal=causal, softmax_scale=scale)
 
 
-def _alibi_documents(q, k, v, slopes, positions, causal, window, softmax_scale, chunk_size, return_lse, cu_seqlens):
-    """:func:`alibi_attention` of packed documents: one flat row of B * T tokens, keys
-    limited to each query chunk's documents (so no chunk ever sees another row)."""
+def alibi_documents_call(q, k, v, slopes, positions, window, softmax_scale, chunk_size, cu_seqlens):
+    """The checked arguments of :func:`alibi_forward` for packed documents: one flat row of B * T
+    tokens, keys limited to each query chunk's documents (so no chunk ever sees another row).
+
+    Returns ``(virtual positions, slopes, scale, window, chunk, document ids)`` (LongTensor[B * T] for
+    positions and ids)."""
     slopes, _, scale, window = check_alibi_attention(q, k, v, slopes, None, window, softmax_scale, chunk_size)
     B, T = q.shape[:2]
     docs = flat_documents(positions, cu_seqlens, B, T)
@@ -447,10 +448,7 @@ def _alibi_documents(q, k, v, slopes, positions, causal, window, softmax_scale, 
     else:
         seen = longest if window is None else min(longest, 2 * window)
         chunk = chunk_size or default_chunk_size(q.shape[2], seen)
-    pos = docs.virtual_positions
-    out, lse = on_flat_row(AlibiAttentionFunction.apply, q, k, v, pos, pos, slopes, causal, window, scale, chunk,
-                           (docs.ids, docs.ids))
-    return (out, lse) if return_lse else out
+    return docs.virtual_positions, slopes, scale, window, chunk, docs.ids
 
 
 def causal_attention(
@@ -485,3 +483,7 @@ def causal_attention(
         enable_gqa=q.shape[2] != k.shape[2],
     )
     return out.transpose(1, 2)
+
+
+# Last: the custom ops' module imports this one (its pure functions and checks).
+from plsh_dist.ops import custom_ops  # noqa: E402

@@ -225,3 +225,37 @@ def backward_on_flat_row(fn, dout, q, k, v, out, lse, *args, **kwargs):
     B = q.shape[0]
     grads = fn(*(flatten_rows(x) for x in (dout, q, k, v, out)), flatten_lse(lse), *args, **kwargs)
     return tuple(unflatten_rows(g, B) for g in grads)
+
+
+def layout_of_position_ids(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, batch: int,
+                           seqlen: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """transformers' ``position_ids`` (batch or 1, seqlen) and packed offsets -> the ops'
+    ``(positions, cu_seqlens)``, on the CPU (a device-to-host copy: a sync on GPU).
+
+    - neither: ``arange(seqlen)``, no documents;
+    - ``cu_seqlens`` given (transformers' ``cu_seq_lens_q/k``): passed on; positions
+      are row 0 when the rows agree, else the (batch, seqlen) rows;
+    - position_ids that restart at 0 inside a row (``DataCollatorWithFlattening``):
+      a document starts at every 0; positions are the (batch, seqlen) rows;
+    - rows that differ without restarting: each row is one document;
+    - otherwise: row 0 and no documents (the plain case, one hash for the batch).
+
+    Idempotent: a layout it returned, given again, comes back unchanged.
+    """
+    if position_ids is None:
+        return torch.arange(seqlen), None if cu_seqlens is None else cu_seqlens.to("cpu")
+    if position_ids.dim() == 1 and position_ids.shape[0] == seqlen:  # a layout already (row 0)
+        return position_ids.to("cpu"), None if cu_seqlens is None else cu_seqlens.to("cpu")
+    if position_ids.dim() != 2 or position_ids.shape[-1] != seqlen or position_ids.shape[0] not in (1, batch):
+        raise ValueError(f"position_ids must be (B={batch}, T={seqlen}) or (1, T), "
+                         f"got shape {tuple(position_ids.shape)}")
+    rows = position_ids.to("cpu", torch.long).expand(batch, seqlen)
+    restarts = bool((rows[:, 1:] <= rows[:, :-1]).any())
+    same = bool((rows == rows[:1]).all())
+    if cu_seqlens is not None:
+        return (rows[0] if same and not restarts else rows), cu_seqlens.to("cpu")
+    if restarts:
+        return rows, cu_seqlens_from_position_ids(rows)
+    if not same:
+        return rows, torch.arange(batch + 1, dtype=torch.int32) * seqlen
+    return rows[0], None

@@ -8,8 +8,13 @@ Three layers, as flash-attention's interface:
    (:mod:`plsh_dist.ops.backends` chooses the strategy, and says which file holds
    which); sequence parallelism (:mod:`plsh_dist.distributed.sp`) calls the
    same strategy on its chunk plus a halo;
-2. ``PLSHAttentionFunction``: saves q, k, v, out, lse only (not per sample)
-   and what the strategy saved, and calls the strategy;
+2. the custom op ``plsh_dist::block_attention`` and its autograd formula
+   (:mod:`plsh_dist.ops.custom_ops`): saves q, k, v, out, lse only (not per sample),
+   rebuilds the hash from its seed and calls the strategy, so
+   ``torch.compile(fullgraph=True)`` keeps one graph. Eager, a strategy whose
+   backward reuses what its forward saved (the CUDA varlen calls, the fused
+   kernel's band tables) runs through ``PLSHAttentionFunction`` instead, which
+   keeps that too;
 3. ``plsh_attention`` / ``fixed_blocks_attention``: the public functions.
 
 Single process only: nothing here communicates.
@@ -21,10 +26,12 @@ from __future__ import annotations
 
 import torch
 
-from plsh_dist.hashing import FixedBlocks, PositionalLSH
+from plsh_dist.hashing import FixedBlocks, PositionalLSH, get_sampler
 from plsh_dist.ops.backends import choose_strategy
 from plsh_dist.ops.documents import Documents, flat_documents, flatten_rows, on_flat_row, unflatten_rows
 from plsh_dist.ops.head_groups import head_groups
+from plsh_dist.ops.plsh_varlen import VarlenPerSample
+from plsh_dist.ops.triton_onepass import TritonOnePass
 from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_for
 
 
@@ -124,8 +131,13 @@ def plsh_attention(
         in fp32 (fp64 for fp64 inputs), not differentiable. Sequence-parallel
         chunks: :class:`plsh_dist.distributed.sp.SequenceParallelAttention`.
     """
-    lsh = PositionalLSH(sigma, num_samples, seed, sampler)
-    return _block_attention(q, k, v, lsh, positions, causal, softmax_scale, backend, method, return_lse, cu_seqlens)
+    for name, value in (("num_samples", num_samples), ("seed", seed)):
+        if isinstance(value, bool) or not isinstance(value, (int, torch.Tensor)):
+            raise ValueError(f"{name} must be an int, got {value!r}")
+    get_sampler(sampler)
+    hash_args = (num_samples, seed, sampler, False)
+    return _block_attention(q, k, v, sigma, hash_args, positions, causal, softmax_scale, backend, method, return_lse,
+                            cu_seqlens)
 
 
 def fixed_blocks_attention(
@@ -144,7 +156,7 @@ def fixed_blocks_attention(
 ):
     """The paper's fixed-blocks baseline: blocks of pitch ``2 * sigma_h``
     aligned at position 0, one sample. Arguments as :func:`plsh_attention`."""
-    return _block_attention(q, k, v, FixedBlocks(sigma), positions, causal, softmax_scale, backend, method,
+    return _block_attention(q, k, v, sigma, (1, 0, "iid", True), positions, causal, softmax_scale, backend, method,
                             return_lse, cu_seqlens)
 
 
@@ -169,8 +181,47 @@ def check_block_attention(q, k, v, lsh: PositionalLSH, positions, softmax_scale,
     return pos, softmax_scale_for(q, softmax_scale), strategy, docs
 
 
-def _block_attention(q, k, v, lsh: PositionalLSH, positions, causal, softmax_scale, backend, method, return_lse,
+def _sigma_tensor(sigma) -> torch.Tensor:
+    """sigma as the custom op takes it: float64 Tensor[H] (H = 1: one hash for all heads; checked there)."""
+    if isinstance(sigma, torch.Tensor):
+        return sigma
+    if isinstance(sigma, (int, float)) and not isinstance(sigma, bool):
+        return torch.tensor([float(sigma)], dtype=torch.float64)
+    return torch.tensor(list(sigma), dtype=torch.float64)
+
+
+def _keeps_host_state(backend, method, device, dtype, num_samples: int, out_only: bool) -> bool:
+    """Whether the table's strategy for this eager call keeps host state from its forward for its
+    backward (the CUDA varlen calls, the fused kernel's band tables: :class:`PLSHAttentionFunction`
+    keeps them, so backward neither syncs nor rebuilds) or answers without gradients (an output-only
+    strategy). Compiled, every strategy runs in the custom op (backward rebuilds what it needs)."""
+    if torch.compiler.is_compiling():
+        return False
+    strategy = choose_strategy(backend, method, device, dtype, num_samples, out_only=out_only)
+    return isinstance(strategy, (VarlenPerSample, TritonOnePass)) or hasattr(strategy, "attend")
+
+
+def _block_attention(q, k, v, sigma, hash_args, positions, causal, softmax_scale, backend, method, return_lse,
                      cu_seqlens):
+    """``hash_args`` = (num_samples, seed, sampler, fixed): the hash :func:`plsh_attention` (fixed: the
+    fixed blocks) describes."""
+    num_samples, seed, sampler, fixed = hash_args
+    out_only = not (return_lse or torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)))
+    if _keeps_host_state(backend, method, q.device, q.dtype, num_samples, out_only):
+        lsh = FixedBlocks(sigma) if fixed else PositionalLSH(sigma, num_samples, int(seed), sampler)
+        return _function_attention(q, k, v, lsh, positions, causal, softmax_scale, backend, method, return_lse,
+                                   cu_seqlens)
+    seed_t = seed if isinstance(seed, torch.Tensor) else torch.tensor(seed, dtype=torch.int64)
+    out, lse = custom_ops.block_attention(q, k, v, positions, cu_seqlens, seed_t, _sigma_tensor(sigma), num_samples,
+                                          sampler, fixed, causal, softmax_scale, str(getattr(backend, "value", backend)),
+                                          str(getattr(method, "value", method)), False)
+    return (out, lse) if return_lse else out
+
+
+def _function_attention(q, k, v, lsh: PositionalLSH, positions, causal, softmax_scale, backend, method, return_lse,
+                        cu_seqlens):
+    """The strategies the custom op does not run: an output-only one, or one whose backward reuses
+    host state its forward saved (:class:`PLSHAttentionFunction` keeps it)."""
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     out_only = not (needs_grad or return_lse)
     pos, scale, strategy, docs = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method,
@@ -186,3 +237,7 @@ def _block_attention(q, k, v, lsh: PositionalLSH, positions, causal, softmax_sca
     else:  # documents: one flat row of B * T tokens whose row boundaries are document boundaries
         out, lse = on_flat_row(PLSHAttentionFunction.apply, q, k, v, lsh, pos, causal, scale, strategy, docs)
     return (out, lse) if return_lse else out
+
+
+# Last: the custom ops' module imports this one (its pure functions and checks).
+from plsh_dist.ops import custom_ops  # noqa: E402

@@ -252,6 +252,15 @@ def test_flex_backend_cannot_train_and_fails_in_load_config():
     assert '[attention].backend = "flex" computes the attention output only' in msg and 'backend = "auto"' in msg
 
 
+@pytest.mark.parametrize("overrides,expected", [
+    (["--run.compile=inductor", "--memory.activation_checkpointing=true"], "activation_checkpointing = false"),
+    (["--run.compile=aot_eager", "--parallel.sp_size=2"], "sequence-parallel attention is not a custom op"),
+    (["--run.compile=yes"], "[run].compile = 'yes' is invalid"),
+], ids=["checkpointing", "sp", "unknown"])
+def test_compile_refuses_what_it_cannot_compile(overrides, expected):
+    assert expected in _error(overrides)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="device auto resolves to CPU only without a GPU")
 def test_bf16_master_weights_with_auto_precision_on_cpu_fail_at_train_start():
     cfg = load_config(None, ["--run.device=auto", "--deepspeed.master_weights=bf16", "--deepspeed.zero_stage=1"])
