@@ -52,7 +52,7 @@ gives one full forward's logits. Packed documents and sequence parallelism
 are refused with a cache.
 
 Compiled (``torch.compile`` of a decoder layer, ``models.compile_layers``): a full
-forward on the single-process ops calls the custom ops of :mod:`plsh_dist.ops.custom_ops`
+forward on the single-process ops calls the custom ops (:mod:`plsh_dist.ops.custom_ops`)
 directly with the raw ``position_ids`` and packed offsets, laid out inside the op (the
 layout reads host integers, which would break the graph; the positions cache is not
 used), the hash seed as a tensor (``plsh_dist::layer_seed`` of the seed context's step
@@ -79,11 +79,11 @@ from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
 from plsh_dist.models.config import AttentionConfig
 from plsh_dist.models.modes import BIASES
 from plsh_dist.models.runtime import AttentionRuntime
-from plsh_dist.ops import custom_ops
 from plsh_dist.ops import decode as decode_ops
-from plsh_dist.ops.alibi import truncation_windows, window_list
+from plsh_dist.ops.alibi import alibi_attention_op, truncation_windows, window_list
 from plsh_dist.ops.backends import choose_strategy
 from plsh_dist.ops.documents import layout_of_position_ids
+from plsh_dist.ops.plsh import block_attention_op
 
 #: Name under which transformers finds our attention (``config._attn_implementation``).
 IMPLEMENTATION = "plsh_dist"
@@ -377,7 +377,7 @@ def _alibi_forward(b: AttentionBinding, ops, q, k, v, common):
 
 def _alibi_op(q, k, v, common, slopes, window, chunk_size):
     """The compiled path (raw position_ids, laid out inside the op): ``plsh_dist::alibi_attention``."""
-    return custom_ops.alibi_attention(q, k, v, common["positions"], common.get("cu_seqlens"), slopes,
+    return alibi_attention_op(q, k, v, common["positions"], common.get("cu_seqlens"), slopes,
                                       window_list(window), common["causal"], common["softmax_scale"], chunk_size,
                                       True)[0]
 
@@ -406,7 +406,7 @@ def _fixed_blocks_forward(b: AttentionBinding, ops, q, k, v, common):
 def _block_op(b: AttentionBinding, q, k, v, common, sigma, num_samples, seed, sampler, fixed):
     """``plsh_dist::block_attention`` of the binding's hash (``fixed``: the fixed blocks)."""
     sigma_t = sigma if isinstance(sigma, torch.Tensor) else torch.tensor([float(sigma)], dtype=torch.float64)
-    return custom_ops.block_attention(q, k, v, common["positions"], common.get("cu_seqlens"), seed, sigma_t,
+    return block_attention_op(q, k, v, common["positions"], common.get("cu_seqlens"), seed, sigma_t,
                                       num_samples, sampler, fixed, common["causal"], common["softmax_scale"],
                                       b.cfg.backend, b.cfg.method, bool(common.get("from_position_ids")))[0]
 

@@ -29,10 +29,12 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from plsh_dist.ops.alibi_band import band_chunk, banded_backward, banded_forward, interior_rows
+from plsh_dist.ops.custom_ops import NAMESPACE, fake_backward, fake_forward, op_layout, register_autograd
 from plsh_dist.ops.dense import dense_bwd, dense_fwd
-from plsh_dist.ops.documents import flat_documents
+from plsh_dist.ops.documents import backward_on_flat_row, flat_documents, on_flat_row
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.merge import accum_dtype
 from plsh_dist.ops.triton_onepass import alibi_window_attention, triton_cuda
@@ -407,7 +409,7 @@ def alibi_attention(
                                                            chunk_size)
         out, lse = _kernel_window(q, k, v, slopes, pos, causal, window, scale)
     else:
-        out, lse = custom_ops.alibi_attention(q, k, v, positions, cu_seqlens, _slopes_tensor(slopes),
+        out, lse = alibi_attention_op(q, k, v, positions, cu_seqlens, _slopes_tensor(slopes),
                                               window_list(window), causal, softmax_scale, chunk_size, False)
     return (out, lse) if return_lse else out
 
@@ -485,5 +487,57 @@ def causal_attention(
     return out.transpose(1, 2)
 
 
-# Last: the custom ops' module imports this one (its pure functions and checks).
-from plsh_dist.ops import custom_ops  # noqa: E402
+# --- the custom op (layer 2; registrations shared with PLSH's: plsh_dist.ops.custom_ops) -------
+
+
+def _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, chunk_size, from_position_ids):
+    """The arguments of :func:`~plsh_dist.ops.alibi_forward` / ``alibi_backward``:
+    ``(q_pos, k_pos, slopes, dict(window, scale, chunk, docs))`` and whether documents flatten the call."""
+    positions, cu_seqlens = op_layout(positions, cu_seqlens, q, from_position_ids)
+    win = None if not window else window[0] if len(window) == 1 else tuple(window)
+    if cu_seqlens is None:
+        slopes, pos, scale, win = check_alibi_attention(q, k, v, slopes, positions, win, softmax_scale,
+                                                              chunk_size)
+        return pos, slopes, dict(window=win, scale=scale, chunk=chunk_size), False
+    pos, slopes, scale, win, chunk, doc_ids = alibi_documents_call(q, k, v, slopes, positions, win,
+                                                                          softmax_scale, chunk_size, cu_seqlens)
+    return pos, slopes, dict(window=win, scale=scale, chunk=chunk, docs=(doc_ids, doc_ids)), True
+
+
+@torch.library.custom_op(f"{NAMESPACE}::alibi_attention", mutates_args=())
+def alibi_attention_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None, cu_seqlens: Tensor | None,
+                    slopes: Tensor, window: list[int], causal: bool, softmax_scale: float | None,
+                    chunk_size: int | None, from_position_ids: bool) -> tuple[Tensor, Tensor]:
+    """Exact ALiBi (``window``: [] none, [w] one for every head, or one per head): ``(out, lse)`` of
+    :func:`plsh_dist.ops.alibi_attention` on the chunked (non-Triton) path."""
+    pos, slopes, kw, flat = _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, chunk_size,
+                                        from_position_ids)
+    run = on_flat_row if flat else (lambda fn, *a, **k: fn(*a, **k))
+    out, lse = run(alibi_forward, q, k, v, pos, pos, slopes, causal=causal, **kw)
+    return out.contiguous(), lse.contiguous()
+
+
+@alibi_attention_op.register_fake
+def _(q, k, v, *_params):
+    return fake_forward(q)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::alibi_attention_backward", mutates_args=())
+def alibi_attention_op_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                             positions: Tensor | None, cu_seqlens: Tensor | None, slopes: Tensor,
+                             window: list[int], causal: bool, softmax_scale: float | None, chunk_size: int | None,
+                             from_position_ids: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of :func:`alibi_attention_op`, recomputing each query chunk."""
+    pos, slopes, kw, flat = _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, chunk_size,
+                                        from_position_ids)
+    run = backward_on_flat_row if flat else (lambda fn, *a, **k: fn(*a, **k))
+    grads = run(alibi_backward, dout, q, k, v, out, lse, pos, pos, slopes, causal=causal, **kw)
+    return tuple(g.contiguous() for g in grads)
+
+
+@alibi_attention_op_backward.register_fake
+def _(dout, q, k, v, *_params):
+    return fake_backward(q, k, v)
+
+
+register_autograd(alibi_attention_op, alibi_attention_op_backward)

@@ -1,4 +1,4 @@
-"""The attention ops as ``torch.library`` custom ops, so a compiled model keeps one graph.
+"""What the attention ops share as ``torch.library`` custom ops, so a compiled model keeps one graph.
 
 ``torch.compile`` cannot trace the ops' insides: the hash draws in uint64 numpy,
 block layouts and query chunks are host integers read from position tensors
@@ -7,10 +7,14 @@ kernels, each entry point is one opaque op of the graph with a fake (meta)
 implementation giving its outputs' shapes and dtypes, and an autograd formula
 calling the op's backward, itself an op:
 
-    op                                   returns                    backward op
-    plsh_dist::block_attention           out (B, T, Hq, D), lse     plsh_dist::block_attention_backward
-    plsh_dist::alibi_attention           out (B, T, Hq, D), lse     plsh_dist::alibi_attention_backward
-    plsh_dist::layer_seed                a layer's hash seed        (none: integers)
+    op                                   returns                    backward op                           defined in
+    plsh_dist::block_attention           out (B, T, Hq, D), lse     plsh_dist::block_attention_backward   ops/plsh.py
+    plsh_dist::alibi_attention           out (B, T, Hq, D), lse     plsh_dist::alibi_attention_backward   ops/alibi.py
+    plsh_dist::layer_seed                a layer's hash seed        (none: integers)                      here
+
+Each op lives in its algorithm's file, with its public function; this module holds
+what they share (the namespace, the fake outputs, the autograd formula, the layout of
+raw ``position_ids``) and imports none of them.
 
 ``out`` is contiguous in q's dtype, ``lse`` (B, Hq, T) contiguous fp32 (fp64 for fp64
 inputs) and not differentiable; the gradients are contiguous in their input's dtype.
@@ -40,33 +44,31 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from plsh_dist.hashing import FixedBlocks, PositionalLSH
-from plsh_dist.ops import alibi, plsh
-from plsh_dist.ops.documents import backward_on_flat_row, layout_of_position_ids, on_flat_row
+from plsh_dist.ops.documents import layout_of_position_ids
 from plsh_dist.ops.merge import accum_dtype
-from plsh_dist.ops.plsh_varlen import VarlenPerSample
 from plsh_dist.splitmix import MASK64, hash_seed
 
 NAMESPACE = "plsh_dist"
 
 
-def _layout(positions, cu_seqlens, q, from_position_ids: bool):
+def op_layout(positions, cu_seqlens, q, from_position_ids: bool):
+    """The ops' ``(positions, cu_seqlens)``: as given, or laid out from transformers' raw ``position_ids``."""
     if from_position_ids:
         return layout_of_position_ids(positions, cu_seqlens, q.shape[0], q.shape[1])
     return positions, cu_seqlens
 
 
-def _fake_forward(q: Tensor) -> tuple[Tensor, Tensor]:
+def fake_forward(q: Tensor) -> tuple[Tensor, Tensor]:
     B, T, Hq, _ = q.shape
     return torch.empty_like(q, memory_format=torch.contiguous_format), \
         q.new_empty((B, Hq, T), dtype=accum_dtype(q.dtype))
 
 
-def _fake_backward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def fake_backward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
 
 
-def _register_autograd(op, backward_op) -> None:
+def register_autograd(op, backward_op) -> None:
     """``op(q, k, v, *params) -> (out, lse)``'s autograd: saves q, k, v, out, lse (the only activations
     saved) and keeps the params (small host tensors among them: positions, offsets, seed, sigma or
     slopes); backward is ``backward_op(dout, q, k, v, out, lse, *params) -> (dq, dk, dv)``."""
@@ -84,124 +86,6 @@ def _register_autograd(op, backward_op) -> None:
         return (dq, dk, dv) + (None,) * len(ctx.params)
 
     op.register_autograd(backward, setup_context=setup_context)
-
-
-# --- positional LSH and fixed blocks --------------------------------------------------------
-
-
-def _hash(sigma: Tensor, num_samples: int, seed: Tensor, sampler: str, fixed: bool) -> PositionalLSH:
-    return FixedBlocks(sigma) if fixed else PositionalLSH(sigma, num_samples, int(seed), sampler)
-
-
-@torch.library.custom_op(f"{NAMESPACE}::block_attention", mutates_args=())
-def block_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None, cu_seqlens: Tensor | None,
-                    seed: Tensor, sigma: Tensor, num_samples: int, sampler: str, fixed: bool, causal: bool,
-                    softmax_scale: float | None, backend: str, method: str,
-                    from_position_ids: bool) -> tuple[Tensor, Tensor]:
-    """PLSH (``fixed``: fixed blocks) attention: ``(out, lse)`` of :func:`plsh_dist.ops.plsh_attention`."""
-    lsh = _hash(sigma, num_samples, seed, sampler, fixed)
-    positions, cu_seqlens = _layout(positions, cu_seqlens, q, from_position_ids)
-    pos, scale, strategy, docs = plsh.check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method,
-                                                            cu_seqlens)
-    if docs is None:
-        out, lse, _ = strategy.forward(q, k, v, lsh, pos, causal=causal, scale=scale)
-    else:  # documents: one flat row of B * T tokens whose row boundaries are document boundaries
-        out, lse, _ = on_flat_row(strategy.forward, q, k, v, lsh, pos, causal=causal, scale=scale, docs=docs)
-    return out.contiguous(), lse.contiguous()
-
-
-@block_attention.register_fake
-def _(q, k, v, *_params):
-    return _fake_forward(q)
-
-
-@torch.library.custom_op(f"{NAMESPACE}::block_attention_backward", mutates_args=())
-def block_attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                             positions: Tensor | None, cu_seqlens: Tensor | None, seed: Tensor, sigma: Tensor,
-                             num_samples: int, sampler: str, fixed: bool, causal: bool,
-                             softmax_scale: float | None, backend: str, method: str,
-                             from_position_ids: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` of :func:`block_attention`: the hash and the layouts rebuilt, the strategy's backward
-    with the merged ``out`` / ``lse``."""
-    lsh = _hash(sigma, num_samples, seed, sampler, fixed)
-    positions, cu_seqlens = _layout(positions, cu_seqlens, q, from_position_ids)
-    pos, scale, strategy, docs = plsh.check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method,
-                                                            cu_seqlens)
-    kw = dict(causal=causal, scale=scale)
-    if isinstance(strategy, VarlenPerSample):
-        # its backward takes the forward's varlen calls (host integers), which an op cannot keep: they are
-        # remade by running the forward again (compiled CUDA per-sample only; eager keeps them)
-        kw["saved"] = (strategy.forward(q, k, v, lsh, pos, **kw) if docs is None else
-                       on_flat_row(strategy.forward, q, k, v, lsh, pos, docs=docs, **kw))[2]
-    if docs is None:
-        grads = strategy.backward(dout, q, k, v, out, lse, lsh, pos, **kw)
-    else:
-        grads = backward_on_flat_row(strategy.backward, dout, q, k, v, out, lse, lsh, pos, docs=docs, **kw)
-    return tuple(g.contiguous() for g in grads)
-
-
-@block_attention_backward.register_fake
-def _(dout, q, k, v, *_params):
-    return _fake_backward(q, k, v)
-
-
-_register_autograd(block_attention, block_attention_backward)
-
-
-# --- exact, windowed and truncated ALiBi (and causal attention with lse or documents) -------
-
-
-def _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, chunk_size, from_position_ids):
-    """The arguments of :func:`~plsh_dist.ops.alibi.alibi_forward` / ``alibi_backward``:
-    ``(q_pos, k_pos, slopes, dict(window, scale, chunk, docs))`` and whether documents flatten the call."""
-    positions, cu_seqlens = _layout(positions, cu_seqlens, q, from_position_ids)
-    win = None if not window else window[0] if len(window) == 1 else tuple(window)
-    if cu_seqlens is None:
-        slopes, pos, scale, win = alibi.check_alibi_attention(q, k, v, slopes, positions, win, softmax_scale,
-                                                              chunk_size)
-        return pos, slopes, dict(window=win, scale=scale, chunk=chunk_size), False
-    pos, slopes, scale, win, chunk, doc_ids = alibi.alibi_documents_call(q, k, v, slopes, positions, win,
-                                                                          softmax_scale, chunk_size, cu_seqlens)
-    return pos, slopes, dict(window=win, scale=scale, chunk=chunk, docs=(doc_ids, doc_ids)), True
-
-
-@torch.library.custom_op(f"{NAMESPACE}::alibi_attention", mutates_args=())
-def alibi_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None, cu_seqlens: Tensor | None,
-                    slopes: Tensor, window: list[int], causal: bool, softmax_scale: float | None,
-                    chunk_size: int | None, from_position_ids: bool) -> tuple[Tensor, Tensor]:
-    """Exact ALiBi (``window``: [] none, [w] one for every head, or one per head): ``(out, lse)`` of
-    :func:`plsh_dist.ops.alibi_attention` on the chunked (non-Triton) path."""
-    pos, slopes, kw, flat = _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, chunk_size,
-                                        from_position_ids)
-    run = on_flat_row if flat else (lambda fn, *a, **k: fn(*a, **k))
-    out, lse = run(alibi.alibi_forward, q, k, v, pos, pos, slopes, causal=causal, **kw)
-    return out.contiguous(), lse.contiguous()
-
-
-@alibi_attention.register_fake
-def _(q, k, v, *_params):
-    return _fake_forward(q)
-
-
-@torch.library.custom_op(f"{NAMESPACE}::alibi_attention_backward", mutates_args=())
-def alibi_attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                             positions: Tensor | None, cu_seqlens: Tensor | None, slopes: Tensor,
-                             window: list[int], causal: bool, softmax_scale: float | None, chunk_size: int | None,
-                             from_position_ids: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` of :func:`alibi_attention`, recomputing each query chunk."""
-    pos, slopes, kw, flat = _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, chunk_size,
-                                        from_position_ids)
-    run = backward_on_flat_row if flat else (lambda fn, *a, **k: fn(*a, **k))
-    grads = run(alibi.alibi_backward, dout, q, k, v, out, lse, pos, pos, slopes, causal=causal, **kw)
-    return tuple(g.contiguous() for g in grads)
-
-
-@alibi_attention_backward.register_fake
-def _(dout, q, k, v, *_params):
-    return _fake_backward(q, k, v)
-
-
-_register_autograd(alibi_attention, alibi_attention_backward)
 
 
 # --- seeds ------------------------------------------------------------------------------------

@@ -25,10 +25,13 @@ Legend: B batch, T tokens, Hq query heads, Hkv key/value heads, D head dim, s sa
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, get_sampler
 from plsh_dist.ops.backends import choose_strategy
-from plsh_dist.ops.documents import Documents, flat_documents, flatten_rows, on_flat_row, unflatten_rows
+from plsh_dist.ops.custom_ops import NAMESPACE, fake_backward, fake_forward, op_layout, register_autograd
+from plsh_dist.ops.documents import (Documents, backward_on_flat_row, flat_documents, flatten_rows, on_flat_row,
+                                     unflatten_rows)
 from plsh_dist.ops.head_groups import head_groups
 from plsh_dist.ops.plsh_varlen import VarlenPerSample
 from plsh_dist.ops.triton_onepass import TritonOnePass
@@ -212,7 +215,7 @@ def _block_attention(q, k, v, sigma, hash_args, positions, causal, softmax_scale
         return _function_attention(q, k, v, lsh, positions, causal, softmax_scale, backend, method, return_lse,
                                    cu_seqlens)
     seed_t = seed if isinstance(seed, torch.Tensor) else torch.tensor(seed, dtype=torch.int64)
-    out, lse = custom_ops.block_attention(q, k, v, positions, cu_seqlens, seed_t, _sigma_tensor(sigma), num_samples,
+    out, lse = block_attention_op(q, k, v, positions, cu_seqlens, seed_t, _sigma_tensor(sigma), num_samples,
                                           sampler, fixed, causal, softmax_scale, str(getattr(backend, "value", backend)),
                                           str(getattr(method, "value", method)), False)
     return (out, lse) if return_lse else out
@@ -239,5 +242,63 @@ def _function_attention(q, k, v, lsh: PositionalLSH, positions, causal, softmax_
     return (out, lse) if return_lse else out
 
 
-# Last: the custom ops' module imports this one (its pure functions and checks).
-from plsh_dist.ops import custom_ops  # noqa: E402
+# --- the custom op (layer 2; registrations shared with ALiBi's: plsh_dist.ops.custom_ops) --------------------------------------------------------
+
+
+def _hash(sigma: Tensor, num_samples: int, seed: Tensor, sampler: str, fixed: bool) -> PositionalLSH:
+    return FixedBlocks(sigma) if fixed else PositionalLSH(sigma, num_samples, int(seed), sampler)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::block_attention", mutates_args=())
+def block_attention_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None, cu_seqlens: Tensor | None,
+                    seed: Tensor, sigma: Tensor, num_samples: int, sampler: str, fixed: bool, causal: bool,
+                    softmax_scale: float | None, backend: str, method: str,
+                    from_position_ids: bool) -> tuple[Tensor, Tensor]:
+    """PLSH (``fixed``: fixed blocks) attention: ``(out, lse)`` of :func:`plsh_dist.ops.plsh_attention`."""
+    lsh = _hash(sigma, num_samples, seed, sampler, fixed)
+    positions, cu_seqlens = op_layout(positions, cu_seqlens, q, from_position_ids)
+    pos, scale, strategy, docs = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method,
+                                                            cu_seqlens)
+    if docs is None:
+        out, lse, _ = strategy.forward(q, k, v, lsh, pos, causal=causal, scale=scale)
+    else:  # documents: one flat row of B * T tokens whose row boundaries are document boundaries
+        out, lse, _ = on_flat_row(strategy.forward, q, k, v, lsh, pos, causal=causal, scale=scale, docs=docs)
+    return out.contiguous(), lse.contiguous()
+
+
+@block_attention_op.register_fake
+def _(q, k, v, *_params):
+    return fake_forward(q)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::block_attention_backward", mutates_args=())
+def block_attention_op_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                             positions: Tensor | None, cu_seqlens: Tensor | None, seed: Tensor, sigma: Tensor,
+                             num_samples: int, sampler: str, fixed: bool, causal: bool,
+                             softmax_scale: float | None, backend: str, method: str,
+                             from_position_ids: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of :func:`block_attention_op`: the hash and the layouts rebuilt, the strategy's backward
+    with the merged ``out`` / ``lse``."""
+    lsh = _hash(sigma, num_samples, seed, sampler, fixed)
+    positions, cu_seqlens = op_layout(positions, cu_seqlens, q, from_position_ids)
+    pos, scale, strategy, docs = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method,
+                                                            cu_seqlens)
+    kw = dict(causal=causal, scale=scale)
+    if isinstance(strategy, VarlenPerSample):
+        # its backward takes the forward's varlen calls (host integers), which an op cannot keep: they are
+        # remade by running the forward again (compiled CUDA per-sample only; eager keeps them)
+        kw["saved"] = (strategy.forward(q, k, v, lsh, pos, **kw) if docs is None else
+                       on_flat_row(strategy.forward, q, k, v, lsh, pos, docs=docs, **kw))[2]
+    if docs is None:
+        grads = strategy.backward(dout, q, k, v, out, lse, lsh, pos, **kw)
+    else:
+        grads = backward_on_flat_row(strategy.backward, dout, q, k, v, out, lse, lsh, pos, docs=docs, **kw)
+    return tuple(g.contiguous() for g in grads)
+
+
+@block_attention_op_backward.register_fake
+def _(dout, q, k, v, *_params):
+    return fake_backward(q, k, v)
+
+
+register_autograd(block_attention_op, block_attention_op_backward)

@@ -1,4 +1,4 @@
-"""torch.compile of the attention ops and of whole decoder layers (plsh_dist.ops.custom_ops).
+"""torch.compile of the attention ops and of whole decoder layers (the ops as torch.library custom ops).
 
 The attention is one custom op per call (fake kernel + registered autograd), so a
 decoder layer of every bias compiles with ``fullgraph=True`` and no graph break, and
@@ -184,7 +184,7 @@ def test_op_backward_remakes_the_varlen_calls(monkeypatch, documents):
     tensors only, so its backward makes them again (run here on the CPU reference provider):
     gradients equal those of the autograd Function that keeps them."""
     from plsh_dist.ops import plsh as plsh_module
-    from plsh_dist.ops import custom_ops
+    from plsh_dist.ops.plsh import block_attention_op
     from plsh_dist.ops.backends import VARLEN_REFERENCE
     from plsh_dist.ops.documents import flat_documents, on_flat_row
     from plsh_dist.hashing import PositionalLSH
@@ -194,7 +194,7 @@ def test_op_backward_remakes_the_varlen_calls(monkeypatch, documents):
     q, k, v = (torch.randn(2, 30, H, 8, generator=g, dtype=torch.float64, requires_grad=True) for H in (2, 1, 1))
     cu = torch.tensor([0, 12, 30, 41, 60], dtype=torch.int32) if documents else None
     sigma = torch.tensor([3.0, 7.0], dtype=torch.float64)
-    out, _ = custom_ops.block_attention(q, k, v, None, cu, torch.tensor(4), sigma, 3, "iid", False, True, None,
+    out, _ = block_attention_op(q, k, v, None, cu, torch.tensor(4), sigma, 3, "iid", False, True, None,
                                         "auto", "auto", False)
     got = torch.autograd.grad(out.pow(2).sum(), (q, k, v))
     lsh = PositionalLSH(sigma, 3, 4)
