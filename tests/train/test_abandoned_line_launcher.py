@@ -92,7 +92,8 @@ def test_resume_before_a_corrupt_checkpoint_never_leaves_the_run_without_a_valid
 
     done = _launch(tiny_data, tmp_path, out, "5_to_step_7", "--run.max_steps=7", "--checkpoint.resume=auto")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"outputs: {out} (metrics.jsonl, checkpoints/)" in done.stdout  # no tensorboard/ or final/: not written
+    # no tensorboard/ or final/: not written
+    assert f"outputs: {out} (metrics.jsonl, training_curves.png, checkpoints/)" in done.stdout
     assert complete_tags(root) == [tag_for_step(6), tag_for_step(7)] and _valid_steps(root) == [6, 7]
     _auto_is_newest_valid(out)
     abandoned = root / "abandoned" / tag_for_step(5)
