@@ -378,8 +378,8 @@ def _alibi_forward(b: AttentionBinding, ops, q, k, v, common):
 def _alibi_op(q, k, v, common, slopes, window, chunk_size):
     """The compiled path (raw position_ids, laid out inside the op): ``plsh_dist::alibi_attention``."""
     return alibi_attention_op(q, k, v, common["positions"], common.get("cu_seqlens"), slopes,
-                                      window_list(window), common["causal"], common["softmax_scale"], chunk_size,
-                                      True)[0]
+                              window_list(window), common["causal"], common["softmax_scale"], chunk_size,
+                              True)[0]
 
 
 def _alibi_decode(b: AttentionBinding, q, k, v, q_pos, k_pos, scale):
@@ -404,11 +404,12 @@ def _fixed_blocks_forward(b: AttentionBinding, ops, q, k, v, common):
 
 
 def _block_op(b: AttentionBinding, q, k, v, common, sigma, num_samples, seed, sampler, fixed):
-    """``plsh_dist::block_attention`` of the binding's hash (``fixed``: the fixed blocks)."""
+    """The compiled path (raw position_ids, laid out inside the op): ``plsh_dist::block_attention`` of the
+    binding's hash (``fixed``: the fixed blocks)."""
     sigma_t = sigma if isinstance(sigma, torch.Tensor) else torch.tensor([float(sigma)], dtype=torch.float64)
     return block_attention_op(q, k, v, common["positions"], common.get("cu_seqlens"), seed, sigma_t,
-                                      num_samples, sampler, fixed, common["causal"], common["softmax_scale"],
-                                      b.cfg.backend, b.cfg.method, bool(common.get("from_position_ids")))[0]
+                              num_samples, sampler, fixed, common["causal"], common["softmax_scale"],
+                              b.cfg.backend, b.cfg.method, True)[0]
 
 
 @functools.lru_cache(maxsize=256)

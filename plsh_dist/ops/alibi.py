@@ -410,7 +410,7 @@ def alibi_attention(
         out, lse = _kernel_window(q, k, v, slopes, pos, causal, window, scale)
     else:
         out, lse = alibi_attention_op(q, k, v, positions, cu_seqlens, _slopes_tensor(slopes),
-                                              window_list(window), causal, softmax_scale, chunk_size, False)
+                                      window_list(window), causal, softmax_scale, chunk_size, False)
     return (out, lse) if return_lse else out
 
 

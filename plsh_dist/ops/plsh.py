@@ -216,8 +216,8 @@ def _block_attention(q, k, v, sigma, hash_args, positions, causal, softmax_scale
                                    cu_seqlens)
     seed_t = seed if isinstance(seed, torch.Tensor) else torch.tensor(seed, dtype=torch.int64)
     out, lse = block_attention_op(q, k, v, positions, cu_seqlens, seed_t, _sigma_tensor(sigma), num_samples,
-                                          sampler, fixed, causal, softmax_scale, str(getattr(backend, "value", backend)),
-                                          str(getattr(method, "value", method)), False)
+                                  sampler, fixed, causal, softmax_scale, str(getattr(backend, "value", backend)),
+                                  str(getattr(method, "value", method)), False)
     return (out, lse) if return_lse else out
 
 
