@@ -1,7 +1,8 @@
-"""GPU check in two stages, results in one folder: a smoke stage of minutes, then the full check.
+"""GPU check in three stages, results in one folder: a smoke stage of minutes, the CUDA-graph
+stage of minutes, then the full check.
 
     make gpu-check GPU_OUT=gpu_results          # or, where there is no make:
-    python3 launchers/gpu_check.py --out gpu_results [--stage smoke|full|both] [--bench-budget-s 200]
+    python3 launchers/gpu_check.py --out gpu_results [--stage smoke|graph|full|both|all] [--bench-budget-s 200]
 
 Built for a GPU machine lent for about 15 minutes, machine start included, where
 nothing can be downloaded: it uses the PyTorch and Triton already installed
@@ -13,7 +14,16 @@ there, and needs neither make, flash-attn, DeepSpeed nor datasets.
    reference at two shapes, and forward + backward of the kernel against the
    causal SDPA floor (flash, and cuDNN where present) at 8k and 32k. Needs no
    pytest.
-2. **full**: the CUDA tests (pytest; said and skipped when pytest is not
+2. **graph** (``launchers/gpu_graph.py``, in a child process killed
+   ``--graph-budget-s`` + 60 s after it starts; about 3 minutes): one training step
+   of the 0.6B model of ``configs/qwen3_0.6b_8k_plsh_s10.toml`` at 8k tokens, eager,
+   with compiled layers, and captured in a CUDA graph replayed under
+   ``torch.cuda.set_sync_debug_mode("error")``; the replay's loss and gradients
+   against eager's, before and after a new step is written into the seed context's
+   step tensor; every host sync of one eager step, by source line. Writes
+   ``graph.json``; a failure (capture, sync, out of memory, a crash) is recorded there,
+   and the full stage still runs.
+3. **full**: the CUDA tests (pytest; said and skipped when pytest is not
    installed, within ``--tests-timeout-s``), the varlen planning cost, and the
    GPU benchmark (``launchers/bench_attention_gpu.py``) within
    ``--bench-budget-s``.
@@ -21,10 +31,12 @@ there, and needs neither make, flash-attn, DeepSpeed nor datasets.
 Without CUDA it runs the CPU-safe parts and says the GPU parts were skipped:
 the smoke stage's correctness check at toy sizes under Triton's interpreter
 (this script sets ``TRITON_INTERPRET=1`` before triton is imported when there
-is no CUDA), the CPU tests of the varlen path, the planning cost, and the
+is no CUDA), the graph stage's eager and compiled steps on a toy model, the CPU tests of the varlen path, the planning cost, and the
 benchmark's code at toy sizes.
 
-Writes under ``--out``: ``smoke.json`` + ``smoke.md`` (smoke), ``check.json``
+``--stage all`` (the default) runs smoke, graph, full in this order; ``both`` smoke then full.
+
+Writes under ``--out``: ``smoke.json`` + ``smoke.md`` (smoke), ``graph.json`` (graph), ``check.json``
 (environment, test outcomes, planning cost), ``pytest*.xml`` and
 ``bench/results.json`` + ``bench/results.md`` (full), and ``summary.txt``
 (short, human: both stages). Exit status 1 when a check or test failed.
@@ -52,6 +64,11 @@ GPU_TESTS = ["tests/ops/test_cuda_backends.py", "tests/ops/test_plsh_attention.p
              # the fused Triton kernel compiled on the GPU (bf16 too) against the fp64 reference
              "tests/ops/triton_kernel/test_triton_attention.py", "tests/ops/triton_kernel/test_triton_counts.py"]
 CPU_SAFE_TESTS = ["tests/ops/test_varlen_strategy.py"]
+#: Stages of each ``--stage`` value, in the order they run (smoke first: it is the shortest).
+STAGES = {"smoke": ("smoke",), "graph": ("graph",), "full": ("full",), "both": ("smoke", "full"),
+          "all": ("smoke", "graph", "full")}
+#: Seconds the graph stage's process gets past its own budget before it is killed.
+GRAPH_GRACE_S = 60.0
 
 
 def environment() -> dict:
@@ -135,7 +152,7 @@ def planning_cost(device_name: str) -> list[dict]:
     return rows
 
 
-def summary_text(env: dict, smoke: dict | None, full: dict | None) -> str:
+def summary_text(env: dict, smoke: dict | None, full: dict | None, graph: dict | None = None) -> str:
     """The human summary of whichever stages ran."""
     lines = [f"plsh_dist gpu-check on {env['device']} (torch {env['torch']}, CUDA {env['cuda']})"]
     if not env["cuda_available"]:
@@ -149,6 +166,10 @@ def summary_text(env: dict, smoke: dict | None, full: dict | None) -> str:
         for r in smoke["timings"]:
             lines.append(f"  T={r['T']:>6} {r['method']:<24} " + (f"{r['time_ms']:9.3f} ms" if r["status"] == "ok"
                                                                   else r["status"]))
+    if graph is not None:  # the lines gpu_graph.py wrote with its results, and how its process ended
+        lines += graph.get("summary") or ["graph stage: FAILED, it wrote no results"]
+        if "process" in graph["failures"]:
+            lines.append(f"  FAILED process: {graph['failures']['process']['error'][:1500]}")
     if full is not None:
         lines += _full_summary(env, full)
     return "\n".join(lines) + "\n"
@@ -205,6 +226,35 @@ def run_full(env: dict, out: Path, args) -> dict:
     return {"pytest": why, "tests": tests, "planning": plans, "bench": bench}
 
 
+def run_graph_stage(out: Path, budget_s: float) -> dict:
+    """``launchers/gpu_graph.py`` in a child process (a crash or a poisoned CUDA context stays there),
+    killed ``GRAPH_GRACE_S`` after its budget; its ``graph.json``, with how the process ended when it
+    did not end by itself (what it wrote before stays)."""
+    path = out / "graph.json"
+    path.unlink(missing_ok=True)
+    limit = budget_s + GRAPH_GRACE_S
+    cmd = [sys.executable, str(ROOT / "launchers" / "gpu_graph.py"), "--out", str(out), "--budget-s", str(budget_s)]
+    ended = None
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=limit)
+        output = proc.stdout + proc.stderr
+        if proc.returncode not in (0, 1):
+            ended = f"the process ended with exit status {proc.returncode}: {output[-1500:]}"
+    except subprocess.TimeoutExpired as exc:
+        output = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+                         for x in (exc.stdout, exc.stderr))
+        ended = f"killed after {limit:.0f} s (--graph-budget-s {budget_s:.0f} + {GRAPH_GRACE_S:.0f})"
+    print(output[-6000:], flush=True)
+    result = json.loads(path.read_text()) if path.is_file() else {
+        "cuda": None, "skipped": [], "failures": {}, "sync_sites": {}, "times": {}, "checks": {}, "ratios": {}}
+    if ended is not None or not path.is_file():
+        result["failures"]["process"] = {"error": ended or f"no graph.json was written: {output[-1500:]}",
+                                         "chain": []}
+        result["ok"] = False
+        path.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
 def _interpret_without_cuda() -> None:
     """Without CUDA, Triton's CPU interpreter for the kernel's checks: ``TRITON_INTERPRET=1`` must be
     set before triton is imported (as ``tests/conftest.py`` does)."""
@@ -226,9 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True,
                    help="folder for smoke.{json,md}, summary.txt, check.json, pytest*.xml, bench/")
-    p.add_argument("--stage", choices=("smoke", "full", "both"), default="both",
-                   help="smoke: the kernel's bf16 check and two timings (minutes); full: tests + benchmark; both: "
-                        "smoke, then full")
+    p.add_argument("--stage", choices=tuple(STAGES), default="all",
+                   help="smoke: the kernel's bf16 check and two timings (minutes); graph: one training step of the "
+                        "0.6B model at 8k eager, compiled and in a CUDA graph (minutes); full: tests + benchmark; "
+                        "both: smoke, then full; all: smoke, graph, full")
+    p.add_argument("--graph-budget-s", type=float, default=170.0,
+                   help="the graph stage starts no part past this; its process is killed 60 s later")
     p.add_argument("--bench-budget-s", type=float, default=200.0,
                    help="time budget of the benchmark grid (the cases past it are skipped and recorded)")
     p.add_argument("--tests-timeout-s", type=float, default=240.0, help="each pytest run is killed past this")
@@ -240,18 +293,23 @@ def main(argv: list[str] | None = None) -> int:
 
     env = environment()
     print(json.dumps(env), flush=True)
-    smoke = full = None
-    if args.stage in ("smoke", "both"):
+    smoke = full = graph = None
+    stages = STAGES[args.stage]
+    if "smoke" in stages:
         smoke = _load_launcher("gpu_smoke").run_smoke(out)  # written before the full stage starts
         (out / "summary.txt").write_text(summary_text(env, smoke, None))
         print(f"smoke stage: {'ok' if smoke['ok'] else 'FAILED'} in {smoke['wall_s']} s ({out / 'smoke.md'})",
               flush=True)
-    if args.stage in ("full", "both"):
+    if "graph" in stages:
+        graph = run_graph_stage(out, args.graph_budget_s)
+        (out / "summary.txt").write_text(summary_text(env, smoke, None, graph))
+        print(f"graph stage: {'ok' if graph.get('ok') else 'FAILED'} ({out / 'graph.json'})", flush=True)
+    if "full" in stages:
         full = run_full(env, out, args)
-    text = summary_text(env, smoke, full)
+    text = summary_text(env, smoke, full, graph)
     (out / "summary.txt").write_text(text)
     print(text)
-    failed = smoke is not None and not smoke["ok"]
+    failed = (smoke is not None and not smoke["ok"]) or (graph is not None and not graph.get("ok"))
     if full is not None:
         failed |= any(res["failed"] or res["exit_code"] not in (0, 5) for res in full["tests"].values())
     return 1 if failed else 0
