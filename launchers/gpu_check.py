@@ -2,7 +2,7 @@
 stage of minutes, then the full check.
 
     make gpu-check GPU_OUT=gpu_results          # or, where there is no make:
-    python3 launchers/gpu_check.py --out gpu_results [--stage smoke|graph|full|both|all] [--bench-budget-s 200]
+    python3 launchers/gpu_check.py --out gpu_results [--stage smoke|graph|full|both|all]
 
 Built for a GPU machine lent for about 15 minutes, machine start included, where
 nothing can be downloaded: it uses the PyTorch and Triton already installed
@@ -31,15 +31,17 @@ there, and needs neither make, flash-attn, DeepSpeed nor datasets.
 Without CUDA it runs the CPU-safe parts and says the GPU parts were skipped:
 the smoke stage's correctness check at toy sizes under Triton's interpreter
 (this script sets ``TRITON_INTERPRET=1`` before triton is imported when there
-is no CUDA), the graph stage's eager and compiled steps on a toy model, the CPU tests of the varlen path, the planning cost, and the
-benchmark's code at toy sizes.
+is no CUDA), the graph stage's eager and compiled steps on a toy model, the
+CPU tests of the varlen path, the planning cost, and the benchmark's code at
+toy sizes.
 
 ``--stage all`` (the default) runs smoke, graph, full in this order; ``both`` smoke then full.
 
 Writes under ``--out``: ``smoke.json`` + ``smoke.md`` (smoke), ``graph.json`` (graph), ``check.json``
 (environment, test outcomes, planning cost), ``pytest*.xml`` and
 ``bench/results.json`` + ``bench/results.md`` (full), and ``summary.txt``
-(short, human: both stages). Exit status 1 when a check or test failed.
+(short, human: every stage that ran). Exit status 1 when a check or test failed, or
+the graph stage did.
 """
 
 from __future__ import annotations

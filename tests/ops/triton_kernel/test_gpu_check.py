@@ -50,19 +50,26 @@ def test_smoke_stage_fails_on_a_wrong_kernel(tmp_path, monkeypatch):
     assert "FAILED" in (tmp_path / "summary.txt").read_text()
 
 
-def test_both_stages_write_the_smoke_results_first_and_cope_without_pytest(tmp_path, monkeypatch):
+def test_all_stages_run_smoke_graph_full_in_order_and_cope_without_pytest(tmp_path, monkeypatch):
+    """The default (``all``): the smoke results are written before the graph stage starts, the graph
+    stage's before the full stage (the graph stage itself: test_gpu_graph.py; stood in for here)."""
     check = _check()
-    seen = {}
+    seen = []
     run_full = check.run_full
 
-    def full_after_smoke(env, out, args):
-        seen["smoke written"] = (out / "smoke.json").is_file() and (out / "smoke.md").is_file()
+    def graph_after_smoke(out, budget_s):
+        seen.append(("graph", (out / "smoke.json").is_file() and (out / "smoke.md").is_file()))
+        return {"ok": True, "failures": {}, "summary": ["graph stage (stand-in): ok"]}
+
+    def full_after_graph(env, out, args):
+        seen.append(("full", "graph stage (stand-in)" in (out / "summary.txt").read_text()))
         return run_full(env, out, args)
 
-    monkeypatch.setattr(check, "run_full", full_after_smoke)
+    monkeypatch.setattr(check, "run_graph_stage", graph_after_smoke)
+    monkeypatch.setattr(check, "run_full", full_after_graph)
     monkeypatch.setattr(check, "pytest_status", lambda: "pytest is not installed: the tests were skipped (test)")
     assert check.main(["--out", str(tmp_path), "--skip-bench"]) == 0
-    assert seen["smoke written"]
+    assert seen == [("graph", True), ("full", True)]
     result = json.loads((tmp_path / "check.json").read_text())
     assert result["tests"] == {} and "not installed" in result["pytest"] and result["planning"]
     assert "pytest is not installed" in (tmp_path / "summary.txt").read_text()
