@@ -79,11 +79,12 @@ rehearsal: $(STAMP) cluster-deps
 	$(PY) launchers/rehearsal.py $(REHEARSAL_ARGS)
 
 # GPU machine (no downloads): the installed PyTorch, this package without its
-# dependencies; the smoke stage (bf16 kernel check, two timings), then the CUDA
-# tests + GPU benchmark; results in $(GPU_OUT). No .venv. Without make:
-# python3 launchers/gpu_check.py --out gpu_results [--stage smoke|full|both].
+# dependencies; the smoke stage (bf16 kernel check, two timings), the graph
+# stage (one 0.6B training step at 8k: eager, compiled, in a CUDA graph), then
+# the CUDA tests + GPU benchmark; results in $(GPU_OUT). No .venv. Without make:
+# python3 launchers/gpu_check.py --out gpu_results [--stage smoke|graph|full|both|all].
 GPU_OUT ?= gpu_results
-GPU_STAGE ?= both
+GPU_STAGE ?= all
 gpu-check:
 	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e . \
 	    || echo "pip install -e . failed: running from the source tree (PYTHONPATH)"

@@ -11,7 +11,7 @@ micro-step, on one process: gradients set to None, forward, the mean fp32 token
 cross-entropy (as ``plsh_dist.train.losses``, not imported: ``plsh_dist.train``
 imports DeepSpeed), backward, and ``torch.optim.AdamW(capturable=True)`` with the
 config's ``[optim]`` settings (no clipping, no schedule). Its median time is
-measured three ways:
+measured four ways:
 
 - **eager**: the step as written;
 - **compiled**: every decoder layer compiled as ``[run].compile = "inductor"`` does
@@ -19,16 +19,24 @@ measured three ways:
 - **graphed**: the eager step captured in one ``torch.cuda.graph`` (static inputs,
   three warm-up steps on a side stream first, as PyTorch's CUDA-graph docs prescribe)
   and replayed, with ``torch.cuda.set_sync_debug_mode("error")`` during capture and
-  every replay. Compiled layers inside a graph (``mode="reduce-overhead"``) are not
-  measured.
+  every replay;
+- **compiled+graphed**: the same capture of the step with compiled layers (the
+  compiled path takes the hash seed from the step tensor; the eager one from Python).
 
-Checks, at fixed weights (a snapshot restored before each checked step): a replay,
-and a compiled step, give the loss and the gradients of every layer's q_proj and
-k_proj within flash-attention's rule (at most 2x the eager bf16 step's error
-against an fp32 copy of the model, plus a rounding slack) at the captured step; the
-seed context's step tensor is then updated in place (``runtime.set_step``) and the
-next replay must match the new step's reference and not the old one's: the masks
-changed, so the graph reads the seed from a tensor rather than a constant. Before
+Checks, at fixed weights (a snapshot restored before each checked step): a replay
+(and a compiled step) gives the loss and the gradients of every layer's q_proj and
+k_proj (relative L2 over all of them) at the captured step within flash-attention's
+rule, as the kernel's tests use it: at most 2x the eager bf16 step's error against
+an fp32 copy of the model with the same weights and masks, plus 1e-4 (a bf16 value
+eager happens to get nearly exactly). A replay runs eager's kernels on eager's
+inputs and should match eager to the bit (``loss_minus_eager`` and
+``grad_distance_to_eager`` say whether it does); a compiled step fuses and rounds
+differently, and may err up to twice what eager does. Then the seed context's step
+tensor is updated in place (``runtime.set_step``) and the next replay must match
+the new step's reference and be further than that allowance from the old step's:
+the masks changed, so the graph reads the seed from a tensor rather than a
+constant (where it reproduces the old step's gradients, the report says that the
+seed is a constant of the graph). Before
 all that, one eager step runs under ``set_sync_debug_mode("warn")`` and every host
 synchronisation seen from Python is listed with its source line (as is one compiled
 step's): what a capture would trip on.
@@ -76,7 +84,7 @@ CONFIG = ROOT / "configs" / "qwen3_0.6b_8k_plsh_s10.toml"
 #: Seconds after which parts not yet started are skipped (gpu_check.py kills the process GRACE_S later).
 GRAPH_BUDGET_S = 170.0
 #: A part is started only with this many seconds of the budget left (the compile needs the most).
-NEEDS_S = {"eager": 20.0, "references": 15.0, "graphed": 25.0, "compiled": 60.0}
+NEEDS_S = {"eager": 20.0, "references": 15.0, "graphed": 25.0, "compiled": 60.0, "compiled+graphed": 15.0}
 #: The step whose masks are captured, and the one written into the step tensor after capture.
 STEPS = (0, 1)
 TIMED = {"eager": 5, "graphed": 10, "compiled": 5}
@@ -329,8 +337,9 @@ def eager_part(s: Setup, cuda: bool, result: dict) -> None:
     result["times"]["eager"] = _times(timed(lambda: train_step(s), TIMED["eager"] if cuda else TIMED_CPU, cuda))
 
 
-def graphed_part(s: Setup, weights: list[torch.Tensor], refs: dict, result: dict) -> None:
-    """Capture the eager step in one CUDA graph (sync debug mode "error"), check replays, time them."""
+def graphed_part(s: Setup, weights: list[torch.Tensor], refs: dict, result: dict, name: str = "graphed") -> None:
+    """Capture the step as the model now runs it (eager, or with compiled layers) in one CUDA graph
+    (sync debug mode "error"), time replays, check them; under ``name``."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up on a side stream (PyTorch's CUDA-graph docs)
@@ -346,7 +355,7 @@ def graphed_part(s: Setup, weights: list[torch.Tensor], refs: dict, result: dict
             static_loss = train_step(s)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    result["times"]["graphed"] = {"capture_s": round(time.perf_counter() - t0, 2)}
+    result["times"][name] = {"capture_s": round(time.perf_counter() - t0, 2)}
     static_grads = [p.grad for p in s.fingerprint()]  # the graph's own tensors, rewritten by every replay
     if any(g is None for g in static_grads):
         raise RuntimeError("the captured backward left no gradient on a q_proj/k_proj weight")
@@ -359,10 +368,10 @@ def graphed_part(s: Setup, weights: list[torch.Tensor], refs: dict, result: dict
             torch.cuda.set_sync_debug_mode("default")
         return static_loss
 
-    result["times"]["graphed"].update(_times(timed(replay, TIMED["graphed"], True)))
+    result["times"][name].update(_times(timed(replay, TIMED["graphed"], True)))
     if refs is not None:
         got = checked_steps(s, weights, lambda: (replay(), torch.cuda.synchronize())[0], lambda: static_grads)
-        result["checks"]["graphed"] = judge(got, refs, s.dtype)
+        result["checks"][name] = judge(got, refs, s.dtype)
 
 
 def compiled_part(s: Setup, weights: list[torch.Tensor], refs: dict, backend: str, cuda: bool,
@@ -403,7 +412,8 @@ def run_graph(out: Path, budget_s: float = GRAPH_BUDGET_S, compile_backend: str 
         result["skipped"].append("the CUDA graph (capture, replay, set_sync_debug_mode) and the 0.6B model at 8k in "
                                  "bf16: no CUDA (nothing here is measured on a GPU); ran the eager and compiled steps "
                                  f"of the {CPU_TOY['preset']} preset at {CPU_TOY['seq_len']} tokens in fp32 instead")
-    parts = ["eager", "references", "graphed", "compiled"] if cuda else ["eager", "references", "compiled"]
+    parts = ["eager", "references", "graphed", "compiled", "compiled+graphed"] if cuda else \
+        ["eager", "references", "compiled"]
     try:
         s = build(cuda)
     except Exception as exc:  # noqa: BLE001  (out of memory, a missing package: said, not raised)
@@ -429,8 +439,12 @@ def run_graph(out: Path, budget_s: float = GRAPH_BUDGET_S, compile_backend: str 
                 refs = references(s)
             elif part == "graphed":
                 graphed_part(s, weights, refs, result)
-            else:
+            elif part == "compiled":
                 compiled_part(s, weights, refs, backend, cuda, result)
+            elif "compiled" in result["failures"] or "compiled" not in result["times"]:
+                result["skipped"].append(f"{part}: the compiled step did not run")
+            else:
+                graphed_part(s, weights, refs, result, part)
         except Exception as exc:  # noqa: BLE001  (capture errors, syncs, OOM: recorded, the next part runs)
             result["failures"][part] = failure(exc)
             if cuda:
@@ -473,7 +487,7 @@ def summary_lines(result: dict) -> list[str]:
     for name, t in result["times"].items():
         extra = "".join(f", {k} {t[k]}" for k in ("capture_s", "compile_s", "backend") if k in t)
         ratio = result["ratios"].get(f"eager_over_{name}")
-        lines.append(f"  {name:<9} " + (f"{t['median_ms']:10.2f} ms/step" if "median_ms" in t else "not timed")
+        lines.append(f"  {name:<16} " + (f"{t['median_ms']:10.2f} ms/step" if "median_ms" in t else "not timed")
                      + (f"  (eager / {name} = {ratio:.2f}x)" if ratio else "") + extra)
     for name, check in result["checks"].items():
         masks = check["masks"]

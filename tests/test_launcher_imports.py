@@ -1,5 +1,5 @@
 """Launchers import the installed package as any user script would: no ``sys.path`` set-up
-and so no ``noqa: E402`` imports, except the GPU check's two scripts, which run from a plain
+and so no ``noqa: E402`` imports, except the GPU check's three scripts, which run from a plain
 checkout on a machine where nothing can be installed (docs/gpu.md)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 LAUNCHERS = Path(__file__).resolve().parents[1] / "launchers"
-PLAIN_CHECKOUT = {"gpu_check.py", "gpu_smoke.py"}
+PLAIN_CHECKOUT = {"gpu_check.py", "gpu_smoke.py", "gpu_graph.py"}
 
 
 def test_only_the_gpu_check_scripts_set_their_own_path():

@@ -99,6 +99,6 @@ def test_gpu_check_records_a_graph_process_it_had_to_kill(tmp_path, monkeypatch)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the graph stage on the 0.6B model at 8k")
 def test_the_step_is_captured_and_replays_as_eager(tmp_path):
     result = load_launcher("gpu_graph").run_graph(tmp_path)
-    assert set(result["times"]) == {"eager", "graphed", "compiled"}, result["summary"]
+    assert set(result["times"]) == {"eager", "graphed", "compiled", "compiled+graphed"}, result["summary"]
     assert result["ok"], "\n".join(result["summary"])
-    assert result["checks"]["graphed"]["masks"]["changed"] and result["checks"]["compiled"]["masks"]["changed"]
+    assert all(check["masks"]["changed"] for check in result["checks"].values())
