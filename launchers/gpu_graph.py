@@ -81,7 +81,7 @@ import torch.nn.functional as F  # noqa: E402
 from plsh_dist.models import AttentionConfig, AttentionRuntime, build_model, compile_layers, presets  # noqa: E402
 
 CONFIG = ROOT / "configs" / "qwen3_0.6b_8k_plsh_s10.toml"
-#: Seconds after which parts not yet started are skipped (gpu_check.py kills the process GRACE_S later).
+#: Seconds after which parts not yet started are skipped (gpu_check.py kills the process GRAPH_GRACE_S later).
 GRAPH_BUDGET_S = 170.0
 #: A part is started only with this many seconds of the budget left (the compile needs the most).
 NEEDS_S = {"eager": 20.0, "references": 15.0, "graphed": 25.0, "compiled": 60.0, "compiled+graphed": 15.0}

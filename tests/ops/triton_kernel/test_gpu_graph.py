@@ -14,6 +14,15 @@ from tests.launchers import load_launcher
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of the stage (a GPU runs the real one)")
 
 
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each run compiles a new model's layers: no test inherits another's compiled code (nor its
+    recompile count)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 @no_cuda
 def test_graph_stage_runs_the_cpu_part_and_says_what_it_skipped(tmp_path):
     graph = load_launcher("gpu_graph")
