@@ -349,12 +349,12 @@ def graphed_part(s: Setup, weights: list[torch.Tensor], refs: dict, result: dict
     s.optimizer.zero_grad(set_to_none=True)
     graph = torch.cuda.CUDAGraph()
     t0 = time.perf_counter()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph):  # its entry synchronises the device: the debug mode starts inside
+        torch.cuda.set_sync_debug_mode("error")
+        try:
             static_loss = train_step(s)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     result["times"][name] = {"capture_s": round(time.perf_counter() - t0, 2)}
     static_grads = [p.grad for p in s.fingerprint()]  # the graph's own tensors, rewritten by every replay
     if any(g is None for g in static_grads):
