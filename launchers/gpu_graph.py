@@ -250,22 +250,39 @@ def _short(filename: str) -> str:
 def references(s: Setup) -> dict:
     """At the current weights, for each step of :data:`STEPS`: the loss and fingerprint gradients of
     the eager step (``base``) and of a copy of the model in a higher precision (``ref``: fp32 for a
-    bf16 model, fp64 for fp32), same seed context, same masks."""
+    bf16 model, fp64 for fp32), same seed context, same masks. On CUDA the copy runs the fused kernel
+    in fp32 (IEEE products); where that fails (its bf16 tiles were never sized for fp32) it runs the
+    torch one pass, and says why."""
     ref_dtype = torch.float32 if s.dtype in (torch.bfloat16, torch.float16) else torch.float64
-    ref_runtime = AttentionRuntime(run_seed=s.runtime.run_seed)
-    ref_model = build_model(s.model_cfg, s.attn_cfg, ref_runtime, device=s.batch["input_ids"].device, dtype=ref_dtype)
-    ref_model.load_state_dict(s.model.state_dict())  # the low-precision weights, exactly
-    ref = s._replace(model=ref_model, runtime=ref_runtime)
     out = {"base": {}, "ref": {}, "ref_dtype": str(ref_dtype).split(".")[-1]}
     for step in STEPS:
-        for name, setup in (("base", s), ("ref", ref)):
-            setup.runtime.set_step(step)
-            loss = loss_of(setup.model, setup.batch)
-            grads = torch.autograd.grad(loss, setup.fingerprint())
-            out[name][step] = (float(loss.detach()), [g.detach().double() for g in grads])
-    del ref, ref_model
+        out["base"][step] = _loss_and_grads(s, step)
+    backends = [s.attn_cfg.backend] + (["torch"] if s.attn_cfg.backend != "torch" else [])
+    for i, backend in enumerate(backends):
+        runtime = AttentionRuntime(run_seed=s.runtime.run_seed)
+        attn_cfg = dataclasses.replace(s.attn_cfg, backend=backend)
+        model = build_model(s.model_cfg, attn_cfg, runtime, device=s.batch["input_ids"].device, dtype=ref_dtype)
+        model.load_state_dict(s.model.state_dict())  # the low-precision weights, exactly
+        try:
+            out["ref"] = {step: _loss_and_grads(s._replace(model=model, runtime=runtime), step) for step in STEPS}
+            out["ref_backend"] = backend
+            break
+        except Exception as exc:  # noqa: BLE001  (the next backend is tried; the last one's error is raised)
+            if i == len(backends) - 1:
+                raise
+            out["ref_fallback"] = f"{backend} in {out['ref_dtype']} failed: " + failure(exc)["error"]
+        finally:
+            del model
     s.runtime.set_step(STEPS[0])
     return out
+
+
+def _loss_and_grads(s: Setup, step: int) -> tuple[float, list[torch.Tensor]]:
+    """Loss and fingerprint gradients of ``s.model`` at ``step`` (``.grad`` untouched)."""
+    s.runtime.set_step(step)
+    loss = loss_of(s.model, s.batch)
+    grads = torch.autograd.grad(loss, s.fingerprint())
+    return float(loss.detach()), [g.detach().double() for g in grads]
 
 
 def _rel(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
@@ -437,6 +454,7 @@ def run_graph(out: Path, budget_s: float = GRAPH_BUDGET_S, compile_backend: str 
                 result["skipped"].append(f"{part}: the eager step failed")
             elif part == "references":
                 refs = references(s)
+                result["references"] = {k: refs[k] for k in ("ref_dtype", "ref_backend", "ref_fallback") if k in refs}
             elif part == "graphed":
                 graphed_part(s, weights, refs, result)
             elif part == "compiled":
@@ -484,6 +502,10 @@ def summary_lines(result: dict) -> list[str]:
     if what:
         lines.append(f"  {what['model']}, {what['tokens']} tokens, {what['dtype']}, {what['attention']}")
     lines += [f"  SKIPPED {s}" for s in result["skipped"]]
+    ref = result.get("references")
+    if ref:
+        lines.append(f"  references: a {ref['ref_dtype']} copy on the {ref['ref_backend']} backend"
+                     + (f" ({ref['ref_fallback']})" if "ref_fallback" in ref else ""))
     for name, t in result["times"].items():
         extra = "".join(f", {k} {t[k]}" for k in ("capture_s", "compile_s", "backend") if k in t)
         ratio = result["ratios"].get(f"eager_over_{name}")

@@ -33,6 +33,7 @@ def test_graph_stage_runs_the_cpu_part_and_says_what_it_skipped(tmp_path):
     assert set(result["times"]) == {"eager", "compiled"} and result["sync_sites"] == {}
     assert all(t["median_ms"] > 0 and len(t["all_ms"]) == graph.TIMED_CPU for name, t in result["times"].items())
     assert result["times"]["compiled"]["backend"] == "aot_eager" and set(result["ratios"]) == {"eager_over_compiled"}
+    assert result["references"] == {"ref_dtype": "float64", "ref_backend": "auto"}
     check = result["checks"]["compiled"]
     assert check["ok"] and check["masks"]["changed"] and check["masks"]["conclusive"]
     for step in graph.STEPS:
@@ -64,6 +65,28 @@ def test_a_stage_out_of_budget_skips_its_parts(tmp_path):
     result = load_launcher("gpu_graph").run_graph(tmp_path, budget_s=0.0)
     assert result["times"] == {} and result["ok"]  # nothing failed: nothing ran, and it says so
     assert sum("budget" in s for s in result["skipped"]) == 3
+
+
+def test_a_reference_copy_that_fails_falls_back_to_the_torch_backend(monkeypatch):
+    """On CUDA the fp32 copy runs the fused kernel first; where that fails (say, out of shared memory:
+    its tiles are sized for bf16) the torch one pass gives the reference, and the report says why."""
+    graph = load_launcher("gpu_graph")
+    s = graph.build(False)
+    real = graph.build_model
+
+    def first_backend_fails(model_cfg, attn_cfg, runtime, **kwargs):
+        model = real(model_cfg, attn_cfg, runtime, **kwargs)
+        if kwargs["dtype"] == torch.float64 and attn_cfg.backend != "torch":
+            def forward(*_args, **_kwargs):
+                raise RuntimeError("out of resources: shared memory (test)")
+            model.forward = forward
+        return model
+
+    monkeypatch.setattr(graph, "build_model", first_backend_fails)
+    refs = graph.references(s)
+    assert refs["ref_backend"] == "torch" and "out of resources" in refs["ref_fallback"]
+    assert set(refs["ref"]) == set(refs["base"]) == set(graph.STEPS)
+    assert refs["ref"][0][0] == pytest.approx(refs["base"][0][0], rel=1e-5)
 
 
 def test_sync_warnings_are_filed_by_source_line():
