@@ -27,7 +27,8 @@ Checks, at fixed weights (a snapshot restored before each checked step): a repla
 (and a compiled step) gives the loss and the gradients of every layer's q_proj and
 k_proj (relative L2 over all of them) at the captured step within flash-attention's
 rule, as the kernel's tests use it: at most 2x the eager bf16 step's error against
-an fp32 copy of the model with the same weights and masks, plus 1e-4 (a bf16 value
+an fp32 copy of the model with the same weights and masks (the fused kernel in fp32,
+or the torch one pass where that fails), plus 1e-4 (a bf16 value
 eager happens to get nearly exactly). A replay runs eager's kernels on eager's
 inputs and should match eager to the bit (``loss_minus_eager`` and
 ``grad_distance_to_eager`` say whether it does); a compiled step fuses and rounds
