@@ -168,10 +168,8 @@ def summary_text(env: dict, smoke: dict | None, full: dict | None, graph: dict |
         for r in smoke["timings"]:
             lines.append(f"  T={r['T']:>6} {r['method']:<24} " + (f"{r['time_ms']:9.3f} ms" if r["status"] == "ok"
                                                                   else r["status"]))
-    if graph is not None:  # the lines gpu_graph.py wrote with its results, and how its process ended
-        lines += graph.get("summary") or ["graph stage: FAILED, it wrote no results"]
-        if "process" in graph["failures"]:
-            lines.append(f"  FAILED process: {graph['failures']['process']['error'][:1500]}")
+    if graph is not None:  # the lines gpu_graph.py wrote with its results (run_graph_stage: how its process ended)
+        lines += graph["summary"]
     if full is not None:
         lines += _full_summary(env, full)
     return "\n".join(lines) + "\n"
@@ -245,14 +243,17 @@ def run_graph_stage(out: Path, budget_s: float) -> dict:
     except subprocess.TimeoutExpired as exc:
         output = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
                          for x in (exc.stdout, exc.stderr))
-        ended = f"killed after {limit:.0f} s (--graph-budget-s {budget_s:.0f} + {GRAPH_GRACE_S:.0f})"
+        ended = f"killed after {limit:g} s (--graph-budget-s {budget_s:g} + {GRAPH_GRACE_S:g})"
     print(output[-6000:], flush=True)
     result = json.loads(path.read_text()) if path.is_file() else {
         "cuda": None, "skipped": [], "failures": {}, "sync_sites": {}, "times": {}, "checks": {}, "ratios": {}}
     if ended is not None or not path.is_file():
-        result["failures"]["process"] = {"error": ended or f"no graph.json was written: {output[-1500:]}",
-                                         "chain": []}
+        ended = ended or f"no graph.json was written: {output[-1500:]}"
+        result["failures"]["process"] = {"error": ended, "chain": []}
         result["ok"] = False
+        # what the process wrote before, under a first line that says how it ended
+        result["summary"] = [f"graph stage (graph.json): FAILED process: {ended[:1500]}",
+                             *result.get("summary", [])[1:]]
         path.write_text(json.dumps(result, indent=1) + "\n")
     return result
 
