@@ -466,8 +466,9 @@ def run_graph(out: Path, budget_s: float = GRAPH_BUDGET_S, compile_backend: str 
                 graphed_part(s, weights, refs, result, part)
         except Exception as exc:  # noqa: BLE001  (capture errors, syncs, OOM: recorded, the next part runs)
             result["failures"][part] = failure(exc)
-            if cuda:
+            if cuda:  # the next part starts with the debug mode off and the freed memory given back
                 torch.cuda.set_sync_debug_mode("default")
+                torch.cuda.empty_cache()
         print(f"graph stage: {part} done at {time.time() - t0:.0f} s", flush=True)
         write()
     write()
