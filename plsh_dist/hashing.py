@@ -140,8 +140,9 @@ class PositionalLSH:
             (``H = 1``: one varlen call serves every head); a Tensor[H] gives an
             independent hash per head (ALiBi: ``sigma_h = 1 / slope_h``).
         num_samples: ``s``, the number of masks averaged.
-        seed: any int; the masks are a pure function of (seed, sample, head,
-            position).
+        seed: any int, or an int64 scalar tensor (on any device: the fused kernel's
+            path draws on the device from it without reading it back); the masks are
+            a pure function of (seed mod 2^64, sample, head, position).
         sampler: how the ``s`` pitches and shifts are drawn. ``"iid"`` (the
             paper's estimator) or ``"stratified"`` (:func:`_stratified_draws`:
             shared-pitch groups with stratified pitches and equally spaced
@@ -150,20 +151,81 @@ class PositionalLSH:
             drops). Other names come from :func:`register_sampler`.
     """
 
-    def __init__(self, sigma, num_samples: int, seed: int = 0, sampler: str = "iid"):
-        self.sigma = _as_sigma(sigma)
+    def __init__(self, sigma, num_samples: int, seed: int | torch.Tensor = 0, sampler: str = "iid"):
+        # a device sigma stays there unread (checked when the host needs it): a graph can carry it
+        self._sigma_in = sigma if isinstance(sigma, torch.Tensor) and sigma.device.type != "cpu" else None
+        self._sigma = None if self._sigma_in is not None else _as_sigma(sigma)
+        if self._sigma_in is not None and (sigma.dim() > 1 or sigma.numel() == 0):
+            raise ValueError(f"sigma must be a float or a non-empty 1-D Tensor[H], got shape {tuple(sigma.shape)}")
         if not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
         get_sampler(sampler)
         self.num_samples = num_samples
-        self.seed = int(seed)
+        if isinstance(seed, torch.Tensor):
+            if seed.dtype != torch.int64 or seed.numel() != 1:
+                raise ValueError(f"seed must be an int or an int64 scalar tensor, got {seed.dtype} of shape "
+                                 f"{tuple(seed.shape)}")
+            self._seed, self._seed_tensor = None, seed.reshape(())
+        else:
+            self._seed, self._seed_tensor = int(seed), None
         self.sampler = sampler
-        self.pitch, self.shift = self._draw()  # float64 Tensor[s, H] each
+        self._draws: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def sigma(self) -> torch.Tensor:
+        """float64 Tensor[H] on the CPU (a device sigma is copied and checked here: a sync)."""
+        if self._sigma is None:
+            self._sigma = _as_sigma(self._sigma_in)
+        return self._sigma
+
+    def sigma_on(self, device: torch.device) -> torch.Tensor:
+        """sigma, float64 Tensor[H] on ``device``: a sigma given on that device stays there, unread."""
+        given = self._sigma_in
+        if given is not None and given.device == torch.device(device):
+            return given.reshape(-1).to(torch.float64)
+        return self.sigma.to(device, non_blocking=True)
+
+    @property
+    def seed(self) -> int:
+        """The seed as an int (a seed given as a device tensor is read here: a sync)."""
+        if self._seed is None:
+            self._seed = int(self._seed_tensor)
+        return self._seed
+
+    @property
+    def seed_tensor(self) -> torch.Tensor:
+        """The seed as an int64 scalar tensor, mod 2^64 as a signed int64 (where it was given, if a tensor)."""
+        if self._seed_tensor is None:
+            seed = self._seed & MASK64
+            self._seed_tensor = torch.tensor(seed - (1 << 64) if seed >> 63 else seed, dtype=torch.int64)
+        return self._seed_tensor
+
+    @property
+    def given(self) -> tuple[int | torch.Tensor, torch.Tensor]:
+        """(seed, sigma) as given, unread: the int or tensor seed, and sigma's device tensor or its
+        checked CPU copy (what identifies the hash without a device read)."""
+        seed = self._seed if self._seed is not None else self._seed_tensor
+        return seed, self._sigma_in if self._sigma_in is not None else self._sigma
+
+    @property
+    def pitch(self) -> torch.Tensor:
+        """float64 Tensor[s, H]: every (sample, head)'s pitch, drawn on the host at first use."""
+        return self._host_draws()[0]
+
+    @property
+    def shift(self) -> torch.Tensor:
+        """float64 Tensor[s, H]: every (sample, head)'s shift in [0, pitch)."""
+        return self._host_draws()[1]
+
+    def _host_draws(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._draws is None:
+            self._draws = self._draw()
+        return self._draws
 
     @property
     def num_heads(self) -> int:
         """H of the buckets: 1 for a shared float sigma, else len(sigma)."""
-        return self.sigma.numel()
+        return (self._sigma if self._sigma is not None else self._sigma_in).numel()
 
     def _draw(self) -> tuple[torch.Tensor, torch.Tensor]:
         s, H = self.num_samples, self.num_heads

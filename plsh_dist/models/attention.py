@@ -55,7 +55,8 @@ Compiled (``torch.compile`` of a decoder layer, ``models.compile_layers``): a fu
 forward on the single-process ops calls the custom ops (:mod:`plsh_dist.ops.custom_ops`)
 directly with the raw ``position_ids`` and packed offsets, laid out inside the op (the
 layout reads host integers, which would break the graph; the positions cache is not
-used), the hash seed as a tensor (``plsh_dist::layer_seed`` of the seed context's step
+used; on a GPU the fused kernel's op keeps position_ids without packed offsets on the
+device and reads nothing back), the hash seed as a tensor (``plsh_dist::layer_seed`` of the seed context's step
 tensor and the layer's index tensor: one graph for every step and every layer), and the
 per-head constants (:func:`head_scales`, the truncation windows) as graph constants.
 Padded batches, KV-cache steps and sequence parallelism are not compiled paths.
@@ -407,6 +408,7 @@ def _block_op(b: AttentionBinding, q, k, v, common, sigma, num_samples, seed, sa
     """The compiled path (raw position_ids, laid out inside the op): ``plsh_dist::block_attention`` of the
     binding's hash (``fixed``: the fixed blocks)."""
     sigma_t = sigma if isinstance(sigma, torch.Tensor) else torch.tensor([float(sigma)], dtype=torch.float64)
+    sigma_t = sigma_t.to(q.device, torch.float64)  # a GPU draws the hash there, from a sigma there
     return block_attention_op(q, k, v, common["positions"], common.get("cu_seqlens"), seed, sigma_t,
                               num_samples, sampler, fixed, common["causal"], common["softmax_scale"],
                               b.cfg.backend, b.cfg.method, True)[0]

@@ -74,8 +74,9 @@ class AttentionRuntime:
     micro_step: int = 0
     """Gradient-accumulation micro-step within ``step``."""
     steps: torch.Tensor = field(init=False, repr=False, compare=False)
-    """``(step, micro_step)`` as a CPU LongTensor[2], kept equal to them (written in place): what a compiled
-    graph reads (:meth:`layer_seed_tensor`), as an input rather than a constant of the graph."""
+    """``(step, micro_step)`` as a LongTensor[2], kept equal to them (written in place): what a compiled
+    graph reads (:meth:`layer_seed_tensor`), as an input rather than a constant of the graph. On the
+    CPU unless :meth:`keep_steps_on` moved it."""
 
     def __post_init__(self) -> None:
         self.steps = torch.zeros(2, dtype=torch.int64)
@@ -90,7 +91,13 @@ class AttentionRuntime:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         self.step = step
         self.micro_step = micro_step
-        self.steps[0], self.steps[1] = step, micro_step
+        self.steps.copy_(torch.tensor([step, micro_step]), non_blocking=self.steps.device.type != "cpu")
+
+    def keep_steps_on(self, device: torch.device) -> None:
+        """Keep :attr:`steps` on ``device`` (a GPU): the layer seeds are then computed there from it
+        (``plsh_dist::layer_seed``), so a step captured in a CUDA graph reads the step it replays at
+        from device memory, which :meth:`set_step` updates in place."""
+        self.steps = self.steps.to(device)
 
     @contextlib.contextmanager
     def at(self, step: int, micro_step: int = 0) -> Iterator["AttentionRuntime"]:
@@ -116,5 +123,5 @@ class AttentionRuntime:
         bakes neither the step nor the layer into a graph."""
         from plsh_dist.ops.custom_ops import layer_seed, signed64
 
-        steps = torch.zeros(2, dtype=torch.int64) if fixed_masks else self.steps
+        steps = torch.zeros(2, dtype=torch.int64, device=self.steps.device) if fixed_masks else self.steps
         return layer_seed(steps, signed64(self.run_seed), layer)

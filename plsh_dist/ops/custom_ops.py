@@ -46,7 +46,7 @@ from torch import Tensor
 
 from plsh_dist.ops.documents import layout_of_position_ids
 from plsh_dist.ops.merge import accum_dtype
-from plsh_dist.splitmix import MASK64, hash_seed
+from plsh_dist.splitmix import MASK64, hash_seed, splitmix64_int
 
 NAMESPACE = "plsh_dist"
 
@@ -93,16 +93,26 @@ def register_autograd(op, backward_op) -> None:
 
 @torch.library.custom_op(f"{NAMESPACE}::layer_seed", mutates_args=())
 def layer_seed(steps: Tensor, run_seed: int, layer: Tensor) -> Tensor:
-    """``hash_seed(run_seed, step, micro_step, layer)`` as an int64 scalar tensor (CPU), from ``steps``
-    = LongTensor[2] ``(step, micro_step)`` and ``layer`` (int64 scalar; tensors, so a compiled graph
-    serves every step and layer; ``run_seed`` taken mod 2^64, as ``hash_seed`` does)."""
-    step, micro_step = steps.tolist()
-    return torch.tensor(hash_seed(run_seed & MASK64, step, micro_step, int(layer)), dtype=torch.int64)
+    """``hash_seed(run_seed, step, micro_step, layer)`` as an int64 scalar tensor on ``steps``' device, from
+    ``steps`` = LongTensor[2] ``(step, micro_step)`` and ``layer`` (an int64 scalar on the CPU; tensors, so a
+    compiled graph serves every step and layer; ``run_seed`` taken mod 2^64, as ``hash_seed`` does).
+
+    ``steps`` on the CPU: computed on the host. On a GPU: one launch reads the step there, nothing is read
+    back, so a captured CUDA graph draws the masks of whatever step ``steps`` holds when it replays."""
+    if steps.device.type == "cpu":
+        step, micro_step = steps.tolist()
+        return torch.tensor(hash_seed(run_seed & MASK64, step, micro_step, int(layer)), dtype=torch.int64)
+    from plsh_dist.ops.device_tables import launch  # noqa: PLC0415 (imports Triton)
+
+    out = steps.new_empty((), dtype=torch.int64)
+    run_key = signed64(splitmix64_int(run_seed & MASK64))
+    launch(steps.device).layer_seed_kernel[(1,)](steps, out, run_key, int(layer))
+    return out
 
 
 @layer_seed.register_fake
 def _(steps, run_seed, layer):
-    return torch.empty((), dtype=torch.int64)
+    return steps.new_empty((), dtype=torch.int64)
 
 
 def signed64(x: int) -> int:

@@ -259,3 +259,21 @@ def layout_of_position_ids(position_ids: torch.Tensor | None, cu_seqlens: torch.
     if not same:
         return rows, torch.arange(batch + 1, dtype=torch.int32) * seqlen
     return rows[0], None
+
+
+def device_positions(position_ids: torch.Tensor, seqlen: int) -> torch.Tensor:
+    """transformers' ``position_ids`` (batch or 1, seqlen) on a device, without packed documents -> the
+    ops' positions LongTensor[seqlen] (row 0), on that device, read by no host.
+
+    What :func:`layout_of_position_ids` would find by reading them is checked on the device instead
+    (``torch._assert_async``: a failure stops the step at its next sync): equal rows, strictly
+    increasing, in [0, 2^31) (the fused kernel's int32 positions). Rows that restart at 0 (documents packed by ``DataCollatorWithFlattening``)
+    fail it: pass their offsets (``cu_seq_lens_q``), which the host lays out."""
+    rows = position_ids if position_ids.dim() == 2 else position_ids[None]
+    if rows.shape[-1] != seqlen:
+        raise ValueError(f"position_ids must be (B, T={seqlen}) or (1, T), got shape {tuple(position_ids.shape)}")
+    pos = rows[0].long()
+    ok = (rows == pos).all() & (pos[1:] > pos[:-1]).all() & (pos[0] >= 0) & (pos[-1] < 2**31)
+    torch._assert_async(ok, "position_ids must be equal rows of strictly increasing positions in [0, 2^31) on the "
+                            "device path (packed documents: pass cu_seq_lens_q)")
+    return pos

@@ -20,7 +20,7 @@ from plsh_dist.ops.tile_bands import (CountBias, CountReach, TileConfig, TokenLa
                                       key_bands, query_bands)
 
 
-def _padded_samples(s: int) -> int:
+def padded_samples(s: int) -> int:
     """``s`` padded to a power of two >= 16 (``tl.dot``'s smallest inner dimension)."""
     return max(16, 1 << (s - 1).bit_length())
 
@@ -74,7 +74,7 @@ class KernelBias:
             starts, lasts = reach.table()
             lasts = starts if lasts is None else lasts
             dummy = torch.zeros(1, dtype=torch.float32, device=device)
-            consts = dict(MODE=0, NUM_SAMPLES=bias.num_samples, SAMPLES_PAD=_padded_samples(bias.num_samples))
+            consts = dict(MODE=0, NUM_SAMPLES=bias.num_samples, SAMPLES_PAD=padded_samples(bias.num_samples))
             fixed, rows = (dummy, dummy.long()), reach.row_spans
         else:
             reach = WindowReach(bias, layout, largest)

@@ -1,13 +1,14 @@
 """A cache of the fused kernel's band tables (:class:`KernelBias`), built once per hash and tokens.
 
 A :class:`~plsh_dist.ops.kernel_bias.KernelBias` (block bounds, per-tile spans and band
-limits of the forward, dK/dV and dQ kernels) is a pure function of the hash's pitch and
-shift, the positions (and documents), causality, the tile shapes and the device. The
-forward and backward of a call share one; so do the layers of a step that share a hash
-(``fixed_masks``, or several calls of one layer). :func:`cached_kernel_bias` finds it by
-exactly those inputs: the pitch, shift and shapes in the key, the positions (and document ids)
-compared by content, so an in-place change of a positions tensor, or a new tensor at a
-reused address, is never mistaken for the old one.
+limits of the forward, dK/dV and dQ kernels) is a pure function of the hash (its sampler,
+samples, seed and sigma), the positions (and documents), causality, the tile shapes and the
+device. The forward and backward of a call share one; so do the layers of a step that share a
+hash (``fixed_masks``, or several calls of one layer). :func:`cached_kernel_bias` builds it on
+the device (:mod:`plsh_dist.ops.device_tables`) and finds it again by those inputs without
+reading device data: host values (ints, CPU tensors) by content, device tensors (a seed or
+sigma that a graph carries) by identity and version counter, so an in-place change of a
+tensor, or a new tensor at a reused address, is never mistaken for the old one.
 
 Memory: the cache holds the most recent kernel bias, and the others only weakly: a kernel bias lives
 while a caller (an autograd graph waiting for its backward) holds it, and is freed with
@@ -20,16 +21,16 @@ from __future__ import annotations
 
 import weakref
 
-import numpy as np
 import torch
 
-from plsh_dist.hashing import PositionalLSH
+from plsh_dist.hashing import FixedBlocks, PositionalLSH
+from plsh_dist.ops.device_tables import device_kernel_bias, draw_on_device
 from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.kernel_bias import KernelBias
-from plsh_dist.ops.tile_bands import CountBias, TileConfig, TokenLayout
+from plsh_dist.ops.tile_bands import TileConfig, TokenLayout
 
-#: (pitch, shift, shapes, causal, head_dim, device) -> [(token arrays, weakref to the kernel bias)]
-_entries: dict[tuple, list[tuple[tuple[np.ndarray, ...], weakref.ref]]] = {}
+#: key -> [(weakrefs to the device tensors in the key, weakref to the kernel bias)]
+_entries: dict[tuple, list[tuple[tuple[weakref.ref, ...], weakref.ref]]] = {}
 #: the most recent kernel bias, held strongly (calls without autograd share it too)
 _last: list = [None]
 #: kernel biases built so far (tests count the builds)
@@ -47,35 +48,45 @@ def clear() -> None:
     _last[0] = None
 
 
-def _tokens(positions: torch.Tensor, docs: Documents | None) -> tuple[np.ndarray, ...]:
-    """What the layout is built from, as CPU arrays (no torch op)."""
-    if docs is None:
-        return (positions.cpu().numpy(),)
-    return docs.positions.cpu().numpy(), docs.ids.cpu().numpy()
+def _token(x, held: list) -> tuple | None:
+    """What identifies ``x`` in a key, read without a torch op or a device read: a CPU tensor by its
+    bytes, a device tensor by identity and version (appended to ``held`` to check it is alive)."""
+    if x is None:
+        return None
+    if x.device.type == "cpu":
+        return str(x.dtype), tuple(x.shape), x.detach().numpy().tobytes()
+    held.append(weakref.ref(x))
+    return "device", id(x), x._version
+
+
+def _key(lsh: PositionalLSH, positions, docs: Documents | None, causal: bool, tiles, device) -> tuple[tuple, list]:
+    held: list = []
+    seed, sigma = lsh.given
+    seed = None if isinstance(lsh, FixedBlocks) else seed if isinstance(seed, int) else _token(seed, held)
+    sigma = _token(sigma, held)
+    tokens = (_token(positions, held),) if docs is None else (_token(docs.positions, held), _token(docs.ids, held))
+    hash_key = (type(lsh).__name__, lsh.sampler, lsh.num_samples, seed, sigma)
+    return (hash_key, tokens, causal, tiles, str(device)), held
 
 
 def cached_kernel_bias(lsh: PositionalLSH, positions: torch.Tensor, docs: Documents | None, causal: bool,
                        device: torch.device, tiles: tuple[TileConfig, TileConfig, TileConfig]) -> KernelBias:
-    """The :class:`~plsh_dist.ops.kernel_bias.KernelBias` of ``lsh`` over CPU ``positions``
-    (and ``docs``) for the kernels' (forward, dK/dV, dQ) ``tiles`` on ``device``: the cached
-    one when these inputs built one that is still alive, else a new one."""
+    """The :class:`~plsh_dist.ops.kernel_bias.KernelBias` of ``lsh`` over ``positions`` (and ``docs``)
+    for the kernels' (forward, dK/dV, dQ) ``tiles`` on ``device``: the cached one when these inputs
+    built one that is still alive, else a new one built on the device."""
     device = torch.device(device)
-    pitch, shift = lsh.pitch.numpy(), lsh.shift.numpy()
-    key = (pitch.tobytes(), shift.tobytes(), pitch.shape, causal, tiles, str(device))
-    tokens = _tokens(positions, docs)
-    held = _entries.setdefault(key, [])
-    for arrays, ref in held:
+    key, held = _key(lsh, positions, docs, causal, tiles, device)
+    for refs, ref in _entries.get(key, []):
         kb = ref()
-        same = len(arrays) == len(tokens) and all(np.array_equal(a, b) for a, b in zip(arrays, tokens))
-        if kb is not None and same:
+        if kb is not None and all(r() is not None for r in refs):
             _last[0] = kb
             return kb
-    kb = KernelBias.of(CountBias.of(lsh, device), TokenLayout.build(positions, device, docs), causal, tiles)
+    kb = device_kernel_bias(draw_on_device(lsh, device), TokenLayout.build(positions, device, docs), causal, tiles)
     _builds[0] += 1
-    for k in list(_entries):  # drop the entries of freed kernel biases
-        _entries[k] = [(a, r) for a, r in _entries[k] if r() is not None]
-        if not _entries[k] and k != key:
+    for k in list(_entries):  # drop the entries of freed kernel biases and tensors
+        _entries[k] = [(refs, r) for refs, r in _entries[k] if r() is not None and all(x() is not None for x in refs)]
+        if not _entries[k]:
             del _entries[k]
-    _entries[key].append((tuple(a.copy() for a in tokens), weakref.ref(kb)))
+    _entries.setdefault(key, []).append((tuple(held), weakref.ref(kb)))
     _last[0] = kb
     return kb

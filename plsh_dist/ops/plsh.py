@@ -30,8 +30,8 @@ from torch import Tensor
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, get_sampler
 from plsh_dist.ops.backends import choose_strategy
 from plsh_dist.ops.custom_ops import NAMESPACE, fake_backward, fake_forward, op_layout, register_autograd
-from plsh_dist.ops.documents import (Documents, backward_on_flat_row, flat_documents, flatten_rows, on_flat_row,
-                                     unflatten_rows)
+from plsh_dist.ops.documents import (Documents, backward_on_flat_row, device_positions, flat_documents, flatten_rows,
+                                     on_flat_row, unflatten_rows)
 from plsh_dist.ops.head_groups import head_groups
 from plsh_dist.ops.plsh_varlen import VarlenPerSample
 from plsh_dist.ops.triton_onepass import TritonOnePass
@@ -246,7 +246,23 @@ def _function_attention(q, k, v, lsh: PositionalLSH, positions, causal, softmax_
 
 
 def _hash(sigma: Tensor, num_samples: int, seed: Tensor, sampler: str, fixed: bool) -> PositionalLSH:
-    return FixedBlocks(sigma) if fixed else PositionalLSH(sigma, num_samples, int(seed), sampler)
+    """The op's hash: the seed stays a tensor (read on the host only by a strategy that draws there)."""
+    return FixedBlocks(sigma) if fixed else PositionalLSH(sigma, num_samples, seed, sampler)
+
+
+def _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, backend, method, from_position_ids):
+    """The ops' ``(positions, scale, strategy, docs)``. Raw ``position_ids`` on a device, without documents,
+    for the fused kernel stay there (:func:`~plsh_dist.ops.documents.device_positions`, checked on the
+    device): that call reads nothing back to the host. Otherwise the host lays them out
+    (:func:`check_block_attention`)."""
+    if from_position_ids and cu_seqlens is None and positions is not None and positions.device.type != "cpu":
+        strategy = choose_strategy(backend, method, q.device, q.dtype, lsh.num_samples)
+        if isinstance(strategy, TritonOnePass):
+            check_qkv(q, k, v)
+            head_groups(lsh, q.shape[2], k.shape[2])
+            return device_positions(positions, q.shape[1]), softmax_scale_for(q, softmax_scale), strategy, None
+    positions, cu_seqlens = op_layout(positions, cu_seqlens, q, from_position_ids)
+    return check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method, cu_seqlens)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::block_attention", mutates_args=())
@@ -256,9 +272,8 @@ def block_attention_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None
                     from_position_ids: bool) -> tuple[Tensor, Tensor]:
     """PLSH (``fixed``: fixed blocks) attention: ``(out, lse)`` of :func:`plsh_dist.ops.plsh_attention`."""
     lsh = _hash(sigma, num_samples, seed, sampler, fixed)
-    positions, cu_seqlens = op_layout(positions, cu_seqlens, q, from_position_ids)
-    pos, scale, strategy, docs = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method,
-                                                            cu_seqlens)
+    pos, scale, strategy, docs = _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, backend, method,
+                                          from_position_ids)
     if docs is None:
         out, lse, _ = strategy.forward(q, k, v, lsh, pos, causal=causal, scale=scale)
     else:  # documents: one flat row of B * T tokens whose row boundaries are document boundaries
@@ -280,9 +295,8 @@ def block_attention_op_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
     """``(dq, dk, dv)`` of :func:`block_attention_op`: the hash and the layouts rebuilt, the strategy's backward
     with the merged ``out`` / ``lse``."""
     lsh = _hash(sigma, num_samples, seed, sampler, fixed)
-    positions, cu_seqlens = op_layout(positions, cu_seqlens, q, from_position_ids)
-    pos, scale, strategy, docs = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method,
-                                                            cu_seqlens)
+    pos, scale, strategy, docs = _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, backend, method,
+                                          from_position_ids)
     kw = dict(causal=causal, scale=scale)
     if isinstance(strategy, VarlenPerSample):
         # its backward takes the forward's varlen calls (host integers), which an op cannot keep: they are

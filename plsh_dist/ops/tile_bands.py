@@ -98,11 +98,13 @@ class TokenLayout:
 
     @classmethod
     def build(cls, positions: torch.Tensor, device: torch.device, docs=None) -> "TokenLayout":
-        """From CPU positions (LongTensor[n], increasing within each document) and optional
-        :class:`~plsh_dist.ops.documents.Documents` of the same row."""
+        """From positions (LongTensor[n], increasing within each document, below 2^31; CPU, checked
+        here, or already on ``device`` without documents, checked where they were made:
+        :func:`~plsh_dist.ops.documents.device_positions`) and optional
+        :class:`~plsh_dist.ops.documents.Documents` of the same row (CPU)."""
         put = lambda x: x.to(device, torch.int64, non_blocking=True)  # noqa: E731
         pos = positions if docs is None else docs.positions
-        if pos.numel() and int(pos.max()) >= 2**31:  # CPU positions: no device sync
+        if pos.device.type == "cpu" and pos.numel() and int(pos.max()) >= 2**31:  # no device sync
             raise ValueError(f"positions must be below 2^31 for the Triton kernel, got {int(pos.max())}")
         if docs is None:
             pos = put(positions)

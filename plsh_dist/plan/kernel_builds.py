@@ -49,6 +49,9 @@ KERNEL_NAMES = {
     "onepass_fwd_kernel": "fwd", "onepass_bwd_dkdv_kernel": "bwd_dkdv", "onepass_bwd_dq_kernel": "bwd_dq",
     "flash_fwd_kernel": "fwd", "flash_bwd_dkdv_kernel": "bwd_dkdv", "flash_bwd_dq_kernel": "bwd_dq",
 }
+#: The module of the kernels that build the attention's tables (not recorded; their builds:
+#: ``tests/ops/triton_kernel/test_device_tables.py``).
+TABLE_KERNELS = "plsh_dist.ops.table_kernels"
 BIASES = ("count", "window", "none")
 DTYPES = ("bf16", "fp16")
 HEAD_DIMS = (64, 128)
@@ -183,6 +186,8 @@ def _record_main() -> None:
 
     def run(self, *args, grid, warmup, **kwargs):
         fn = self.fn
+        if fn.__module__ == TABLE_KERNELS:  # the attention's inputs, once a call: not a tile's cost
+            return
         launches.append(Launch(fn.__module__, fn.__name__, [int(g) for g in grid], [_encode(a) for a in args],
                                {k: _encode(v) for k, v in kwargs.items()}, dict(current)))
 

@@ -51,18 +51,17 @@ def test_the_kernel_loops_over_the_counted_tiles(monkeypatch):
 
     if not triton_onepass.interpreting():
         pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1 before triton is imported)")
-    from plsh_dist.ops import kernel_bias, kernel_bias_cache
+    from plsh_dist.ops import kernel_bias_cache
 
     seen = []
-    real = kernel_bias.query_bands
+    real = triton_onepass.banded_forward
 
-    def spy(*args, **kwargs):
-        lo, hi = real(*args, **kwargs)
-        seen.append(int((hi - lo).long().sum()))
-        return lo, hi
+    def spy(*args, kernel_bias, **kwargs):  # the forward kernel's loop bounds, as the launcher passes them
+        seen.append(int((kernel_bias.fwd.hi - kernel_bias.fwd.lo).long().sum()))
+        return real(*args, kernel_bias=kernel_bias, **kwargs)
 
     kernel_bias_cache.clear()  # the kernel bias is built here, not found from another test's call
-    monkeypatch.setattr(kernel_bias, "query_bands", spy)
+    monkeypatch.setattr(triton_onepass, "banded_forward", spy)
     T, lsh = 200, PositionalLSH(SIGMA, 4, seed=2)
     q, k, v = (torch.randn(1, T, 4, 128) for _ in range(3))
     triton_onepass.triton_onepass_forward(q, k, v, lsh, torch.arange(T), causal=True, scale=0.1)
