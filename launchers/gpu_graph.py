@@ -141,6 +141,8 @@ def build(cuda: bool) -> Setup:
         attn_cfg = cfg["attention"]
     torch.manual_seed(cfg["seed"])
     runtime = AttentionRuntime(run_seed=cfg["seed"])
+    if cuda:  # the layer seeds computed on the GPU from the step there: what a replay reads
+        runtime.keep_steps_on(device)
     model = build_model(model_cfg, attn_cfg, runtime, device=device, dtype=dtype).train()
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model_cfg.vocab_size, (1, T + 1), generator=g)
