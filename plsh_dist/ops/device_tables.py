@@ -21,6 +21,7 @@ import torch
 from plsh_dist.hashing import FixedBlocks, PositionalLSH
 from plsh_dist.ops.kernel_bias import KernelBias, KernelTables, padded_samples
 from plsh_dist.ops.tile_bands import CountBias, TileConfig, TokenLayout, num_tiles
+from plsh_dist.ops.triton_runtime import check_device, prepare_interpreter
 
 #: samplers whose draws the device computes (others are drawn on the host and copied)
 DEVICE_SAMPLERS = ("iid",)
@@ -31,15 +32,15 @@ _HASH_BLOCK = 256
 def _kernels():
     from plsh_dist.ops import table_kernels  # noqa: PLC0415 (imports Triton)
 
+    prepare_interpreter()
     return table_kernels
 
 
 def launch(device: torch.device):
     """The table kernels' module for tensors on ``device`` (tests wrap it to count host ops)."""
-    from plsh_dist.ops.triton_onepass import _launch  # noqa: PLC0415 (the interpreter check)
-
-    _launch(device)
-    return _kernels()
+    mod = _kernels()
+    check_device(device)
+    return mod
 
 
 def drawn_on_device(lsh: PositionalLSH) -> bool:
