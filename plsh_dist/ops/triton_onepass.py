@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,9 @@ from plsh_dist.ops.tile_bands import TileConfig, TokenLayout, WindowBias, num_ti
 from plsh_dist.ops.triton_runtime import check_device, interpreting, prepare_interpreter, triton_status  # noqa: F401
 
 LOG2E = 1.4426950408889634
+#: Samples up to which the kernels count a near tile sample by sample (their per-sample blocks
+#: unrolled); beyond, as a product over the blocks that meet the tile (:func:`near_blocks`).
+UNROLLED_SAMPLES = 16
 _log = logging.getLogger(__name__)
 
 
@@ -109,13 +113,14 @@ def banded_forward(q, k, v, bias, layout: TokenLayout, *, causal: bool, scale: f
     Hkv = k.shape[2]
     tiles = kernel_tiles(q)
     cfg = tiles[0]
-    t = (kernel_bias if kernel_bias is not None else KernelBias.of(bias, layout, causal, tiles)).fwd
     out = torch.empty_like(q)
     lse = torch.empty(B, Hq, n, dtype=torch.float32, device=q.device)
     mod = _launch(q.device)
     grid = (num_tiles(n, cfg.block_m), B * Hq)
+    kb = kernel_bias if kernel_bias is not None else KernelBias.of(bias, layout, causal, tiles)
+    t = kb.fwd
     mod.onepass_fwd_kernel[grid](
-        q, k, v, out, lse, layout.kernel_positions, _doc(layout), *t.args, t.lo, t.hi,
+        q, k, v, out, lse, layout.kernel_positions, _doc(layout), *t.args, t.lo, t.hi, *_near_args(kb, q.device),
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
         n, Hq, Hq // Hkv, grid[0], scale * LOG2E,
         HEAD_DIM=_padded(D), D_REAL=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
@@ -147,21 +152,114 @@ def banded_backward(dout, q, k, v, out, lse, bias, layout: TokenLayout, *, causa
     common = dict(HEAD_DIM=_padded(D), D_REAL=D, CAUSAL=causal, HAS_DOCS=layout.doc is not None,
                   PER_HEAD=bias.num_heads > 1, IEEE=q.dtype == torch.float32, EMULATE_BF16=emulate_bf16)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
+    near = _near_args(kb, q.device)
     t = kb.dkdv
     nk, nq = num_tiles(n, kv_cfg.block_n), num_tiles(n, kv_cfg.block_m)
     mod.onepass_bwd_dkdv_kernel[(nk, B * Hkv)](
         q, k, v, dout, lse, delta, dk, dv, layout.kernel_positions, _doc(layout), *t.args,
-        t.lo, t.hi, *strides, *dk.stride()[:3], *dv.stride()[:3],
+        t.lo, t.hi, *near, *strides, *dk.stride()[:3], *dv.stride()[:3],
         n, Hq, Hkv, Hq // Hkv, nk, nq, scale, scale * LOG2E, **common, **t.consts, **_launch_shape(kv_cfg),
     )
     t = kb.dq
     nq = num_tiles(n, q_cfg.block_m)
     mod.onepass_bwd_dq_kernel[(nq, B * Hq)](
         q, k, v, dout, lse, delta, dq, layout.kernel_positions, _doc(layout), *t.args,
-        t.lo, t.hi, *strides, *dq.stride()[:3],
+        t.lo, t.hi, *near, *strides, *dq.stride()[:3],
         n, Hq, Hq // Hkv, nq, scale, scale * LOG2E, **common, **t.consts, **_launch_shape(q_cfg),
     )
     return dq, dk, dv
+
+
+@dataclass(frozen=True)
+class NearBlocks:
+    """The blocks of a call's hash as runs of tokens, what the kernels count a near tile from at large s
+    (``NUM_SAMPLES > UNROLLED_SAMPLES``). A block is a run of tokens ``[first, end)`` with one block start,
+    in one document; blocks of several samples with the same run merge into one run of that weight.
+    Per head, two lists in one table:
+
+    - the runs that open on each token, ordered by (first, end): ``offsets``;
+    - at every anchor (tokens ``0, NEAR_ANCHOR, 2 NEAR_ANCHOR, ...``), the runs holding it:
+      ``enter_offsets``.
+
+    Attributes:
+        offsets: int32 (Hh, n + 1), index of head hh's first run whose first token is >= i
+            (``offsets[hh, n]``: the next head's first run).
+        enter_offsets: int32 (Hh, anchors + 1), index of the first run holding each anchor (its
+            last entry: the next head's).
+        first, end: int32 [runs], the run's first token and one past its last.
+        weight: float16 [runs], how many samples have that block (an integer <= 2048: exact).
+    """
+
+    offsets: torch.Tensor
+    enter_offsets: torch.Tensor
+    first: torch.Tensor
+    end: torch.Tensor
+    weight: torch.Tensor
+
+    @property
+    def args(self) -> tuple:
+        return self.offsets, self.enter_offsets, self.first, self.end, self.weight
+
+
+#: Largest s the near product takes (fp16 weights and counts hold integers up to 2048 exactly).
+MAX_NEAR_SAMPLES = 2048
+#: Token stride of the anchors of :class:`NearBlocks` (every kernel tile's edge is a multiple).
+NEAR_ANCHOR = 16
+
+
+def near_blocks(starts: torch.Tensor, doc: torch.Tensor | None) -> NearBlocks:
+    """:class:`NearBlocks` from the kernels' block starts (int32 (Hh, s, n),
+    :meth:`~plsh_dist.ops.tile_bands.CountReach.table`) and document ids (int32[n] or None).
+
+    A token opens a block of sample t where its start differs from the previous token's, or its
+    document does (equal starts in one document are one block of the hash; only a first block can
+    be clamped to int32). Device ops on the table's device; selecting the runs sizes the result
+    (one host synchronisation on CUDA, once per table)."""
+    Hh, s, n = starts.shape
+    if s > MAX_NEAR_SAMPLES:
+        raise ValueError(f"the Triton kernel counts at most {MAX_NEAR_SAMPLES} samples, got {s}")
+    device = starts.device
+    opens = torch.ones(Hh, s, n, dtype=torch.bool, device=device)
+    opens[..., 1:] = starts[..., 1:] != starts[..., :-1]
+    if doc is not None:
+        opens[..., 1:] |= doc[1:] != doc[:-1]
+    token = torch.arange(n, dtype=torch.int64, device=device)
+    at = torch.where(opens, token, n)  # (Hh, s, n): the token where a block opens, n elsewhere
+    after = torch.cat([at[..., 1:], torch.full((Hh, s, 1), n, dtype=at.dtype, device=device)], -1)
+    end = after.flip(-1).cummin(-1).values.flip(-1)  # one past each token's block
+    head = torch.arange(Hh, device=device)
+    width = n + 1
+    runs, weight = torch.unique(((head.view(Hh, 1, 1) * n + token) * width + end)[opens], return_counts=True)
+    offsets = torch.searchsorted(runs, (head.view(Hh, 1) * n + torch.arange(width, device=device)) * width)
+    anchors = torch.arange(0, n, NEAR_ANCHOR, device=device)
+    na = anchors.numel()
+    first = torch.where(opens[..., anchors], anchors, -1)  # each anchor's block: where it opens
+    if na > 1:  # (the last opening at or before the anchor)
+        first = torch.maximum(first, torch.where(opens, token, -1).cummax(-1).values[..., anchors])
+    key = ((head.view(Hh, 1, 1) * na + torch.arange(na, device=device)) * width + first) * width + end[..., anchors]
+    entering, enter_weight = torch.unique(key, return_counts=True)
+    enter_offsets = torch.searchsorted(entering, (head.view(Hh, 1) * na + torch.arange(na + 1, device=device))
+                                       * width * width) + runs.numel()
+    if runs.numel() + entering.numel() >= 2**31:
+        raise ValueError(f"{runs.numel() + entering.numel()} runs: the kernels index them in int32")
+    return NearBlocks(offsets.to(torch.int32), enter_offsets.to(torch.int32),
+                      torch.cat([runs // width % n, entering // width % width]).to(torch.int32),
+                      torch.cat([runs % width, entering % width]).to(torch.int32),
+                      torch.cat([weight, enter_weight]).to(torch.float16))
+
+
+_NEAR: "weakref.WeakKeyDictionary[KernelBias, NearBlocks]" = weakref.WeakKeyDictionary()
+
+
+def _near_args(kb: KernelBias, device: torch.device) -> tuple:
+    """The kernels' :attr:`NearBlocks.args` for ``kb`` (built once per kernel
+    bias, freed with it), or dummies where the kernels do not read them (s <= UNROLLED_SAMPLES, window)."""
+    if kb.fwd.consts["MODE"] != 0 or kb.fwd.consts["NUM_SAMPLES"] <= UNROLLED_SAMPLES:
+        dummy = torch.zeros(1, dtype=torch.int32, device=device)
+        return dummy, dummy, dummy, dummy, dummy.half()
+    if kb not in _NEAR:
+        _NEAR[kb] = near_blocks(kb.fwd.args[1], kb.layout.doc)
+    return _NEAR[kb].args
 
 
 def _launch_shape(cfg) -> dict:

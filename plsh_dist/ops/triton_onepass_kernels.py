@@ -45,10 +45,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from plsh_dist.ops.triton_onepass import NEAR_ANCHOR, UNROLLED_SAMPLES
+
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
-#: Sample loops up to this many samples are unrolled (pipelined with the key loop); longer ones loop.
-UNROLL_SAMPLES = tl.constexpr(16)
+#: Up to this many samples a near tile counts sample by sample, its per-sample blocks unrolled
+#: (pipelined with the key loop); beyond, as a product over the blocks that meet it (:func:`_count_blocks`).
+UNROLL_SAMPLES = tl.constexpr(UNROLLED_SAMPLES)
+#: Blocks per product of :func:`_count_blocks` (``tl.dot``'s smallest inner dimension).
+BLOCK_CHUNK = tl.constexpr(16)
+#: Token stride of the anchors whose runs :class:`~plsh_dist.ops.triton_onepass.NearBlocks` lists
+#: (every tile edge is a multiple of it).
+ANCHOR = tl.constexpr(NEAR_ANCHOR)
 
 
 @triton.jit
@@ -132,19 +140,14 @@ def _count_tile(anchor, offs_m, offs_n, pos_n, doc_m, doc_n, n_tokens, row_tile,
     tile (its rows' smallest and largest start, ``Spans``) against the key tile's smallest
     and largest position (``kmin``, ``kmax``) decide the whole tile: every row's block holds
     every key (add 1, a scalar), none does (nothing), or only then the per-score compare.
-    Up to ``UNROLL_SAMPLES`` samples the loop is unrolled; beyond, a loop (unrolled blocks of
-    many samples spill registers)."""
+    The loop over the samples is unrolled (``NUM_SAMPLES <= UNROLL_SAMPLES``: beyond, the kernels
+    count a near tile with :func:`_count_blocks`)."""
     count = anchor * 0.0
     full = 0
     in_m = offs_m < n_tokens
-    if NUM_SAMPLES <= UNROLL_SAMPLES:
-        for t in tl.static_range(NUM_SAMPLES):
-            count, full = _count_sample(count, full, t, offs_m, in_m, pos_n, n_tokens, row_tile, kmin, kmax, hh,
-                                        num_row_tiles, Starts, Lasts, Spans, NUM_SAMPLES, CAUSAL, TRANS)
-    else:
-        for t in range(NUM_SAMPLES):
-            count, full = _count_sample(count, full, t, offs_m, in_m, pos_n, n_tokens, row_tile, kmin, kmax, hh,
-                                        num_row_tiles, Starts, Lasts, Spans, NUM_SAMPLES, CAUSAL, TRANS)
+    for t in tl.static_range(NUM_SAMPLES):
+        count, full = _count_sample(count, full, t, offs_m, in_m, pos_n, n_tokens, row_tile, kmin, kmax, hh,
+                                    num_row_tiles, Starts, Lasts, Spans, NUM_SAMPLES, CAUSAL, TRANS)
     count += full.to(tl.float32)
     return tl.where(_visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL, HAS_DOCS, TRANS), count, 0.0)
 
@@ -197,9 +200,78 @@ def _count_before_visible(r, a, offs_m, pos_n, doc_m, doc_n, n_tokens, HAS_DOCS:
 
 
 @triton.jit
+def _near_tile(BlockOff, EnterOff, row_first, key_first, row_end, key_end, hh, n_tokens):
+    """Which runs of the launcher's :class:`~plsh_dist.ops.triton_onepass.NearBlocks` :func:`_count_blocks`
+    reads for one tile, anchored at its row ``x = max(row_first, key_first)`` (a multiple of ``ANCHOR``):
+    those holding ``x`` (``n_enter`` from ``enter_lo``), then those that open on a token after ``x``
+    and before both the row end and the key tile's end, as one range ``k < total`` (entry
+    ``enter_lo + k`` for ``k < n_enter``, else ``open_shift + k``).
+
+    Why ``x``: a row before ``x`` sees a key of the tile (at or after ``x``, causal or not) only
+    through a block that holds ``x``; a row at or after ``x`` is held by ``x``'s block or by one
+    that opens in ``(x, row]``."""
+    x = tl.maximum(row_first, key_first)
+    num_anchors = (n_tokens + ANCHOR - 1) // ANCHOR
+    enter = EnterOff + hh.to(tl.int64) * (num_anchors + 1) + x // ANCHOR
+    enter_lo = tl.load(enter)
+    n_enter = tl.load(enter + 1) - enter_lo
+    base = BlockOff + hh.to(tl.int64) * (n_tokens + 1)
+    open_lo = tl.load(base + x + 1)
+    n_open = tl.load(base + tl.maximum(tl.minimum(row_end, key_end), x + 1)) - open_lo
+    return enter_lo, n_enter, open_lo - n_enter, n_enter + n_open
+
+
+@triton.jit
+def _count_blocks(offs_m, offs_n, enter_lo, n_enter, open_shift, total, BlockFirst, BlockEnd, BlockWeight,
+                  TRANS: tl.constexpr):
+    """fp16 (BM, BN) (``TRANS``: (BN, BM)) ``c_ij`` of any tile (hidden entries not
+    cleared), a product of 0/1 matrices on the tensor cores, ``rows x blocks`` by ``blocks x keys``, over
+    the blocks that hold a row of the tile and may hold a key of it (:func:`_near_tile`): each a run of
+    tokens ``[first, end)`` in one document, with the number of samples that have it as a block
+    (``weight``): ``c = [first <= i < end] w @ [first <= j < end]``, ``BLOCK_CHUNK`` runs a product.
+
+    Exact: every block holding both i and j is one run of the range, counted once with its
+    samples; integers up to 2048 in fp16 (the launcher refuses more samples). The inner dimension is
+    about ``s`` (the runs holding the anchor) plus the runs that open among the tile's first
+    ``min(BM, BN)`` rows, ``s BN / sigma`` or fewer: runs repeat across samples at small ``sigma``
+    and merge. No per-score work per sample."""
+    if TRANS:
+        c = tl.zeros([offs_n.shape[0], offs_m.shape[0]], dtype=tl.float16)
+    else:
+        c = tl.zeros([offs_m.shape[0], offs_n.shape[0]], dtype=tl.float16)
+    ks = tl.arange(0, BLOCK_CHUNK)
+    for k0 in tl.range(0, total, BLOCK_CHUNK, num_stages=1):
+        k = k0 + ks
+        ok = k < total
+        e = tl.where(k < n_enter, enter_lo + k, open_shift + k)
+        first = tl.load(BlockFirst + e, mask=ok, other=0)
+        end = tl.load(BlockEnd + e, mask=ok, other=0)  # [0, 0): no token
+        w = tl.load(BlockWeight + e, mask=ok, other=0.0)
+        if TRANS:
+            keys = (offs_n[:, None] >= first[None, :]) & (offs_n[:, None] < end[None, :])
+            rows = (offs_m[None, :] >= first[:, None]) & (offs_m[None, :] < end[:, None])
+            c = tl.dot(tl.where(keys, w[None, :], 0.0), rows.to(tl.float16), c, out_dtype=tl.float16)
+        else:
+            rows = (offs_m[:, None] >= first[None, :]) & (offs_m[:, None] < end[None, :])
+            keys = (offs_n[None, :] >= first[:, None]) & (offs_n[None, :] < end[:, None])
+            c = tl.dot(tl.where(rows, w[None, :], 0.0), keys.to(tl.float16), c, out_dtype=tl.float16)
+    return c
+
+
+@triton.jit
+def _near_count(offs_m, offs_n, BlockOff, EnterOff, BlockFirst, BlockEnd, BlockWeight, row_first, key_first, row_end,
+                key_end, hh, n_tokens, TRANS: tl.constexpr):
+    """:func:`_count_blocks` of one tile over the runs of :func:`_near_tile`."""
+    enter_lo, n_enter, open_shift, total = _near_tile(BlockOff, EnterOff, row_first, key_first, row_end, key_end, hh,
+                                                      n_tokens)
+    return _count_blocks(offs_m, offs_n, enter_lo, n_enter, open_shift, total, BlockFirst, BlockEnd, BlockWeight, TRANS)
+
+
+@triton.jit
 def _logits(qk, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, row_tile, kmin, kmax, hh, num_row_tiles,
-            Starts, Lasts, Spans, Sigma, Window, scale_log2, r, a, NUM_SAMPLES: tl.constexpr, MODE: tl.constexpr,
-            CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr, BEFORE: tl.constexpr, TRANS: tl.constexpr = False):
+            Starts, Lasts, Spans, Sigma, Window, scale_log2, r, a, near, NUM_SAMPLES: tl.constexpr,
+            MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr, BEFORE: tl.constexpr,
+            TRANS: tl.constexpr = False):
     """(BM, BN) (``TRANS``: (BN, BM), ``qk`` then ``k q^T``) base-2 logits and weights of one tile:
     ``p = w exp2(s - m)`` (module doc).
 
@@ -207,14 +279,20 @@ def _logits(qk, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, row_tile, 
     ``log2 c`` becomes a weight after the exponential (no logarithm); the biased row max
     exceeds the unbiased one by at most ``log2 s``, so ``p <= s`` stays in range. ``BEFORE``:
     the key tile is wholly before the query tile's rows, and ``c`` is the product of the
-    tile's first blocks ``r``, ``a`` (:func:`_count_before`); else sample by sample.
+    tile's first blocks ``r``, ``a`` (:func:`_count_before`); else sample by sample
+    (:func:`_count_tile`, ``NUM_SAMPLES <= UNROLL_SAMPLES``) or ``near``, the fp16 product over
+    the blocks that meet the tile (:func:`_count_blocks`, computed by the caller: before the tile's
+    other operands are live).
     Window: ``s = qk scale - |p_i - p_j| log2(e) / sigma_h`` inside the window, ``w = 1``."""
     if MODE == 0:
         if BEFORE:
             w = _count_before_visible(r, a, offs_m, pos_n, doc_m, doc_n, n_tokens, HAS_DOCS, TRANS)
-        else:
+        elif NUM_SAMPLES <= UNROLL_SAMPLES:
             w = _count_tile(qk, offs_m, offs_n, pos_n, doc_m, doc_n, n_tokens, row_tile, kmin, kmax, hh,
                             num_row_tiles, Starts, Lasts, Spans, NUM_SAMPLES, CAUSAL, HAS_DOCS, TRANS)
+        else:
+            w = tl.where(_visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL, HAS_DOCS, TRANS),
+                         near.to(tl.float32), 0.0)
         s = tl.where(w > 0, qk * scale_log2, float("-inf"))
     else:
         dist = tl.abs(_q_side(pos_m, TRANS) - _k_side(pos_n, TRANS))
@@ -299,8 +377,9 @@ def _first_blocks_of(Starts, offs_m, in_m, row_first, hh, n_tokens, BLOCK_M: tl.
 
 @triton.jit
 def _key_tile(q, K_h, V_h, nt, rel_n, offs_d, m, offs_m, pos_m, doc_m, Pos, Doc, KSpan, n_tokens, hh, num_m_tiles,
-              Starts, Lasts, Spans, Sigma, Window, stride_kt, stride_vt, scale_log2, r, a, HEAD_DIM: tl.constexpr,
-              D_REAL: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SAMPLES: tl.constexpr, MODE: tl.constexpr,
+              Starts, Lasts, Spans, Sigma, Window, stride_kt, stride_vt, scale_log2, r, a, BlockOff, EnterOff,
+              BlockFirst, BlockEnd, BlockWeight, HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, NUM_SAMPLES: tl.constexpr, SAMPLES_PAD: tl.constexpr, MODE: tl.constexpr,
               CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr, IEEE: tl.constexpr, BEFORE: tl.constexpr):
     """Key tile ``nt`` of query tile ``m``'s band: its k and v, the base-2 logits and the weights
     (:func:`_logits`; the forward and the dQ kernel walk the same tiles)."""
@@ -314,9 +393,15 @@ def _key_tile(q, K_h, V_h, nt, rel_n, offs_d, m, offs_m, pos_m, doc_m, Pos, Doc,
     doc_n = tl.load(Doc + offs_n, mask=in_n, other=-2) if HAS_DOCS else offs_n
     kmin = tl.load(KSpan + 2 * nt)
     kmax = tl.load(KSpan + 2 * nt + 1)
+    near = 0.0
+    if MODE == 0 and NUM_SAMPLES > UNROLL_SAMPLES and not BEFORE:
+        near = _near_count(offs_m, offs_n, BlockOff, EnterOff, BlockFirst, BlockEnd, BlockWeight, m * BLOCK_M,
+                           nt * BLOCK_N, tl.minimum(m * BLOCK_M + BLOCK_M, n_tokens),
+                           tl.minimum((nt + 1) * BLOCK_N, n_tokens), hh, n_tokens, False)
     qk = _dot(q, tl.trans(k), IEEE)
     s, w = _logits(qk, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, m, kmin, kmax, hh, num_m_tiles,
-                   Starts, Lasts, Spans, Sigma, Window, scale_log2, r, a, NUM_SAMPLES, MODE, CAUSAL, HAS_DOCS, BEFORE)
+                   Starts, Lasts, Spans, Sigma, Window, scale_log2, r, a, near, NUM_SAMPLES, MODE, CAUSAL, HAS_DOCS,
+                   BEFORE)
     return k, v, s, w
 
 
@@ -348,9 +433,9 @@ def _softmax_step(m_i, l_i, acc, s, w, v, IEEE: tl.constexpr, EMULATE_BF16: tl.c
 
 @triton.jit
 def onepass_fwd_kernel(
-    Q, K, V, Out, Lse, Pos, Doc, KSpan, Starts, Lasts, Spans, Sigma, Window, BandLo, BandHi,
-    stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-    stride_ob, stride_ot, stride_oh,
+    Q, K, V, Out, Lse, Pos, Doc, KSpan, Starts, Lasts, Spans, Sigma, Window, BandLo, BandHi, BlockOff, EnterOff,
+    BlockFirst, BlockEnd, BlockWeight, stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb,
+    stride_vt, stride_vh, stride_ob, stride_ot, stride_oh,
     n_tokens, num_q_heads, group, num_m_tiles, scale_log2,
     HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SAMPLES: tl.constexpr, SAMPLES_PAD: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
@@ -377,15 +462,16 @@ def onepass_fwd_kernel(
         for nt in range(lo, before):
             k, v, s, w = _key_tile(q, K_h, V_h, nt, rel_n, offs_d, m, offs_m, pos_m, doc_m, Pos, Doc, KSpan,
                                    n_tokens, hh, num_m_tiles, Starts, Lasts, Spans, Sigma, Window, stride_kt,
-                                   stride_vt, scale_log2, r, a, HEAD_DIM, D_REAL, BLOCK_N, NUM_SAMPLES, MODE, CAUSAL,
+                                   stride_vt, scale_log2, r, a, BlockOff, EnterOff, BlockFirst, BlockEnd, BlockWeight,
+                                   HEAD_DIM, D_REAL, BLOCK_M, BLOCK_N, NUM_SAMPLES, SAMPLES_PAD, MODE, CAUSAL,
                                    HAS_DOCS, IEEE, True)
             m_i, l_i, acc = _softmax_step(m_i, l_i, acc, s, w, v, IEEE, EMULATE_BF16)
         lo = before
     for nt in range(lo, hi):
         k, v, s, w = _key_tile(q, K_h, V_h, nt, rel_n, offs_d, m, offs_m, pos_m, doc_m, Pos, Doc, KSpan, n_tokens,
                                hh, num_m_tiles, Starts, Lasts, Spans, Sigma, Window, stride_kt, stride_vt,
-                               scale_log2, r, a, HEAD_DIM, D_REAL, BLOCK_N, NUM_SAMPLES, MODE, CAUSAL, HAS_DOCS,
-                               IEEE, False)
+                               scale_log2, r, a, BlockOff, EnterOff, BlockFirst, BlockEnd, BlockWeight, HEAD_DIM,
+                               D_REAL, BLOCK_M, BLOCK_N, NUM_SAMPLES, SAMPLES_PAD, MODE, CAUSAL, HAS_DOCS, IEEE, False)
         m_i, l_i, acc = _softmax_step(m_i, l_i, acc, s, w, v, IEEE, EMULATE_BF16)
     l_use = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_use[:, None]
@@ -397,14 +483,19 @@ def onepass_fwd_kernel(
 
 @triton.jit
 def _dkdv_tile(dk, dv, k, v, mt, pos_n, doc_n, offs_n, kmin, kmax, Q_h, DO_h, Lse, Delta, Pos, Doc, Starts, Lasts,
-               Spans, Sigma, Window, row_h, rel_m, offs_d, stride_qt, stride_dot, n_tokens, hh, num_m_tiles,
-               scale_log2, HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr,
-               NUM_SAMPLES: tl.constexpr, SAMPLES_PAD: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
-               HAS_DOCS: tl.constexpr, IEEE: tl.constexpr, EMULATE_BF16: tl.constexpr, BEFORE: tl.constexpr):
+               Spans, Sigma, Window, BlockOff, EnterOff, BlockFirst, BlockEnd, BlockWeight, key_first, key_end, row_h,
+               rel_m, offs_d, stride_qt, stride_dot, n_tokens, hh, num_m_tiles, scale_log2, HEAD_DIM: tl.constexpr,
+               D_REAL: tl.constexpr, BLOCK_M: tl.constexpr, NUM_SAMPLES: tl.constexpr, SAMPLES_PAD: tl.constexpr,
+               MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr, IEEE: tl.constexpr,
+               EMULATE_BF16: tl.constexpr, BEFORE: tl.constexpr):
     """dK, dV of one key tile plus query tile ``mt``'s share, on the transposed tile (keys by queries,
     as Triton's fused-attention backward: every product has the key tile's BLOCK_N rows, which
     wgmma needs, >= 64 per warpgroup)."""
     offs_m = mt * BLOCK_M + rel_m
+    near = 0.0
+    if MODE == 0 and NUM_SAMPLES > UNROLL_SAMPLES and not BEFORE:
+        near = _near_count(offs_m, offs_n, BlockOff, EnterOff, BlockFirst, BlockEnd, BlockWeight, mt * BLOCK_M,
+                           key_first, tl.minimum(mt * BLOCK_M + BLOCK_M, n_tokens), key_end, hh, n_tokens, True)
     in_m = offs_m < n_tokens
     m_rows = _rows(in_m, offs_d, HEAD_DIM, D_REAL)
     row0 = tl.cast(mt, tl.int64) * BLOCK_M
@@ -421,7 +512,7 @@ def _dkdv_tile(dk, dv, k, v, mt, pos_n, doc_n, offs_n, kmin, kmax, Q_h, DO_h, Ls
         a = tl.zeros([SAMPLES_PAD], dtype=tl.int32)
     kq = _dot(k, tl.trans(q), IEEE)
     s, w = _logits(kq, offs_m, offs_n, pos_m, pos_n, doc_m, doc_n, n_tokens, mt, kmin, kmax, hh, num_m_tiles,
-                   Starts, Lasts, Spans, Sigma, Window, scale_log2, r, a, NUM_SAMPLES, MODE, CAUSAL, HAS_DOCS,
+                   Starts, Lasts, Spans, Sigma, Window, scale_log2, r, a, near, NUM_SAMPLES, MODE, CAUSAL, HAS_DOCS,
                    BEFORE, True)
     p = tl.exp2(s - lse2[None, :]) * w  # (BN, BM); 0 where hidden
     dv += _dot(_operand(p, do.dtype, EMULATE_BF16), do, IEEE)
@@ -433,11 +524,11 @@ def _dkdv_tile(dk, dv, k, v, mt, pos_n, doc_n, offs_n, kmin, kmax, Q_h, DO_h, Ls
 
 @triton.jit
 def onepass_bwd_dkdv_kernel(
-    Q, K, V, DO, Lse, Delta, DK, DV, Pos, Doc, KSpan, Starts, Lasts, Spans, Sigma, Window, BandLo, BandHi,
-    stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-    stride_dob, stride_dot, stride_doh, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
-    n_tokens, num_q_heads, num_kv_heads, group, num_n_tiles, num_m_tiles, scale, scale_log2,
-    HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    Q, K, V, DO, Lse, Delta, DK, DV, Pos, Doc, KSpan, Starts, Lasts, Spans, Sigma, Window, BandLo, BandHi, BlockOff,
+    EnterOff, BlockFirst, BlockEnd, BlockWeight, stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh, stride_dob, stride_dot, stride_doh, stride_dkb, stride_dkt, stride_dkh,
+    stride_dvb, stride_dvt, stride_dvh, n_tokens, num_q_heads, num_kv_heads, group, num_n_tiles, num_m_tiles, scale,
+    scale_log2, HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SAMPLES: tl.constexpr, SAMPLES_PAD: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_DOCS: tl.constexpr, PER_HEAD: tl.constexpr, IEEE: tl.constexpr, EMULATE_BF16: tl.constexpr,
 ):
@@ -467,6 +558,8 @@ def onepass_bwd_dkdv_kernel(
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     rel_m = tl.arange(0, BLOCK_M)
     after = ((nt + 1) * BLOCK_N + BLOCK_M - 1) // BLOCK_M  # first query tile wholly after the key tile
+    key_first = nt * BLOCK_N
+    key_end = tl.minimum(key_first + BLOCK_N, n_tokens)
     for g in range(0, group):
         h = kvh * group + g
         hh = h if PER_HEAD else 0
@@ -480,13 +573,15 @@ def onepass_bwd_dkdv_kernel(
             split = tl.minimum(tl.maximum(after, lo), hi)
         for mt in range(lo, split):
             dk, dv = _dkdv_tile(dk, dv, k, v, mt, pos_n, doc_n, offs_n, kmin, kmax, Q_h, DO_h, Lse, Delta, Pos, Doc,
-                                Starts, Lasts, Spans, Sigma, Window, row_h, rel_m, offs_d, stride_qt, stride_dot,
+                                Starts, Lasts, Spans, Sigma, Window, BlockOff, EnterOff, BlockFirst, BlockEnd,
+                                BlockWeight, key_first, key_end, row_h, rel_m, offs_d, stride_qt, stride_dot,
                                 n_tokens, hh, num_m_tiles, scale_log2, HEAD_DIM, D_REAL, BLOCK_M, NUM_SAMPLES,
                                 SAMPLES_PAD, MODE, CAUSAL, HAS_DOCS, IEEE, EMULATE_BF16, False)
         if MODE == 0:
             for mt in range(split, hi):
                 dk, dv = _dkdv_tile(dk, dv, k, v, mt, pos_n, doc_n, offs_n, kmin, kmax, Q_h, DO_h, Lse, Delta, Pos,
-                                    Doc, Starts, Lasts, Spans, Sigma, Window, row_h, rel_m, offs_d, stride_qt,
+                                    Doc, Starts, Lasts, Spans, Sigma, Window, BlockOff, EnterOff, BlockFirst,
+                                    BlockEnd, BlockWeight, key_first, key_end, row_h, rel_m, offs_d, stride_qt,
                                     stride_dot, n_tokens, hh, num_m_tiles, scale_log2, HEAD_DIM, D_REAL, BLOCK_M,
                                     NUM_SAMPLES, SAMPLES_PAD, MODE, CAUSAL, HAS_DOCS, IEEE, EMULATE_BF16, True)
     dk = dk * scale
@@ -507,9 +602,9 @@ def _dq_step(dq, s, w, k, v, do, lse2, delta, IEEE: tl.constexpr, EMULATE_BF16: 
 
 @triton.jit
 def onepass_bwd_dq_kernel(
-    Q, K, V, DO, Lse, Delta, DQ, Pos, Doc, KSpan, Starts, Lasts, Spans, Sigma, Window, BandLo, BandHi,
-    stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-    stride_dob, stride_dot, stride_doh, stride_dqb, stride_dqt, stride_dqh,
+    Q, K, V, DO, Lse, Delta, DQ, Pos, Doc, KSpan, Starts, Lasts, Spans, Sigma, Window, BandLo, BandHi, BlockOff,
+    EnterOff, BlockFirst, BlockEnd, BlockWeight, stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh, stride_dob, stride_dot, stride_doh, stride_dqb, stride_dqt, stride_dqh,
     n_tokens, num_q_heads, group, num_m_tiles, scale, scale_log2,
     HEAD_DIM: tl.constexpr, D_REAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SAMPLES: tl.constexpr, SAMPLES_PAD: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
@@ -537,15 +632,16 @@ def onepass_bwd_dq_kernel(
         for nt in range(lo, before):
             k, v, s, w = _key_tile(q, K_h, V_h, nt, rel_n, offs_d, m, offs_m, pos_m, doc_m, Pos, Doc, KSpan,
                                    n_tokens, hh, num_m_tiles, Starts, Lasts, Spans, Sigma, Window, stride_kt,
-                                   stride_vt, scale_log2, r, a, HEAD_DIM, D_REAL, BLOCK_N, NUM_SAMPLES, MODE, CAUSAL,
+                                   stride_vt, scale_log2, r, a, BlockOff, EnterOff, BlockFirst, BlockEnd, BlockWeight,
+                                   HEAD_DIM, D_REAL, BLOCK_M, BLOCK_N, NUM_SAMPLES, SAMPLES_PAD, MODE, CAUSAL,
                                    HAS_DOCS, IEEE, True)
             dq = _dq_step(dq, s, w, k, v, do, lse2, delta, IEEE, EMULATE_BF16)
         lo = before
     for nt in range(lo, hi):
         k, v, s, w = _key_tile(q, K_h, V_h, nt, rel_n, offs_d, m, offs_m, pos_m, doc_m, Pos, Doc, KSpan, n_tokens,
                                hh, num_m_tiles, Starts, Lasts, Spans, Sigma, Window, stride_kt, stride_vt,
-                               scale_log2, r, a, HEAD_DIM, D_REAL, BLOCK_N, NUM_SAMPLES, MODE, CAUSAL, HAS_DOCS,
-                               IEEE, False)
+                               scale_log2, r, a, BlockOff, EnterOff, BlockFirst, BlockEnd, BlockWeight, HEAD_DIM,
+                               D_REAL, BLOCK_M, BLOCK_N, NUM_SAMPLES, SAMPLES_PAD, MODE, CAUSAL, HAS_DOCS, IEEE, False)
         dq = _dq_step(dq, s, w, k, v, do, lse2, delta, IEEE, EMULATE_BF16)
     dq = dq * scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + row0 * stride_dqt + rel_m[:, None] * stride_dqt + offs_d[None, :],

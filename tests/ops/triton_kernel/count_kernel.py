@@ -3,7 +3,8 @@
 :func:`count_matrix` launches :func:`count_tile_kernel`, which counts every tile the
 way the attention kernels do: a key tile wholly before the query tile's rows with
 the product form (``_count_before_visible``), every other tile sample by sample
-(``_count_tile``). Imported where Triton is importable; on CPU under the interpreter.
+(``_count_tile``) or, beyond ``UNROLLED_SAMPLES`` samples, as a product over the blocks
+that meet it (``_count_blocks``). Imported where Triton is importable; on CPU under the interpreter.
 """
 
 import math
@@ -16,12 +17,14 @@ from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.kernel_bias import KernelBias
 from plsh_dist.ops.tile_bands import CountBias, TileConfig, TokenLayout
-from plsh_dist.ops.triton_onepass import kernels
-from plsh_dist.ops.triton_onepass_kernels import _count_before_visible, _count_tile, _first_blocks
+from plsh_dist.ops.triton_onepass import _near_args, kernels
+from plsh_dist.ops.triton_onepass_kernels import (UNROLL_SAMPLES, _count_before_visible, _count_tile, _first_blocks,
+                                                  _near_count, _visible)
 
 
 @triton.jit
-def count_tile_kernel(Out, Pos, Doc, KSpan, Starts, Lasts, Spans, n_tokens, num_m_tiles,
+def count_tile_kernel(Out, Pos, Doc, KSpan, Starts, Lasts, Spans, BlockOff, EnterOff, BlockFirst, BlockEnd, BlockWeight,
+                      n_tokens, num_m_tiles,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SAMPLES: tl.constexpr,
                       SAMPLES_PAD: tl.constexpr, CAUSAL: tl.constexpr, HAS_DOCS: tl.constexpr):
     """Grid (query tiles, key tiles, Hh): ``c_ij`` (0 where hidden), int32 (Hh, n, n)."""
@@ -38,12 +41,17 @@ def count_tile_kernel(Out, Pos, Doc, KSpan, Starts, Lasts, Spans, n_tokens, num_
     if (nt + 1) * BLOCK_N <= m * BLOCK_M:  # the kernels' far tiles
         r, a = _first_blocks(Starts, offs_m, in_m, m * BLOCK_M, hh, n_tokens, NUM_SAMPLES, SAMPLES_PAD, False)
         count = _count_before_visible(r, a, offs_m, pos_n, doc_m, doc_n, n_tokens, HAS_DOCS, False).to(tl.int32)
-    else:
+    elif NUM_SAMPLES <= UNROLL_SAMPLES:
         kmin = tl.load(KSpan + 2 * nt)
         kmax = tl.load(KSpan + 2 * nt + 1)
         anchor = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         count = _count_tile(anchor, offs_m, offs_n, pos_n, doc_m, doc_n, n_tokens, m, kmin, kmax, hh, num_m_tiles,
                             Starts, Lasts, Spans, NUM_SAMPLES, CAUSAL, HAS_DOCS, False).to(tl.int32)
+    else:
+        c = _near_count(offs_m, offs_n, BlockOff, EnterOff, BlockFirst, BlockEnd, BlockWeight, m * BLOCK_M,
+                        nt * BLOCK_N, tl.minimum(m * BLOCK_M + BLOCK_M, n_tokens),
+                        tl.minimum((nt + 1) * BLOCK_N, n_tokens), hh, n_tokens, False)
+        count = tl.where(_visible(offs_m, offs_n, doc_m, doc_n, n_tokens, CAUSAL, HAS_DOCS, False), c.to(tl.int32), 0)
     ptr = Out + hh.to(tl.int64) * n_tokens * n_tokens + offs_m.to(tl.int64)[:, None] * n_tokens + offs_n[None, :]
     tl.store(ptr, count, mask=in_m[:, None] & in_n[None, :])
 
@@ -59,11 +67,12 @@ def count_matrix(lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, d
     n, H = layout.n, bias.num_heads
     out = torch.zeros(H, n, n, dtype=torch.int32, device=device)
     tile = TileConfig(block, block, 4, 1)
-    t = KernelBias.of(bias, layout, causal, (tile, tile, tile)).fwd
+    kb = KernelBias.of(bias, layout, causal, (tile, tile, tile))
+    t = kb.fwd
     doc = layout.doc if layout.doc is not None else layout.kernel_positions
     nt = math.ceil(n / block)
     count_tile_kernel[(nt, nt, H)](
-        out, layout.kernel_positions, doc, *t.args[:4], n, nt, BLOCK_M=block, BLOCK_N=block,
+        out, layout.kernel_positions, doc, *t.args[:4], *_near_args(kb, device), n, nt, BLOCK_M=block, BLOCK_N=block,
         NUM_SAMPLES=t.consts["NUM_SAMPLES"], SAMPLES_PAD=t.consts["SAMPLES_PAD"], CAUSAL=causal,
         HAS_DOCS=layout.doc is not None,
     )
