@@ -82,10 +82,10 @@ _SHARES: dict = {}
 
 
 def share(m, s: int, T: int = TOKENS) -> float:
-    """Share of ``m``'s (tile, sample) pairs that run the count's per-score block (1 for other biases),
-    from the benchmark's hash (per-head sigma, seed 0) at ``m``'s tiles
-    (:func:`plsh_dist.plan.kernel_tiles.boundary_share`)."""
-    if m.bias != "count":
+    """Share of ``m``'s (tile, sample) pairs that run the count's per-score block (1 for other biases
+    and for builds that count near tiles as a product: no per-sample block), from the benchmark's hash
+    (per-head sigma, seed 0) at ``m``'s tiles (:func:`plsh_dist.plan.kernel_tiles.boundary_share`)."""
+    if m.bias != "count" or _has_blocks(m):
         return 1.0
     key = (m.kernel, m.block_m, m.block_n, s, T)
     if key not in _SHARES:
@@ -101,6 +101,31 @@ def share(m, s: int, T: int = TOKENS) -> float:
 
 
 _FAR: dict = {}
+_BLOCKS: dict = {}
+
+
+def _has_blocks(m) -> bool:
+    return bool(m.loop and m.loop.block_loops)
+
+
+def blocks(m, s: int, T: int = TOKENS) -> float:
+    """Mean trips a near tile of ``m`` runs its block loop (the near count's runs of blocks, a product
+    each trip) on the benchmark's hash at ``m``'s tiles (:func:`plsh_dist.plan.kernel_tiles.block_trips`,
+    the launcher's own table); 0 without a block loop. Measured at the benchmark's T (at 128k the
+    8k figure: the hash's statistics do not depend on position)."""
+    if m.bias != "count" or not _has_blocks(m):
+        return 0.0
+    key = (m.kernel, m.block_m, m.block_n, s, T)
+    if key not in _BLOCKS:
+        import torch  # noqa: PLC0415
+
+        from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: PLC0415
+        from plsh_dist.ops.tile_bands import CountBias  # noqa: PLC0415
+        from plsh_dist.plan.kernel_tiles import block_trips  # noqa: PLC0415
+
+        lsh = PositionalLSH(alibi_slopes(HEADS).double().reciprocal(), s, seed=0)
+        _BLOCKS[key] = block_trips(CountBias.of(lsh, torch.device("cpu")), T, m.kernel, m.block_m, m.block_n)
+    return _BLOCKS[key]
 
 
 def far_share(m, s: int, T: int = TOKENS) -> float:
@@ -156,7 +181,8 @@ def predict(models: dict, by_s: dict, lengths, samples_list) -> list[dict]:
             for k, total, far in (("fwd", kt.forward, kt.forward_far), ("bwd_dkdv", kt.backward_dkdv,
                                   kt.backward_dkdv_far), ("bwd_dq", kt.backward_dq, kt.backward_dq_far)):
                 m = by_s[(k, s)]
-                plsh[k] = total * m.mixed_cycles(s, share(m, s), far / total if m.far and total else 0.0)
+                plsh[k] = total * m.mixed_cycles(s, share(m, s), far / total if m.far and total else 0.0,
+                                                 blocks(m, s))
             plsh_fwd, plsh_bwd = plsh["fwd"], plsh["bwd_dkdv"] + plsh["bwd_dq"]
             rows.append({"T": T, "s": s, "tiles": (kt.forward, kt.backward_dkdv, kt.backward_dq),
                          "far_tiles": (kt.forward_far, kt.backward_dkdv_far, kt.backward_dq_far),
@@ -185,15 +211,19 @@ def _why(m, s: int) -> str:
     if m.far is None:
         return near
     f = far_share(m, s)
-    return (f"{f:.0%} of the tiles on the far loop: {_why_loop(m, m.far, s, t, True)}; the others sample by "
-            f"sample: {near}")
+    how = "as a product over the runs of blocks that meet them" if _has_blocks(m) else "sample by sample"
+    return f"{f:.0%} of the tiles on the far loop: {_why_loop(m, m.far, s, t, True)}; the others {how}: {near}"
 
 
 def _why_loop(m, lp, s: int, t: float, far: bool) -> str:
-    if m.tensor_bound(s, t, far):
-        return f"tensor-bound, executed / useful {m.executed(far) / m.useful_flops:.2f}"
+    b = 0.0 if far else blocks(m, s)
+    if m.tensor_bound(s, t, far, b):
+        return f"tensor-bound, executed / useful {m.executed(far, b) / m.useful_flops:.2f}"
     work = f"{lp.per_tile}"
-    if lp.sample_loops and m.bias == "count" and lp.sample_skippable and not far:
+    if lp.block_loops and not far:
+        work = (f"{lp.per_tile} + {b:.1f} block-loop trips (measured) x {lp.per_block} = "
+                f"{lp.instructions(s, 1.0, b):.0f}")
+    elif lp.sample_loops and m.bias == "count" and lp.sample_skippable and not far:
         work = (f"{lp.per_tile} + {s} x ({lp.per_sample - lp.sample_skippable} + {t:.0%} of "
                 f"{lp.sample_skippable}) = {lp.instructions(s, t):.0f}")
     elif lp.sample_loops:
@@ -203,7 +233,7 @@ def _why_loop(m, lp, s: int, t: float, far: bool) -> str:
                 f"{lp.instructions(s, t):.0f}")
     f64 = f", {lp.f64_per_tile + s * lp.f64_per_sample} f64" if lp.f64_per_tile or lp.f64_per_sample else ""
     return (f"issue-bound: {work} instructions / warp / tile{f64}, executed / useful "
-            f"{m.executed(far) / m.useful_flops:.2f}")
+            f"{m.executed(far, b) / m.useful_flops:.2f}")
 
 
 def targets(models: dict, by_s: dict, predictions: list[dict]) -> list[tuple[str, str, str]]:
@@ -223,14 +253,14 @@ def targets(models: dict, by_s: dict, predictions: list[dict]) -> list[tuple[str
         for s, want in FWD_SHARE.items():
             fwd = by_s.get(("fwd", s))
             if fwd:
-                bound = fwd.bound_tflops(s, share(fwd, s), far_share(fwd, s))
+                bound = fwd.bound_tflops(s, share(fwd, s), far_share(fwd, s), blocks(fwd, s))
                 out.append((f"PLSH forward, s = {s}: >= {want:.0%} of the calibration forward",
                             f"{bound:.0f} TFLOP/s = {bound / cal_fwd:.1%} ({_why(fwd, s)})",
                             _verdict(bound / cal_fwd, want)))
         for k in KERNELS[1:]:
             m = at(k, "count")
             if m:
-                bound = m.bound_tflops(8, share(m, 8), far_share(m, 8))
+                bound = m.bound_tflops(8, share(m, 8), far_share(m, 8), blocks(m, 8))
                 got = bound / cal_bwd
                 out.append((f"PLSH {k}, s = 8: >= {BWD_SHARE:.0%} of the calibration backward",
                             f"{bound:.0f} TFLOP/s = {got:.1%} ({_why(m, 8)})",
@@ -263,9 +293,9 @@ def _mma(m) -> str:
 def _bound(m, s) -> str:
     if not m.loop:
         return "-"
-    t, f = share(m, s), far_share(m, s)
-    mark = " (tensor)" if m.tensor_bound(s, t) and (not m.far or m.tensor_bound(s, t, True)) else ""
-    return f"{m.bound_tflops(s, t, f):.0f}{mark}"
+    t, f, b = share(m, s), far_share(m, s), blocks(m, s)
+    mark = " (tensor)" if m.tensor_bound(s, t, blocks=b) and (not m.far or m.tensor_bound(s, t, True)) else ""
+    return f"{m.bound_tflops(s, t, f, b):.0f}{mark}"
 
 
 def _far(m, s) -> str:
@@ -293,8 +323,8 @@ def kernel_table(models: list) -> list[str]:
                       str(lp.f64_per_sample) if lp.sample_loops else "-", str(lp.calls), _mma(m),
                       f"{m.mma_ratio:.2f}", lp.pipelined,
                       f"{lp.skippable} ({lp.skippable_blocks})" if lp.skippable else "-",
-                      f"{share(m, 8):.0%}" if m.bias == "count" else "-", _far(m, 8), _bound(m, 8),
-                      f"{m.bound_tflops(8, 1.0, far_share(m, 8)):.0f}"]
+                      f"{share(m, 8):.0%}" if m.bias == "count" and not _has_blocks(m) else "-", _far(m, 8),
+                      _bound(m, 8), f"{m.bound_tflops(8, 1.0, far_share(m, 8), blocks(m, 8)):.0f}"]
         else:
             cells += ["no loop with matrix instructions"] + ["-"] * 12
         lines.append("| " + " | ".join(cells) + " |")
@@ -367,19 +397,28 @@ def markdown(models: list, by_key: dict, predictions: list[dict], checks, comman
     others = [m for (k, n), m in sorted(by_s.items(), key=lambda x: (x[0][1], KERNELS.index(x[0][0])))
               if n != SAMPLES]
     if others:
-        lines += ["Builds of the targets at other s (bf16, D = 128, sm_90):", "",
-                  "| kernel | s | regs | spill STL/LDL | instr / tile | instr / sample (skippable) | skippable (blocks) | "
-                  "branch share | far loop: instr / tile (tile share, bound) | bound | static bound | pipelined |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["Builds of the targets at other s (bf16, D = 128, sm_90). Beyond "
+                  "16 samples a near tile counts as a product over the runs of blocks that meet it (`_count_blocks`), "
+                  "a nested loop with matrix instructions, one product of 16 runs a trip: its *block loop* "
+                  "(instructions of one trip, and its mean trips a near tile, measured on the benchmark's hash at "
+                  "the build's tiles: `block_trips` in `plsh_dist/plan/kernel_tiles.py`, the launcher's own table). "
+                  "*key-loop spills*: `STL` / `LDL` inside the two key loops.", "",
+                  "| kernel | s | regs | spill STL/LDL | key-loop spills | instr / tile | instr / sample (skippable) | "
+                  "block loop: instr / trip (trips / tile) | skippable (blocks) | branch share | "
+                  "far loop: instr / tile (tile share, bound) | bound | static bound | pipelined |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for (k, n), m in sorted(by_s.items(), key=lambda x: (x[0][1], KERNELS.index(x[0][0]))):
             if n == SAMPLES:
                 continue
             lp = m.loop
+            b = blocks(m, n)
             per_sample = f"{lp.per_sample} ({lp.sample_skippable})" if lp.sample_loops else "-"
-            lines.append(f"| {k} | {n} | {m.regs} | {m.spill_stores}/{m.spill_loads} | {lp.per_tile} | {per_sample} | "
-                         f"{lp.skippable} ({lp.skippable_blocks}) | {share(m, n):.0%} | {_far(m, n)} | "
-                         f"{m.bound_tflops(n, share(m, n), far_share(m, n)):.0f} | "
-                         f"{m.bound_tflops(n, 1.0, far_share(m, n)):.0f} | {lp.pipelined} |")
+            per_block = f"{lp.per_block} ({b:.1f})" if lp.block_loops else "-"
+            branch = "-" if _has_blocks(m) else f"{share(m, n):.0%}"
+            lines.append(f"| {k} | {n} | {m.regs} | {m.spill_stores}/{m.spill_loads} | {m.loop_spills} | "
+                         f"{lp.per_tile} | {per_sample} | {per_block} | {lp.skippable} ({lp.skippable_blocks}) | "
+                         f"{branch} | {_far(m, n)} | {m.bound_tflops(n, share(m, n), far_share(m, n), b):.0f} | "
+                         f"{m.bound_tflops(n, 1.0, far_share(m, n), b):.0f} | {lp.pipelined} |")
         lines.append("")
     if predictions:
         lines += [

@@ -166,6 +166,39 @@ def boundary_share(bias: CountBias, T: int, kernel: str, block_m: int, block_n: 
     return taken / total
 
 
+def block_trips(bias: CountBias, T: int, kernel: str, block_m: int, block_n: int, causal: bool = True,
+                chunk: int = 16) -> float:
+    """Mean trips of the near count's block loop (``_count_blocks`` in the kernels, ``chunk`` runs a trip)
+    over the tiles of ``kernel`` ("fwd", "bwd_dkdv", "bwd_dq") at ``block_m`` x ``block_n`` that
+    :func:`far_tiles` leaves, over positions ``0..T-1``: the runs holding the tile's anchor
+    ``max(first row, first key)`` and those opening after it before the tile's row and key ends, read
+    from the launcher's own table (:func:`plsh_dist.ops.triton_onepass.near_blocks`) as the kernels
+    read it. One head at a time."""
+    from plsh_dist.ops.triton_onepass import NEAR_ANCHOR, near_blocks  # noqa: PLC0415 (torch only)
+
+    layout = TokenLayout.build(torch.arange(T), torch.device("cpu"))
+    trips = tiles = 0
+    for h in range(bias.num_heads):
+        one = CountBias(bias.pitch[:, h:h + 1].contiguous(), bias.shift[:, h:h + 1].contiguous())
+        starts, _ = block_bounds(one, layout, causal)
+        table = near_blocks(starts, None)
+        offsets, enter = table.offsets[0].long(), table.enter_offsets[0].long()
+        bands = key_tile_bands if kernel == "bwd_dkdv" else query_tile_bands
+        lo, hi = (x[0].long() for x in bands(one, layout, block_m, block_n, causal))
+        inner = lo[:, None] + torch.arange(max(int((hi - lo).max()), 1))
+        valid = inner < hi[:, None]
+        outer = torch.arange(lo.numel())[:, None].expand_as(inner)
+        m, nt = (inner, outer) if kernel == "bwd_dkdv" else (outer, inner)
+        valid = valid & ((nt + 1) * block_n > m * block_m)  # the far tiles count as a product
+        x = torch.maximum(m * block_m, nt * block_n).clamp(max=T - 1)
+        end = torch.minimum(torch.minimum(m * block_m + block_m, (nt + 1) * block_n), torch.tensor(T))
+        a = torch.div(x, NEAR_ANCHOR, rounding_mode="floor")
+        total = enter[a + 1] - enter[a] + offsets[torch.maximum(end, x + 1)] - offsets[x + 1]
+        trips += int((torch.div(total + chunk - 1, chunk, rounding_mode="floor") * valid).sum())
+        tiles += int(valid.sum())
+    return trips / tiles if tiles else 0.0
+
+
 def _block_tiles(lengths: torch.Tensor, causal: bool) -> int:
     m = torch.div(lengths + FLASH_TILE - 1, FLASH_TILE, rounding_mode="floor")
     return int((m * (m + 1) // 2).sum()) if causal else int((m * m).sum())

@@ -6,15 +6,19 @@ Triton's NVIDIA backend: :func:`cuobjdump_path`) and the kernel's Triton IR
 
 - A **loop** is a backward branch: ``BRA`` to an address at or before its
   own; its body is ``[target, branch]``. Loops nest by containment.
-- The **main loop** is the innermost loop holding matrix instructions
-  (``HGMMA``, Hopper's wgmma; ``HMMA``, mma.sync): one trip per key tile in
-  the forward and dQ kernels, per query tile in dK/dV. Where several loops
-  qualify (a loop split at the causal diagonal), the one with the most
-  instructions is taken (the conservative reading); all are listed.
+- The **main loop** is the outermost loop holding matrix instructions of its
+  own (outside its nested loops; ``HGMMA``, Hopper's wgmma; ``HMMA``, mma.sync):
+  one trip per key tile in the forward and dQ kernels, per query tile in dK/dV.
+  Where several loops qualify (a loop split at the causal diagonal), the one with
+  the most instructions is taken (the conservative reading); all are listed.
 - Loops nested in the main loop without matrix instructions are **per-sample**
   loops (the count's loop over the hash's samples): their bodies run s times
-  a tile. Nested loops of fewer than :data:`WAIT_LOOP_MAX` instructions that
-  poll a barrier (``SYNCS``, ``NANOSLEEP``) are waits, counted once.
+  a tile. Nested loops with matrix instructions are **block loops** (the near
+  count's loop over the runs of blocks that meet the tile, ``BLOCK_CHUNK`` a
+  trip): their bodies run as many times a tile as the hash's blocks say (a
+  measured mean: :func:`plsh_dist.plan.kernel_tiles.block_trips`). Nested loops
+  of fewer than :data:`WAIT_LOOP_MAX` instructions that poll a barrier
+  (``SYNCS``, ``NANOSLEEP``) are waits, counted once.
 - Instructions are counted statically (every instruction of a body once per
   trip: a branch skipped inside the body is counted as run). ``CALL`` sites in
   a body (the float64 division's slow path, taken only for special operands)
@@ -23,7 +27,7 @@ Triton's NVIDIA backend: :func:`cuobjdump_path`) and the kernel's Triton IR
 Matrix work of one instruction, per warp: ``HGMMA.MxNxK`` is a warpgroup's
 (4 warps) ``M x N x K`` product, ``HMMA.MNK`` (e.g. ``16816``: m16 n8 k16) one
 warp's. Useful work of a tile is the ``tt.dot`` products of the IR's loop
-that holds them (``2 M N K`` FLOPs each).
+that holds them (``2 M N K`` FLOPs each), not the count's fp16-accumulated ones.
 
 Legend: W warps of the kernel, s samples.
 """
@@ -143,7 +147,8 @@ class LoopCost:
         loop: the main loop. per_tile: instructions of one trip outside its sample loops.
         per_sample: instructions of its sample loops' bodies (each run s times a trip).
         f64_per_tile, f64_per_sample: float64 instructions among them.
-        mma: matrix instructions of one trip, by opcode (``{"HGMMA.64x16x16.F32.BF16": 16}``).
+        mma: matrix instructions of one trip outside its block loops, by opcode
+            (``{"HGMMA.64x16x16.F32.BF16": 16}``).
         mma_flops_per_warp: their FLOPs per warp. calls: ``CALL`` sites in the body.
         pipelined: "TMA" (``UTMALDG`` / ``UBLKCP``), "cp.async" (``LDGSTS``) or "no": how the
             trip's loads reach shared memory.
@@ -155,6 +160,9 @@ class LoopCost:
         sample_skippable: the same regions inside the sample loops' bodies (run s times a trip, each
             only where the sample's blocks cut the tile).
         spills: local-memory stores and loads (``STL`` / ``LDL``) in the body, nested loops included.
+        block_loops: the nested loops with matrix instructions (block loops); per_block: their bodies'
+            instructions (run ``blocks`` times a trip); block_mma, block_mma_flops_per_warp: their matrix
+            instructions and FLOPs per warp, one trip of each.
     """
 
     loop: Loop
@@ -172,12 +180,22 @@ class LoopCost:
     skippable_blocks: int = 0
     sample_skippable: int = 0
     spills: int = 0
+    block_loops: list[Loop] = field(default_factory=list)
+    per_block: int = 0
+    block_mma: dict[str, int] = field(default_factory=dict)
+    block_mma_flops_per_warp: float = 0.0
 
-    def instructions(self, samples: int, taken: float = 1.0) -> float:
+    def instructions(self, samples: int, taken: float = 1.0, blocks: float = 0.0) -> float:
         """Instructions per warp of one trip at ``samples`` samples, the skippable regions run in
-        a share ``taken`` of the trips (1: every instruction counted, the static reading)."""
+        a share ``taken`` of the trips (1: every instruction counted, the static reading), the block
+        loops ``blocks`` times."""
         skipped = 1.0 - taken
-        return self.per_tile - skipped * self.skippable + samples * (self.per_sample - skipped * self.sample_skippable)
+        return (self.per_tile - skipped * self.skippable + samples * (self.per_sample - skipped * self.sample_skippable)
+                + blocks * self.per_block)
+
+    def flops_per_warp(self, blocks: float = 0.0) -> float:
+        """Matrix FLOPs per warp of one trip, the block loops run ``blocks`` times."""
+        return self.mma_flops_per_warp + blocks * self.block_mma_flops_per_warp
 
     @property
     def mma_instructions(self) -> int:
@@ -215,14 +233,22 @@ def _loop_cost(instructions, loop: Loop, nested: list[Loop]) -> LoopCost:
     direct = [lp for lp in nested if not any(o.contains(lp) for o in nested)]  # outermost nested ones
     waits = [lp for lp in direct if len(_body(instructions, lp)) < WAIT_LOOP_MAX
              and any(i.base in _WAIT_OPS for i in _body(instructions, lp))]
-    samples = [lp for lp in direct if lp not in waits]
+    blocks = [lp for lp in direct if lp not in waits and any(i.mma_shape for i in _body(instructions, lp))]
+    samples = [lp for lp in direct if lp not in waits and lp not in blocks]
     in_samples = {i.address for lp in samples for i in _body(instructions, lp)}
+    in_blocks = {i.address for lp in blocks for i in _body(instructions, lp)}
+    block = [i for i in body if i.address in in_blocks]
+    body = [i for i in body if i.address not in in_blocks]
     tile = [i for i in body if i.address not in in_samples]
     sample = [i for i in body if i.address in in_samples]
     mma: dict[str, int] = {}
     for i in body:
         if i.mma_shape is not None:
             mma[i.opcode] = mma.get(i.opcode, 0) + 1
+    block_mma: dict[str, int] = {}
+    for i in block:
+        if i.mma_shape is not None:
+            block_mma[i.opcode] = block_mma.get(i.opcode, 0) + 1
     ops = {i.base for i in body}
     pipelined = "TMA" if ops & {"UTMALDG", "UBLKCP"} else "cp.async" if "LDGSTS" in ops else "no"
     regions = _skipped_regions(tile)
@@ -230,7 +256,8 @@ def _loop_cost(instructions, loop: Loop, nested: list[Loop]) -> LoopCost:
     return LoopCost(loop, len(tile), len(sample), sum(i.is_f64 for i in tile), sum(i.is_f64 for i in sample), mma,
                     sum(i.mma_flops_per_warp for i in body), sum(i.base == "CALL" for i in body), pipelined,
                     samples, waits, sum(len(r) for r in regions), len(regions),
-                    sum(len(r) for r in in_sample_regions), sum(i.base in ("STL", "LDL") for i in body))
+                    sum(len(r) for r in in_sample_regions), sum(i.base in ("STL", "LDL") for i in body + block),
+                    blocks, len(block), block_mma, sum(i.mma_flops_per_warp for i in block))
 
 
 def _skipped_regions(body: list[Instruction]) -> list[list[Instruction]]:
@@ -252,8 +279,10 @@ def analyse(name: str, instructions: list[Instruction]) -> SassKernel:
     """The main loop and its counts (module doc)."""
     all_loops = loops(instructions)
     with_mma = [lp for lp in all_loops if any(i.mma_shape for i in _body(instructions, lp))]
-    innermost = [lp for lp in with_mma if not any(lp.contains(o) for o in with_mma)]
-    candidates = [_loop_cost(instructions, lp, [o for o in all_loops if lp.contains(o)]) for lp in innermost]
+    own = [lp for lp in with_mma if any(i.mma_shape for i in _body(instructions, lp)
+                                        if not any(lp.contains(o) and o.start <= i.address <= o.end for o in with_mma))]
+    outermost = [lp for lp in own if not any(o.contains(lp) for o in own)]
+    candidates = [_loop_cost(instructions, lp, [o for o in all_loops if lp.contains(o)]) for lp in outermost]
     by_flops = sorted(candidates, key=lambda c: c.mma_flops_per_warp)
     far = by_flops[-1] if len(by_flops) > 1 and by_flops[-1].mma_flops_per_warp > by_flops[-2].mma_flops_per_warp \
         else None
@@ -265,21 +294,23 @@ def analyse(name: str, instructions: list[Instruction]) -> SassKernel:
 
 # -- the Triton IR's products ------------------------------------------------------------------
 
-_DOT = re.compile(r"=\s*tt\.dot\s.*?:\s*tensor<(\d+)x(\d+)x\w+>\s*\*\s*tensor<(\d+)x(\d+)x\w+>")
+_DOT = re.compile(r"=\s*tt\.dot\s.*?:\s*tensor<(\d+)x(\d+)x\w+>\s*\*\s*tensor<(\d+)x(\d+)x\w+>"
+                  r"\s*->\s*tensor<\d+x\d+x(\w+)>")
 
 
 def dot_flops_per_trip(ttir: str) -> float:
     """FLOPs (``2 M N K`` each) of the attention's own ``tt.dot`` products in one trip of its key loop:
     the ``scf.for`` holding the fewest directly, among those holding some (the count's loop over key
     tiles before the query tile's rows holds one more, its count's product); the products outside any
-    loop when none does."""
+    loop when none does. Products accumulated in fp16 are the near count's (0/1 operands), not the
+    attention's: not counted."""
     stack: list[int | None] = []  # per open region: the id of an scf.for, None for any other region
     per_loop: dict[int | None, float] = {}
     loop_id = 0
     for line in ttir.splitlines():
         m = _DOT.search(line)
-        if m:
-            M, K, K2, N = (int(x) for x in m.groups())
+        if m and m.group(5) != "f16":
+            M, K, K2, N = (int(x) for x in m.groups()[:4])
             if K != K2:
                 raise ValueError(f"tt.dot with mismatched inner dims: {line.strip()}")
             owner = next((x for x in reversed(stack) if x is not None), None)

@@ -8,7 +8,8 @@ its SASS read (:mod:`plsh_dist.plan.sass`), and one trip of its main loop
   nothing else limits it: latencies are hidden, loads arrive in time,
   occupancy is enough, branches are free. A tile of a W-warp kernel whose
   loop body has I instructions per warp takes ``W I / 4`` SM clocks to issue
-  (``I = per tile + s per sample``);
+  (``I = per tile + s per sample + b per block-loop trip``, b the measured mean
+  trips of the near count's block loop);
 - its matrix instructions take ``executed FLOPs / tensor peak`` SM clocks
   (H200: 3,023 dense bf16 / fp16 FLOP per clock per SM, for HGMMA and HMMA
   alike, which flatters mma.sync; A100: 2,048);
@@ -106,10 +107,11 @@ class KernelModel:
     def _loop(self, far: bool) -> LoopCost:
         return self.far if far else self.loop
 
-    def executed(self, far: bool = False) -> float:
-        """Matrix FLOPs one tile of the main (``far``: the far) loop issues (every warp's instructions)."""
+    def executed(self, far: bool = False, blocks: float = 0.0) -> float:
+        """Matrix FLOPs one tile of the main (``far``: the far) loop issues (every warp's instructions), its
+        block loops run ``blocks`` times."""
         lp = self._loop(far)
-        return lp.mma_flops_per_warp * self.num_warps if lp else 0.0
+        return lp.flops_per_warp(blocks) * self.num_warps if lp else 0.0
 
     @property
     def executed_flops(self) -> float:
@@ -125,36 +127,37 @@ class KernelModel:
     def uses_wgmma(self) -> bool:
         return bool(self.loop) and any(op.startswith("HGMMA") for op in self.loop.mma)
 
-    def issue_cycles(self, samples: int, taken: float = 1.0, far: bool = False) -> float:
+    def issue_cycles(self, samples: int, taken: float = 1.0, far: bool = False, blocks: float = 0.0) -> float:
         """``taken``: share of trips that run the loop's skippable regions (:attr:`LoopCost.skippable`),
         applied only to a count build with at most one region a sample (each is a sample's block; a
-        block not recognised as one stays counted every trip). ``far``: a tile of the far loop."""
+        block not recognised as one stays counted every trip) and no block loop. ``far``: a tile of
+        the far loop. ``blocks``: mean trips of the main loop's block loops (the near count's runs)."""
         lp = self._loop(far)
         one_a_sample = 0 < lp.skippable_blocks <= samples or (lp.sample_loops and lp.sample_skippable)
-        share = taken if self.bias == "count" and one_a_sample and not far else 1.0
-        return self.num_warps * lp.instructions(samples, share) / self.machine.schedulers
+        share = taken if self.bias == "count" and one_a_sample and not lp.block_loops and not far else 1.0
+        return self.num_warps * lp.instructions(samples, share, 0.0 if far else blocks) / self.machine.schedulers
 
-    def tensor_cycles(self, far: bool = False) -> float:
-        return self.executed(far) / self.machine.tensor_flops_per_clock
+    def tensor_cycles(self, far: bool = False, blocks: float = 0.0) -> float:
+        return self.executed(far, 0.0 if far else blocks) / self.machine.tensor_flops_per_clock
 
-    def tile_cycles(self, samples: int, taken: float = 1.0, far: bool = False) -> float:
+    def tile_cycles(self, samples: int, taken: float = 1.0, far: bool = False, blocks: float = 0.0) -> float:
         """SM clocks of one tile: issue or tensor, whichever is longer."""
-        return max(self.issue_cycles(samples, taken, far), self.tensor_cycles(far))
+        return max(self.issue_cycles(samples, taken, far, blocks), self.tensor_cycles(far, blocks))
 
-    def mixed_cycles(self, samples: int, taken: float = 1.0, far_share: float = 0.0) -> float:
+    def mixed_cycles(self, samples: int, taken: float = 1.0, far_share: float = 0.0, blocks: float = 0.0) -> float:
         """Mean clocks of a tile when a share ``far_share`` of the tiles runs the far loop."""
-        near = self.tile_cycles(samples, taken)
+        near = self.tile_cycles(samples, taken, blocks=blocks)
         return near if not self.far or not far_share else \
             far_share * self.tile_cycles(samples, taken, True) + (1.0 - far_share) * near
 
-    def bound_tflops(self, samples: int, taken: float = 1.0, far_share: float = 0.0) -> float:
+    def bound_tflops(self, samples: int, taken: float = 1.0, far_share: float = 0.0, blocks: float = 0.0) -> float:
         """Useful TFLOP/s of the whole GPU at this tile cost (the issue-cycle bound); ``far_share``: the
-        share of tiles on the far loop."""
+        share of tiles on the far loop; ``blocks``: the main loop's block-loop trips a tile."""
         m = self.machine
-        return self.useful_flops / self.mixed_cycles(samples, taken, far_share) * m.sms * m.clock_hz / 1e12
+        return self.useful_flops / self.mixed_cycles(samples, taken, far_share, blocks) * m.sms * m.clock_hz / 1e12
 
-    def tensor_bound(self, samples: int, taken: float = 1.0, far: bool = False) -> bool:
-        return self.tensor_cycles(far) >= self.issue_cycles(samples, taken, far)
+    def tensor_bound(self, samples: int, taken: float = 1.0, far: bool = False, blocks: float = 0.0) -> bool:
+        return self.tensor_cycles(far, blocks) >= self.issue_cycles(samples, taken, far, blocks)
 
 
 def model_launch(launch: Launch) -> tuple[KernelModel, bytes]:
@@ -187,12 +190,14 @@ def causal_floor_tiles(kernel: str, T: int, block_m: int, block_n: int) -> int:
 
 
 def area_rate(models: list[KernelModel], samples: int, taken: list[float] | None = None,
-              far_share: list[float] | None = None) -> float:
+              far_share: list[float] | None = None, blocks: list[float] | None = None) -> float:
     """Useful TFLOP/s bound of kernels that each cover the same score area once (a backward's
     dK/dV and dQ): their useful FLOPs and clocks per score entry added."""
     taken = taken or [1.0] * len(models)
     far_share = far_share or [0.0] * len(models)
+    blocks = blocks or [0.0] * len(models)
     useful = sum(m.useful_flops / (m.block_m * m.block_n) for m in models)
-    cycles = sum(m.mixed_cycles(samples, t, f) / (m.block_m * m.block_n) for m, t, f in zip(models, taken, far_share))
+    cycles = sum(m.mixed_cycles(samples, t, f, b) / (m.block_m * m.block_n)
+                 for m, t, f, b in zip(models, taken, far_share, blocks))
     machine = models[0].machine
     return useful / cycles * machine.sms * machine.clock_hz / 1e12
