@@ -126,6 +126,58 @@ def test_useful_work_is_the_attention_loop_not_the_counts_product():
     assert dot_flops_per_trip(ttir) == 2 * (2 * 64 * 32 * 128)
 
 
+# large s: 0x00..0x30 the far loop; 0x40..0xc0 the near loop, whose count is a block loop 0x60..0xa0
+# (the near count's runs of blocks, a product a trip)
+BLOCK_LOOP = [
+    "HGMMA.64x32x16.F32.BF16 R24, gdesc[UR4], RZ",  # 0x00  far loop
+    "HGMMA.64x32x16.F32 R40, gdesc[UR8], RZ",       # 0x10  the count's product
+    "IADD3 R1, R1, 0x1, RZ",                        # 0x20
+    "@P0 BRA 0x0",                                  # 0x30
+    "HGMMA.64x32x16.F32.BF16 R24, gdesc[UR4], RZ",  # 0x40  near loop
+    "@P5 BRA 0xb0",                                 # 0x50  no run: skip the block loop
+    "LDG.E R2, desc[UR6][R4.64]",                   # 0x60  block loop
+    "ISETP.GE.AND P2, PT, R5, R2, PT",              # 0x70
+    "STS.U16 [R8], R6",                             # 0x80
+    "HGMMA.64x32x16.F16 R60, R62, gdesc[UR10], R60",  # 0x90
+    "@P3 BRA 0x60",                                 # 0xa0  block loop ends
+    "FMUL R9, R9, R10",                             # 0xb0
+    "@P4 BRA 0x40",                                 # 0xc0  near loop ends
+    "EXIT",                                         # 0xd0
+]
+
+
+def test_reader_costs_the_near_count_block_loop_by_its_trips():
+    k = analyse("k", parse_sass(_listing(BLOCK_LOOP))["k"])
+    assert (k.far.loop.start, k.far.loop.end) == (0x00, 0x30)  # the most matrix work of its own
+    lp = k.main
+    assert (lp.loop.start, lp.loop.end) == (0x40, 0xc0)  # not the block loop nested in it
+    assert [(x.start, x.end) for x in lp.block_loops] == [(0x60, 0xa0)] and not lp.sample_loops
+    assert lp.per_block == 5 and lp.per_tile == 4
+    assert lp.mma == {"HGMMA.64x32x16.F32.BF16": 1} and lp.block_mma == {"HGMMA.64x32x16.F16": 1}
+    assert lp.instructions(100, 1.0, 2.5) == 4 + 2.5 * 5  # s does not enter: no sample loop
+    assert lp.flops_per_warp(2.5) == (1 + 2.5) * 2 * 64 * 32 * 16 / 4
+
+
+def test_useful_work_leaves_out_the_near_counts_fp16_products():
+    ttir = """
+    %1:2 = scf.for %i = %c0 to %n step %c1 iter_args(%x = %c) -> (tensor<64x32xf32>) : i32 {
+      %q = tt.dot %a, %b, %c : tensor<64x128xbf16> * tensor<128x32xbf16> -> tensor<64x32xf32>
+      %c = tt.dot %r, %s, %z : tensor<64x128xf16> * tensor<128x32xf16> -> tensor<64x32xf32>
+      %o = tt.dot %p, %v, %acc : tensor<64x32xbf16> * tensor<32x128xbf16> -> tensor<64x128xf32>
+      scf.yield %o : tensor<64x128xf32>
+    }
+    %2:2 = scf.for %i = %c0 to %n step %c1 iter_args(%x = %c) -> (tensor<64x32xf32>) : i32 {
+      %q = tt.dot %a, %b, %c : tensor<64x128xbf16> * tensor<128x32xbf16> -> tensor<64x32xf32>
+      %r = scf.for %t = %c0 to %s step %c16 iter_args(%y = %w) -> (tensor<64x32xf16>) : i32 {
+        %y2 = tt.dot %u, %w, %y : tensor<64x16xf16> * tensor<16x32xf16> -> tensor<64x32xf16>
+        scf.yield %y2 : tensor<64x32xf16>
+      }
+      %o = tt.dot %p, %v, %acc : tensor<64x32xbf16> * tensor<32x128xbf16> -> tensor<64x128xf32>
+      scf.yield %o : tensor<64x128xf32>
+    }"""
+    assert dot_flops_per_trip(ttir) == 2 * (2 * 64 * 32 * 128)
+
+
 def test_causal_floor_tiles_cover_the_triangle():
     # square tiles: the triangle's m (m + 1) / 2; dK/dV from the keys' side: the same area
     assert causal_floor_tiles("fwd", 1024, 128, 128) == 8 * 9 // 2

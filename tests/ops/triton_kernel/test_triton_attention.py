@@ -48,6 +48,10 @@ CASES = {
     "shared-causal-gqa4-s3": (1, 130, 4, 1, 64, 16.0, 3, True, 7),
     "per_head-full-s1": (1, 100, 2, 2, 64, PER_HEAD[:2] * 3, 1, False, 0),
     "shared-causal-s100": (1, 50, 1, 1, 64, 4.0, 100, True, 0),
+    # beyond 16 samples near tiles count as a product over the runs of blocks (sigma 0.8: many per tile)
+    "per_head-causal-gqa-s100-offset": (1, 150, 4, 2, 64, PER_HEAD, 100, True, 5000),
+    "per_head-full-gqa-s100": (1, 110, 4, 2, 64, PER_HEAD, 100, False, 0),
+    "per_head-causal-s40-d128": (1, 130, 2, 1, 128, PER_HEAD[:2], 40, True, 17),
     "shared-causal-d128": (1, 100, 2, 1, 128, 30.0, 8, True, 0),
     "per_head-full-d24": (1, 70, 2, 1, 24, PER_HEAD[1:3], 4, False, 3),  # head dim padded to 32 inside
 }
@@ -65,6 +69,16 @@ def test_plsh_matches_dense_reference(case):
 def test_fixed_blocks_through_the_same_kernel(causal):
     q, k, v, dout = random_qkv(1, 140, 4, 2, 64, seed=3)
     _check(q, k, v, dout, FixedBlocks(alibi_slopes(4).double().reciprocal() * 4), torch.arange(140), causal)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_documents_at_large_s(causal):
+    q, k, v, dout = random_qkv(1, 100, 2, 1, 64, seed=6)
+    cu = torch.tensor([0, 1, 33, 34, 70, 100])  # 1-token documents, a document start inside a tile
+    lengths = cu[1:] - cu[:-1]
+    docs = Documents.from_cu_seqlens(cu, torch.cat([torch.arange(int(n)) for n in lengths]))
+    lsh = PositionalLSH(PER_HEAD[:2], 64, seed=8)
+    _check(q, k, v, dout, lsh, docs.positions, causal, docs=docs)
 
 
 def test_documents_with_one_token_documents():

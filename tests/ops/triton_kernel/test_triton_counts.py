@@ -42,6 +42,30 @@ def test_count_matrix_equals_hash(sampler, causal):
     assert torch.equal(got, brute_counts(lsh, positions, causal))
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("samples", [17, 100])
+def test_count_matrix_at_large_s_equals_hash(samples, causal):
+    """Beyond 16 samples a near tile counts as a product over the runs of blocks that meet it: sigma
+    0.8 and 3 cut every 32-token tile many times in every sample (1-token blocks repeat across samples
+    and merge), 700 holds the tile whole; tiles of 16 and 32 put the anchor on every kind of edge."""
+    lsh = PositionalLSH(SIGMA, samples, seed=13)
+    positions = 1000 + torch.arange(130)
+    for block in (16, 32):
+        got = count_matrix(lsh, positions, causal=causal, block=block, device=kernel_device())
+        assert torch.equal(got, brute_counts(lsh, positions, causal))
+
+
+def test_count_matrix_at_large_s_documents_and_gaps():
+    lsh = PositionalLSH(SIGMA, 40, seed=4)
+    docs = _documents(120)  # 1-token documents and positions restarting inside tiles
+    for causal in (True, False):
+        got = count_matrix(lsh, docs.positions, causal=causal, docs=docs, device=kernel_device())
+        assert torch.equal(got, brute_counts(lsh, docs.positions, causal, docs))
+    gapped = torch.cumsum(torch.randint(1, 4, (90,), generator=torch.Generator().manual_seed(0)), 0)
+    got = count_matrix(lsh, gapped, causal=True, device=kernel_device())
+    assert torch.equal(got, brute_counts(lsh, gapped, True))
+
+
 def test_count_matrix_documents_and_gaps():
     lsh = PositionalLSH(SIGMA, 5, seed=3)
     docs = _documents(120)
