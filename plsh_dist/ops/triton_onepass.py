@@ -6,7 +6,10 @@
 - ``log c_ij`` of a :class:`~plsh_dist.hashing.PositionalLSH` (PLSH one pass,
   docs/design.md, section 1, "The one-pass form"; fixed blocks are the one-sample hash of pitch ``2 sigma``),
   counted inside each tile from the hash's pitch and shift: no count table,
-  nothing of size s x n, no host synchronisation;
+  no host synchronisation (beyond ``UNROLLED_SAMPLES`` samples the launcher
+  adds one table per call, the hash's blocks as runs of tokens for the tiles
+  that meet their rows, :func:`near_blocks`, which one host synchronisation
+  sizes);
 - or exact ALiBi inside a per-head window (:class:`~plsh_dist.ops.tile_bands.WindowBias`).
 
 Each query tile visits only the key tiles of its band

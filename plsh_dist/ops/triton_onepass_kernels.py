@@ -17,10 +17,15 @@ Logits and weights of one (query tile, key tile), :func:`_logits` (shared by eve
   - key tiles wholly before the query tile's rows (by token): ``c`` is a product on the
     tensor cores, ``r @ [a_t <= p_j]`` with the tile's first blocks ``r``, ``a`` built once per
     query tile (:func:`_count_before`): no per-sample work in the key loop;
-  - the other tiles (those that meet the rows, and after them when not causal) sample by
-    sample (:func:`_count_tile`): a sample whose blocks hold every key of the tile for every
-    row, or none, costs two scalar compares (per-tile spans, ``row_spans`` / ``key_spans``);
-    only the others compare per score;
+  - the other tiles (those that meet the rows, and after them when not causal), up to
+    ``UNROLL_SAMPLES`` samples sample by sample (:func:`_count_tile`): a sample whose blocks
+    hold every key of the tile for every row, or none, costs two scalar compares (per-tile
+    spans, ``row_spans`` / ``key_spans``); only the others compare per score;
+  - the same tiles beyond ``UNROLL_SAMPLES`` samples: a product on the tensor cores too,
+    rows x runs by runs x keys, over the runs of blocks (a block as a run of tokens, merged
+    across samples with its weight) that hold the tile's anchor row or open after it
+    (:func:`_near_tile`, :func:`_count_blocks`): the per-score work follows the runs that meet
+    the tile, not s;
 - ``MODE == 1``, ALiBi window: ``s = qk scale - |p_i - p_j| / sigma_h * log2(e)`` where
   ``|p_i - p_j| < window_h``, ``w = 1``.
 
@@ -37,7 +42,9 @@ strides with a unit last one (``HEAD_DIM``: D padded to a power of two, ``D_REAL
 lse and delta (B, Hq, n) fp32; positions
 int32[n] (below 2^31); documents int32[n]; block starts / lasts int32[Hh, s, n]; row spans
 int32[Hh, s, row tiles, 4]; key spans int32[key tiles, 2]; sigma float32[Hh], window
-int64[Hh]; bands int32[Hh, tiles].
+int64[Hh]; bands int32[Hh, tiles]; runs (:class:`~plsh_dist.ops.triton_onepass.NearBlocks`,
+read beyond ``UNROLL_SAMPLES`` samples): offsets int32[Hh, n + 1] and anchors' offsets
+int32[Hh, anchors + 1], first and end int32[runs], weight float16[runs].
 """
 
 from __future__ import annotations
@@ -443,7 +450,8 @@ def onepass_fwd_kernel(
 ):
     """Grid (query tiles, B * Hq): out and lse of one query tile of one head. The count walks its band
     in two loops: the key tiles wholly before the tile's rows (the count a product,
-    :func:`_count_before`), then the rest (sample by sample)."""
+    :func:`_count_before`), then the rest (sample by sample, or beyond ``UNROLL_SAMPLES`` samples a
+    product over the runs of blocks, :func:`_count_blocks`)."""
     m = tl.program_id(0)
     b, h, hh, kvh, offs_m, offs_d, in_m, m_rows, row0, rel_m, q, pos_m, doc_m, lo, hi = _query_tile(
         Q, Pos, Doc, BandLo, BandHi, m, tl.program_id(1), stride_qb, stride_qt, stride_qh, n_tokens, num_q_heads,
@@ -534,7 +542,8 @@ def onepass_bwd_dkdv_kernel(
 ):
     """Grid (key tiles, B * Hkv): dK, dV of one key tile, summed over the query heads of its
     group in one program (deterministic: no atomics). The count walks each band in two loops:
-    the query tiles the key tile meets or follows (sample by sample), then those wholly after it
+    the query tiles the key tile meets or follows (sample by sample, or beyond ``UNROLL_SAMPLES``
+    samples a product over the runs of blocks, :func:`_count_blocks`), then those wholly after it
     (the count a product, :func:`_count_before`)."""
     nt = tl.program_id(0)
     bkv = tl.program_id(1)
