@@ -119,7 +119,8 @@ def far_tiles(lo: torch.Tensor, hi: torch.Tensor, kernel: str, block_m: int, blo
     ``block_m`` x ``block_n``), how many of its tiles pair a key tile wholly before the query tile's
     first row (by token): the kernels' first loop (forward, dQ: key tiles below ``m block_m // block_n``)
     or second loop (dK/dV: query tiles from ``ceil((nt + 1) block_n / block_m)``), whose count is a
-    product (``_count_before`` in the kernels); the other tiles count sample by sample."""
+    product (``_count_before`` in the kernels); the other tiles count sample by sample (s <= 16) or as a
+    product over the runs of blocks that meet them (beyond: :func:`block_trips`)."""
     lo, hi = lo.long(), hi.long()
     tile = torch.arange(lo.shape[-1])
     if kernel == "bwd_dkdv":
