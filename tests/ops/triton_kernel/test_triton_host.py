@@ -104,6 +104,26 @@ def test_host_ops_do_not_grow_with_heads_samples_or_tokens(count_ops, causal):
     assert counts[0] == counts[1], counts
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_host_ops_at_large_s_do_not_grow_with_heads_samples_or_tokens(count_ops, causal):
+    """Beyond 16 samples the first call of a hash also builds the runs table of the near tiles
+    (``triton_onepass.near_blocks``), once per kernel bias: a fixed number of ops more; a call that
+    finds its hash's tables issues what it does at small s."""
+    counts = []
+    for H, s, n in ((2, 20, 40), (6, 40, 100)):
+        kernel_bias_cache.clear()
+        positions = 10 + torch.arange(n)
+        first = count_ops(_layer(H, n, s, 1, positions, causal))
+        again = count_ops(_layer(H, n, s, 1, positions, causal))
+        assert again <= HOST_OPS, (H, s, n, again)
+        counts.append((first, again))
+    assert counts[0] == counts[1], counts
+    kernel_bias_cache.clear()
+    positions = 10 + torch.arange(40)
+    small = (count_ops(_layer(2, 40, 2, 1, positions, causal)), count_ops(_layer(2, 40, 2, 1, positions, causal)))
+    assert counts[0][1] == small[1] and counts[0][0] > small[0], (counts, small)
+
+
 def test_window_ops_do_not_grow_with_heads(count_ops):
     counts = []
     for H, n in ((2, 40), (6, 100)):
