@@ -8,8 +8,7 @@
   counted inside each tile from the hash's pitch and shift: no count table,
   no host synchronisation (beyond ``UNROLLED_SAMPLES`` samples the launcher
   adds one table per call, the hash's blocks as runs of tokens for the tiles
-  that meet their rows, :func:`near_blocks`, which one host synchronisation
-  sizes);
+  that meet their rows, :func:`near_blocks`, in buffers of static size);
 - or exact ALiBi inside a per-head window (:class:`~plsh_dist.ops.tile_bands.WindowBias`).
 
 Each query tile visits only the key tiles of its band
@@ -210,18 +209,36 @@ MAX_NEAR_SAMPLES = 2048
 NEAR_ANCHOR = 16
 
 
+def _merge(keys: torch.Tensor, valid: torch.Tensor, big: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct ``keys`` where ``valid`` with how many times each occurs, sorted, in buffers of the input's
+    size (static shapes: no host synchronisation): the unused tail holds ``big``, weight 0."""
+    k = torch.where(valid, keys, big).flatten().sort().values
+    first = torch.ones_like(k, dtype=torch.bool)
+    first[1:] = k[1:] != k[:-1]
+    first &= k != big
+    rank = torch.cumsum(first, 0) - 1
+    at = torch.where(first, rank, k.numel() - 1)  # the last slot is never a distinct key's (or it is big's)
+    out = torch.full_like(k, big).scatter_(0, at, torch.where(first, k, big))
+    weight = torch.zeros_like(k).index_add_(0, rank.clamp(min=0), (k != big).to(k.dtype))
+    return out, weight
+
+
 def near_blocks(starts: torch.Tensor, doc: torch.Tensor | None) -> NearBlocks:
     """:class:`NearBlocks` from the kernels' block starts (int32 (Hh, s, n),
     :meth:`~plsh_dist.ops.tile_bands.CountReach.table`) and document ids (int32[n] or None).
 
     A token opens a block of sample t where its start differs from the previous token's, or its
     document does (equal starts in one document are one block of the hash; only a first block can
-    be clamped to int32). Device ops on the table's device; selecting the runs sizes the result
-    (one host synchronisation on CUDA, once per table)."""
+    be clamped to int32). Device ops with static shapes, no host synchronisation: the runs lie in
+    buffers of their largest possible number (``Hh s n`` opening, ``Hh s anchors`` holding an
+    anchor), the unused tail never indexed by the offsets."""
     Hh, s, n = starts.shape
     if s > MAX_NEAR_SAMPLES:
         raise ValueError(f"the Triton kernel counts at most {MAX_NEAR_SAMPLES} samples, got {s}")
     device = starts.device
+    na = -(-n // NEAR_ANCHOR)
+    if Hh * s * (n + na) >= 2**31:
+        raise ValueError(f"{Hh * s * (n + na)} run slots: the kernels index them in int32")
     opens = torch.ones(Hh, s, n, dtype=torch.bool, device=device)
     opens[..., 1:] = starts[..., 1:] != starts[..., :-1]
     if doc is not None:
@@ -232,19 +249,15 @@ def near_blocks(starts: torch.Tensor, doc: torch.Tensor | None) -> NearBlocks:
     end = after.flip(-1).cummin(-1).values.flip(-1)  # one past each token's block
     head = torch.arange(Hh, device=device)
     width = n + 1
-    runs, weight = torch.unique(((head.view(Hh, 1, 1) * n + token) * width + end)[opens], return_counts=True)
+    runs, weight = _merge((head.view(Hh, 1, 1) * n + token) * width + end, opens, Hh * n * width)
     offsets = torch.searchsorted(runs, (head.view(Hh, 1) * n + torch.arange(width, device=device)) * width)
     anchors = torch.arange(0, n, NEAR_ANCHOR, device=device)
-    na = anchors.numel()
-    first = torch.where(opens[..., anchors], anchors, -1)  # each anchor's block: where it opens
-    if na > 1:  # (the last opening at or before the anchor)
-        first = torch.maximum(first, torch.where(opens, token, -1).cummax(-1).values[..., anchors])
+    first = torch.where(opens, token, -1).cummax(-1).values[..., anchors]  # each anchor's block opens there
     key = ((head.view(Hh, 1, 1) * na + torch.arange(na, device=device)) * width + first) * width + end[..., anchors]
-    entering, enter_weight = torch.unique(key, return_counts=True)
+    big = Hh * na * width * width
+    entering, enter_weight = _merge(key, torch.ones_like(key, dtype=torch.bool), big)
     enter_offsets = torch.searchsorted(entering, (head.view(Hh, 1) * na + torch.arange(na + 1, device=device))
                                        * width * width) + runs.numel()
-    if runs.numel() + entering.numel() >= 2**31:
-        raise ValueError(f"{runs.numel() + entering.numel()} runs: the kernels index them in int32")
     return NearBlocks(offsets.to(torch.int32), enter_offsets.to(torch.int32),
                       torch.cat([runs // width % n, entering // width % width]).to(torch.int32),
                       torch.cat([runs % width, entering % width]).to(torch.int32),
