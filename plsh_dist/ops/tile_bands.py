@@ -50,7 +50,7 @@ class TileConfig:
 #: repeating another's work: the dK/dV kernel's transposed tiles have the key tile's rows),
 #: software-pipelined (cp.async), no register spill in a key loop, and the fewest clocks per score
 #: over a band among those. Hopper's query tiles have 64 rows (one warpgroup): the tiles that meet a
-#: query tile's rows count sample by sample, and 64 rows halve them against 128.
+#: query tile's rows count sample by sample up to 16 samples, and 64 rows halve them against 128.
 TILES = {
     (9, 64): (TileConfig(64, 32, 4, 2), TileConfig(32, 128, 8, 2), TileConfig(64, 64, 4, 2)),
     (9, 128): (TileConfig(64, 32, 4, 2), TileConfig(32, 128, 8, 2), TileConfig(64, 32, 4, 2)),
