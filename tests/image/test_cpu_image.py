@@ -11,7 +11,7 @@ One working container from the image, in this order:
 
 - who runs: uid 1000 (``plsh``), in /workspace/plsh_dist, the venv on PATH,
   no route anywhere;
-- the debug training (4 steps, a checkpoint every 2, the export);
+- the debug training (4 steps of a 6-step schedule, a checkpoint every 2, the export);
 - a resume to 6 steps from the last checkpoint;
 - an evaluation of the export under two attention modes;
 - ``from_pretrained`` of the export with transformers' Auto classes;
@@ -69,7 +69,8 @@ def image_config() -> dict:
 
 
 def test_runs_as_the_images_user_without_network(container):
-    out = ok(run(container, ["sh", "-c", "id -u; id -un; pwd; command -v python deepspeed; echo $DS_ACCELERATOR"]))
+    out = ok(run(container, ["sh", "-c", "id -u; id -un; pwd; command -v python; command -v deepspeed; "
+                                                "echo $DS_ACCELERATOR"]))
     assert out.split() == ["1000", "plsh", "/workspace/plsh_dist", "/opt/venv/bin/python", "/opt/venv/bin/deepspeed",
                            "cpu"]
     probe = ("import socket\ntry:\n    socket.create_connection(('1.1.1.1', 443), timeout=3)\n"
@@ -82,7 +83,8 @@ def test_runs_as_the_images_user_without_network(container):
 
 def test_debug_training(container):
     res = run(container, ["python", "launchers/pretrain.py", "--config", CONFIG, f"--run.out_dir={OUT}",
-                          "--run.max_steps=4", "--checkpoint.every_steps=2", "--checkpoint.export_safetensors=true"])
+                          "--run.max_steps=4", "--optim.decay_end=6", "--checkpoint.every_steps=2",
+                          "--checkpoint.export_safetensors=true"])
     ok(res)
     metrics = ok(run(container, ["cat", f"{OUT}/metrics.jsonl"]))
     steps = [r["step"] for r in map(json.loads, metrics.splitlines()) if "loss" in r]
@@ -93,7 +95,8 @@ def test_debug_training(container):
 
 def test_resume(container):
     res = ok(run(container, ["python", "launchers/pretrain.py", "--config", CONFIG, f"--run.out_dir={OUT}",
-                             "--run.max_steps=6", "--checkpoint.every_steps=2", "--checkpoint.resume=auto",
+                             "--run.max_steps=6", "--optim.decay_end=6", "--checkpoint.every_steps=2",
+                             "--checkpoint.resume=auto",
                              "--checkpoint.export_safetensors=true"]))
     assert "4 -> 6 (resumed from" in res, res[-2000:]
     metrics = ok(run(container, ["cat", f"{OUT}/metrics.jsonl"]))
