@@ -11,8 +11,9 @@
 # `buildah bud --format docker --runtime runc` (--format docker: the OCI format drops SHELL and with it
 # pipefail). PyTorch's CPU wheel comes from the wheel pip finds here (.venv's pip: its index or find-links),
 # mounted into the build (TORCH_FIND_LINKS), and pip in the build reads this machine's CA bundle (the build
-# secret pip_cert). The checks run with `buildah run` in a network namespace with only its loopback up (no
-# network; buildah's --network none would leave even the loopback down).
+# secret pip_cert: $PIP_CERT, else /etc/ssl/certs/ca-certificates.crt). The checks run with `buildah run` in a
+# network namespace with only its loopback up (no network; buildah's --network none leaves even the
+# loopback down).
 #
 # Bounds and clean-up: every phase runs under a timeout; the build refuses to start with less than
 # IMAGE_MIN_FREE_GB (default 12) free; buildah's storage lives in IMAGE_DIR (default build/image) and is deleted
@@ -88,8 +89,10 @@ bud() {  # the stage, the tag, then extra buildah bud flags
     local target=$1 tag=$2 buildah
     read -r -a buildah <<< "$BUILDAH"
     shift 2
-    "${buildah[@]}" bud --format docker --runtime /usr/sbin/runc --target "$target" \
-        --secret id=pip_cert,src=/etc/ssl/certs/ca-certificates.crt -t "$tag" -f docker/Dockerfile "$@" .
+    local cert=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt} secret=()
+    if [[ -s $cert ]]; then secret=(--secret "id=pip_cert,src=$cert"); fi
+    "${buildah[@]}" bud --format docker --runtime /usr/sbin/runc --target "$target" "${secret[@]}" \
+        -t "$tag" -f docker/Dockerfile "$@" .
 }
 cpu_image() {
     local torch_args=()
