@@ -79,8 +79,9 @@ test-cluster: $(STAMP) cluster-deps $(IMAGE_ROOTFS)
 # buildah, runc, debootstrap (or names what is missing); image-check builds the CPU image (docker/Dockerfile
 # --target cpu) on a debootstrap base, runs the debug training, a resume, an evaluation and from_pretrained in
 # it as its non-root user with no network, checks its HEALTHCHECK and entry command, lints the Dockerfile and
-# builds the GPU target up to its first CUDA step. ~12 min on 2 cores; buildah's storage is deleted after,
-# the exported root filesystem ($(IMAGE_DIR)/rootfs, ~2.3 GB) is kept for test-cluster (clean-image deletes it).
+# builds the GPU target up to its first CUDA step. 7-9 min on 2 cores; buildah's storage is deleted after,
+# the exported root filesystem ($(IMAGE_DIR)/rootfs, 2.2 GB) is kept for test-cluster, which rebuilds it only
+# when absent (clean-image deletes it).
 image-deps:
 	bash docker/image_deps.sh
 
