@@ -142,4 +142,4 @@ if [[ $mode == all ]]; then
     sleep 1
     phase "checks in the image (tests/image)" 1800 checks "$netns_pid"
 fi
-echo "image-check: passed in $((SECONDS - phase_start)) s" | tee -a "$dir/summary.txt"
+echo "image-check${mode/all/}: passed in $((SECONDS - phase_start)) s" | tee -a "$dir/summary.txt"
