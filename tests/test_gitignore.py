@@ -9,7 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITTEN = ["runs/quickstart/metrics.jsonl", "exports/q200/config.json", "data_cache/tokenizer/quickstart_bpe2k.model",
-           "bench_results/attention/results.json", "gpu_results/summary.md"]
+           "bench_results/attention/results.json", "gpu_results/summary.md", "build/image/rootfs/etc/hostname",
+           "build/image/summary.txt"]
 
 
 @pytest.mark.parametrize("path", WRITTEN)

@@ -14,13 +14,14 @@ becomes a ``CheckpointLoadError`` that names the file and says how to go on.
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
 import torch
 
 
-def safe_globals() -> list[type]:
+def safe_globals() -> list:
     """Non-tensor classes DeepSpeed 0.19 stores in its checkpoint files (model states need none).
 
     Imported here, not at module level: importing deepspeed takes seconds and
@@ -31,6 +32,10 @@ def safe_globals() -> list[type]:
     from deepspeed.utils.tensor_fragment import fragment_address
 
     return [
+        # Python 3.11.0-3.11.4 (Debian 12's 3.11.2: the CPU image) pickle an Enum member as
+        # getattr(cls, name), later versions as cls(value): "builtins.getattr" is answered by a
+        # function that looks up members of the safe Enums below and refuses anything else.
+        (_enum_member, "builtins.getattr"),
         # ZeRO 1-3 optimizer shards (*_optim_states.pt) pickle the optimizer's
         # static loss scaler object itself (fp32 and bf16 runs use the static one).
         LossScaler,
@@ -40,6 +45,15 @@ def safe_globals() -> list[type]:
         # partition ("param_slice_mappings"): a namedtuple (start, numel).
         fragment_address,
     ]
+
+
+def _enum_member(cls: Any, name: str) -> Any:
+    """``getattr(cls, name)`` as old pickles of Enum members use it, for the safe Enums only."""
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    if cls in (ZeroStageEnum,) and isinstance(name, str) and name in cls.__members__:
+        return cls[name]
+    raise pickle.UnpicklingError(f"getattr({getattr(cls, '__name__', cls)!r}, {name!r}) is not a member of a safe Enum")
 
 
 class CheckpointLoadError(RuntimeError):

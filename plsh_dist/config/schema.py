@@ -223,10 +223,15 @@ class ParallelSection:
     timeout_s: int = 600
     """Seconds a collective may wait for a peer before this rank gives up and
     exits non-zero (a hung or dead rank must not hang the job forever)."""
+    rendezvous_timeout_s: int = 15
+    """Seconds a rank may take to reach the rendezvous address (MASTER_ADDR:MASTER_PORT) before
+    it exits 1 naming the address and the cause (unknown host, network unreachable, connection
+    refused): checked before joining the process group (plsh_dist/distributed/rendezvous.py). Raise
+    it when the ranks of a multi-node launch start more than this far apart."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "parallel")
-        _positive("parallel", self, "sp_size", "timeout_s")
+        _positive("parallel", self, "sp_size", "timeout_s", "rendezvous_timeout_s")
 
 
 @dataclass

@@ -15,6 +15,10 @@ error reach a rank's top level, and they need different messages:
   would only show where this rank was waiting, which points at the wrong
   place. One line instead, naming the failure files other ranks wrote, if
   any. Exit code ``EXIT_PEER_FAILED``.
+- **an unreachable rendezvous** (``RendezvousUnreachable``: unknown host,
+  network down, refused port; plsh_dist/distributed/rendezvous.py): one line
+  ``rank R failed: rendezvous ADDR:PORT unreachable ...``, no traceback (it
+  would only show the check), no failure file (no run began). ``EXIT_OWN_ERROR``.
 
 Why ``os._exit`` after reporting: once a peer is gone, normal interpreter
 shutdown may run process-group and DeepSpeed destructors that talk to that
@@ -32,6 +36,7 @@ from pathlib import Path
 from typing import Callable, NoReturn
 
 from plsh_dist.checkpoint.manifest import write_text_atomic
+from plsh_dist.distributed.rendezvous import RendezvousUnreachable
 from plsh_dist.train.refusal import EXIT_REFUSED, RunRefused, refusal_message
 
 EXIT_OWN_ERROR = 1
@@ -149,6 +154,10 @@ def run_reporting_failures(fn: Callable[[], int], *, rank: int, out_dir: str | P
         if message is not None:
             print(message, file=sys.stderr, flush=True)
         _exit_now(EXIT_REFUSED)
+    except RendezvousUnreachable as unreachable:  # before any work: the address and the cause are the whole story
+        print(f"rank {rank} failed: {unreachable}", file=sys.stderr, flush=True)
+        _record_for_torchrun(unreachable)
+        _exit_now(EXIT_OWN_ERROR)
     except Exception as exc:  # noqa: BLE001 - every failure must be reported
         code = report_failure(exc, rank, out_dir)
         if code == EXIT_PEER_FAILED:

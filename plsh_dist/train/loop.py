@@ -62,6 +62,7 @@ from plsh_dist.config.schema import RunConfig, resolve_master_weights, resolve_p
 from plsh_dist.distributed import ParallelDims, default_backend
 from plsh_dist.distributed.comm_stats import comm_stats
 from plsh_dist.distributed.ports import free_port
+from plsh_dist.distributed.rendezvous import check_rendezvous, rendezvous_from_env
 from plsh_dist.faults import maybe_fail
 from plsh_dist.models import (AttentionConfig, AttentionRuntime, ModelConfig, apply_sequence_parallel, compile_layers,
                               count_parameters)
@@ -76,7 +77,7 @@ from plsh_dist.train.losses import forward_sums
 from plsh_dist.plan import FlopsPlan, model_flops
 from plsh_dist.train.metrics_log import MetricsLogger, memory_mb, peak_flops, startup_summary
 from plsh_dist.train.optim import build_optimizer, build_scheduler
-from plsh_dist.train.preemption import StopRequest, handle_stop_signals, preempted_line
+from plsh_dist.train.preemption import StopRequest, handle_stop_signals, interrupt_ends_at_once, preempted_line
 from plsh_dist.train.refusal import RunRefused, refusing
 from plsh_dist.train.run_dir import set_aside_previous_run
 from plsh_dist.train.run_lock import RunDirLock, claim_out_dir
@@ -110,12 +111,14 @@ def resolve_device(name: str) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(device: torch.device, timeout_s: int = 600) -> None:
+def init_distributed(device: torch.device, timeout_s: int = 600, rendezvous_timeout_s: float = 15) -> None:
     """Join the launcher's process group (env:// from deepspeed/torchrun), or a
     1-process group when started as plain ``python``; no-op when already up.
 
     ``timeout_s``: how long a collective waits for a missing peer before it
-    raises ([parallel].timeout_s), so a dead or hung rank ends the job."""
+    raises ([parallel].timeout_s), so a dead or hung rank ends the job.
+    ``rendezvous_timeout_s``: how long this rank may take to reach
+    MASTER_ADDR:MASTER_PORT before ``RendezvousUnreachable`` (exit 1, rendezvous.py)."""
     if dist.is_initialized():
         return
     if device.type == "cuda":
@@ -124,9 +127,11 @@ def init_distributed(device: torch.device, timeout_s: int = 600) -> None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    check_rendezvous(rendezvous_from_env(), rendezvous_timeout_s)  # Python: seconds, and signals reach it
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend=default_backend(device), timeout=timedelta(seconds=timeout_s))
+    with interrupt_ends_at_once():  # C++ from here: Ctrl-C could not raise KeyboardInterrupt until it returned
+        deepspeed.init_distributed(dist_backend=default_backend(device), timeout=timedelta(seconds=timeout_s))
 
 
 def _sp_token_count(n_local: torch.Tensor, sp_group) -> torch.Tensor:
@@ -234,7 +239,7 @@ def setup(cfg: RunConfig, lock: RunDirLock | None = None, stop: StopRequest | No
     """
     with refusing("config"):
         device = resolve_device(cfg.run.device)
-    init_distributed(device, cfg.parallel.timeout_s)
+    init_distributed(device, cfg.parallel.timeout_s, cfg.parallel.rendezvous_timeout_s)
     world, rank = dist.get_world_size(), dist.get_rank()
     with refusing("config"):
         cfg.validate(world_size=world)
@@ -580,7 +585,7 @@ def _holding_out_dir(cfg: RunConfig) -> Iterator[RunDirLock | None]:
     out_dir, run_lock.py) until the block ends, however it ends; collective."""
     with refusing("config"):
         device = resolve_device(cfg.run.device)
-    init_distributed(device, cfg.parallel.timeout_s)
+    init_distributed(device, cfg.parallel.timeout_s, cfg.parallel.rendezvous_timeout_s)
     with claim_out_dir(cfg.run.out_dir, dist.get_rank()) as lock:
         yield lock
 
@@ -590,7 +595,7 @@ def _train_loop(s: TrainSession, stop_after: int | None) -> TrainResult:
     max_steps = cfg.run.max_steps
     result = TrainResult(first_step=s.start_step, out_dir=str(s.out_dir))
     s.engine.train()
-    s.stop.armed = True  # from here Ctrl-C saves a checkpoint (preemption.py)
+    s.stop.arm()  # from here Ctrl-C saves a checkpoint (preemption.py)
     last_t, s.progress.comm_bytes = time.time(), _comm_bytes()
     for step in range(s.start_step, max_steps):
         stats = train_step(s, step)

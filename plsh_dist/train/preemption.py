@@ -36,7 +36,12 @@ publish; if the process is killed before that (the scheduler's SIGKILL
 after its grace period), the atomic path keeps the last published
 checkpoint and ``latest`` as they were. A signal during the last step lets
 the run finish normally (final validation, checkpoint, export; exit 0).
-A signal before the first step is acted on after the first step.
+Before the first step there is nothing to save, and a rank may be waiting
+in C++ code no Python handler reaches (joining the process group, a peer
+that never comes): SIGTERM keeps its default action until the first step
+begins (``StopRequest.arm``) and ends the rank at once (status 143); SIGUSR1
+before the first step is acted on after the first step (Slurm's requeue
+relies on the ranks' answer to it).
 The trade-off: while ``train`` runs, SIGTERM no longer ends a rank at once.
 A rank that never returns to Python (stuck in a collective or a kernel) does
 not act on it; the launchers follow with SIGKILL after their grace period
@@ -84,6 +89,8 @@ shell's 128 + N of a process killed by a signal (143 for SIGTERM), which says
 nothing about whether a checkpoint was written."""
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
+DEFAULT_UNTIL_ARMED: tuple[signal.Signals, ...] = (signal.SIGTERM,)
+"""Stop signals that end the rank at once (their default action) until the first step begins."""
 
 
 class StopRequest:
@@ -93,6 +100,14 @@ class StopRequest:
         self.signum = 0
         self.armed = False
         """Set when the first step begins: from then on Ctrl-C saves (module doc); before, it aborts."""
+        self._on_arm: list = []
+
+    def arm(self) -> None:
+        """The first step begins: Ctrl-C now saves, and SIGTERM sets the flag instead of ending the rank."""
+        self.armed = True
+        for install in self._on_arm:
+            install()
+        self._on_arm.clear()
 
     @property
     def requested(self) -> bool:
@@ -139,10 +154,16 @@ def handle_stop_signals(enabled: bool = True) -> Iterator[StopRequest]:
 
     previous = {}
     try:
+        def install(sig: signal.Signals) -> None:
+            signal.signal(sig, on_stop_signal)
+            signal.siginterrupt(sig, False)  # SA_RESTART: interrupted system calls resume
+
         for sig in STOP_SIGNALS:
-            previous[sig] = signal.signal(sig, on_stop_signal if enabled else signal.SIG_DFL)
-            if enabled:
-                signal.siginterrupt(sig, False)  # SA_RESTART: interrupted system calls resume
+            previous[sig] = signal.signal(sig, signal.SIG_DFL)
+            if enabled and sig in DEFAULT_UNTIL_ARMED:
+                stop._on_arm.append(lambda sig=sig: install(sig))
+            elif enabled:
+                install(sig)
         if enabled:
             previous[signal.SIGINT] = signal.signal(signal.SIGINT, on_interrupt)
             signal.siginterrupt(signal.SIGINT, False)
@@ -150,6 +171,20 @@ def handle_stop_signals(enabled: bool = True) -> Iterator[StopRequest]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+@contextmanager
+def interrupt_ends_at_once() -> Iterator[None]:
+    """Ctrl-C (SIGINT) takes its default action inside the block: for C++ waits before the first step
+    (joining the process group), where Python's KeyboardInterrupt would wait for the call to return."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
 PREEMPTED_MARKER_ENV = "PLSH_PREEMPTED_MARKER"

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from cluster.hosts import ClusterUnavailable, Hosts, namespaces_refused
+from tests.cluster.conftest import unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 30
@@ -42,7 +43,7 @@ def _alive(pid: int) -> bool:
 def can_host():
     reason = namespaces_refused()
     if reason:
-        pytest.skip(f"cluster unavailable: {reason}")
+        unavailable(reason)
 
 
 @pytest.mark.cluster

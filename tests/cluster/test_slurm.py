@@ -29,6 +29,7 @@ import pytest
 
 from cluster.hosts import ClusterUnavailable
 from cluster.slurm import slurm_hosts
+from tests.cluster.conftest import unavailable
 from tests.train.launcher_runs import ROOT, launcher_env
 
 pytestmark = pytest.mark.cluster
@@ -50,7 +51,7 @@ def slurm(tmp_path_factory):
         with slurm_hosts(2, tmp_path_factory.mktemp("slurm")) as hosts:
             yield hosts
     except ClusterUnavailable as err:
-        pytest.skip(f"cluster unavailable: {err}")
+        unavailable(str(err))
 
 
 def _env(**extra: str) -> dict[str, str]:

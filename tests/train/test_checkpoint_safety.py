@@ -104,6 +104,29 @@ def test_safe_load_reads_tensors_and_deepspeed_classes(tmp_path):
     assert back["param_slice_mappings"][0]["w"] == fragment_address(numel=3, start=0)
 
 
+class _PickledByName:
+    """An Enum member as Python 3.11.0-3.11.4 pickle it (Debian 12's 3.11.2, the CPU image): getattr(cls, name)."""
+
+    def __init__(self, cls, name: str):
+        self.cls, self.name = cls, name
+
+    def __reduce_ex__(self, proto):
+        return getattr, (self.cls, self.name)
+
+
+def test_safe_load_reads_enums_pickled_by_name_and_refuses_other_getattr(tmp_path):
+    """The CPU image could not resume its own checkpoints: their ZeroStageEnum was pickled as getattr."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    torch.save({"zero_stage": _PickledByName(ZeroStageEnum, "optimizer_states")}, tmp_path / "old.pt")
+    assert safe_torch_load(tmp_path / "old.pt")["zero_stage"] is ZeroStageEnum.optimizer_states
+    for cls, name in ((LossScaler, "__init__"), (ZeroStageEnum, "__class__"), (int, "from_bytes")):
+        torch.save({"x": _PickledByName(cls, name)}, tmp_path / "bad.pt")
+        with pytest.raises(CheckpointLoadError, match="not a member of a safe Enum|outside the safe list"):
+            safe_torch_load(tmp_path / "bad.pt")
+
+
 # ---------------------------------------------------------------- atomic saves
 
 

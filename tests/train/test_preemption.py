@@ -51,6 +51,8 @@ def test_handler_only_records_the_signal_and_is_removed_afterwards():
         assert not stop.requested
         os.kill(os.getpid(), signal.SIGUSR1)  # would end pytest without the handler
         assert stop.signum == signal.SIGUSR1 and stop.name == "SIGUSR1"
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # before the first step: ends the rank at once
+        stop.arm()  # the first step begins
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.name == "SIGTERM"
     assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == before
@@ -123,6 +125,7 @@ def test_signal_during_checkpoint_write_finishes_the_save_and_keeps_the_previous
     previous = _save(cfg, 2, _SignallingEngine())
     before = _digests(previous)
     with handle_stop_signals() as stop:
+        stop.arm()  # a periodic checkpoint: training has begun
         tag_dir = _save(cfg, 4, _SignallingEngine(sig))
     assert stop.signum == sig  # recorded, and nothing else happened
     root = checkpoint_root(cfg.run.out_dir)
@@ -138,6 +141,7 @@ def test_signal_then_death_during_checkpoint_write_keeps_the_last_published_one(
     previous = _save(cfg, 2, _SignallingEngine())
     before = _digests(previous)
     with handle_stop_signals() as stop, pytest.raises(RuntimeError, match="killed before the publish"):
+        stop.arm()
         _save(cfg, 4, _SignallingEngine(signal.SIGTERM, die_after=True))
     assert stop.requested
     root = checkpoint_root(cfg.run.out_dir)
