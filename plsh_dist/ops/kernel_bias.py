@@ -20,6 +20,17 @@ from plsh_dist.ops.tile_bands import (CountBias, CountReach, TileConfig, TokenLa
                                       key_bands, query_bands)
 
 
+#: Samples up to which the kernels count a near tile sample by sample (their per-sample blocks
+#: unrolled); beyond, as a product over the blocks that meet the tile
+#: (:func:`~plsh_dist.ops.triton_onepass.near_blocks`). Here, not beside the kernels or their
+#: launcher: both read them, and the kernels' module imports Triton.
+UNROLLED_SAMPLES = 16
+#: Largest s the near product takes (fp16 weights and counts hold integers up to 2048 exactly).
+MAX_NEAR_SAMPLES = 2048
+#: Token stride of the anchors of the near tiles' runs table (every kernel tile's edge is a multiple).
+NEAR_ANCHOR = 16
+
+
 def padded_samples(s: int) -> int:
     """``s`` padded to a power of two >= 16 (``tl.dot``'s smallest inner dimension)."""
     return max(16, 1 << (s - 1).bit_length())

@@ -38,15 +38,12 @@ import torch
 
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
-from plsh_dist.ops.kernel_bias import KernelBias
+from plsh_dist.ops.kernel_bias import MAX_NEAR_SAMPLES, NEAR_ANCHOR, UNROLLED_SAMPLES, KernelBias
 from plsh_dist.ops.kernel_bias_cache import cached_kernel_bias
 from plsh_dist.ops.tile_bands import TileConfig, TokenLayout, WindowBias, num_tiles, tiles_for
 from plsh_dist.ops.triton_runtime import check_device, interpreting, prepare_interpreter, triton_status  # noqa: F401
 
 LOG2E = 1.4426950408889634
-#: Samples up to which the kernels count a near tile sample by sample (their per-sample blocks
-#: unrolled); beyond, as a product over the blocks that meet the tile (:func:`near_blocks`).
-UNROLLED_SAMPLES = 16
 _log = logging.getLogger(__name__)
 
 
@@ -203,10 +200,6 @@ class NearBlocks:
         return self.offsets, self.enter_offsets, self.first, self.end, self.weight
 
 
-#: Largest s the near product takes (fp16 weights and counts hold integers up to 2048 exactly).
-MAX_NEAR_SAMPLES = 2048
-#: Token stride of the anchors of :class:`NearBlocks` (every kernel tile's edge is a multiple).
-NEAR_ANCHOR = 16
 
 
 def _merge(keys: torch.Tensor, valid: torch.Tensor, big: int) -> tuple[torch.Tensor, torch.Tensor]:

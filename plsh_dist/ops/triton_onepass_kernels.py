@@ -52,7 +52,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from plsh_dist.ops.triton_onepass import NEAR_ANCHOR, UNROLLED_SAMPLES
+from plsh_dist.ops.kernel_bias import NEAR_ANCHOR, UNROLLED_SAMPLES
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
