@@ -9,45 +9,6 @@
 #   bash docker/image_deps.sh --check   # only check: exit 0 = everything there, 3 = something missing
 set -euo pipefail
 
-declare -A package_of=(
-    [buildah]=buildah [runc]=runc [debootstrap]=debootstrap [ip]=iproute2 [unshare]=util-linux
-)
-PATH=$PATH:/usr/sbin:/sbin
-
-missing_packages() {
-    local tool
-    for tool in "${!package_of[@]}"; do
-        command -v "$tool" > /dev/null 2>&1 || echo "${package_of[$tool]}"
-    done | sort -u
-}
-
-mapfile -t missing < <(missing_packages)
-if ((${#missing[@]} == 0)); then
-    echo "image-deps: all present (buildah, runc, debootstrap, iproute2, util-linux)"
-    exit 0
-fi
-if [[ ${1:-} == --check ]]; then
-    echo "image-deps: missing Debian packages: ${missing[*]} (run: make image-deps, as root)" >&2
-    exit 3
-fi
-if ((EUID != 0)); then
-    echo "image-deps: missing Debian packages: ${missing[*]}; installing them needs root:" \
-         "sudo apt-get install -y ${missing[*]}" >&2
-    exit 3
-fi
-if ! command -v apt-get > /dev/null 2>&1; then
-    echo "image-deps: missing packages ${missing[*]} and no apt-get here: install their equivalents" >&2
-    exit 3
-fi
-echo "image-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-if ! { timeout 300 apt-get update -q && timeout 900 apt-get install -y -q --no-install-recommends "${missing[@]}"; }; then
-    echo "image-deps: apt-get could not install ${missing[*]} (no package registry reachable?)" >&2
-    exit 3
-fi
-mapfile -t still < <(missing_packages)
-if ((${#still[@]} > 0)); then
-    echo "image-deps: still missing after apt-get: ${still[*]}" >&2
-    exit 3
-fi
-echo "image-deps: installed ${missing[*]}"
+# executable -> the Debian package that provides it; the recipe: cluster/apt_tools.sh
+exec bash "$(dirname "$0")/../cluster/apt_tools.sh" image-deps "$@" \
+    buildah=buildah runc=runc debootstrap=debootstrap ip=iproute2 unshare=util-linux

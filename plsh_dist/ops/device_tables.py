@@ -14,33 +14,21 @@ Legend: n tokens, s samples, Hh bias heads.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH
 from plsh_dist.ops.kernel_bias import KernelBias, KernelTables, padded_samples
 from plsh_dist.ops.tile_bands import CountBias, TileConfig, TokenLayout, num_tiles
-from plsh_dist.ops.triton_runtime import check_device, prepare_interpreter
+from plsh_dist.ops.triton_runtime import launcher
 
 #: samplers whose draws the device computes (others are drawn on the host and copied)
 DEVICE_SAMPLERS = ("iid",)
 _HASH_BLOCK = 256
 
 
-@functools.lru_cache(maxsize=1)
-def _kernels():
-    from plsh_dist.ops import table_kernels  # noqa: PLC0415 (imports Triton)
-
-    prepare_interpreter()
-    return table_kernels
-
-
 def launch(device: torch.device):
     """The table kernels' module for tensors on ``device`` (tests wrap it to count host ops)."""
-    mod = _kernels()
-    check_device(device)
-    return mod
+    return launcher("table_kernels", device)
 
 
 def drawn_on_device(lsh: PositionalLSH) -> bool:

@@ -41,29 +41,20 @@ from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.kernel_bias import MAX_NEAR_SAMPLES, NEAR_ANCHOR, UNROLLED_SAMPLES, KernelBias
 from plsh_dist.ops.kernel_bias_cache import cached_kernel_bias
 from plsh_dist.ops.tile_bands import TileConfig, TokenLayout, WindowBias, num_tiles, tiles_for
-from plsh_dist.ops.triton_runtime import check_device, interpreting, prepare_interpreter, triton_status  # noqa: F401
+from plsh_dist.ops.triton_runtime import interpreting, kernels_module, launcher, triton_status  # noqa: F401
 
 LOG2E = 1.4426950408889634
 _log = logging.getLogger(__name__)
 
 
-@functools.lru_cache(maxsize=1)
 def kernels():
     """The kernels module (compiled, or interpreted when :func:`interpreting`)."""
-    why = triton_status()
-    if why is not None:
-        raise RuntimeError(f"the Triton kernel needs Triton: {why}")
-    from plsh_dist.ops import triton_onepass_kernels  # noqa: PLC0415
-
-    prepare_interpreter()
-    return triton_onepass_kernels
+    return kernels_module("triton_onepass_kernels")
 
 
 def _launch(device: torch.device):
     """The kernels module for tensors on ``device``; CPU tensors need the interpreter."""
-    mod = kernels()
-    check_device(device)
-    return mod
+    return launcher("triton_onepass_kernels", device)
 
 
 def _padded(head_dim: int) -> int:

@@ -8,6 +8,7 @@ kernels' (:mod:`plsh_dist.ops.device_tables`). Imports Triton only when asked.
 from __future__ import annotations
 
 import functools
+import importlib
 
 import torch
 
@@ -36,6 +37,25 @@ def prepare_interpreter() -> None:
     """Under the interpreter, make it run on this numpy (no-op when compiling)."""
     if interpreting():
         _interpreter_numpy_compat()
+
+
+@functools.lru_cache(maxsize=None)
+def kernels_module(name: str):
+    """The kernels module ``plsh_dist.ops.<name>`` (imports Triton), ready to launch: compiled, or
+    interpreted when :func:`interpreting`; a RuntimeError says why Triton is missing."""
+    why = triton_status()
+    if why is not None:
+        raise RuntimeError(f"the Triton kernel needs Triton: {why}")
+    module = importlib.import_module(f"plsh_dist.ops.{name}")
+    prepare_interpreter()
+    return module
+
+
+def launcher(name: str, device: torch.device):
+    """:func:`kernels_module` ``name`` for tensors on ``device`` (:func:`check_device`)."""
+    module = kernels_module(name)
+    check_device(device)
+    return module
 
 
 def check_device(device: torch.device) -> None:
