@@ -4,9 +4,11 @@
 seed that may itself live there (a graph input); :func:`device_kernel_bias` gives the
 :class:`~plsh_dist.ops.kernel_bias.KernelBias` of a count bias (block bounds, row and key
 spans, band limits of the forward, dK/dV and dQ kernels) in three launches of
-:func:`~plsh_dist.ops.table_kernels.band_tables_kernel` and one allocation. Both equal
+:func:`~plsh_dist.ops.table_kernels.band_tables_kernel` and one allocation;
+:func:`device_near_blocks` the near tiles' runs table of more than ``UNROLLED_SAMPLES``
+samples in four launches and one allocation. All equal
 their torch references (:class:`~plsh_dist.hashing.PositionalLSH`'s numpy draws,
-:meth:`KernelBias.of`) bit for bit under Triton's interpreter; compiled, the hash's
+:meth:`KernelBias.of`, :func:`~plsh_dist.ops.near_runs.near_blocks`) bit for bit under Triton's interpreter; compiled, the hash's
 ``log`` is CUDA's (libdevice), which may differ from the CPU's in its last bit (docs/gpu.md).
 
 Legend: n tokens, s samples, Hh bias heads.
@@ -17,13 +19,17 @@ from __future__ import annotations
 import torch
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH
-from plsh_dist.ops.kernel_bias import KernelBias, KernelTables, padded_samples
+from plsh_dist.ops.kernel_bias import NEAR_ANCHOR, KernelBias, KernelTables, padded_samples
+from plsh_dist.ops.near_runs import NearBlocks, run_slots
 from plsh_dist.ops.tile_bands import CountBias, TileConfig, TokenLayout, num_tiles
 from plsh_dist.ops.triton_runtime import launcher
 
 #: samplers whose draws the device computes (others are drawn on the host and copied)
 DEVICE_SAMPLERS = ("iid",)
 _HASH_BLOCK = 256
+_SCAN_CHUNK = 1024
+#: entries of one near_runs_kernel program's (tokens, samples) block: at most this, and at most NEAR_ANCHOR tokens
+_RUN_LANES = 2048
 
 
 def launch(device: torch.device):
@@ -92,3 +98,39 @@ def device_kernel_bias(bias: CountBias, layout: TokenLayout, causal: bool,
             WRITE_TABLE=index == 0)
         built.append(KernelTables((kspan, starts, lasts, spans, no_sigma, no_window), consts, lo, hi))
     return KernelBias(bias, layout, causal, *built)
+
+
+def device_near_blocks(starts: torch.Tensor, doc: torch.Tensor | None) -> NearBlocks:
+    """:func:`~plsh_dist.ops.near_runs.near_blocks` of the block starts ``starts`` (int32 (Hh, s, n),
+    contiguous) and document ids ``doc`` (int32[n] or None), on their device: one int32 buffer,
+    four launches, nothing read back. Equal to the reference where the kernels read it (the
+    offsets, and the runs they index).
+
+    The launches: every sample's runs (``block_ends_kernel``: the end of the block opening on each
+    token, the run holding each anchor), how many distinct runs open on each token and hold each
+    anchor (``near_runs_kernel``), their running sums per head (``run_offsets_kernel``), then each
+    run at its slot (``near_runs_kernel`` again, ``WRITE``). Memory: ``Hh s n`` int32 of ends besides
+    the table's ``2.5 Hh s (n + a)`` words."""
+    Hh, s, n = starts.shape
+    opening, entering = run_slots(Hh, s, n)
+    na = -(-n // NEAR_ANCHOR)
+    runs = opening + entering
+    sizes = [Hh * s * n, Hh * s * na, Hh * s * na, Hh * (n + 1), Hh * (na + 1), 2 * Hh, runs, runs, -(-runs // 2)]
+    open_end, anchor_first, anchor_end, offsets, enter_offsets, totals, first, end, weight = \
+        torch.empty(sum(sizes), dtype=torch.int32, device=starts.device).split(sizes)
+    weight = weight.view(torch.float16)[:runs]
+    has_docs = doc is not None
+    doc = doc if has_docs else starts  # an int32 pointer, never read
+    samples = padded_samples(s)
+    tokens = max(1, min(NEAR_ANCHOR, _RUN_LANES // samples))
+    heads = 1 << max(Hh - 1, 0).bit_length()
+    mod = launch(starts.device)
+    mod.block_ends_kernel[(s, Hh)](starts, doc, open_end, anchor_first, anchor_end, n, s, na, HAS_DOCS=has_docs,
+                                   ANCHOR=NEAR_ANCHOR, CHUNK=min(_SCAN_CHUNK, 1 << max(n - 1, 15).bit_length()))
+    counts = dict(TOKENS=tokens, SAMPLES=samples, HEADS=heads, ANCHOR=NEAR_ANCHOR)
+    tables = (open_end, anchor_first, anchor_end, offsets, enter_offsets, totals, first, end, weight,
+              n, s, Hh, na, opening)
+    mod.near_runs_kernel[(num_tiles(n, tokens), Hh)](*tables, WRITE=False, **counts)
+    mod.run_offsets_kernel[(2, Hh)](offsets, enter_offsets, totals, n, Hh, na, CHUNK=_SCAN_CHUNK)
+    mod.near_runs_kernel[(num_tiles(n, tokens), Hh)](*tables, WRITE=True, **counts)
+    return NearBlocks(offsets.view(Hh, n + 1), enter_offsets.view(Hh, na + 1), first, end, weight)

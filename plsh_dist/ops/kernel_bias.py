@@ -22,7 +22,7 @@ from plsh_dist.ops.tile_bands import (CountBias, CountReach, TileConfig, TokenLa
 
 #: Samples up to which the kernels count a near tile sample by sample (their per-sample blocks
 #: unrolled); beyond, as a product over the blocks that meet the tile
-#: (:func:`~plsh_dist.ops.triton_onepass.near_blocks`). Here, not beside the kernels or their
+#: (:class:`~plsh_dist.ops.near_runs.NearBlocks`). Here, not beside the kernels or their
 #: launcher: both read them, and the kernels' module imports Triton.
 UNROLLED_SAMPLES = 16
 #: Largest s the near product takes (fp16 weights and counts hold integers up to 2048 exactly).

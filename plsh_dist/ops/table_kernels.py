@@ -231,3 +231,177 @@ def layer_seed_kernel(Steps, Out, run_key, layer):
     key = _splitmix64(key ^ tl.load(Steps + 1).to(tl.uint64, bitcast=True))
     key = _splitmix64(key ^ layer.to(tl.int64).to(tl.uint64, bitcast=True))
     tl.store(Out, (key >> 1).to(tl.int64, bitcast=True))
+
+
+# -- the near tiles' runs table (plsh_dist.ops.near_runs.NearBlocks), beyond UNROLLED_SAMPLES samples --------
+
+
+@triton.jit
+def _opens(Row, Doc, tok, n, HAS_DOCS: tl.constexpr):
+    """Whether a block of the sample whose block starts ``Row`` holds opens on each token of ``tok``: its
+    start differs from the previous token's, or its document does (token 0 opens). False past n."""
+    inside = tok < n
+    before = tl.maximum(tok - 1, 0)
+    opens = tl.load(Row + tok, mask=inside, other=0) != tl.load(Row + before, mask=inside, other=0)
+    if HAS_DOCS:
+        opens = opens | (tl.load(Doc + tok, mask=inside, other=0) != tl.load(Doc + before, mask=inside, other=0))
+    return ((tok == 0) | opens) & inside
+
+
+@triton.jit
+def _opening_lanes(opens, LANES: tl.constexpr):
+    """The lanes where ``opens`` holds, ascending, at the front of each row (``LANES`` behind them)."""
+    lane = tl.arange(0, LANES) + tl.zeros(opens.shape, tl.int32)
+    return tl.sort(tl.where(opens, lane, LANES), dim=len(opens.shape) - 1)
+
+
+@triton.jit
+def _running(x, LANES: tl.constexpr, AHEAD: tl.constexpr):
+    """Running max of ``x`` (LANES,) over the lanes up to each, or with ``AHEAD`` running min over the lanes
+    from each on: log2(LANES) doubling steps of a gather."""
+    lane = tl.arange(0, LANES)
+    for k in tl.static_range(0, 16):
+        if (1 << k) < LANES:
+            if AHEAD:
+                other = tl.gather(x, tl.minimum(lane + (1 << k), LANES - 1), axis=0)
+                x = tl.where(lane + (1 << k) < LANES, tl.minimum(x, other), x)
+            else:
+                other = tl.gather(x, tl.maximum(lane - (1 << k), 0), axis=0)
+                x = tl.where(lane >= (1 << k), tl.maximum(x, other), x)
+    return x
+
+
+@triton.jit
+def block_ends_kernel(Starts, Doc, OpenEnd, AnchorFirst, AnchorEnd, n, num_samples, num_anchors,
+                      HAS_DOCS: tl.constexpr, ANCHOR: tl.constexpr, CHUNK: tl.constexpr):
+    """Program (t, hh): the blocks of sample t, head hh, as runs of tokens ``[first, end)``.
+
+    - ``OpenEnd[hh, t, i]``: one past the block that opens on token i, ``INT32_MAX`` where none opens;
+    - ``AnchorFirst / AnchorEnd[hh, t, a]``: the run holding anchor token ``a ANCHOR``.
+    Two sweeps over the tokens in chunks, a carry between them: first tokens left to right (a running
+    max of the opening tokens), ends right to left (a running min of the next ones)."""
+    t = tl.program_id(0)
+    hh = tl.program_id(1)
+    row = (hh * num_samples + t).to(tl.int64)
+    starts = Starts + row * n
+    lanes = tl.arange(0, CHUNK)
+    first = -1
+    for c0 in range(0, n, CHUNK):
+        tok = c0 + lanes
+        held = tl.maximum(_running(tl.where(_opens(starts, Doc, tok, n, HAS_DOCS), tok, -1), CHUNK, False), first)
+        first = tl.max(held, axis=0)
+        tl.store(AnchorFirst + row * num_anchors + tok // ANCHOR, held, mask=(tok < n) & (tok % ANCHOR == 0))
+    end = n
+    num_chunks = (n + CHUNK - 1) // CHUNK
+    for back in range(0, num_chunks):
+        tok = (num_chunks - 1 - back) * CHUNK + lanes
+        nxt = tok + 1
+        ahead = tl.where(_opens(starts, Doc, nxt, n, HAS_DOCS), nxt, INT32_MAX)
+        ahead = tl.minimum(_running(ahead, CHUNK, True), end)
+        end = tl.min(ahead, axis=0)
+        inside = tok < n
+        opens = _opens(starts, Doc, tok, n, HAS_DOCS)
+        tl.store(OpenEnd + row * n + tok, tl.where(opens, ahead, INT32_MAX), mask=inside)
+        tl.store(AnchorEnd + row * num_anchors + tok // ANCHOR, ahead, mask=inside & (tok % ANCHOR == 0))
+
+
+@triton.jit
+def _runs(x, big, LANES: tl.constexpr):
+    """The distinct values of each row of ``x`` (R, LANES) other than ``big`` (padding): ``(values, weights,
+    number)``, values ascending at the front of the row with how often each occurs, ``number`` (R, 1)
+    of them (lanes past it hold nothing)."""
+    lane = tl.arange(0, LANES) + tl.zeros(x.shape, tl.int32)
+    x = tl.sort(x, dim=1)
+    valid = x != big
+    opens = valid & ((lane == 0) | (x != tl.gather(x, tl.maximum(lane - 1, 0), axis=1)))
+    count = tl.sum(valid.to(tl.int32), axis=1)[:, None]
+    number = tl.sum(opens.to(tl.int32), axis=1)[:, None]
+    at = _opening_lanes(opens, LANES)
+    after = tl.where(lane + 1 < number, tl.gather(at, tl.minimum(lane + 1, LANES - 1), axis=1), count)
+    return tl.gather(x, tl.minimum(at, LANES - 1), axis=1), after - at, number
+
+
+@triton.jit
+def _heads_before(Totals, hh, num_heads, HEADS: tl.constexpr):
+    """The sum of ``Totals[h]`` over the heads ``h < hh``: where head hh's runs begin."""
+    heads = tl.arange(0, HEADS)
+    return tl.sum(tl.load(Totals + heads, mask=(heads < hh) & (heads < num_heads), other=0), axis=0)
+
+
+@triton.jit
+def near_runs_kernel(OpenEnd, AnchorFirst, AnchorEnd, Offsets, EnterOffsets, Totals, First, End, Weight,
+                     n, num_samples, num_heads, num_anchors, entering_at, TOKENS: tl.constexpr,
+                     SAMPLES: tl.constexpr, HEADS: tl.constexpr, ANCHOR: tl.constexpr, WRITE: tl.constexpr):
+    """Program (token tile, hh): the distinct runs of ``TOKENS`` tokens' blocks and, when the tile starts on
+    an anchor, of that anchor's, merged over the samples (a run's weight: how many samples have it).
+
+    Without ``WRITE``: their numbers, into ``Offsets[hh, i]`` (runs opening on token i) and
+    ``EnterOffsets[hh, a]`` (runs holding anchor a), which :func:`run_offsets_kernel` turns into running
+    sums. With ``WRITE``: each run's first token, end and weight at its slot, runs of a token ordered by
+    end, runs of an anchor by (first, end), and the offsets made global: each head's runs after the
+    previous heads', the anchors' runs after ``entering_at``."""
+    tile = tl.program_id(0)
+    hh = tl.program_id(1)
+    tok = tile * TOKENS + tl.arange(0, TOKENS)
+    sample = tl.arange(0, SAMPLES)
+    lane = sample[None, :]
+    rows = (hh * num_samples + sample).to(tl.int64)
+    ok = (tok[:, None] < n) & (sample[None, :] < num_samples)
+    ends, weight, number = _runs(tl.load(OpenEnd + rows[None, :] * n + tok[:, None], mask=ok, other=INT32_MAX),
+                                 INT32_MAX, SAMPLES)
+    offsets = Offsets + hh * (n + 1)
+    if WRITE:
+        base = _heads_before(Totals, hh, num_heads, HEADS)
+        at = base + tl.load(offsets + tok, mask=tok < n, other=0)
+        slot = at[:, None] + lane
+        some = lane < number
+        tl.store(First + slot, tok[:, None] + lane * 0, mask=some)
+        tl.store(End + slot, ends, mask=some)
+        tl.store(Weight + slot, weight.to(tl.float16), mask=some)
+        tl.store(offsets + tok, at, mask=tok < n)
+        tl.store(offsets + n + tok * 0, base + tl.load(Totals + hh) + tok * 0, mask=tok == n - 1)
+    else:
+        tl.store(offsets + tok, tl.sum(number, axis=1), mask=tok < n)
+    if (tile * TOKENS) % ANCHOR == 0:
+        anchor = (tile * TOKENS) // ANCHOR
+        big = tl.full((), 2**62, tl.int64)
+        inside = sample < num_samples
+        first = tl.load(AnchorFirst + rows * num_anchors + anchor, mask=inside, other=0).to(tl.int64)
+        end = tl.load(AnchorEnd + rows * num_anchors + anchor, mask=inside, other=0)
+        key, enter_weight, entered = _runs(tl.where(inside, first * (n + 1) + end, big)[None, :], big, SAMPLES)
+        enter_offsets = EnterOffsets + hh * (num_anchors + 1)
+        if WRITE:
+            enter_base = entering_at + _heads_before(Totals + num_heads, hh, num_heads, HEADS)
+            enter_at = enter_base + tl.load(enter_offsets + anchor)
+            held = lane < entered
+            tl.store(First + enter_at + lane, (key // (n + 1)).to(tl.int32), mask=held)
+            tl.store(End + enter_at + lane, (key % (n + 1)).to(tl.int32), mask=held)
+            tl.store(Weight + enter_at + lane, enter_weight.to(tl.float16), mask=held)
+            tl.store(enter_offsets + anchor, enter_at)
+            if anchor == num_anchors - 1:
+                tl.store(enter_offsets + num_anchors, enter_base + tl.load(Totals + num_heads + hh))
+        else:
+            tl.store(enter_offsets + anchor, tl.sum(tl.sum(entered, axis=1), axis=0))
+
+
+@triton.jit
+def run_offsets_kernel(Offsets, EnterOffsets, Totals, n, num_heads, num_anchors, CHUNK: tl.constexpr):
+    """Program (list, hh): the counts :func:`near_runs_kernel` wrote, in place, to each head's exclusive
+    running sums (list 0: runs by token, ``Offsets[hh, :n]``; 1: runs by anchor, ``EnterOffsets[hh, :a]``)
+    and the head's total into ``Totals[list * Hh + hh]``."""
+    which = tl.program_id(0)
+    hh = tl.program_id(1)
+    if which == 0:
+        counts = Offsets + hh * (n + 1)
+        length = n
+    else:
+        counts = EnterOffsets + hh * (num_anchors + 1)
+        length = num_anchors
+    lanes = tl.arange(0, CHUNK)
+    total = tl.sum(lanes * 0, axis=0)
+    for c0 in range(0, length, CHUNK):
+        at = c0 + lanes
+        x = tl.load(counts + at, mask=at < length, other=0)
+        tl.store(counts + at, total + tl.cumsum(x, axis=0) - x, mask=at < length)
+        total += tl.sum(x, axis=0)
+    tl.store(Totals + which * num_heads + hh, total)

@@ -173,9 +173,9 @@ def block_trips(bias: CountBias, T: int, kernel: str, block_m: int, block_n: int
     over the tiles of ``kernel`` ("fwd", "bwd_dkdv", "bwd_dq") at ``block_m`` x ``block_n`` that
     :func:`far_tiles` leaves, over positions ``0..T-1``: the runs holding the tile's anchor
     ``max(first row, first key)`` and those opening after it before the tile's row and key ends, read
-    from the launcher's own table (:func:`plsh_dist.ops.triton_onepass.near_blocks`) as the kernels
+    from the launcher's own table (:func:`plsh_dist.ops.near_runs.near_blocks`) as the kernels
     read it. One head at a time."""
-    from plsh_dist.ops.triton_onepass import NEAR_ANCHOR, near_blocks  # noqa: PLC0415 (torch only)
+    from plsh_dist.ops.near_runs import NEAR_ANCHOR, near_blocks  # noqa: PLC0415 (torch only)
 
     layout = TokenLayout.build(torch.arange(T), torch.device("cpu"))
     trips = tiles = 0

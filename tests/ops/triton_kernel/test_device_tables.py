@@ -16,11 +16,12 @@ pytest.importorskip("triton")
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes  # noqa: E402
 from plsh_dist.ops import device_tables, kernel_bias_cache, plsh, triton_onepass  # noqa: E402
 from plsh_dist.ops.custom_ops import layer_seed, signed64  # noqa: E402
-from plsh_dist.ops.device_tables import device_kernel_bias, draw_on_device  # noqa: E402
+from plsh_dist.ops.device_tables import device_kernel_bias, device_near_blocks, draw_on_device  # noqa: E402
 from plsh_dist.ops.documents import Documents  # noqa: E402
-from plsh_dist.ops.kernel_bias import KernelBias  # noqa: E402
+from plsh_dist.ops.kernel_bias import KernelBias, padded_samples  # noqa: E402
+from plsh_dist.ops.near_runs import near_blocks  # noqa: E402
 from plsh_dist.ops.plsh import block_attention_op, block_attention_op_backward  # noqa: E402
-from plsh_dist.ops.tile_bands import CountBias, TokenLayout, tiles_for  # noqa: E402
+from plsh_dist.ops.tile_bands import CountBias, TokenLayout, block_bounds, tiles_for  # noqa: E402
 from plsh_dist.splitmix import MASK64, hash_seed  # noqa: E402
 
 from kernel_cases import kernel_device  # noqa: E402
@@ -81,6 +82,29 @@ def test_tables_equal_the_torch_reference(causal, layout_kind):
                 assert a.dtype == b.dtype and torch.equal(a, b), name
             assert [a.dtype for a in r.args[4:]] == [b.dtype for b in g.args[4:]]  # one kernel build
             assert r.consts == g.consts
+
+
+@pytest.mark.parametrize(("layout_kind", "tokens"), [("row", "16_a_program"), ("documents", "2_a_program")])
+def test_runs_table_equals_the_torch_reference(monkeypatch, layout_kind, tokens):
+    """The near tiles' runs table from the four launches equals ``near_runs.near_blocks`` wherever the
+    kernels read it: the offsets, and the runs they index (first token, end, weight), ordered alike.
+    ``2_a_program``: the lanes of a program shrunk so that most programs hold no anchor."""
+    n, s = 40, 20
+    docs = None
+    if layout_kind == "documents":  # 1-token documents, a document opening between anchors
+        cu = torch.tensor([0, 1, 2, 20, 21, n])
+        docs = Documents.from_cu_seqlens(cu, torch.cat([torch.arange(int(c)) for c in cu[1:] - cu[:-1]]))
+    if tokens == "2_a_program":
+        monkeypatch.setattr(device_tables, "_RUN_LANES", 2 * padded_samples(s))
+    positions = docs.positions if docs is not None else 300 + torch.arange(n)
+    layout = TokenLayout.build(positions, CPU, docs)
+    starts, _ = block_bounds(CountBias.of(PositionalLSH(SIGMA, s, seed=2), CPU), layout, True)
+    ref, got = near_blocks(starts, layout.doc), device_near_blocks(starts.contiguous(), layout.doc)
+    assert torch.equal(ref.offsets, got.offsets) and torch.equal(ref.enter_offsets, got.enter_offsets)
+    for lo, hi in ((0, int(ref.offsets[-1, -1])), (int(ref.enter_offsets[0, 0]), int(ref.enter_offsets[-1, -1]))):
+        for name in ("first", "end", "weight"):
+            a, b = getattr(ref, name)[lo:hi], getattr(got, name)[lo:hi]
+            assert a.dtype == b.dtype and torch.equal(a, b), name
 
 
 @pytest.mark.parametrize("run_seed", [0, 7, -3, 2**64 - 1])
@@ -144,9 +168,9 @@ class _Recorder:
 def test_the_op_reads_nothing_back_on_a_device(monkeypatch, fixed, shape):
     """Forward and backward of ``plsh_dist::block_attention`` with q, k, v, raw position_ids, the seed and
     sigma on a device, as a compiled model calls it on a GPU (the fused kernel's strategy): no host read
-    of device data, and, up to 16 samples, every table built by a launch and at most 40 eager ops for
-    both (36, whatever the shapes), the tables built in each (a graph's forward and backward are
-    separate calls). Beyond 16 samples the near tiles' runs table adds torch ops (docs/gpu.md)."""
+    of device data, every table built by a launch and at most 40 eager ops for both (36, whatever the
+    shapes; 38 beyond 16 samples, where the near tiles' runs table takes one allocation more), the
+    tables built in each (a graph's forward and backward are separate calls)."""
     launches: list = []
     monkeypatch.setattr(triton_onepass, "_launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
@@ -166,15 +190,13 @@ def test_the_op_reads_nothing_back_on_a_device(monkeypatch, fixed, shape):
         forward_ops = reads.count
         dq, dk, dv = block_attention_op_backward._init_fn(torch.empty_like(out), q, k, v, out, lse, *args)
     assert out.shape == q.shape and lse.shape == (B, Hq, T) and dk.shape == k.shape and dq.device == meta
-    tables = ["band_tables_kernel"] * 3
-    draws = ["hash_draw_kernel"]  # fixed blocks: pitch 2 sigma, shift 0, in the same launch
-    assert launches == draws + tables + ["onepass_fwd_kernel"] + draws + tables + \
-        ["onepass_bwd_dkdv_kernel", "onepass_bwd_dq_kernel"]
-    if not fixed and s > triton_onepass.UNROLLED_SAMPLES:
-        # + the near tiles' runs table (triton_onepass.near_blocks), built in each: issue 41.2's 40 not met yet
-        assert reads.count == 232
+    tables = ["hash_draw_kernel"] + ["band_tables_kernel"] * 3  # fixed blocks: pitch 2 sigma, shift 0, one launch
+    if not fixed and s > triton_onepass.UNROLLED_SAMPLES:  # + the near tiles' runs table, one allocation more
+        tables += ["block_ends_kernel", "near_runs_kernel", "run_offsets_kernel", "near_runs_kernel"]
+        assert (forward_ops, reads.count) == (16, 38)  # whatever B, T, H, D and s
     else:
         assert (forward_ops, reads.count) == (15, 36)  # whatever B, T, H, D and s
+    assert launches == tables + ["onepass_fwd_kernel"] + tables + ["onepass_bwd_dkdv_kernel", "onepass_bwd_dq_kernel"]
 
 
 def test_layer_seed_on_a_device_is_one_launch(monkeypatch):
@@ -207,6 +229,10 @@ TABLES = {"Pos": "*i64", "Virtual": "*i64", "DocFirst": "*i64", "DocEnd": "*i64"
           "Shift": "*fp64", "Table": "*i32", "Rows": "*i32", "KSpan": "*i32", "Lo": "*i32", "Hi": "*i32", "n": "i32",
           "num_samples": "i32", "num_heads": "i32", "num_row_tiles": "i32", "num_key_tiles": "i32",
           "table_stride": "i32"}
+RUNS_IN = {"Starts": "*i32", "Doc": "*i32", "OpenEnd": "*i32", "AnchorFirst": "*i32", "AnchorEnd": "*i32"}
+RUNS = {"OpenEnd": "*i32", "AnchorFirst": "*i32", "AnchorEnd": "*i32", "Offsets": "*i32", "EnterOffsets": "*i32",
+        "Totals": "*i32", "First": "*i32", "End": "*i32", "Weight": "*fp16", "n": "i32", "num_samples": "i32",
+        "num_heads": "i32", "num_anchors": "i32", "entering_at": "i32"}
 for arch in (90, 80):
     target = GPUTarget("cuda", arch, 32)
     builds = [(tk.hash_draw_kernel, {"Seed": "*i64", "Sigma": "*fp64", "Pitch": "*fp64", "Shift": "*fp64",
@@ -216,11 +242,21 @@ for arch in (90, 80):
         for causal in (True, False):
             builds.append((tk.band_tables_kernel, TABLES, dict(ROW_TILE=64, KEY_TILE=32, CAUSAL=causal,
                                                                QUERY_SIDE=query_side, HAS_DOCS=True, WRITE_TABLE=True)))
+    builds.append((tk.block_ends_kernel, dict(RUNS_IN, n="i32", num_samples="i32", num_anchors="i32"),
+                   dict(HAS_DOCS=True, ANCHOR=16, CHUNK=1024)))
+    for write in (False, True):
+        builds.append((tk.near_runs_kernel, RUNS, dict(TOKENS=16, SAMPLES=128, HEADS=16, ANCHOR=16, WRITE=write)))
+    builds.append((tk.run_offsets_kernel, {"Offsets": "*i32", "EnterOffsets": "*i32", "Totals": "*i32", "n": "i32",
+                                           "num_heads": "i32", "num_anchors": "i32"}, dict(CHUNK=1024)))
     for fn, signature, consts in builds:
         ptx = triton.compile(ASTSource(fn, signature={**signature, **{k: "constexpr" for k in consts}},
                                        constexprs=consts), target=target).asm["ptx"]
         print(arch, fn.__name__, "shr.s64" in ptx, "div.rn.f64" in ptx, "div.approx" in ptx or "div.full" in ptx)
 """
+
+
+#: integer kernels (the runs table's): no hash arithmetic, signed shifts allowed
+RUNS_KERNELS = ("block_ends_kernel", "near_runs_kernel", "run_offsets_kernel")
 
 
 def test_table_kernels_compile_for_hopper_and_ampere():
@@ -237,8 +273,8 @@ def test_table_kernels_compile_for_hopper_and_ampere():
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [line.split() for line in proc.stdout.splitlines()]
-    assert len(rows) == 2 * 6
+    assert len(rows) == 2 * 10
     for arch, name, arithmetic_shift, div_rn, approximate in rows:
         tables = name == "band_tables_kernel"  # signed halvings in its search: arithmetic shifts are right there
         assert approximate == "False" and div_rn == str(tables), (arch, name)
-        assert tables or arithmetic_shift == "False", (arch, name)
+        assert tables or name in RUNS_KERNELS or arithmetic_shift == "False", (arch, name)
