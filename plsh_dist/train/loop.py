@@ -111,16 +111,17 @@ def resolve_device(name: str) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(device: torch.device, timeout_s: int = 600, rendezvous_timeout_s: float = 15) -> None:
+def init_distributed(device: torch.device, timeout_s: int = 600, rendezvous_timeout_s: float = 15) -> bool:
     """Join the launcher's process group (env:// from deepspeed/torchrun), or a
     1-process group when started as plain ``python``; no-op when already up.
+    True when this call joined it (its caller leaves it: ``_holding_out_dir``).
 
     ``timeout_s``: how long a collective waits for a missing peer before it
     raises ([parallel].timeout_s), so a dead or hung rank ends the job.
     ``rendezvous_timeout_s``: how long this rank may take to reach
     MASTER_ADDR:MASTER_PORT before ``RendezvousUnreachable`` (exit 1, rendezvous.py)."""
     if dist.is_initialized():
-        return
+        return False
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if "RANK" not in os.environ:
@@ -132,6 +133,7 @@ def init_distributed(device: torch.device, timeout_s: int = 600, rendezvous_time
 
     with interrupt_ends_at_once():  # C++ from here: Ctrl-C could not raise KeyboardInterrupt until it returned
         deepspeed.init_distributed(dist_backend=default_backend(device), timeout=timedelta(seconds=timeout_s))
+    return True
 
 
 def _sp_token_count(n_local: torch.Tensor, sp_group) -> torch.Tensor:
@@ -582,12 +584,20 @@ def train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainResult:
 @contextmanager
 def _holding_out_dir(cfg: RunConfig) -> Iterator[RunDirLock | None]:
     """Join the process group, then hold ``out_dir``'s lock (rank 0; every rank refuses a busy
-    out_dir, run_lock.py) until the block ends, however it ends; collective."""
+    out_dir, run_lock.py) until the block ends, however it ends; collective.
+
+    A run that ends normally (done or preempted) leaves the group it joined here, one it found
+    already up stays its owner's. Without that the interpreter exits with gloo's threads still
+    running, and a rank can die at exit with "terminate called without an active exception"
+    (SIGABRT; the deepspeed launcher reports 250) after a finished run. A failing rank
+    does not get here: it leaves at once with ``os._exit`` (failure.py)."""
     with refusing("config"):
         device = resolve_device(cfg.run.device)
-    init_distributed(device, cfg.parallel.timeout_s, cfg.parallel.rendezvous_timeout_s)
+    joined = init_distributed(device, cfg.parallel.timeout_s, cfg.parallel.rendezvous_timeout_s)
     with claim_out_dir(cfg.run.out_dir, dist.get_rank()) as lock:
         yield lock
+    if joined:  # every collective of the run is behind us (claim_out_dir's last one too)
+        dist.destroy_process_group()
 
 
 def _train_loop(s: TrainSession, stop_after: int | None) -> TrainResult:

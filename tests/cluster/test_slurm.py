@@ -12,6 +12,12 @@ rendezvous on node-0. The script's promises, each checked on the real thing:
   ``scancel --batch --signal=USR1`` here): the ranks checkpoint and exit 75,
   the script requeues the job, and the requeued job resumes from that
   checkpoint with the uninterrupted run's losses;
+
+A test that signals a job, or starts a second one, while the first trains
+makes it hold rank 0 after step 1 (``PLSH_FAULT=pause:0:1``, plsh_dist/faults.py:
+``PAUSE_S`` seconds) and acts once step 1 is logged: a 4-step run would
+otherwise be over before the signal on a fast machine. The requeued job
+resumes after step 1 and does not pause again.
 - a failing rank ends the job as FAILED with a non-zero exit code, no hang;
 - a second job on the same out_dir is refused (the run lock) while the
   first trains, and the first finishes untouched.
@@ -42,6 +48,7 @@ TRAIN = ["--config", "configs/debug.toml", "--parallel.sp_size=2", f"--run.max_s
 RESOURCES = ["--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1"]
 BOUND_S = 300  # a job takes ~30 s on 2 busy cores; a requeued one waits ~150 s more (Slurm's requeue delay)
 LONG_STEPS = 150  # ~0.3 s a step
+PAUSE = "pause:0:1"  # rank 0 holds PAUSE_S after step 1: the job still trains when the test acts
 _BIN = Path(os.sys.executable).parent
 
 
@@ -121,9 +128,16 @@ def test_sbatch_trains_on_both_hosts(slurm, uninterrupted):
     assert banner == ["0: plsh_dist pretraining"]  # logged once, by global rank 0
 
 
+def _assert_paused_once_and_stopped_at_step_2(log: str) -> None:
+    """The signal landed in the pause after step 1: the ranks stopped after step 2 and the requeued
+    job, resumed there, did not pause again."""
+    assert log.count(f"PLSH_FAULT={PAUSE}: rank 0 pauses") == 1, log[-3000:]
+    assert re.search(r"^0: preempted at step 2 ", log, re.M), log[-3000:]
+
+
 def test_usr1_to_the_batch_shell_checkpoints_requeues_and_resumes_exactly(slurm, uninterrupted, tmp_path):
     out = tmp_path / "out"
-    job = _submit(slurm, tmp_path, out)
+    job = _submit(slurm, tmp_path, out, env=_env(PLSH_FAULT=PAUSE))
     _wait_for_step(out, 1)
     slurm[0].run(["scancel", "--batch", "--signal=USR1", job])
     info = _wait_done(slurm, job)
@@ -132,6 +146,7 @@ def test_usr1_to_the_batch_shell_checkpoints_requeues_and_resumes_exactly(slurm,
     assert int(info["Restarts"]) == 1
     assert info["JobState"] == "COMPLETED", log[-3000:]
     assert "preempted at step" in log and "resume auto" in log
+    _assert_paused_once_and_stopped_at_step_2(log)
     assert _steps(out) == uninterrupted[2]
 
 
@@ -148,8 +163,8 @@ def test_a_failing_rank_ends_the_job_with_a_clear_exit_code(slurm, tmp_path):
 
 def test_a_second_job_on_the_same_out_dir_is_refused_and_the_first_is_untouched(slurm, tmp_path):
     out = tmp_path / "out"
-    long = f"--run.max_steps={LONG_STEPS}"  # still training when the second job has started (~20 s)
-    first = _submit(slurm, tmp_path, out, long)
+    long = f"--run.max_steps={LONG_STEPS}"  # still training when the second job has been refused
+    first = _submit(slurm, tmp_path, out, long, env=_env(PLSH_FAULT=PAUSE))
     _wait_for_step(out, 1)
     second = _submit(slurm, tmp_path, out, long)
     second_info = _wait_done(slurm, second)
@@ -166,7 +181,7 @@ def test_a_second_job_on_the_same_out_dir_is_refused_and_the_first_is_untouched(
 def test_scancel_signal_usr1_to_the_steps_checkpoints_and_requeues(slurm, uninterrupted, tmp_path):
     """Plain ``scancel --signal=USR1`` signals the job's steps (the ranks), not the batch shell."""
     out = tmp_path / "out"
-    job = _submit(slurm, tmp_path, out)
+    job = _submit(slurm, tmp_path, out, env=_env(PLSH_FAULT=PAUSE))
     _wait_for_step(out, 1)
     slurm[0].run(["scancel", "--signal=USR1", job])
     info = _wait_done(slurm, job)
@@ -174,4 +189,5 @@ def test_scancel_signal_usr1_to_the_steps_checkpoints_and_requeues(slurm, uninte
     assert "preempted at step" in log, log[-3000:]
     assert "requeueing job" in log, log[-3000:]
     assert int(info["Restarts"]) == 1 and info["JobState"] == "COMPLETED", log[-3000:]
+    _assert_paused_once_and_stopped_at_step_2(log)
     assert _steps(out) == uninterrupted[2]
