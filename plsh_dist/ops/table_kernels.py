@@ -398,7 +398,7 @@ def run_offsets_kernel(Offsets, EnterOffsets, Totals, n, num_heads, num_anchors,
         counts = EnterOffsets + hh * (num_anchors + 1)
         length = num_anchors
     lanes = tl.arange(0, CHUNK)
-    total = tl.sum(lanes * 0, axis=0)
+    total = 0
     for c0 in range(0, length, CHUNK):
         at = c0 + lanes
         x = tl.load(counts + at, mask=at < length, other=0)
