@@ -126,8 +126,9 @@ def _as_sigma(sigma: float | Sequence[float] | torch.Tensor) -> torch.Tensor:
         sig = torch.tensor(list(sigma), dtype=torch.float64)
     if sig.numel() == 0:
         raise ValueError("sigma must not be empty")
-    if not bool(torch.isfinite(sig).all()) or bool((sig <= 0).any()):
-        raise ValueError(f"sigma must be finite and > 0 for every head, got {sig.tolist()}; "
+    values = sig.tolist()  # checked in Python: no torch op per call (the ops rebuild a hash at every call)
+    if not all(math.isfinite(x) and x > 0 for x in values):
+        raise ValueError(f"sigma must be finite and > 0 for every head, got {values}; "
                          "use alibi_slopes(H).reciprocal() for ALiBi's per-head scales")
     return sig
 

@@ -209,6 +209,16 @@ def head_scales(sigma: float | None, num_heads: int):
     return sig, slopes
 
 
+@_graph_constant
+def hash_sigma(sigma: float | None, num_heads: int, device: torch.device) -> torch.Tensor:
+    """The hash's sigma as ``plsh_dist::block_attention`` takes it: float64 Tensor[H] (H = 1 for one
+    hash shared by all heads) on ``device``, made once. A GPU draws the hash there, from a sigma there;
+    a copy from the host at every call could not be captured in a CUDA graph."""
+    sig, _ = head_scales(sigma, num_heads)
+    sig = sig if isinstance(sig, torch.Tensor) else torch.tensor([float(sig)])
+    return sig.to(device, torch.float64)
+
+
 def alibi_window(cfg: AttentionConfig, num_heads: int):
     """The key window of the exact-ALiBi biases: None (``"alibi"``), ``cfg.window`` (``"window"``),
     or ``"truncated"``'s windows ``ceil(c * sigma_h)`` (an int for a constant sigma, else a
@@ -390,26 +400,25 @@ def _alibi_decode(b: AttentionBinding, q, k, v, q_pos, k_pos, scale):
 
 
 def _plsh_forward(b: AttentionBinding, ops, q, k, v, common):
-    sigma, _ = head_scales(b.cfg.sigma, q.shape[2])
     if not common.get("from_position_ids"):  # eager (or sequence parallelism): the public function
+        sigma, _ = head_scales(b.cfg.sigma, q.shape[2])
         return ops.plsh_attention(q, k, v, sigma=sigma, num_samples=b.cfg.num_samples, seed=b.seed(),
                                   backend=b.cfg.backend, sampler=b.cfg.sampler, method=b.cfg.method, **common)
-    return _block_op(b, q, k, v, common, sigma, b.cfg.num_samples, b.seed_tensor(), b.cfg.sampler, False)
+    return _block_op(b, q, k, v, common, b.cfg.num_samples, b.seed_tensor(), b.cfg.sampler, False)
 
 
 def _fixed_blocks_forward(b: AttentionBinding, ops, q, k, v, common):
-    sigma, _ = head_scales(b.cfg.sigma, q.shape[2])
     if not common.get("from_position_ids"):
+        sigma, _ = head_scales(b.cfg.sigma, q.shape[2])
         return ops.fixed_blocks_attention(q, k, v, sigma=sigma, backend=b.cfg.backend, method=b.cfg.method, **common)
-    return _block_op(b, q, k, v, common, sigma, 1, torch.zeros((), dtype=torch.int64), "iid", True)
+    return _block_op(b, q, k, v, common, 1, torch.zeros((), dtype=torch.int64), "iid", True)
 
 
-def _block_op(b: AttentionBinding, q, k, v, common, sigma, num_samples, seed, sampler, fixed):
+def _block_op(b: AttentionBinding, q, k, v, common, num_samples, seed, sampler, fixed):
     """The compiled path (raw position_ids, laid out inside the op): ``plsh_dist::block_attention`` of the
     binding's hash (``fixed``: the fixed blocks)."""
-    sigma_t = sigma if isinstance(sigma, torch.Tensor) else torch.tensor([float(sigma)], dtype=torch.float64)
-    sigma_t = sigma_t.to(q.device, torch.float64)  # a GPU draws the hash there, from a sigma there
-    return block_attention_op(q, k, v, common["positions"], common.get("cu_seqlens"), seed, sigma_t,
+    return block_attention_op(q, k, v, common["positions"], common.get("cu_seqlens"), seed,
+                              hash_sigma(b.cfg.sigma, q.shape[2], q.device),
                               num_samples, sampler, fixed, common["causal"], common["softmax_scale"],
                               b.cfg.backend, b.cfg.method, True)[0]
 

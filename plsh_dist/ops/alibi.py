@@ -1,10 +1,12 @@
-"""Exact ALiBi attention (optionally sliding-window) in query chunks, and plain
-causal attention: the baselines Positional LSH is measured against.
+"""Exact ALiBi attention (optionally sliding-window), and plain causal attention: the
+baselines Positional LSH is measured against.
 
-Exact ALiBi cannot use a bias-free kernel, so it runs in chunks of queries
-against the key range they can see, with the bias ``-m_h |p_i - p_j|`` built
-per chunk: memory O(T * chunk * H) instead of O(T^2 * H), also in backward
-(which recomputes each chunk from the saved out and lse).
+On CUDA (sm >= 80, Triton) a call runs on the fused banded kernel, as flash-attn runs
+ALiBi: each head over the key tiles of its own window, every key without one
+(:func:`kernel_call`), packed documents included. Elsewhere it runs in chunks of
+queries against the key range they can see, with the bias ``-m_h |p_i - p_j|`` built
+per chunk: memory O(T * chunk * H) instead of O(T^2 * H), also in backward (which
+recomputes each chunk from the saved out and lse).
 
 The window may differ per head (truncated ALiBi: ``w_h = ceil(c * sigma_h)``
 drops only weights below ``e^-c``): each group of heads that share a window
@@ -13,7 +15,7 @@ for a wide one's key range.
 
 Three layers: the pure ``alibi_forward`` / ``alibi_backward``; the custom op
 ``plsh_dist::alibi_attention`` and its autograd formula (:mod:`plsh_dist.ops.custom_ops`:
-saves q, k, v, out, lse only, backward recomputes chunk by chunk), so
+saves q, k, v, out, lse only; the backward recomputes), so
 ``torch.compile(fullgraph=True)`` keeps one graph; the public ``alibi_attention``.
 
 Single process only: sequence parallelism (:mod:`plsh_dist.distributed.sp`)
@@ -32,12 +34,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from plsh_dist.ops.alibi_band import band_chunk, banded_backward, banded_forward, interior_rows
-from plsh_dist.ops.custom_ops import NAMESPACE, fake_backward, fake_forward, op_layout, register_autograd
+from plsh_dist.ops.custom_ops import (NAMESPACE, device_layout, fake_backward, fake_forward, op_layout,
+                                      register_autograd)
 from plsh_dist.ops.dense import dense_bwd, dense_fwd
+from plsh_dist.ops import triton_onepass
+from plsh_dist.ops.device_constants import device_constant, host_key
+from plsh_dist.ops.device_tables import device_kernel_bias
 from plsh_dist.ops.documents import backward_on_flat_row, flat_documents, on_flat_row
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.merge import accum_dtype
-from plsh_dist.ops.triton_onepass import alibi_window_attention, triton_cuda
+from plsh_dist.ops.tile_bands import TokenLayout, WindowBias
+from plsh_dist.ops.triton_onepass import triton_cuda
 from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_for
 
 #: ``c = ln s + EQUAL_COST_OFFSET``: truncated ALiBi at ``w_h = ceil(c sigma_h)`` attends as many
@@ -45,6 +52,8 @@ from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_f
 #: of the largest of s Exp(sigma) block reaches; 0.58 is Euler's constant, the large-s limit of
 #: ``H_s - ln s``; measured: ``plsh_dist/eval/equal_cost.py``).
 EQUAL_COST_OFFSET = 0.58
+#: Exact ALiBi's window on the fused kernel: every key (the kernel's positions are below 2^31).
+UNBOUNDED_WINDOW = 2**31 - 1
 
 
 def equal_cost_c(num_samples: int) -> float:
@@ -342,8 +351,9 @@ def check_slopes(slopes, num_heads: int) -> torch.Tensor:
             f"slopes must have one entry per query head ({num_heads}), got {slopes.numel()}; "
             "use plsh_dist.hashing.alibi_slopes(num_heads)"
         )
-    if not bool(torch.isfinite(slopes).all()) or bool((slopes < 0).any()):
-        raise ValueError(f"slopes must be finite and >= 0, got {slopes.tolist()}")
+    values = slopes.tolist()  # checked in Python: no torch op
+    if not all(math.isfinite(m) and m >= 0 for m in values):
+        raise ValueError(f"slopes must be finite and >= 0, got {values}")
     return slopes
 
 
@@ -389,8 +399,9 @@ def alibi_attention(
             (truncated ALiBi, e.g. ``ceil(c / slopes)``: weights below ``e^-c`` dropped).
         chunk_size: queries per chunk (default: bias of a chunk under 64 MiB; per-head
             windows: sized by each head's window, :func:`window_chunk_size`). On CUDA with
-            Triton (sm >= 80), a windowed call without ``chunk_size`` runs on the fused
-            banded kernel instead (:func:`plsh_dist.ops.triton_onepass.alibi_window_attention`).
+            Triton (sm >= 80), a call without ``chunk_size`` runs on the fused
+            banded kernel instead, each head over its own window's key tiles (every key for
+            exact ALiBi): :func:`kernel_call`.
         return_lse: also return the log-sum-exp.
         cu_seqlens: packed documents, (num_docs + 1,) offsets over the flattened
             (B, T) batch, as :func:`plsh_dist.ops.plsh_attention`'s: a token
@@ -403,14 +414,8 @@ def alibi_attention(
     window = check_window(window, q.shape[2])  # a tensor's values are read here (pass a tuple to compile)
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
-    if cu_seqlens is None and window is not None and chunk_size is None and triton_cuda(q.device, q.dtype):
-        # sm >= 80, Triton importable: the fused banded kernel (eager only; not a custom op yet)
-        slopes, pos, scale, window = check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale,
-                                                           chunk_size)
-        out, lse = _kernel_window(q, k, v, slopes, pos, causal, window, scale)
-    else:
-        out, lse = alibi_attention_op(q, k, v, positions, cu_seqlens, _slopes_tensor(slopes),
-                                      window_list(window), causal, softmax_scale, chunk_size, False)
+    out, lse = alibi_attention_op(q, k, v, positions, cu_seqlens, _slopes_tensor(slopes), window_list(window), causal,
+                                  softmax_scale, chunk_size, False)
     return (out, lse) if return_lse else out
 
 
@@ -426,13 +431,6 @@ def window_list(window) -> list[int]:
     if isinstance(window, int):
         return [window]
     return [int(w) for w in (window.tolist() if isinstance(window, torch.Tensor) else window)]
-
-
-def _kernel_window(q, k, v, slopes, pos, causal, window, scale):
-    """Windowed (and truncated) ALiBi on the banded Triton kernel: each head visits only the
-    key tiles of its own window, as PLSH's one pass visits its band. (out, lse (B, Hq, T) fp32)."""
-    return alibi_window_attention(q, k, v, sigma=slopes.reciprocal(), window=head_windows(window, q.shape[2]),
-                                  positions=pos, causal=causal, softmax_scale=scale)
 
 
 def alibi_documents_call(q, k, v, slopes, positions, window, softmax_scale, chunk_size, cu_seqlens):
@@ -504,12 +502,58 @@ def _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, c
     return pos, slopes, dict(window=win, scale=scale, chunk=chunk, docs=(doc_ids, doc_ids)), True
 
 
+def kernel_call(q, k, v, positions, cu_seqlens, slopes, window: list[int], causal: bool, softmax_scale, chunk_size,
+                from_position_ids):
+    """``(kernel bias, scale)`` of the fused kernel for an op call, or None where the chunked path runs it
+    (no kernel for these tensors: not CUDA sm >= 80 with Triton; a ``chunk_size`` given). With documents
+    the kernel bias's layout is the flat row's (the call runs on it: :func:`on_flat_row`).
+
+    Reads no device data where the models call it: raw ``position_ids`` and packed offsets on the device
+    stay there (:func:`~plsh_dist.ops.custom_ops.device_layout`); the slopes and windows are host constants,
+    checked on the host and copied to the device once (:func:`~plsh_dist.ops.device_constants.device_constant`).
+    Exact ALiBi is the window :data:`UNBOUNDED_WINDOW`; zero slopes (no bias) give ``sigma = inf``. The
+    kernel's tables are built on the device (:func:`~plsh_dist.ops.device_tables.device_kernel_bias`)."""
+    if chunk_size is not None or not triton_cuda(q.device, q.dtype):
+        return None
+    check_qkv(q, k, v)
+    (B, T, Hq), device = q.shape[:3], q.device
+    on_device = device_layout(positions, cu_seqlens, q, from_position_ids)
+    if on_device is not None:
+        pos, layout = on_device
+        layout = layout or TokenLayout.build(pos, device)
+    else:
+        positions, cu_seqlens = op_layout(positions, cu_seqlens, q, from_position_ids)
+        if cu_seqlens is None:
+            layout = TokenLayout.build(check_positions(positions, T, device), device)
+        else:
+            docs = flat_documents(positions, cu_seqlens, B, T)
+            layout = TokenLayout.build(docs.positions, device, docs)
+
+    def bias() -> WindowBias:
+        win = check_window(None if not window else window[0] if len(window) == 1 else tuple(window), Hq)
+        sigma = [1 / m if m else math.inf for m in check_slopes(slopes, Hq).tolist()]
+        windows = list(win) if isinstance(win, tuple) else [win or UNBOUNDED_WINDOW] * Hq
+        return WindowBias(torch.tensor(sigma).to(device), torch.tensor(windows).to(device))
+
+    key = ("alibi window bias", str(device), Hq, tuple(window), *host_key(slopes.cpu()))
+    kb = device_kernel_bias(device_constant(key, bias), layout, causal, triton_onepass.kernel_tiles(q))
+    return kb, softmax_scale_for(q, softmax_scale)
+
+
 @torch.library.custom_op(f"{NAMESPACE}::alibi_attention", mutates_args=())
 def alibi_attention_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None, cu_seqlens: Tensor | None,
                     slopes: Tensor, window: list[int], causal: bool, softmax_scale: float | None,
                     chunk_size: int | None, from_position_ids: bool) -> tuple[Tensor, Tensor]:
     """Exact ALiBi (``window``: [] none, [w] one for every head, or one per head): ``(out, lse)`` of
-    :func:`plsh_dist.ops.alibi_attention` on the chunked (non-Triton) path."""
+    :func:`plsh_dist.ops.alibi_attention`, on the fused kernel (:func:`kernel_call`) or in chunks."""
+    kernel = kernel_call(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_scale, chunk_size,
+                         from_position_ids)
+    if kernel is not None:
+        kb, scale = kernel
+        run = on_flat_row if kb.layout.doc is not None else (lambda fn, *a, **k: fn(*a, **k))
+        out, lse = run(triton_onepass.banded_forward, q, k, v, kb.bias, kb.layout, causal=causal, scale=scale,
+                       kernel_bias=kb)
+        return out.contiguous(), lse.contiguous()
     pos, slopes, kw, flat = _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, chunk_size,
                                         from_position_ids)
     run = on_flat_row if flat else (lambda fn, *a, **k: fn(*a, **k))
@@ -527,7 +571,16 @@ def alibi_attention_op_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
                              positions: Tensor | None, cu_seqlens: Tensor | None, slopes: Tensor,
                              window: list[int], causal: bool, softmax_scale: float | None, chunk_size: int | None,
                              from_position_ids: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` of :func:`alibi_attention_op`, recomputing each query chunk."""
+    """``(dq, dk, dv)`` of :func:`alibi_attention_op`: the fused kernel's backward, or each query chunk
+    recomputed."""
+    kernel = kernel_call(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_scale, chunk_size,
+                         from_position_ids)
+    if kernel is not None:
+        kb, scale = kernel
+        run = backward_on_flat_row if kb.layout.doc is not None else (lambda fn, *a, **k: fn(*a, **k))
+        grads = run(triton_onepass.banded_backward, dout, q, k, v, out, lse, kb.bias, kb.layout, causal=causal,
+                    scale=scale, kernel_bias=kb)
+        return tuple(g.contiguous() for g in grads)
     pos, slopes, kw, flat = _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, chunk_size,
                                         from_position_ids)
     run = backward_on_flat_row if flat else (lambda fn, *a, **k: fn(*a, **k))

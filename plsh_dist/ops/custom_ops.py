@@ -27,7 +27,8 @@ tensor, so a new step's seed is a new input value, not a new graph), the strateg
 from the ``backend`` / ``method`` strings (:func:`~plsh_dist.ops.backends.choose_strategy`),
 the window from a list of ints. Positions and documents: ``positions`` and
 ``cu_seqlens`` as the public functions take them, or, with ``from_position_ids``,
-transformers' raw ``position_ids`` and packed offsets, laid out inside the op
+transformers' raw ``position_ids`` and packed offsets, laid out inside the op: on the device
+for the fused kernel (:func:`device_layout`), else on the host
 (:func:`~plsh_dist.ops.documents.layout_of_position_ids`).
 
 The autograd formula saves q, k, v, out, lse and keeps the small host tensors above
@@ -44,8 +45,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from plsh_dist.ops.documents import layout_of_position_ids
+from plsh_dist.ops.device_tables import device_documents
+from plsh_dist.ops.documents import device_positions, layout_of_position_ids
 from plsh_dist.ops.merge import accum_dtype
+from plsh_dist.ops.tile_bands import TokenLayout
 from plsh_dist.splitmix import MASK64, hash_seed, splitmix64_int
 
 NAMESPACE = "plsh_dist"
@@ -56,6 +59,22 @@ def op_layout(positions, cu_seqlens, q, from_position_ids: bool):
     if from_position_ids:
         return layout_of_position_ids(positions, cu_seqlens, q.shape[0], q.shape[1])
     return positions, cu_seqlens
+
+
+def device_layout(positions, cu_seqlens, q, from_position_ids: bool) -> tuple[Tensor, TokenLayout | None] | None:
+    """Raw ``position_ids`` (and packed offsets) left on the device for the fused kernel, read by no host:
+    ``(positions, None)``, the positions checked there (:func:`~plsh_dist.ops.documents.device_positions`),
+    or ``(positions, layout)`` of documents laid out there (:func:`~plsh_dist.ops.device_tables.device_documents`:
+    the flat row's positions and :class:`~plsh_dist.ops.tile_bands.TokenLayout`). None where they are on
+    the host (:func:`op_layout` lays them out)."""
+    if not from_position_ids or positions is None or positions.device.type == "cpu":
+        return None
+    if cu_seqlens is None:
+        return device_positions(positions, q.shape[1]), None
+    if cu_seqlens.device.type == "cpu":
+        return None
+    layout = device_documents(positions, cu_seqlens, q.shape[0], q.shape[1])
+    return layout.positions, layout
 
 
 def fake_forward(q: Tensor) -> tuple[Tensor, Tensor]:

@@ -3,10 +3,12 @@
 :func:`draw_on_device` gives a hash's pitch and shift on the attention's device from a
 seed that may itself live there (a graph input); :func:`device_kernel_bias` gives the
 :class:`~plsh_dist.ops.kernel_bias.KernelBias` of a count bias (block bounds, row and key
-spans, band limits of the forward, dK/dV and dQ kernels) in three launches of
+spans, band limits of the forward, dK/dV and dQ kernels), or of an ALiBi window bias (key
+spans and band limits), in three launches of
 :func:`~plsh_dist.ops.table_kernels.band_tables_kernel` and one allocation;
 :func:`device_near_blocks` the near tiles' runs table of more than ``UNROLLED_SAMPLES``
-samples in four launches and one allocation. All equal
+samples in four launches and one allocation; :func:`device_documents` the layout of packed
+documents in one. All equal
 their torch references (:class:`~plsh_dist.hashing.PositionalLSH`'s numpy draws,
 :meth:`KernelBias.of`, :func:`~plsh_dist.ops.near_runs.near_blocks`) bit for bit under Triton's interpreter; compiled, the hash's
 ``log`` is CUDA's (libdevice), which may differ from the CPU's in its last bit (docs/gpu.md).
@@ -19,15 +21,17 @@ from __future__ import annotations
 import torch
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH
+from plsh_dist.ops.device_constants import on_device
 from plsh_dist.ops.kernel_bias import NEAR_ANCHOR, KernelBias, KernelTables, padded_samples
 from plsh_dist.ops.near_runs import NearBlocks, run_slots
-from plsh_dist.ops.tile_bands import CountBias, TileConfig, TokenLayout, num_tiles
+from plsh_dist.ops.tile_bands import CountBias, TileConfig, TokenLayout, WindowBias, num_tiles
 from plsh_dist.ops.triton_runtime import launcher
 
 #: samplers whose draws the device computes (others are drawn on the host and copied)
 DEVICE_SAMPLERS = ("iid",)
 _HASH_BLOCK = 256
 _SCAN_CHUNK = 1024
+_DOC_BLOCK = 1024
 #: entries of one near_runs_kernel program's (tokens, samples) block: at most this, and at most NEAR_ANCHOR tokens
 _RUN_LANES = 2048
 
@@ -54,19 +58,22 @@ def draw_on_device(lsh: PositionalLSH, device: torch.device) -> CountBias:
     fixed = isinstance(lsh, FixedBlocks)
     s, H = lsh.num_samples, lsh.num_heads
     draws = torch.empty(2, s, H, dtype=torch.float64, device=device)
-    sigma = lsh.sigma_on(device)
+    # a CPU sigma (the models'): copied once, so a later call (a CUDA graph's capture) copies nothing
+    sigma = on_device(lsh.sigma, device) if lsh.given[1].device.type == "cpu" else lsh.sigma_on(device)
     seed = sigma if fixed else lsh.seed_tensor.to(device, non_blocking=True)  # FIXED reads no seed
     launch(device).hash_draw_kernel[(num_tiles(s * H, _HASH_BLOCK),)](
         seed, sigma, draws[0], draws[1], s, H, FIXED=fixed, BLOCK=_HASH_BLOCK)
     return CountBias(draws[0], draws[1])
 
 
-def device_kernel_bias(bias: CountBias, layout: TokenLayout, causal: bool,
+def device_kernel_bias(bias: CountBias | WindowBias, layout: TokenLayout, causal: bool,
                        tiles: tuple[TileConfig, TileConfig, TileConfig]) -> KernelBias:
-    """The :class:`KernelBias` of a count ``bias`` over ``layout`` for the (forward, dK/dV, dQ) ``tiles``,
-    built on the layout's device: one int32 buffer, three launches (the first also writes every
-    token's block bounds). Equal to ``KernelBias.of(bias, layout, causal, tiles)``."""
-    n, s, H = layout.n, bias.num_samples, bias.num_heads
+    """The :class:`KernelBias` of a count or window ``bias`` over ``layout`` for the (forward, dK/dV, dQ)
+    ``tiles``, built on the layout's device: one int32 buffer, three launches (for a count bias the
+    first also writes every token's block bounds). Equal to ``KernelBias.of(bias, layout, causal, tiles)``."""
+    window = isinstance(bias, WindowBias)
+    n, H = layout.n, bias.num_heads
+    s = 0 if window else bias.num_samples
     device = layout.positions.device
     sides = ((tiles[0], True), (tiles[1], False), (tiles[2], True))
     table_rows = 1 if causal else 2
@@ -74,16 +81,19 @@ def device_kernel_bias(bias: CountBias, layout: TokenLayout, causal: bool,
     for cfg, query_side in sides:
         rows, keys = num_tiles(n, cfg.block_m), num_tiles(n, cfg.block_n)
         sizes += [H * s * rows * 4, keys * 2, 2 * H * (rows if query_side else keys)]
-    buffer = torch.empty(sum(sizes), dtype=torch.int32, device=device)
-    parts = iter(buffer.split(sizes))
+    buffer = torch.empty(sum(sizes) + 2, dtype=torch.int32, device=device)
+    parts = iter(buffer[2:].split(sizes))
     table = next(parts).view(table_rows, H, s, n)
     starts, lasts = table[0], table[-1]
     has_docs = layout.doc is not None
     dummy = layout.positions  # an int64 pointer, never read
-    # MODE 0 reads no sigma or window: views with the dtypes KernelBias.of gives, so the kernels keep one build
-    no_sigma, no_window = buffer[:2].view(torch.float32), buffer[:2].view(torch.int64)
+    if window:  # the kernels read no block bounds or spans: views with the dtypes KernelBias.of gives
+        consts, fixed, pitch, shift = dict(MODE=1, NUM_SAMPLES=1, SAMPLES_PAD=16), (bias.sigma, bias.window), \
+            bias.sigma, bias.sigma
+    else:  # MODE 0 reads no sigma or window: views with the dtypes KernelBias.of gives, so the kernels keep one build
+        consts = dict(MODE=0, NUM_SAMPLES=s, SAMPLES_PAD=padded_samples(s))
+        fixed, pitch, shift = (buffer[:2].view(torch.float32), buffer[:2].view(torch.int64)), bias.pitch, bias.shift
     mod = launch(device)
-    consts = dict(MODE=0, NUM_SAMPLES=s, SAMPLES_PAD=padded_samples(s))
     built = []
     for index, (cfg, query_side) in enumerate(sides):
         rows, keys = num_tiles(n, cfg.block_m), num_tiles(n, cfg.block_n)
@@ -92,12 +102,41 @@ def device_kernel_bias(bias: CountBias, layout: TokenLayout, causal: bool,
         lo, hi = next(parts).view(2, H, rows if query_side else keys)
         mod.band_tables_kernel[(max(rows, keys), H)](
             layout.positions, layout.virtual, layout.doc_first if has_docs else dummy,
-            layout.doc_end if has_docs else dummy, layout.kernel_positions, bias.pitch, bias.shift,
-            table, spans, kspan, lo, hi, n, s, H, rows, keys, H * s * n,
+            layout.doc_end if has_docs else dummy, layout.kernel_positions, pitch, shift,
+            bias.window if window else dummy, table, spans, kspan, lo, hi, n, s, H, rows, keys, H * s * n,
             ROW_TILE=cfg.block_m, KEY_TILE=cfg.block_n, CAUSAL=causal, QUERY_SIDE=query_side, HAS_DOCS=has_docs,
-            WRITE_TABLE=index == 0)
-        built.append(KernelTables((kspan, starts, lasts, spans, no_sigma, no_window), consts, lo, hi))
+            WRITE_TABLE=index == 0, WINDOW=window)
+        tables = (kspan, buffer[:1], buffer[:1], buffer[:1]) if window else (kspan, starts, lasts, spans)
+        built.append(KernelTables((*tables, *fixed), consts, lo, hi))
     return KernelBias(bias, layout, causal, *built)
+
+
+def device_documents(position_ids: torch.Tensor, cu_seqlens: torch.Tensor, batch: int, seqlen: int) -> TokenLayout:
+    """The :class:`TokenLayout` of a packed (batch, seqlen) call's flat row, from transformers' ``position_ids``
+    ((batch or 1), seqlen) and document offsets ``cu_seqlens`` (``cu_seq_lens_q``, int32 or int64) on the
+    device: one allocation and one launch of ``document_layout_kernel``, nothing read back. What the host
+    checks (:func:`~plsh_dist.ops.documents.flat_documents`) is checked on the device
+    (``torch._assert_async``: a bad layout stops the step at its next sync). Equal to the host's layout but
+    for its virtual positions, another constant per document (``first token * 2^31 - first position``)."""
+    rows = position_ids if position_ids.dim() == 2 else position_ids[None]
+    if rows.shape[-1] != seqlen or rows.shape[0] not in (1, batch) or rows.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"position_ids must be integer (B={batch}, T={seqlen}) or (1, T), got {rows.dtype} of "
+                         f"shape {tuple(position_ids.shape)}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"cu_seqlens must be an integer tensor (num_docs + 1,) of document offsets, got "
+                         f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")
+    n, num_cu = batch * seqlen, cu_seqlens.numel()
+    wide = torch.zeros(4 * n + n + 1, dtype=torch.int64, device=rows.device)
+    positions, virtual, first, end = wide[:4 * n].view(4, n)
+    narrow = wide[4 * n:].view(torch.int32)
+    kernel_positions, doc, bad = narrow[:n], narrow[n:2 * n], narrow[2 * n:2 * n + 1]
+    launch(rows.device).document_layout_kernel[(num_tiles(max(n, num_cu), _DOC_BLOCK),)](
+        rows, cu_seqlens, positions, virtual, first, end, kernel_positions, doc, bad, n, seqlen,
+        rows.stride(0) if rows.shape[0] > 1 else 0, rows.stride(1), num_cu, num_cu.bit_length(), BLOCK=_DOC_BLOCK)
+    torch._assert_async(bad == 0, "cu_seq_lens / position_ids: offsets must run from 0 to B * T, strictly "
+                                  "increasing, with every row start among them, and positions must increase "
+                                  "strictly within each document, in [0, 2^31)")
+    return TokenLayout(positions, virtual, kernel_positions, doc, first, end)
 
 
 def device_near_blocks(starts: torch.Tensor, doc: torch.Tensor | None) -> NearBlocks:

@@ -59,19 +59,26 @@ def _token(x, held: list) -> tuple | None:
     return "device", id(x), x._version
 
 
-def _key(lsh: PositionalLSH, positions, docs: Documents | None, causal: bool, tiles, device) -> tuple[tuple, list]:
+def _key(lsh: PositionalLSH, positions, docs: Documents | TokenLayout | None, causal: bool, tiles,
+         device) -> tuple[tuple, list]:
     held: list = []
     seed, sigma = lsh.given
     seed = None if isinstance(lsh, FixedBlocks) else seed if isinstance(seed, int) else _token(seed, held)
     sigma = _token(sigma, held)
-    tokens = (_token(positions, held),) if docs is None else (_token(docs.positions, held), _token(docs.ids, held))
+    if docs is None:
+        tokens = (_token(positions, held),)
+    else:
+        ids = docs.doc if isinstance(docs, TokenLayout) else docs.ids
+        tokens = (_token(docs.positions, held), _token(ids, held))
     hash_key = (type(lsh).__name__, lsh.sampler, lsh.num_samples, seed, sigma)
     return (hash_key, tokens, causal, tiles, str(device)), held
 
 
-def cached_kernel_bias(lsh: PositionalLSH, positions: torch.Tensor, docs: Documents | None, causal: bool,
-                       device: torch.device, tiles: tuple[TileConfig, TileConfig, TileConfig]) -> KernelBias:
-    """The :class:`~plsh_dist.ops.kernel_bias.KernelBias` of ``lsh`` over ``positions`` (and ``docs``)
+def cached_kernel_bias(lsh: PositionalLSH, positions: torch.Tensor, docs: Documents | TokenLayout | None,
+                       causal: bool, device: torch.device,
+                       tiles: tuple[TileConfig, TileConfig, TileConfig]) -> KernelBias:
+    """The :class:`~plsh_dist.ops.kernel_bias.KernelBias` of ``lsh`` over ``positions`` (and ``docs``: the
+    host's documents, or their layout built on the device, :func:`~plsh_dist.ops.device_tables.device_documents`)
     for the kernels' (forward, dK/dV, dQ) ``tiles`` on ``device``: the cached one when these inputs
     built one that is still alive, else a new one built on the device."""
     device = torch.device(device)
@@ -81,7 +88,8 @@ def cached_kernel_bias(lsh: PositionalLSH, positions: torch.Tensor, docs: Docume
         if kb is not None and all(r() is not None for r in refs):
             _last[0] = kb
             return kb
-    kb = device_kernel_bias(draw_on_device(lsh, device), TokenLayout.build(positions, device, docs), causal, tiles)
+    layout = docs if isinstance(docs, TokenLayout) else TokenLayout.build(positions, device, docs)
+    kb = device_kernel_bias(draw_on_device(lsh, device), layout, causal, tiles)
     _builds[0] += 1
     for k in list(_entries):  # drop the entries of freed kernel biases and tensors
         _entries[k] = [(refs, r) for refs, r in _entries[k] if r() is not None and all(x() is not None for x in refs)]

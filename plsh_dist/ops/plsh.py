@@ -29,7 +29,8 @@ from torch import Tensor
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, get_sampler
 from plsh_dist.ops.backends import choose_strategy
-from plsh_dist.ops.custom_ops import NAMESPACE, fake_backward, fake_forward, op_layout, register_autograd
+from plsh_dist.ops.custom_ops import (NAMESPACE, device_layout, fake_backward, fake_forward, op_layout,
+                                      register_autograd)
 from plsh_dist.ops.documents import (Documents, backward_on_flat_row, device_positions, flat_documents, flatten_rows,
                                      on_flat_row, unflatten_rows)
 from plsh_dist.ops.head_groups import head_groups
@@ -251,16 +252,19 @@ def _hash(sigma: Tensor, num_samples: int, seed: Tensor, sampler: str, fixed: bo
 
 
 def _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, backend, method, from_position_ids):
-    """The ops' ``(positions, scale, strategy, docs)``. Raw ``position_ids`` on a device, without documents,
-    for the fused kernel stay there (:func:`~plsh_dist.ops.documents.device_positions`, checked on the
-    device): that call reads nothing back to the host. Otherwise the host lays them out
+    """The ops' ``(positions, scale, strategy, docs)``. Raw ``position_ids`` (and packed offsets) on a device,
+    for the fused kernel, stay there (:func:`~plsh_dist.ops.custom_ops.device_layout`; ``docs`` is then the
+    documents' layout): that call reads nothing back to the host. Otherwise the host lays them out
     (:func:`check_block_attention`)."""
-    if from_position_ids and cu_seqlens is None and positions is not None and positions.device.type != "cpu":
+    if from_position_ids and positions is not None and positions.device.type != "cpu":
         strategy = choose_strategy(backend, method, q.device, q.dtype, lsh.num_samples)
-        if isinstance(strategy, TritonOnePass):
+        on_device = device_layout(positions, cu_seqlens, q, from_position_ids) \
+            if isinstance(strategy, TritonOnePass) else None
+        if on_device is not None:
             check_qkv(q, k, v)
             head_groups(lsh, q.shape[2], k.shape[2])
-            return device_positions(positions, q.shape[1]), softmax_scale_for(q, softmax_scale), strategy, None
+            pos, docs = on_device
+            return pos, softmax_scale_for(q, softmax_scale), strategy, docs
     positions, cu_seqlens = op_layout(positions, cu_seqlens, q, from_position_ids)
     return check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method, cu_seqlens)
 

@@ -112,26 +112,34 @@ def _search(Virtual, n, x, RIGHT: tl.constexpr):
 
 
 @triton.jit
-def _bounds_at(Pos, Virtual, DocFirst, DocEnd, Pitch, Shift, token, n, hh, num_samples, num_heads,
-               LAST: tl.constexpr, HAS_DOCS: tl.constexpr):
-    """The token reached by ``token``'s blocks over every sample: with ``LAST``, one past the token of the
-    latest last position (``searchsorted(right)``, cut at the document's end), else the token of the
-    earliest first position (cut at the document's first token); int64."""
-    p = tl.load(Pos + token).to(tl.float64)
-    best = p * 0.0
-    for t in range(num_samples):
-        pitch = tl.load(Pitch + t * num_heads + hh)
-        shift = tl.load(Shift + t * num_heads + hh)
-        b = _bucket(p, pitch, shift)
+def _bounds_at(Pos, Virtual, DocFirst, DocEnd, Pitch, Shift, Window, token, n, hh, num_samples, num_heads,
+               LAST: tl.constexpr, HAS_DOCS: tl.constexpr, WINDOW: tl.constexpr):
+    """The token reached by ``token``'s blocks over every sample (``WINDOW``: by its head's window,
+    ``|p_i - p_j| < w``): with ``LAST``, one past the token of the latest last position
+    (``searchsorted(right)``, cut at the document's end), else the token of the earliest first position
+    (cut at the document's first token); int64."""
+    if WINDOW:  # within w - 1 virtual positions (the document's own distances)
+        behind = tl.load(Window + hh) - 1
         if LAST:
-            bound = _block_start(b + 1.0, pitch, shift) - 1.0
-            best = tl.where(t == 0, bound, tl.maximum(best, bound))
+            reach = tl.load(Virtual + token) + behind
         else:
-            bound = _block_start(b, pitch, shift)
-            best = tl.where(t == 0, bound, tl.minimum(best, bound))
-    reach = best.to(tl.int64)
-    if HAS_DOCS:  # to the document's virtual positions
-        reach += tl.load(Virtual + token) - tl.load(Pos + token)
+            reach = tl.load(Virtual + token) - behind
+    else:
+        p = tl.load(Pos + token).to(tl.float64)
+        best = p * 0.0
+        for t in range(num_samples):
+            pitch = tl.load(Pitch + t * num_heads + hh)
+            shift = tl.load(Shift + t * num_heads + hh)
+            b = _bucket(p, pitch, shift)
+            if LAST:
+                bound = _block_start(b + 1.0, pitch, shift) - 1.0
+                best = tl.where(t == 0, bound, tl.maximum(best, bound))
+            else:
+                bound = _block_start(b, pitch, shift)
+                best = tl.where(t == 0, bound, tl.minimum(best, bound))
+        reach = best.to(tl.int64)
+        if HAS_DOCS:  # to the document's virtual positions
+            reach += tl.load(Virtual + token) - tl.load(Pos + token)
     found = _search(Virtual, n, reach, LAST)
     if HAS_DOCS:
         if LAST:
@@ -142,10 +150,11 @@ def _bounds_at(Pos, Virtual, DocFirst, DocEnd, Pitch, Shift, token, n, hh, num_s
 
 
 @triton.jit
-def band_tables_kernel(Pos, Virtual, DocFirst, DocEnd, KPos, Pitch, Shift, Table, Rows, KSpan, Lo, Hi,
+def band_tables_kernel(Pos, Virtual, DocFirst, DocEnd, KPos, Pitch, Shift, Window, Table, Rows, KSpan, Lo, Hi,
                        n, num_samples, num_heads, num_row_tiles, num_key_tiles, table_stride,
                        ROW_TILE: tl.constexpr, KEY_TILE: tl.constexpr, CAUSAL: tl.constexpr,
-                       QUERY_SIDE: tl.constexpr, HAS_DOCS: tl.constexpr, WRITE_TABLE: tl.constexpr):
+                       QUERY_SIDE: tl.constexpr, HAS_DOCS: tl.constexpr, WRITE_TABLE: tl.constexpr,
+                       WINDOW: tl.constexpr):
     """One kernel's tables, program (i, hh): row tile ``i`` of ``ROW_TILE`` tokens, key tile ``i`` of
     ``KEY_TILE`` and band tile ``i`` (a row tile when ``QUERY_SIDE``, else a key tile), bias head ``hh``.
 
@@ -158,10 +167,12 @@ def band_tables_kernel(Pos, Virtual, DocFirst, DocEnd, KPos, Pitch, Shift, Table
     - the band ``[lo, hi)``: key tiles a query tile meets (``QUERY_SIDE``), or query tiles whose
       band meets a key tile, as :func:`~plsh_dist.ops.tile_bands.query_bands` /
       :func:`~plsh_dist.ops.tile_bands.key_bands`.
+
+    ``WINDOW`` (an ALiBi window bias, ``Window`` int64[Hh]): the key spans and the bands only.
     """
     i = tl.program_id(0)
     hh = tl.program_id(1)
-    if i < num_row_tiles:
+    if i < num_row_tiles and not WINDOW:
         offs = i * ROW_TILE + tl.arange(0, ROW_TILE)
         tokens = tl.minimum(offs, n - 1)
         p = tl.load(Pos + tokens).to(tl.float64)
@@ -197,26 +208,26 @@ def band_tables_kernel(Pos, Virtual, DocFirst, DocEnd, KPos, Pitch, Shift, Table
         if i < num_row_tiles:
             first = (i * ROW_TILE).to(tl.int64)
             last_token = tl.minimum(first + ROW_TILE - 1, n - 1)
-            lo = _bounds_at(Pos, Virtual, DocFirst, DocEnd, Pitch, Shift, first, n, hh, num_samples, num_heads,
-                            False, HAS_DOCS)
+            lo = _bounds_at(Pos, Virtual, DocFirst, DocEnd, Pitch, Shift, Window, first, n, hh, num_samples,
+                            num_heads, False, HAS_DOCS, WINDOW)
             if CAUSAL:
                 end = last_token + KEY_TILE
             else:
-                end = _bounds_at(Pos, Virtual, DocFirst, DocEnd, Pitch, Shift, last_token, n, hh, num_samples,
-                                 num_heads, True, HAS_DOCS) + (KEY_TILE - 1)
+                end = _bounds_at(Pos, Virtual, DocFirst, DocEnd, Pitch, Shift, Window, last_token, n, hh, num_samples,
+                                 num_heads, True, HAS_DOCS, WINDOW) + (KEY_TILE - 1)
             tl.store(Lo + hh * num_row_tiles + i, (lo // KEY_TILE).to(tl.int32))
             tl.store(Hi + hh * num_row_tiles + i, (end // KEY_TILE).to(tl.int32))
     else:
         if i < num_key_tiles:
             first = (i * KEY_TILE).to(tl.int64)
             last_token = tl.minimum(first + KEY_TILE - 1, n - 1)
-            end = _bounds_at(Pos, Virtual, DocFirst, DocEnd, Pitch, Shift, last_token, n, hh, num_samples,
-                             num_heads, True, HAS_DOCS) + (ROW_TILE - 1)
+            end = _bounds_at(Pos, Virtual, DocFirst, DocEnd, Pitch, Shift, Window, last_token, n, hh, num_samples,
+                             num_heads, True, HAS_DOCS, WINDOW) + (ROW_TILE - 1)
             if CAUSAL:
                 lo = first
             else:
-                lo = _bounds_at(Pos, Virtual, DocFirst, DocEnd, Pitch, Shift, first, n, hh, num_samples, num_heads,
-                                False, HAS_DOCS)
+                lo = _bounds_at(Pos, Virtual, DocFirst, DocEnd, Pitch, Shift, Window, first, n, hh, num_samples,
+                                num_heads, False, HAS_DOCS, WINDOW)
             tl.store(Lo + hh * num_key_tiles + i, (lo // ROW_TILE).to(tl.int32))
             tl.store(Hi + hh * num_key_tiles + i, (end // ROW_TILE).to(tl.int32))
 
@@ -231,6 +242,56 @@ def layer_seed_kernel(Steps, Out, run_key, layer):
     key = _splitmix64(key ^ tl.load(Steps + 1).to(tl.uint64, bitcast=True))
     key = _splitmix64(key ^ layer.to(tl.int64).to(tl.uint64, bitcast=True))
     tl.store(Out, (key >> 1).to(tl.int64, bitcast=True))
+
+
+# -- packed documents (plsh_dist.ops.documents), laid out on the device ------------------------------------
+
+
+@triton.jit
+def document_layout_kernel(PositionIds, Cu, Pos, Virtual, DocFirst, DocEnd, KPos, Doc, Bad, n, seqlen, row_stride,
+                           col_stride, num_cu, search_steps, BLOCK: tl.constexpr):
+    """The flat row of a packed (B, T) batch from transformers' ``position_ids`` ((B or 1), T; ``row_stride``
+    0 for one row) and its document offsets ``Cu`` (``cu_seq_lens_q``, num_cu = documents + 1), BLOCK
+    tokens (and offsets) a program: every
+    token's position (int64 ``Pos``, int32 ``KPos``), document (int32 ``Doc``), its document's first
+    token and end (int64), and a virtual position ``first * 2^31 + p - p_first``: strictly increasing
+    over the row, the real distances within a document (positions below 2^31). ``Bad`` (int32, zero)
+    gets 1 where the layout is not one :func:`~plsh_dist.ops.documents.check_cu_seqlens` accepts (offsets
+    from 0 to n, strictly increasing, every row start among them) or the positions are not strictly
+    increasing within each document in [0, 2^31)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = i < n
+    tok = tl.minimum(i, n - 1).to(tl.int64)
+    p = tl.load(PositionIds + (tok // seqlen) * row_stride + (tok % seqlen) * col_stride).to(tl.int64)
+    # the document: the last offset <= the token (binary search, search_steps >= log2(num_cu + 1) halvings)
+    lo = tok * 0
+    hi = lo + num_cu
+    for _ in range(search_steps):
+        mid = (lo + hi) // 2
+        go = (tl.load(Cu + tl.minimum(mid, num_cu - 1)).to(tl.int64) <= tok) & (mid < hi)
+        lo = tl.where(go, mid + 1, lo)
+        hi = tl.where(go, hi, mid)
+    d = tl.maximum(lo - 1, 0)
+    first = tl.load(Cu + d).to(tl.int64)
+    end = tl.load(Cu + tl.minimum(d + 1, num_cu - 1)).to(tl.int64)
+    p_first = tl.load(PositionIds + (first // seqlen) * row_stride + (first % seqlen) * col_stride).to(tl.int64)
+    before = tl.maximum(tok - 1, 0)
+    prev = tl.load(PositionIds + (before // seqlen) * row_stride + (before % seqlen) * col_stride).to(tl.int64)
+    bad = (lo == 0) | (end <= tok) | ((tok % seqlen == 0) & (first != tok)) | (p < 0) | (p > INT32_MAX)
+    bad = bad | ((first < tok) & (p <= prev))
+    # the offsets themselves: 0 first, n last, strictly increasing
+    j = tl.minimum(i, num_cu - 1).to(tl.int64)
+    cu_j = tl.load(Cu + j).to(tl.int64)
+    cu_next = tl.load(Cu + tl.minimum(j + 1, num_cu - 1)).to(tl.int64)
+    bad_cu = ((j == 0) & (cu_j != 0)) | ((j == num_cu - 1) & (cu_j != n)) | ((j < num_cu - 1) & (cu_next <= cu_j))
+    bad = (bad & inside) | (bad_cu & (i < num_cu))
+    tl.store(Pos + i, p, mask=inside)
+    tl.store(KPos + i, p.to(tl.int32), mask=inside)
+    tl.store(Virtual + i, first * 2147483648 + (p - p_first), mask=inside)
+    tl.store(DocFirst + i, first, mask=inside)
+    tl.store(DocEnd + i, end, mask=inside)
+    tl.store(Doc + i, d.to(tl.int32), mask=inside)
+    tl.atomic_max(Bad, tl.max(bad.to(tl.int32), axis=0))
 
 
 # -- the near tiles' runs table (plsh_dist.ops.near_runs.NearBlocks), beyond UNROLLED_SAMPLES samples --------

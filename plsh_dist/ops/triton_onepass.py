@@ -193,12 +193,13 @@ def _doc(layout: TokenLayout) -> torch.Tensor:
 
 
 def triton_onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, scale: float,
-                           docs: Documents | None = None):
+                           docs: Documents | TokenLayout | None = None):
     """One-pass PLSH forward on the Triton kernel (contract of ``onepass_forward``).
 
     q: (B, n, Hq, D); k, v: (B, n, Hkv, D); positions CPU LongTensor[n] (within each
-    document of ``docs``, a batch-1 call's documents). Returns out (B, n, Hq, D) in
-    q's dtype, lse (B, Hq, n) fp32.
+    document of ``docs``, a batch-1 call's documents; or their layout built on the device,
+    :func:`~plsh_dist.ops.device_tables.device_documents`, with its positions). Returns out
+    (B, n, Hq, D) in q's dtype, lse (B, Hq, n) fp32.
     """
     return _plsh_forward(q, k, v, lsh, positions, causal=causal, scale=scale, docs=docs)[:2]
 
@@ -210,7 +211,8 @@ def _plsh_forward(q, k, v, lsh, positions, *, causal, scale, docs=None):
 
 
 def triton_onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool,
-                            scale: float, docs: Documents | None = None, kernel_bias: KernelBias | None = None):
+                            scale: float, docs: Documents | TokenLayout | None = None,
+                            kernel_bias: KernelBias | None = None):
     """Gradients of :func:`triton_onepass_forward`: dq (B, n, Hq, D), dk, dv (B, n, Hkv, D).
     ``kernel_bias``: the forward's (what :meth:`TritonOnePass.forward` saved), else rebuilt."""
     if kernel_bias is None:

@@ -14,14 +14,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 pytest.importorskip("triton")
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes  # noqa: E402
-from plsh_dist.ops import device_tables, kernel_bias_cache, plsh, triton_onepass  # noqa: E402
+from plsh_dist.ops import alibi, device_constants, device_tables, kernel_bias_cache, plsh, triton_onepass  # noqa: E402
 from plsh_dist.ops.custom_ops import layer_seed, signed64  # noqa: E402
-from plsh_dist.ops.device_tables import device_kernel_bias, device_near_blocks, draw_on_device  # noqa: E402
-from plsh_dist.ops.documents import Documents  # noqa: E402
+from plsh_dist.ops.device_tables import (device_documents, device_kernel_bias, device_near_blocks,  # noqa: E402
+                                         draw_on_device)
+from plsh_dist.ops.documents import Documents, flat_documents  # noqa: E402
 from plsh_dist.ops.kernel_bias import KernelBias, padded_samples  # noqa: E402
 from plsh_dist.ops.near_runs import near_blocks  # noqa: E402
 from plsh_dist.ops.plsh import block_attention_op, block_attention_op_backward  # noqa: E402
-from plsh_dist.ops.tile_bands import CountBias, TokenLayout, block_bounds, tiles_for  # noqa: E402
+from plsh_dist.ops.tile_bands import CountBias, TokenLayout, WindowBias, block_bounds, tiles_for  # noqa: E402
 from plsh_dist.splitmix import MASK64, hash_seed  # noqa: E402
 
 from kernel_cases import kernel_device  # noqa: E402
@@ -71,17 +72,102 @@ def test_tables_equal_the_torch_reference(causal, layout_kind):
     start = 2**31 - n - 1 if layout_kind == "near_2_31" else 1000
     positions = docs.positions if docs is not None else start + torch.arange(n)
     layout = TokenLayout.build(positions, CPU, docs)
+    count = CountBias.of(PositionalLSH(SIGMA, 8, seed=11), CPU)
+    # ALiBi windows: 1 (the token alone), short, wider than a tile, exact ALiBi's (every key)
+    window = WindowBias.of(SIGMA[:4].float(), torch.tensor([1, 5, 40, 2**31 - 1]), CPU)
+    for bias in (count, window):
+        for head_dim in (64, 128):
+            tiles = tiles_for(head_dim)
+            ref, got = KernelBias.of(bias, layout, causal, tiles), device_kernel_bias(bias, layout, causal, tiles)
+            for name in ("fwd", "dkdv", "dq"):
+                r, g = getattr(ref, name), getattr(got, name)
+                assert torch.equal(r.lo, g.lo) and torch.equal(r.hi, g.hi), name
+                # key spans, then (count) starts, lasts, row spans; (window) sigma, windows
+                read = (0, 1, 2, 3) if bias is count else (0, 4, 5)
+                for a, b in ((r.args[i], g.args[i]) for i in read):
+                    assert a.dtype == b.dtype and torch.equal(a, b), name
+                assert [a.dtype for a in r.args] == [b.dtype for b in g.args]  # one kernel build
+                assert r.consts == g.consts
+
+
+def _packed(B: int, T: int, cu: list[int]) -> torch.Tensor:
+    """position_ids (B, T) of documents at offsets ``cu`` over the flat row, each from a position of its own."""
+    flat = torch.zeros(B * T, dtype=torch.int64)
+    for a, b in zip(cu[:-1], cu[1:]):
+        flat[a:b] = torch.arange(b - a) + 3 * a
+    return flat.view(B, T)
+
+
+@pytest.mark.parametrize("offsets", [torch.int32, torch.int64])
+def test_documents_laid_out_on_the_device_equal_the_hosts(offsets):
+    """``device_documents`` (one launch) gives the host's layout of packed documents (1-token ones, a row
+    of one document, documents across a 16-token program's edge): positions, documents, their first and
+    end tokens equal; virtual positions strictly increasing, with a constant per document; the tables
+    built from it equal the host layout's."""
+    B, T, cu = 2, 50, [0, 1, 2, 30, 50, 51, 97, 100]
+    position_ids = _packed(B, T, cu)
+    docs = flat_documents(position_ids, torch.tensor(cu), B, T)
+    host = TokenLayout.build(docs.positions, CPU, docs)
+    device = device_documents(position_ids, torch.tensor(cu, dtype=offsets), B, T)
+    for name in ("positions", "kernel_positions", "doc", "doc_first", "doc_end"):
+        a, b = getattr(host, name), getattr(device, name)
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    shift = device.virtual - device.positions
+    assert bool((device.virtual[1:] > device.virtual[:-1]).all()) and torch.equal(shift, shift[device.doc_first])
     bias = CountBias.of(PositionalLSH(SIGMA, 8, seed=11), CPU)
-    for head_dim in (64, 128):
-        tiles = tiles_for(head_dim)
-        ref, got = KernelBias.of(bias, layout, causal, tiles), device_kernel_bias(bias, layout, causal, tiles)
-        for name in ("fwd", "dkdv", "dq"):
-            r, g = getattr(ref, name), getattr(got, name)
-            assert torch.equal(r.lo, g.lo) and torch.equal(r.hi, g.hi), name
-            for a, b in zip(r.args[:4], g.args[:4]):  # key spans, starts, lasts, row spans
-                assert a.dtype == b.dtype and torch.equal(a, b), name
-            assert [a.dtype for a in r.args[4:]] == [b.dtype for b in g.args[4:]]  # one kernel build
-            assert r.consts == g.consts
+    ref, got = (device_kernel_bias(bias, layout, True, tiles_for(64)) for layout in (host, device))
+    for name in ("fwd", "dkdv", "dq"):
+        r, g = getattr(ref, name), getattr(got, name)
+        assert torch.equal(r.lo, g.lo) and torch.equal(r.hi, g.hi), name
+        assert all(torch.equal(a, b) for a, b in zip(r.args[:4], g.args[:4])), name
+    one_row = device_documents(torch.arange(T)[None], torch.tensor([0, 10, 50, 75, 100]), B, T)  # (1, T) ids
+    assert torch.equal(one_row.positions, torch.arange(T).repeat(B)) and one_row.doc.tolist()[::25] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("fault", ["row_start_missing", "short_of_n", "empty_document", "positions_repeat",
+                                   "position_2_31"])
+def test_a_bad_document_layout_stops_the_step(fault):
+    """What the host's ``check_cu_seqlens`` refuses is refused on the device (``torch._assert_async``)."""
+    B, T, cu = 2, 50, [0, 1, 2, 30, 50, 51, 97, 100]
+    position_ids = _packed(B, T, cu)
+    bad_cu = {"row_start_missing": [0, 1, 2, 30, 49, 51, 97, 100], "short_of_n": [0, 1, 2, 30, 50, 51, 97, 99],
+              "empty_document": [0, 2, 2, 30, 50, 100]}.get(fault, cu)
+    if fault == "positions_repeat":
+        position_ids[0, 5] = position_ids[0, 4]
+    if fault == "position_2_31":
+        position_ids[1, 20:] += 2**31 - 100
+    with pytest.raises(RuntimeError, match="offsets must run from 0 to B"):
+        device_documents(position_ids, torch.tensor(bad_cu), B, T)
+
+
+@pytest.mark.parametrize("bias", ["plsh", "window"])
+def test_the_kernels_on_a_device_layout_of_documents_equal_the_hosts(bias):
+    """The kernels' output, lse and gradients on documents laid out on the device equal those on the host's
+    layout (a PLSH hash through the tables' cache; an ALiBi window bias)."""
+    B, T, cu = 2, 40, [0, 1, 2, 30, 40, 41, 77, 80]
+    position_ids = _packed(B, T, cu)
+    docs = flat_documents(position_ids, torch.tensor(cu), B, T)
+    g = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(1, B * T, 2, 16, generator=g) for _ in range(4))
+    results = []
+    for layout in (docs, device_documents(position_ids, torch.tensor(cu), B, T)):
+        kernel_bias_cache.clear()
+        if bias == "plsh":
+            lsh = PositionalLSH(SIGMA[:2], 3, seed=4)
+            out, lse = triton_onepass.triton_onepass_forward(q, k, v, lsh, docs.positions, causal=True, scale=0.25,
+                                                             docs=layout)
+            grads = triton_onepass.triton_onepass_backward(dout, q, k, v, out, lse, lsh, docs.positions, causal=True,
+                                                           scale=0.25, docs=layout)
+        else:
+            window = WindowBias.of(SIGMA[:2].float(), torch.tensor([3, 2**31 - 1]), CPU)
+            tokens = layout if isinstance(layout, TokenLayout) else TokenLayout.build(docs.positions, CPU, docs)
+            kb = device_kernel_bias(window, tokens, True, tiles_for(16))
+            out, lse = triton_onepass.banded_forward(q, k, v, window, tokens, causal=True, scale=0.25, kernel_bias=kb)
+            grads = triton_onepass.banded_backward(dout, q, k, v, out, lse, window, tokens, causal=True, scale=0.25,
+                                                   kernel_bias=kb)
+        results.append((out, lse, *grads))
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), *results):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.parametrize(("layout_kind", "tokens"), [("row", "16_a_program"), ("documents", "2_a_program")])
@@ -123,17 +209,24 @@ def test_layer_seed_kernel_equals_hash_seed(run_seed):
 
 class _HostReads(TorchDispatchMode):
     """Fails on any read of device data by the host (what syncs a CUDA stream: ``.item()``, a copy to
-    the CPU, an op whose output shape depends on device data); counts the non-view ops."""
+    the CPU, an op whose output shape depends on device data); counts the non-view ops, and lists the
+    copies of host tensors to the device in ``uploads`` (a CUDA graph's capture refuses one from
+    pageable memory: a warm call may make them, a captured one must not)."""
 
     SHAPE_FROM_DATA = {"aten.nonzero.default", "aten.unique", "aten._unique2.default", "aten.masked_select.default"}
 
     def __init__(self):
         super().__init__()
-        self.count, self.paused = 0, False
+        self.count, self.paused, self.uploads = 0, False, []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        to = kwargs.get("device")
+        if name_of(func) == "aten._to_copy" and args[0].device.type == "cpu" and to is not None and to.type != "cpu":
+            self.uploads.append(tuple(args[0].shape))
+        if name_of(func) == "aten.copy_" and args[0].device.type != "cpu" and args[1].device.type == "cpu":
+            self.uploads.append(tuple(args[1].shape))
         on_device = any(t.device.type != "cpu" for t in tensors)
         name = str(func)
         if on_device and (name.startswith("aten._local_scalar_dense") or name in self.SHAPE_FROM_DATA):
@@ -145,6 +238,11 @@ class _HostReads(TorchDispatchMode):
         if not func.is_view and not self.paused:
             self.count += 1
         return func(*args, **kwargs)
+
+
+def name_of(func) -> str:
+    """``aten.copy_`` for ``aten.copy_.default``."""
+    return str(func).rsplit(".", 1)[0]
 
 
 class _Recorder:
@@ -165,38 +263,98 @@ class _Recorder:
 @pytest.mark.parametrize("shape", [(2, 4096, 16, 8, 128, 100), (1, 300, 4, 4, 64, 16), (1, 300, 4, 4, 64, 3)],
                          ids=["s100", "s16", "s3"])
 @pytest.mark.parametrize("fixed", [False, True], ids=["plsh", "fixed_blocks"])
-def test_the_op_reads_nothing_back_on_a_device(monkeypatch, fixed, shape):
-    """Forward and backward of ``plsh_dist::block_attention`` with q, k, v, raw position_ids, the seed and
-    sigma on a device, as a compiled model calls it on a GPU (the fused kernel's strategy): no host read
-    of device data, every table built by a launch and at most 40 eager ops for both (36, whatever the
-    shapes; 38 beyond 16 samples, where the near tiles' runs table takes one allocation more), the
-    tables built in each (a graph's forward and backward are separate calls)."""
+@pytest.mark.parametrize("docs", [False, True], ids=["row", "documents"])
+def test_the_op_reads_nothing_back_on_a_device(monkeypatch, fixed, shape, docs):
+    """Forward and backward of ``plsh_dist::block_attention`` with q, k, v, raw position_ids and the seed on
+    a device and sigma on the host, as a compiled model calls it on a GPU (the fused kernel's strategy):
+    no host read of device data, every table built by a launch and at most 40 eager ops for both (36,
+    whatever the shapes; 38 beyond 16 samples, where the near tiles' runs table takes one allocation more),
+    the tables built in each (a graph's forward and backward are separate calls). sigma is copied to the
+    device by the first call only (one op more): a later one, a CUDA graph's capture, copies nothing.
+    Packed documents (``cu_seq_lens_q`` on the device) are laid out there by one launch more in each."""
     launches: list = []
     monkeypatch.setattr(triton_onepass, "_launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(triton_onepass, "_arch", lambda device: 9)
     monkeypatch.setattr(plsh, "choose_strategy", lambda *args, **kwargs: triton_onepass.TritonOnePass())
-    kernel_bias_cache.clear()
+    monkeypatch.setattr(device_constants, "_made", {})
     B, T, Hq, Hkv, D, s = shape
     meta = torch.device("meta")
     q = torch.empty(B, T, Hq, D, dtype=torch.bfloat16, device=meta)
     k, v = (torch.empty(B, T, Hkv, D, dtype=torch.bfloat16, device=meta) for _ in range(2))
     position_ids = torch.empty(B, T, dtype=torch.int64, device=meta)
     seed = torch.empty((), dtype=torch.int64, device=meta)
-    sigma = torch.empty(Hq, dtype=torch.float64, device=meta)
-    args = (position_ids, None, seed, sigma, s, "iid", fixed, True, None, "auto", "auto", True)
-    with _HostReads() as reads:
-        out, lse = block_attention_op._init_fn(q, k, v, *args)
-        forward_ops = reads.count
-        dq, dk, dv = block_attention_op_backward._init_fn(torch.empty_like(out), q, k, v, out, lse, *args)
+    sigma = torch.linspace(1.0, 900.0, Hq, dtype=torch.float64)
+    cu_seqlens = torch.empty(5, dtype=torch.int32, device=meta) if docs else None
+    args = (position_ids, cu_seqlens, seed, sigma, s, "iid", fixed, True, None, "auto", "auto", True)
+    counts = []
+    for call in ("cold", "warm"):
+        kernel_bias_cache.clear()
+        launches.clear()
+        with _HostReads() as reads:
+            out, lse = block_attention_op._init_fn(q, k, v, *args)
+            forward_ops = reads.count
+            dq, dk, dv = block_attention_op_backward._init_fn(torch.empty_like(out), q, k, v, out, lse, *args)
+        counts.append((forward_ops, reads.count))
+        assert reads.uploads == ([(Hq,)] if call == "cold" else []), call
     assert out.shape == q.shape and lse.shape == (B, Hq, T) and dk.shape == k.shape and dq.device == meta
     tables = ["hash_draw_kernel"] + ["band_tables_kernel"] * 3  # fixed blocks: pitch 2 sigma, shift 0, one launch
+    if docs:
+        tables = ["document_layout_kernel"] + tables
     if not fixed and s > triton_onepass.UNROLLED_SAMPLES:  # + the near tiles' runs table, one allocation more
         tables += ["block_ends_kernel", "near_runs_kernel", "run_offsets_kernel", "near_runs_kernel"]
-        assert (forward_ops, reads.count) == (16, 38)  # whatever B, T, H, D and s
-    else:
-        assert (forward_ops, reads.count) == (15, 36)  # whatever B, T, H, D and s
+    # (forward, forward + backward) of a warm call, whatever T, H, D and s: 15 and 36 (documents: 7 and 20,
+    # the layout's one launch replacing the positions' checks); one allocation more each for the runs table,
+    # and with documents in rows of a batch, the flat row's copy back to the batch (lse; dq, dk, dv)
+    near = not fixed and s > triton_onepass.UNROLLED_SAMPLES
+    warm = ((7, 20) if docs else (15, 36), (1, 2) if near else (0, 0), (1, 3) if docs and B > 1 else (0, 0))
+    warm = tuple(sum(x) for x in zip(*warm))
+    assert counts == [(warm[0] + 1, warm[1] + 1), warm] and warm[1] <= 38
     assert launches == tables + ["onepass_fwd_kernel"] + tables + ["onepass_bwd_dkdv_kernel", "onepass_bwd_dq_kernel"]
+
+
+@pytest.mark.parametrize("shape", [(2, 4096, 16, 8, 128), (1, 300, 4, 4, 64)], ids=["4096", "300"])
+@pytest.mark.parametrize("window", ["exact", "window", "truncated"])
+@pytest.mark.parametrize("docs", [False, True], ids=["row", "documents"])
+def test_the_alibi_op_reads_nothing_back_on_a_device(monkeypatch, window, shape, docs):
+    """Forward and backward of ``plsh_dist::alibi_attention`` as a compiled model calls it on a GPU (q, k, v
+    and raw position_ids on the device, the slopes and windows host constants): the fused kernel, no host
+    read of device data, the tables built by three launches in each (packed documents laid out by one
+    more), at most 34 eager ops for both whatever the shapes and the window, and the constants checked
+    and copied to the device by the first call only (two ops more: a later call, a CUDA graph's capture,
+    copies nothing)."""
+    launches: list = []
+    monkeypatch.setattr(triton_onepass, "_launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(triton_onepass, "_arch", lambda device: 9)
+    monkeypatch.setattr(alibi, "triton_cuda", lambda device, dtype: True)
+    monkeypatch.setattr(device_constants, "_made", {})
+    B, T, Hq, Hkv, D = shape
+    meta = torch.device("meta")
+    q = torch.empty(B, T, Hq, D, dtype=torch.bfloat16, device=meta)
+    k, v = (torch.empty(B, T, Hkv, D, dtype=torch.bfloat16, device=meta) for _ in range(2))
+    position_ids = torch.empty(B, T, dtype=torch.int64, device=meta)
+    slopes = alibi_slopes(Hq)
+    windows = {"exact": [], "window": [64], "truncated": [int(w) for w in torch.ceil(4.0 / slopes)]}[window]
+    cu_seqlens = torch.empty(5, dtype=torch.int32, device=meta) if docs else None
+    args = (position_ids, cu_seqlens, slopes, windows, True, None, None, True)
+    counts = []
+    for call in ("cold", "warm"):
+        launches.clear()
+        with _HostReads() as reads:
+            out, lse = alibi.alibi_attention_op._init_fn(q, k, v, *args)
+            forward_ops = reads.count
+            dq, dk, dv = alibi.alibi_attention_op_backward._init_fn(torch.empty_like(out), q, k, v, out, lse, *args)
+        counts.append((forward_ops, reads.count))
+        assert len(reads.uploads) == (2 if call == "cold" else 0), (call, reads.uploads)  # sigma, windows
+        tables = ["document_layout_kernel"] * docs + ["band_tables_kernel"] * 3
+        kernels = ["onepass_fwd_kernel"] + tables + ["onepass_bwd_dkdv_kernel", "onepass_bwd_dq_kernel"]
+        assert launches == tables + kernels
+    assert out.shape == q.shape and lse.shape == (B, Hq, T) and dk.shape == k.shape and dq.device == meta
+    # a warm call: 14 and 34 (documents: 6 and 18, the layout's one launch replacing the positions' checks,
+    # and the flat row's copy back to a batch of rows: 1 and 3 more), whatever T, H, D and the window
+    warm = ((6, 18) if docs else (14, 34)) if not (docs and B > 1) else (7, 21)
+    assert counts == [(warm[0] + 2, warm[1] + 2), warm]
 
 
 def test_layer_seed_on_a_device_is_one_launch(monkeypatch):
@@ -226,8 +384,8 @@ from triton.compiler import ASTSource
 from plsh_dist.ops import table_kernels as tk
 
 TABLES = {"Pos": "*i64", "Virtual": "*i64", "DocFirst": "*i64", "DocEnd": "*i64", "KPos": "*i32", "Pitch": "*fp64",
-          "Shift": "*fp64", "Table": "*i32", "Rows": "*i32", "KSpan": "*i32", "Lo": "*i32", "Hi": "*i32", "n": "i32",
-          "num_samples": "i32", "num_heads": "i32", "num_row_tiles": "i32", "num_key_tiles": "i32",
+          "Shift": "*fp64", "Window": "*i64", "Table": "*i32", "Rows": "*i32", "KSpan": "*i32", "Lo": "*i32",
+          "Hi": "*i32", "n": "i32", "num_samples": "i32", "num_heads": "i32", "num_row_tiles": "i32", "num_key_tiles": "i32",
           "table_stride": "i32"}
 RUNS_IN = {"Starts": "*i32", "Doc": "*i32", "OpenEnd": "*i32", "AnchorFirst": "*i32", "AnchorEnd": "*i32"}
 RUNS = {"OpenEnd": "*i32", "AnchorFirst": "*i32", "AnchorEnd": "*i32", "Offsets": "*i32", "EnterOffsets": "*i32",
@@ -241,22 +399,32 @@ for arch in (90, 80):
     for query_side in (True, False):
         for causal in (True, False):
             builds.append((tk.band_tables_kernel, TABLES, dict(ROW_TILE=64, KEY_TILE=32, CAUSAL=causal,
-                                                               QUERY_SIDE=query_side, HAS_DOCS=True, WRITE_TABLE=True)))
+                                                               QUERY_SIDE=query_side, HAS_DOCS=True, WRITE_TABLE=True,
+                                                               WINDOW=False)))
+        window = {**TABLES, "Pitch": "*fp32", "Shift": "*fp32"}  # an ALiBi window bias: sigma, never read
+        builds.append((tk.band_tables_kernel, window, dict(ROW_TILE=64, KEY_TILE=32, CAUSAL=True, QUERY_SIDE=query_side,
+                                                           HAS_DOCS=True, WRITE_TABLE=True, WINDOW=True)))
     builds.append((tk.block_ends_kernel, dict(RUNS_IN, n="i32", num_samples="i32", num_anchors="i32"),
                    dict(HAS_DOCS=True, ANCHOR=16, CHUNK=1024)))
     for write in (False, True):
         builds.append((tk.near_runs_kernel, RUNS, dict(TOKENS=16, SAMPLES=128, HEADS=16, ANCHOR=16, WRITE=write)))
+    builds.append((tk.document_layout_kernel, {"PositionIds": "*i64", "Cu": "*i32", "Pos": "*i64", "Virtual": "*i64",
+                                               "DocFirst": "*i64", "DocEnd": "*i64", "KPos": "*i32", "Doc": "*i32",
+                                               "Bad": "*i32", "n": "i32", "seqlen": "i32", "row_stride": "i32",
+                                               "col_stride": "i32", "num_cu": "i32", "search_steps": "i32"},
+                   dict(BLOCK=1024)))
     builds.append((tk.run_offsets_kernel, {"Offsets": "*i32", "EnterOffsets": "*i32", "Totals": "*i32", "n": "i32",
                                            "num_heads": "i32", "num_anchors": "i32"}, dict(CHUNK=1024)))
     for fn, signature, consts in builds:
         ptx = triton.compile(ASTSource(fn, signature={**signature, **{k: "constexpr" for k in consts}},
                                        constexprs=consts), target=target).asm["ptx"]
-        print(arch, fn.__name__, "shr.s64" in ptx, "div.rn.f64" in ptx, "div.approx" in ptx or "div.full" in ptx)
+        name = fn.__name__ + ("_window" if consts.get("WINDOW") else "")
+        print(arch, name, "shr.s64" in ptx, "div.rn.f64" in ptx, "div.approx" in ptx or "div.full" in ptx)
 """
 
 
-#: integer kernels (the runs table's): no hash arithmetic, signed shifts allowed
-RUNS_KERNELS = ("block_ends_kernel", "near_runs_kernel", "run_offsets_kernel")
+#: integer kernels (the runs table's, the documents'): no hash arithmetic, signed shifts allowed
+INTEGER_KERNELS = ("block_ends_kernel", "near_runs_kernel", "run_offsets_kernel", "document_layout_kernel")
 
 
 def test_table_kernels_compile_for_hopper_and_ampere():
@@ -273,8 +441,9 @@ def test_table_kernels_compile_for_hopper_and_ampere():
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [line.split() for line in proc.stdout.splitlines()]
-    assert len(rows) == 2 * 10
+    assert len(rows) == 2 * 13
     for arch, name, arithmetic_shift, div_rn, approximate in rows:
-        tables = name == "band_tables_kernel"  # signed halvings in its search: arithmetic shifts are right there
-        assert approximate == "False" and div_rn == str(tables), (arch, name)
-        assert tables or name in RUNS_KERNELS or arithmetic_shift == "False", (arch, name)
+        # signed halvings in the tables' search: arithmetic shifts are right there; the window's has no hash
+        tables = name.startswith("band_tables_kernel")
+        assert approximate == "False" and div_rn == str(name == "band_tables_kernel"), (arch, name)
+        assert tables or name in INTEGER_KERNELS or arithmetic_shift == "False", (arch, name)

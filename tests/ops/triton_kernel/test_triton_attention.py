@@ -157,27 +157,30 @@ def test_public_op_with_documents_matches_the_onepass_path():
         torch.testing.assert_close(got, want, **FP32_GRAD)
 
 
-@pytest.mark.parametrize("window", ["truncated", "one"])
-def test_alibi_attention_runs_windows_on_the_kernel(window, monkeypatch):
-    """``alibi_attention(window=...)`` sends windowed and truncated ALiBi to the kernel where the
-    kernel runs (CUDA; on CPU the interpreter stands in for the device check) and equals the
-    chunked path, gradients and lse included, with GQA and batch 2."""
+@pytest.mark.parametrize("window", ["truncated", "one", "exact", "one_documents"])
+def test_alibi_attention_runs_on_the_kernel(window, monkeypatch):
+    """``alibi_attention`` sends exact, windowed and truncated ALiBi to the kernel where the kernel
+    runs (CUDA; on CPU the interpreter stands in for the device check) and equals the chunked path,
+    gradients and lse included, with GQA and batch 2 (and packed documents)."""
     import plsh_dist.ops.alibi as alibi_ops
+    from plsh_dist.ops import triton_onepass
     from plsh_dist.ops.alibi import alibi_attention, equal_cost_c, truncation_windows
 
     dev = kernel_device()
     if dev.type == "cpu":
         monkeypatch.setattr(alibi_ops, "triton_cuda", lambda device, dtype: True)
     calls = []
-    monkeypatch.setattr(alibi_ops, "alibi_window_attention",
-                        lambda *a, **kw: calls.append(1) or alibi_window_attention(*a, **kw))
+    real = triton_onepass.banded_forward
+    monkeypatch.setattr(triton_onepass, "banded_forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     slopes = alibi_slopes(4)
-    w = truncation_windows(equal_cost_c(8), slopes.reciprocal()) if window == "truncated" else 24
+    w = {"truncated": truncation_windows(equal_cost_c(8), slopes.reciprocal()), "exact": None}.get(window, 24)
     q, k, v, dout = random_qkv(2, 96, 4, 2, 32, seed=3)
+    cu = torch.tensor([0, 1, 40, 96, 150, 192]) if window == "one_documents" else None
     results = []
     for x, chunk in ((dev, None), (torch.device("cpu"), 16)):  # chunk_size keeps the chunked path
         leaves = [t.to(x).requires_grad_() for t in (q, k, v)]
-        out, lse = alibi_attention(*leaves, slopes=slopes, window=w, chunk_size=chunk, return_lse=True)
+        out, lse = alibi_attention(*leaves, slopes=slopes, window=w, chunk_size=chunk, return_lse=True,
+                                   cu_seqlens=cu)
         results.append([t.detach().cpu() for t in (out, lse, *torch.autograd.grad(out, leaves, dout.to(x)))])
     assert calls == [1]
     for name, got, want in zip(("out", "lse", "dq", "dk", "dv"), *results):
