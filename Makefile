@@ -135,13 +135,13 @@ lint: $(STAMP)
 	bash docker/lint.sh
 
 bench: $(STAMP)
-	$(PY) launchers/bench_attention.py --out bench_results/attention
+	$(PY) benchmarks/bench_attention.py --out bench_results/attention
 
 bench-sp: $(STAMP)
-	$(PY) launchers/bench_sp.py --seq-lens 16384 65536 --worlds 2 4 --alibi-repeats 1 --out bench_results/bench_sp.json
+	$(PY) benchmarks/bench_sp.py --seq-lens 16384 65536 --worlds 2 4 --alibi-repeats 1 --out bench_results/bench_sp.json
 
 bench-training: $(STAMP)
-	$(PY) launchers/bench_training.py --lengths 8192,16384
+	$(PY) benchmarks/bench_training.py --lengths 8192,16384
 
 approx: $(STAMP)
 	$(PY) launchers/approx_error.py --out runs/approx

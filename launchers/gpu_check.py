@@ -25,7 +25,7 @@ there, and needs neither make, flash-attn, DeepSpeed nor datasets.
    and the full stage still runs.
 3. **full**: the CUDA tests (pytest; said and skipped when pytest is not
    installed, within ``--tests-timeout-s``), the varlen planning cost, and the
-   GPU benchmark (``launchers/bench_attention_gpu.py``) within
+   GPU benchmark (``benchmarks/bench_attention_gpu.py``) within
    ``--bench-budget-s``.
 
 Without CUDA it runs the CPU-safe parts and says the GPU parts were skipped:
@@ -214,7 +214,7 @@ def run_full(env: dict, out: Path, args) -> dict:
     plans = planning_cost(env["device"] if env["cuda_available"] else "CPU")
     bench = None
     if not args.skip_bench:
-        bench_attention_gpu = _load_launcher("bench_attention_gpu")
+        bench_attention_gpu = _load_script("benchmarks/bench_attention_gpu.py")
         bench_args = ["--out", str(out / "bench"), "--budget-s", str(args.bench_budget_s)]
         if not env["cuda_available"]:  # exercise the code paths at toy sizes
             bench_args += ["--lengths", "512", "--heads", "2", "--head-dim", "16", "--samples", "4",
@@ -267,9 +267,9 @@ def _interpret_without_cuda() -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def _load_launcher(name: str):
-    """``launchers/<name>.py`` as a module (the launchers are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "launchers" / f"{name}.py")
+def _load_script(path: str):
+    """The script at ``path`` (from the repository root) as a module (scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     smoke = full = graph = None
     stages = STAGES[args.stage]
     if "smoke" in stages:
-        smoke = _load_launcher("gpu_smoke").run_smoke(out)  # written before the full stage starts
+        smoke = _load_script("launchers/gpu_smoke.py").run_smoke(out)  # written before the full stage starts
         (out / "summary.txt").write_text(summary_text(env, smoke, None))
         print(f"smoke stage: {'ok' if smoke['ok'] else 'FAILED'} in {smoke['wall_s']} s ({out / 'smoke.md'})",
               flush=True)

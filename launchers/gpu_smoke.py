@@ -119,8 +119,8 @@ def check_case(name: str, case: tuple, device: torch.device, dtype: torch.dtype)
 
 
 def _bench_module():
-    """launchers/bench_attention_gpu.py (its timer and SDPA floor), loaded from its file."""
-    spec = importlib.util.spec_from_file_location("bench_attention_gpu", ROOT / "launchers" / "bench_attention_gpu.py")
+    """benchmarks/bench_attention_gpu.py (its timer and SDPA floor), loaded from its file."""
+    spec = importlib.util.spec_from_file_location("bench_attention_gpu", ROOT / "benchmarks" / "bench_attention_gpu.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -30,7 +30,7 @@ from plsh_dist.plan.kernel_builds import ARCHS, BIASES, DTYPES, HEAD_DIMS, Case,
 ROOT = Path(__file__).resolve().parents[1]
 
 KERNELS = ("fwd", "bwd_dkdv", "bwd_dq")
-#: The benchmark's shapes (launchers/bench_attention_gpu.py): one sequence, 16 heads.
+#: The benchmark's shapes (benchmarks/bench_attention_gpu.py): one sequence, 16 heads.
 TOKENS, HEADS, SAMPLES = 8192, 16, 8
 #: Issue 32's targets, all at bf16, D = 128, sm_90, per-head sigma, causal.
 TARGET = {"dtype": "bf16", "head_dim": 128, "arch": 90}

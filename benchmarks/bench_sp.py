@@ -11,7 +11,7 @@ Exact ALiBi is O(T^2): above ``--alibi-time-max-len`` only its traffic is
 measured, by running the op's own two collectives without the attention
 compute (the bytes do not depend on the compute).
 
-    python launchers/bench_sp.py --seq-lens 16384 65536 --worlds 2 4 --out runs/bench_sp.json
+    python benchmarks/bench_sp.py --seq-lens 16384 65536 --worlds 2 4 --out runs/bench_sp.json
 """
 
 from __future__ import annotations

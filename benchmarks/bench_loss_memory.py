@@ -1,6 +1,6 @@
 """Peak memory of the LM head + loss: plain (full logits) vs chunked, on CPU.
 
-    python launchers/bench_loss_memory.py --seq-len 16384 --vocab 32000 --hidden 1024 --chunks 0,1024,2048,4096
+    python benchmarks/bench_loss_memory.py --seq-len 16384 --vocab 32000 --hidden 1024 --chunks 0,1024,2048,4096
 
 Each cell runs in its own process (one thread): final hidden states
 ``h (seq_len, hidden)`` and an LM head weight ``W (vocab, hidden)`` exist

@@ -1,7 +1,7 @@
 """Attention benchmark: forward+backward time and peak memory per method and length.
 
-    python launchers/bench_attention.py --out bench_results/attention        # full grid
-    python launchers/bench_attention.py --lengths 2048,4096 --repeats 3     # quick
+    python benchmarks/bench_attention.py --out bench_results/attention        # full grid
+    python benchmarks/bench_attention.py --lengths 2048,4096 --repeats 3     # quick
 
 Methods: PLSH per sample (``plsh_s{4,8,20}``: s block attentions merged by
 log-sum-exp) and in one pass (``onepass_s{4,8,20,64,100}``: one attention with

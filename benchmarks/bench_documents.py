@@ -1,8 +1,8 @@
 """Packed documents benchmark: attention time with and without document masking, and
 the sequence-parallel halo bytes per rank with and without.
 
-    python launchers/bench_documents.py --out results/documents
-    python launchers/bench_documents.py --seq-len 4096 --repeats 1     # quick
+    python benchmarks/bench_documents.py --out results/documents
+    python benchmarks/bench_documents.py --seq-len 4096 --repeats 1     # quick
 
 One row of T tokens (default 16,384) packed with documents of log-normal
 lengths (mean ``--mean-doc`` = 2,048, log-space std 1, seeded); H = 8 query

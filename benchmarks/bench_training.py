@@ -1,6 +1,6 @@
 """Training throughput (tokens/s) of a model preset: PLSH (per sample, one pass) versus exact ALiBi, side by side.
 
-    python launchers/bench_training.py [--lengths 8192,16384] \
+    python benchmarks/bench_training.py [--lengths 8192,16384] \
         [--modes plsh:per_sample:8,plsh:onepass:8,plsh:onepass:64,alibi]
 
 A mode is ``bias[:method[:s]]`` (``[attention].bias``, ``.method``, ``.num_samples``;

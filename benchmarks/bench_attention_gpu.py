@@ -1,7 +1,7 @@
 """GPU attention benchmark: PLSH against the exact-attention floor, exact and windowed ALiBi.
 
-    python launchers/bench_attention_gpu.py --out gpu_results/bench      # full grid, within --budget-s
-    python launchers/bench_attention_gpu.py --lengths 8192 --samples 8   # quick
+    python benchmarks/bench_attention_gpu.py --out gpu_results/bench      # full grid, within --budget-s
+    python benchmarks/bench_attention_gpu.py --lengths 8192 --samples 8   # quick
 
 Forward+backward time (CUDA events, median of ``--repeats`` after warm-up) and
 peak memory above the inputs (``torch.cuda.max_memory_allocated``) at
