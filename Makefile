@@ -103,19 +103,19 @@ clean-image:
 # results/cluster/rehearsal.md. REHEARSAL_ARGS="--tiny --out DIR": the same phases on the debug model.
 REHEARSAL_ARGS ?=
 rehearsal: $(STAMP) cluster-deps
-	$(PY) launchers/rehearsal.py $(REHEARSAL_ARGS)
+	$(PY) tools/rehearsal.py $(REHEARSAL_ARGS)
 
 # GPU machine (no downloads): the installed PyTorch, this package without its
 # dependencies; the smoke stage (bf16 kernel check, two timings), the graph
 # stage (one 0.6B training step at 8k: eager, compiled, in a CUDA graph), then
 # the CUDA tests + GPU benchmark; results in $(GPU_OUT). No .venv. Without make:
-# python3 launchers/gpu_check.py --out gpu_results [--stage smoke|graph|full|both|all].
+# python3 tools/gpu_check.py --out gpu_results [--stage smoke|graph|full|both|all].
 GPU_OUT ?= gpu_results
 GPU_STAGE ?= all
 gpu-check:
 	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e . \
 	    || echo "pip install -e . failed: running from the source tree (PYTHONPATH)"
-	$(PYTHON) launchers/gpu_check.py --out $(GPU_OUT) --stage $(GPU_STAGE)
+	$(PYTHON) tools/gpu_check.py --out $(GPU_OUT) --stage $(GPU_STAGE)
 
 # The English-prose corpus for experiments (Debian's jargon-text: the Jargon File,
 # public domain; apt needs root and the package registry). Not part of the quickstart.

@@ -1,4 +1,4 @@
-"""launchers/rehearsal.py refuses before any work (exit 2, the reason named, nothing written)."""
+"""tools/rehearsal.py refuses before any work (exit 2, the reason named, nothing written)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The static cost model from compiled code (plsh_dist/plan/sass.py, kernel_builds.py, sass_model.py,
-launchers/triton_sass_model.py): the SASS reader's loops and counts on a hand-written listing, and
+"""The static cost model from compiled code (tools/kernel_model/sass.py, kernel_builds.py, sass_model.py,
+tools/triton_sass_model.py): the SASS reader's loops and counts on a hand-written listing, and
 one small real build, made as the JIT makes it, read consistently."""
 
 import json
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from plsh_dist.plan.sass import analyse, cuobjdump_path, dot_flops_per_trip, parse_sass
-from plsh_dist.plan.sass_model import causal_floor_tiles
+from tools.kernel_model.sass import analyse, cuobjdump_path, dot_flops_per_trip, parse_sass
+from tools.kernel_model.sass_model import causal_floor_tiles
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -193,7 +193,7 @@ def test_one_small_build_as_the_jit_makes_it(tmp_path):
         pytest.skip("Triton's NVIDIA backend (cuobjdump) is not installed")
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
     cubins, out = tmp_path / "cubins", tmp_path / "builds.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "launchers" / "triton_sass_model.py"), "--arch", "90",
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "triton_sass_model.py"), "--arch", "90",
                            "--dtype", "fp16", "--head-dim", "64", "--bias", "none", "--tokens", "256", "--cubin-dir",
                            str(cubins), "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)

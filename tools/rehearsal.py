@@ -1,8 +1,8 @@
 """The 0.6B rehearsal across two hosts on this machine (network namespaces; root, sshd, pdsh).
 
     make rehearsal                                      # the real one: configs/qwen3_0.6b_8k_plsh_s10.toml, 4k tokens
-    python launchers/rehearsal.py --seq-len 8192        # 4k-8k tokens; hours on a 2-core CPU
-    python launchers/rehearsal.py --tiny --out DIR      # the same phases, configs/debug.toml at 256 tokens (minutes)
+    python tools/rehearsal.py --seq-len 8192        # 4k-8k tokens; hours on a 2-core CPU
+    python tools/rehearsal.py --tiny --out DIR      # the same phases, configs/debug.toml at 256 tokens (minutes)
 
 From the repository root with it on ``PYTHONPATH`` (as ``make`` sets it): the hosts live in
 ``cluster/``, beside the package, not in it.
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         step_timeout_s=args.step_timeout_s or (120.0 if args.tiny else 1800.0),
         collective_timeout_s=60 if args.tiny else 600, eval_windows=args.eval_windows, tiny=args.tiny)
     page = args.page or (settings.out / "rehearsal.md" if args.tiny else root / "results" / "cluster" / "rehearsal.md")
-    command = shlex.join(["python", "launchers/rehearsal.py", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["python", "tools/rehearsal.py", *(sys.argv[1:] if argv is None else argv)])
     try:
         record = rehearse(settings, command)
     except Refused as exc:

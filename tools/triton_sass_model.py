@@ -1,14 +1,14 @@
 """Static cost model of the Triton kernels from their compiled SASS; no GPU needed.
 
-    python launchers/triton_sass_model.py --out results/triton/sass.md --cubin-dir gpu_results/cubins
-    python launchers/triton_sass_model.py --arch 90 --dtype bf16 --head-dim 128   # the targets' builds only
+    python tools/triton_sass_model.py --out results/triton/sass.md --cubin-dir gpu_results/cubins
+    python tools/triton_sass_model.py --arch 90 --dtype bf16 --head-dim 128   # the targets' builds only
 
 Builds every kernel the launchers run (forward, dK/dV, dQ) x bias (PLSH
 count, ALiBi window, and ``none``: the plain causal flash calibration of
-``plsh_dist/plan/flash_calibration.py``) x dtype x head dim x arch exactly as
-the JIT builds it at the benchmark's shapes (``plsh_dist/plan/kernel_builds.py``),
-reads its SASS (``plsh_dist/plan/sass.py``) and costs one tile with the
-issue-cycle model (``plsh_dist/plan/sass_model.py``). Then predicts the
+``tools/kernel_model/flash_calibration.py``) x dtype x head dim x arch exactly as
+the JIT builds it at the benchmark's shapes (``tools/kernel_model/kernel_builds.py``),
+reads its SASS (``tools/kernel_model/sass.py``) and costs one tile with the
+issue-cycle model (``tools/kernel_model/sass_model.py``). Then predicts the
 forward + backward speedup of PLSH over the causal flash floor (tiles from
 ``plsh_dist/plan/kernel_tiles.py`` times cycles per tile) and checks issue 32's
 targets. ``--cubin-dir DIR`` writes every cubin and ``DIR/index.json``.
@@ -25,9 +25,10 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from plsh_dist.plan.kernel_builds import ARCHS, BIASES, DTYPES, HEAD_DIMS, Case, record
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a clone: tools/ is not installed
+
+from tools.kernel_model.kernel_builds import ARCHS, BIASES, DTYPES, HEAD_DIMS, Case, record  # noqa: E402
 
 KERNELS = ("fwd", "bwd_dkdv", "bwd_dq")
 #: The benchmark's shapes (benchmarks/bench_attention_gpu.py): one sequence, 16 heads.
@@ -41,7 +42,7 @@ SPEEDUP = {(8, 8192): 8.0, (8, 131072): 100.0, (100, 8192): 3.0, (100, 131072): 
 
 
 def _model(launch):
-    from plsh_dist.plan.sass_model import model_launch  # noqa: PLC0415
+    from tools.kernel_model.sass_model import model_launch  # noqa: PLC0415
 
     return model_launch(launch)
 
@@ -163,7 +164,7 @@ def predict(models: dict, by_s: dict, lengths, samples_list) -> list[dict]:
     from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: PLC0415
     from plsh_dist.ops.tile_bands import CountBias, TileConfig  # noqa: PLC0415
     from plsh_dist.plan.kernel_tiles import bias_tiles  # noqa: PLC0415
-    from plsh_dist.plan.sass_model import causal_floor_tiles  # noqa: PLC0415
+    from tools.kernel_model.sass_model import causal_floor_tiles  # noqa: PLC0415
 
     at = lambda k, b: models[(k, b, TARGET["dtype"], TARGET["head_dim"], TARGET["arch"])]  # noqa: E731
     fwd, dkdv, dq = (at(k, "count") for k in KERNELS)
@@ -238,7 +239,7 @@ def _why_loop(m, lp, s: int, t: float, far: bool) -> str:
 
 def targets(models: dict, by_s: dict, predictions: list[dict]) -> list[tuple[str, str, str]]:
     """(target, model's figure, verdict) of issue 32's static targets."""
-    from plsh_dist.plan.sass_model import area_rate  # noqa: PLC0415
+    from tools.kernel_model.sass_model import area_rate  # noqa: PLC0415
 
     at = lambda k, b: models.get((k, b, TARGET["dtype"], TARGET["head_dim"], TARGET["arch"]))  # noqa: E731
     out = []
@@ -334,7 +335,7 @@ def kernel_table(models: list) -> list[str]:
 def markdown(models: list, by_key: dict, predictions: list[dict], checks, command: str, by_s: dict) -> str:
     import triton  # noqa: PLC0415
 
-    from plsh_dist.plan.sass_model import MACHINES  # noqa: PLC0415
+    from tools.kernel_model.sass_model import MACHINES  # noqa: PLC0415
 
     h200, a100 = MACHINES[90], MACHINES[80]
     lines = [
@@ -350,10 +351,10 @@ def markdown(models: list, by_key: dict, predictions: list[dict], checks, comman
         "the window bias with the truncated mode's per-head windows at s samples' cost) with their kernel launches "
         "recorded, not run; each kernel's own `JITFunction.run(..., warmup=True)` then specialises on the recorded "
         "arguments (16-byte aligned pointers, integers divisible by 16, constexprs, `num_warps`, `num_stages`) and "
-        "compiles for `GPUTarget('cuda', arch, 32)` (`plsh_dist/plan/kernel_builds.py`). The tiles are the "
+        "compiles for `GPUTarget('cuda', arch, 32)` (`tools/kernel_model/kernel_builds.py`). The tiles are the "
         "launchers' own for that arch and head dim.",
         "- **Reading.** `cuobjdump -sass` (shipped in Triton's NVIDIA backend) on each cubin "
-        "(`plsh_dist/plan/sass.py`). A loop is a backward `BRA`; the *main loop* is the outermost loop holding "
+        "(`tools/kernel_model/sass.py`). A loop is a backward `BRA`; the *main loop* is the outermost loop holding "
         "matrix instructions of its own, outside its nested loops (HGMMA: wgmma; HMMA: mma.sync): one trip per key "
         "tile (forward, dQ) or query tile (dK/dV). Loops nested in it without matrix instructions are per-sample "
         "loops (run s times a trip); those with matrix instructions are *block loops* (the near count beyond 16 "
@@ -371,7 +372,7 @@ def markdown(models: list, by_key: dict, predictions: list[dict], checks, comman
         "beyond as a product over the runs of blocks that meet them: `_count_blocks` in the kernels); a tile's clocks "
         "are the two loops' averaged by their share of the band's tiles (`far_tiles` in "
         "`plsh_dist/plan/kernel_tiles.py`, the kernels' own split), and the branch share is the main loop's.",
-        f"- **Issue-cycle model** (`plsh_dist/plan/sass_model.py`). An SM has 4 schedulers, each issuing one warp "
+        f"- **Issue-cycle model** (`tools/kernel_model/sass_model.py`). An SM has 4 schedulers, each issuing one warp "
         "instruction per clock; a tile of a W-warp kernel with I instructions per warp takes W I / 4 clocks "
         "(I = per tile + s per sample + b per block-loop trip). Its matrix work takes executed FLOPs / tensor peak "
         "clocks "
@@ -383,7 +384,7 @@ def markdown(models: list, by_key: dict, predictions: list[dict], checks, comman
         "work, not the issue, sets it. Assumed away: memory and instruction latency, occupancy, load imbalance, "
         "divergence, the slow paths, the tail. It is an upper bound that ranks the work per tile.",
         "- **Calibration** (`bias = none`): plain causal attention without bias in the style of Triton's "
-        "fused-attention tutorial (`plsh_dist/plan/flash_calibration.py`, for this model only), compiled the same "
+        "fused-attention tutorial (`tools/kernel_model/flash_calibration.py`, for this model only), compiled the same "
         "way. The shipped kernels with the window bias are not tensor-bound (below), so they cannot serve.",
         "",
         "## Every build",
@@ -501,7 +502,7 @@ def main(argv=None) -> int:
             if m.bias == "count" and all(getattr(m, k) == v for k, v in TARGET.items())}
     predictions = predict(by_key, by_s, args.lengths, args.samples) if complete else []
     checks = targets(by_key, by_s, predictions)
-    command = "python launchers/triton_sass_model.py" + (f" --out {args.out}" if args.out else "")
+    command = "python tools/triton_sass_model.py" + (f" --out {args.out}" if args.out else "")
     text = markdown(models, by_key, predictions, checks, command, by_s)
     if args.cubin_dir:
         write_cubins(main_builds, args.cubin_dir)

@@ -1,12 +1,12 @@
 """Compile the one-pass Triton kernels ahead of time for Hopper and Ampere, as the JIT does; no GPU needed.
 
-    python launchers/triton_compile_table.py --out results/triton/compile.md
+    python tools/triton_compile_table.py --out results/triton/compile.md
 
 Every shipped kernel (forward, and the backward's dK/dV and dQ kernels) for
 sm_90 (H100 / H200) and sm_80 (A100), bf16 and fp16 inputs, head dims 64 and
 128, both biases (PLSH count with per-head sigma, ALiBi window; causal, with
 packed documents: the largest specialisation, the one training runs). Each
-build is the JIT's own (``plsh_dist.plan.kernel_builds``): the launcher runs
+build is the JIT's own (``tools.kernel_model.kernel_builds``): the launcher runs
 on tensors of the benchmark's shapes (T = 8192, 16 heads) with its launches
 recorded, and each kernel's ``JITFunction`` specialises on those arguments
 (16-byte alignment, divisibility by 16) and compiles for the target. So the
@@ -30,9 +30,10 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from plsh_dist.plan.kernel_builds import ARCHS, DTYPES, HEAD_DIMS, Case, record
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a clone: tools/ is not installed
+
+from tools.kernel_model.kernel_builds import ARCHS, DTYPES, HEAD_DIMS, Case, record  # noqa: E402
 
 #: Shared memory per SM available to one block (KiB), by compute capability.
 SMEM_LIMIT_KIB = {90: 228, 80: 164}
@@ -41,7 +42,7 @@ DOCUMENTS = 4
 
 
 def _model(launch):
-    from plsh_dist.plan.sass_model import model_launch  # noqa: PLC0415
+    from tools.kernel_model.sass_model import model_launch  # noqa: PLC0415
 
     return model_launch(launch)[0]
 
@@ -77,7 +78,7 @@ def markdown(models, command: str) -> str:
         "Each build is the JIT's: the launcher runs on tensors of the benchmark's shapes (T = 8192, 16 heads, "
         f"{DOCUMENTS} packed documents, causal, per-head sigma, s = 8) with its kernel launches recorded, and each "
         "kernel's `JITFunction` specialises on those arguments (16-byte aligned pointers, integers divisible by "
-        "16) and compiles for the target (`plsh_dist/plan/kernel_builds.py`).",
+        "16) and compiles for the target (`tools/kernel_model/kernel_builds.py`).",
         f"Limits: no spill store or load inside a key loop (those before or between the loops run once a "
         f"program); shared memory <= {SMEM_LIMIT_KIB[90]} KiB (sm_90), "
         f"{SMEM_LIMIT_KIB[80]} KiB (sm_80). *IEEE f64 division*: the PTX holds `div.rn.f64` (the hash's bucket "
@@ -109,7 +110,7 @@ def main(argv=None) -> int:
     order = ("fwd", "bwd_dkdv", "bwd_dq")
     models.sort(key=lambda m: (-m.arch, m.dtype, m.head_dim, order.index(m.kernel) if m.kernel in order else 9,
                                m.kernel, m.bias))
-    text = markdown(models, "python launchers/triton_compile_table.py" + (f" --out {args.out}" if args.out else ""))
+    text = markdown(models, "python tools/triton_compile_table.py" + (f" --out {args.out}" if args.out else ""))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)

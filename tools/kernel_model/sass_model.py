@@ -1,7 +1,7 @@
 """Static cost model of the Triton kernels from their compiled code (no GPU).
 
-Every kernel is built as the JIT builds it (:mod:`plsh_dist.plan.kernel_builds`),
-its SASS read (:mod:`plsh_dist.plan.sass`), and one trip of its main loop
+Every kernel is built as the JIT builds it (:mod:`tools.kernel_model.kernel_builds`),
+its SASS read (:mod:`tools.kernel_model.sass`), and one trip of its main loop
 (one tile) costed with an **issue-cycle model**:
 
 - an SM has 4 schedulers, each issuing one warp instruction per clock, and
@@ -29,8 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from plsh_dist.plan.kernel_builds import Launch, build
-from plsh_dist.plan.sass import LoopCost, analyse, disassemble, dot_flops_per_trip, parse_sass, resource_usage
+from tools.kernel_model.kernel_builds import Launch, build
+from tools.kernel_model.sass import LoopCost, analyse, disassemble, dot_flops_per_trip, parse_sass, resource_usage
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class KernelModel:
         smem: shared memory per block (B).
         loop: the main loop's counts (None when the kernel has no loop with matrix instructions).
         far: the count's second key loop (tiles wholly before the query tile's rows, the count a
-            product: :attr:`plsh_dist.plan.sass.SassKernel.far`), or None.
+            product: :attr:`tools.kernel_model.sass.SassKernel.far`), or None.
         useful_flops: FLOPs of the tile's ``tt.dot`` products.
         function: the kernel's name in the cubin.
         f64_division: the PTX divides in IEEE float64 (``div.rn.f64``: the hash's bucket arithmetic).

@@ -1,7 +1,7 @@
 """Cost model of the fused one-pass kernel: the tiles it visits against the per-sample varlen
 path and the causal flash floor (device-independent; ``plsh_dist.plan.kernel_tiles``).
 
-    python launchers/kernel_tiles_table.py --out results/triton/tiles.md
+    python tools/kernel_tiles_table.py --out results/triton/tiles.md
 
 Qwen3-0.6B's attention: 16 query heads, head dim 128, causal; per-head sigma
 (ALiBi's ``1 / slope_h``) and one shared sigma = 256; s in {8, 32, 100}; T in
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # small elementwise ops: threads only contend
     rows = measure(args.lengths, args.samples)
-    text = markdown(rows, "python launchers/kernel_tiles_table.py" + (f" --out {args.out}" if args.out else ""))
+    text = markdown(rows, "python tools/kernel_tiles_table.py" + (f" --out {args.out}" if args.out else ""))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)

@@ -1,6 +1,6 @@
 """Plain causal flash attention in Triton, for calibrating the static cost model only.
 
-The static model (:mod:`plsh_dist.plan.sass_model`) bounds a kernel's useful
+The static model (:mod:`tools.kernel_model.sass_model`) bounds a kernel's useful
 throughput from its compiled code. Its yardstick is this kernel: causal
 attention without bias, in the style of Triton's fused-attention tutorial
 (base-2 online softmax; backward in two kernels, dK/dV per key tile with the

@@ -1,6 +1,6 @@
 """GPU smoke check: is the fused kernel right in bf16, and how fast is it against the floor?
 
-    python3 launchers/gpu_smoke.py --out gpu_results      # also the first stage of gpu_check.py
+    python3 tools/gpu_smoke.py --out gpu_results      # also the first stage of gpu_check.py
 
 Minutes, not more, on one GPU (it is sized to finish well under 4 minutes on
 an H200, compiles included; not measured on a GPU), and needs nothing but
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# The one kind of launcher that sets its own path: it runs as `python3 launchers/gpu_smoke.py` on a
+# The GPU check sets its own path: it runs as `python3 tools/gpu_smoke.py` on a
 # GPU machine where the package is not installed and nothing can be installed (docs/gpu.md).
 sys.path.insert(0, str(ROOT))
 

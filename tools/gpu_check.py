@@ -2,19 +2,19 @@
 stage of minutes, then the full check.
 
     make gpu-check GPU_OUT=gpu_results          # or, where there is no make:
-    python3 launchers/gpu_check.py --out gpu_results [--stage smoke|graph|full|both|all]
+    python3 tools/gpu_check.py --out gpu_results [--stage smoke|graph|full|both|all]
 
 Built for a GPU machine lent for about 15 minutes, machine start included, where
 nothing can be downloaded: it uses the PyTorch and Triton already installed
 there, and needs neither make, flash-attn, DeepSpeed nor datasets.
 
-1. **smoke** (``launchers/gpu_smoke.py``; under 4 minutes, first, and its
+1. **smoke** (``tools/gpu_smoke.py``; under 4 minutes, first, and its
    ``smoke.json`` / ``smoke.md`` are written before the full stage starts):
    bf16 correctness of the fused kernel's three kernels against the fp64
    reference at two shapes, and forward + backward of the kernel against the
    causal SDPA floor (flash, and cuDNN where present) at 8k and 32k. Needs no
    pytest.
-2. **graph** (``launchers/gpu_graph.py``, in a child process killed
+2. **graph** (``tools/gpu_graph.py``, in a child process killed
    ``--graph-budget-s`` + 60 s after it starts; about 3 minutes): one training step
    of the 0.6B model of ``configs/qwen3_0.6b_8k_plsh_s10.toml`` at 8k tokens, eager,
    with compiled layers, and captured in a CUDA graph replayed under
@@ -58,7 +58,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# The one kind of launcher that sets its own path: it runs as `python3 launchers/gpu_check.py` on a
+# The GPU check sets its own path: it runs as `python3 tools/gpu_check.py` on a
 # GPU machine where the package is not installed and nothing can be installed (docs/gpu.md).
 sys.path.insert(0, str(ROOT))
 
@@ -227,13 +227,13 @@ def run_full(env: dict, out: Path, args) -> dict:
 
 
 def run_graph_stage(out: Path, budget_s: float) -> dict:
-    """``launchers/gpu_graph.py`` in a child process (a crash or a poisoned CUDA context stays there),
+    """``tools/gpu_graph.py`` in a child process (a crash or a poisoned CUDA context stays there),
     killed ``GRAPH_GRACE_S`` after its budget; its ``graph.json``, with how the process ended when it
     did not end by itself (what it wrote before stays)."""
     path = out / "graph.json"
     path.unlink(missing_ok=True)
     limit = budget_s + GRAPH_GRACE_S
-    cmd = [sys.executable, str(ROOT / "launchers" / "gpu_graph.py"), "--out", str(out), "--budget-s", str(budget_s)]
+    cmd = [sys.executable, str(ROOT / "tools" / "gpu_graph.py"), "--out", str(out), "--budget-s", str(budget_s)]
     ended = None
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=limit)
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     smoke = full = graph = None
     stages = STAGES[args.stage]
     if "smoke" in stages:
-        smoke = _load_script("launchers/gpu_smoke.py").run_smoke(out)  # written before the full stage starts
+        smoke = _load_script("tools/gpu_smoke.py").run_smoke(out)  # written before the full stage starts
         (out / "summary.txt").write_text(summary_text(env, smoke, None))
         print(f"smoke stage: {'ok' if smoke['ok'] else 'FAILED'} in {smoke['wall_s']} s ({out / 'smoke.md'})",
               flush=True)

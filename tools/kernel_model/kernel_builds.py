@@ -12,7 +12,7 @@ So the builds here come from the launchers themselves, in two steps:
 1. :func:`record` runs the project's own entry points (the table's
    :class:`~plsh_dist.ops.triton_onepass.TritonOnePass` for the PLSH count,
    :func:`~plsh_dist.ops.triton_onepass.alibi_window_attention` for the
-   window, the calibration kernels of :mod:`plsh_dist.plan.flash_calibration`)
+   window, the calibration kernels of :mod:`tools.kernel_model.flash_calibration`)
    on CPU tensors of the benchmark's shapes, forward and backward, in a
    process under Triton's interpreter whose kernel launches are recorded
    and not run: which kernel, its arguments (a tensor as its dtype and
@@ -164,7 +164,7 @@ def _run_case(case: Case) -> None:
                                         causal=case.causal, softmax_scale=scale, docs=docs)
         out.backward(torch.zeros_like(out))
     else:
-        from plsh_dist.plan import flash_calibration  # noqa: PLC0415
+        from tools.kernel_model import flash_calibration  # noqa: PLC0415
 
         if case.documents or not case.causal:
             raise ValueError("the calibration is plain causal attention: no documents, causal only")
@@ -211,7 +211,7 @@ def record(cases: list[Case], root: Path | None = None, timeout: float = 600) ->
     root = root or Path(__file__).resolve().parents[2]
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
         [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    proc = subprocess.run([sys.executable, "-c", "from plsh_dist.plan.kernel_builds import _record_main; "
+    proc = subprocess.run([sys.executable, "-c", "from tools.kernel_model.kernel_builds import _record_main; "
                            "_record_main()"], input=json.dumps([asdict(c) for c in cases]), capture_output=True,
                           text=True, env=env, cwd=root, timeout=timeout)
     if proc.returncode != 0:

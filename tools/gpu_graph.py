@@ -1,6 +1,6 @@
 """CUDA graphs of one training step: eager vs compiled vs graphed, for the 0.6B model at 8k.
 
-    python3 launchers/gpu_graph.py --out gpu_results [--budget-s 170]   # also gpu_check.py --stage graph
+    python3 tools/gpu_graph.py --out gpu_results [--budget-s 170]   # also gpu_check.py --stage graph
 
 The model and attention of ``configs/qwen3_0.6b_8k_plsh_s10.toml`` (Qwen3-0.6B's
 28 decoder layers, embedding, norm and tied LM head, vocabulary 32,000 from its
@@ -72,7 +72,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
-# The one kind of launcher that sets its own path: it runs as `python3 launchers/gpu_graph.py` on a
+# The GPU check sets its own path: it runs as `python3 tools/gpu_graph.py` on a
 # GPU machine where the package is not installed and nothing can be installed (docs/gpu.md).
 sys.path.insert(0, str(ROOT))
 
