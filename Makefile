@@ -144,7 +144,7 @@ bench-training: $(STAMP)
 	$(PY) benchmarks/bench_training.py --lengths 8192,16384
 
 approx: $(STAMP)
-	$(PY) launchers/approx_error.py --out runs/approx
+	$(PY) -m experiments.approximation --out runs/approx
 
 clean-venv:
 	rm -rf $(VENV)

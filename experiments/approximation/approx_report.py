@@ -1,6 +1,6 @@
 """The approximation-error study: run every measurement, write results.json, table.md, PNGs.
 
-``launchers/approx_error.py`` is the command line; this module is the run.
+``python -m experiments.approximation`` (``__main__.py``) is the command line; this module is the run.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from plsh_dist.eval.approx_error import (
+from experiments.approximation.approx_error import (
     TRUNCATED,
     fit_loglog_slope,
     mask_error,
@@ -116,7 +116,7 @@ def run_study(cfg: ApproxErrorConfig, extra_qkv: list[tuple[str, tuple]] = (),
 
     The output error is measured on random q/k/v (B=1, T=seq_len, ``cfg.heads``,
     ``cfg.head_dim``, standard normal) and on each ``(label, (q, k, v))`` of
-    ``extra_qkv`` (e.g. from :func:`plsh_dist.eval.qkv_capture.capture_qkv`).
+    ``extra_qkv`` (e.g. from :func:`experiments.approximation.qkv_capture.capture_qkv`).
     """
     tick = progress or (lambda _msg: None)
     gen = torch.Generator().manual_seed(0)

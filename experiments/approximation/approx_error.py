@@ -8,11 +8,11 @@ Measurements behind the paper's claims (arXiv 2605.09472) and ours:
 - :func:`max_block_size`: the largest block against ``sigma * log(log(n))``;
 - :func:`output_error`: ``||T* - T~||`` of the attention outputs on given
   queries, keys and values (random ones, or captured from a checkpoint with
-  :func:`plsh_dist.eval.qkv_capture.capture_qkv`);
+  :func:`experiments.approximation.qkv_capture.capture_qkv`);
 - :func:`truncated_mask_error` and :func:`truncated_output_error`: the same
   errors of the deterministic baseline at the same cost, exact ALiBi truncated
   at ``w_h = ceil((ln s + 0.58) sigma_h)`` (entries ``|i - j| >= w_h`` of ``L*``
-  set to 0; :mod:`plsh_dist.eval.equal_cost`).  Records carry
+  set to 0; :mod:`experiments.approximation.equal_cost`).  Records carry
   ``sampler="truncated"`` so that they sit beside the samplers' curves.
 
 Mask errors are of the full symmetric matrices (non-causal ``L*``, ``M~``);
@@ -39,7 +39,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from plsh_dist.eval.equal_cost import equal_cost_window
+from experiments.approximation.equal_cost import equal_cost_window
 from plsh_dist.hashing import PositionalLSH, _as_sigma, block_ends, block_starts
 from plsh_dist.ops.gqa import repeat_kv
 from plsh_dist.ops.reference import alibi_weights

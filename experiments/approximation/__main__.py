@@ -1,13 +1,15 @@
 """Approximation error of positional LSH versus the number of samples.
 
-    python launchers/approx_error.py --sigma 4,16,64 --seq-len 1024 \
+    python -m experiments.approximation --sigma 4,16,64 --seq-len 1024 \
         --samples 1,2,4,...,1024 --seeds 5 --sampler iid,stratified --out runs/approx \
         [--truncated] [--checkpoint DIR]
 
 --truncated adds exact ALiBi truncated at the window of each s's cost,
 w = ceil((ln s + 0.58) sigma), beside the samplers.
 
-Writes results.json, table.md and PNG plots to --out; prints a summary.
+Writes results.json, table.md and PNG plots to --out; prints a summary. Run from the
+repository root (``-m`` puts it on ``sys.path``); importing ``experiments`` registers the
+lab's samplers, so ``--sampler`` takes their names too.
 """
 
 from __future__ import annotations
@@ -38,9 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
-    from plsh_dist.eval.approx_report import (ApproxErrorConfig, num_steps, parse_int_list, run_study, save,
-                                              summary_lines)
+    from experiments.approximation.approx_report import (ApproxErrorConfig, num_steps, parse_int_list, run_study,
+                                                         save, summary_lines)
 
     cfg = ApproxErrorConfig(
         sigma=[float(x) for x in args.sigma.split(",") if x.strip()],
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"approx_error: {cfg}")
     if cfg.checkpoint:
-        from plsh_dist.eval.qkv_capture import checkpoint_qkv
+        from experiments.approximation.qkv_capture import checkpoint_qkv
 
         extra = checkpoint_qkv(cfg.checkpoint, cfg.seq_len, cfg.layers, args.text)
     else:

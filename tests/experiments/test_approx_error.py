@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from plsh_dist.eval.approx_error import (
+from experiments.approximation.approx_error import (
     _CachedAttention,
     averaged_masks,
     fit_loglog_slope,
@@ -22,7 +22,7 @@ from plsh_dist.eval.approx_error import (
     truncated_output_error,
     truncated_weights,
 )
-from plsh_dist.eval.equal_cost import equal_cost_window
+from experiments.approximation.equal_cost import equal_cost_window
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.reference import alibi_weights, dense_attention
 

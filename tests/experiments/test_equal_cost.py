@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from plsh_dist.eval.equal_cost import band_keys, equal_cost_window, iid_band_keys, window_keys
+from experiments.approximation.equal_cost import band_keys, equal_cost_window, iid_band_keys, window_keys
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.alibi import equal_cost_c
 

@@ -1,7 +1,8 @@
-"""launchers/approx_error.py end to end on tiny settings, with a tiny saved Qwen3 checkpoint."""
+"""``python -m experiments.approximation`` end to end on tiny settings, with a tiny saved Qwen3 checkpoint."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -12,13 +13,12 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import pytest
 import torch
 
-from plsh_dist.eval.approx_report import ApproxErrorConfig, parse_int_list
-from tests.launchers import load_launcher
+from experiments.approximation.approx_report import ApproxErrorConfig, parse_int_list
 
 
 
 def _launcher():
-    return load_launcher("approx_error")
+    return importlib.import_module("experiments.approximation.__main__")
 
 
 def test_parse_int_list_and_config_checks():

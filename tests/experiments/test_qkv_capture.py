@@ -15,7 +15,7 @@ from transformers import AttentionInterface, Qwen3Config, Qwen3ForCausalLM  # no
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb  # noqa: E402
 
-from plsh_dist.eval.qkv_capture import capture_qkv  # noqa: E402
+from experiments.approximation.qkv_capture import capture_qkv  # noqa: E402
 
 B, T = 2, 12
 
