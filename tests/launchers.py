@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -22,11 +21,8 @@ def script_path(name: str) -> Path:
 
 def load_launcher(name: str) -> ModuleType:
     """The script ``name`` (an entry point, a benchmark or a tool), executed as a fresh module (its
-    ``main`` is not run). Its folder goes on ``sys.path`` first, as Python puts a script's folder there."""
-    path = script_path(name)
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(f"{name}_launcher", path)
+    ``main`` is not run)."""
+    spec = importlib.util.spec_from_file_location(f"{name}_launcher", script_path(name))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
