@@ -68,7 +68,7 @@ test-slow: $(STAMP)
 # (results/cluster/README.md). cluster-deps apt-installs sshd, pdsh, munge and Slurm, or names what
 # is missing; the tests skip naming the missing capability when it is still absent.
 cluster-deps:
-	bash cluster/deps.sh
+	bash tools/cluster/deps.sh
 
 # The hostfile test from the image (tests/cluster/test_image_hosts.py) chroots each host into the CPU
 # image's root filesystem: built by `make image-check`, or here by image-rootfs when absent.

@@ -5,15 +5,15 @@
     python tools/rehearsal.py --tiny --out DIR      # the same phases, configs/debug.toml at 256 tokens (minutes)
 
 From the repository root with it on ``PYTHONPATH`` (as ``make`` sets it): the hosts live in
-``cluster/``, beside the package, not in it.
+``tools/cluster/``, beside the package, not in it.
 
-Two hosts, node-0 and node-1 (``cluster/hosts.py``), one rank each, SP = 2
+Two hosts, node-0 and node-1 (``tools/cluster/hosts.py``), one rank each, SP = 2
 across them, ZeRO-3, activation checkpointing, the chunked loss: an
 uninterrupted run, the same run with a checkpoint and a SIGKILL of node-1's
 rank inside the last step, its resume (losses equal bit for bit), the export
 gathered from ZeRO-3 (from_pretrained logits equal the checkpoint's), an
 evaluation at twice the training length, and the planner beside the measured
-peak and step times (``cluster/rehearsal.py`` says what each phase checks).
+peak and step times (``tools/cluster/rehearsal.py`` says what each phase checks).
 Writes ``OUT/rehearsal.json`` and the page (``--page``; default
 ``results/cluster/rehearsal.md``, with ``--tiny`` ``OUT/rehearsal.md``).
 
@@ -46,8 +46,8 @@ def _positive(kind: type):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cluster.rehearsal import REAL_CONFIG, TINY_CONFIG, Refused, Settings, rehearse
-    from cluster.rehearsal_page import write_record
+    from tools.cluster.rehearsal import REAL_CONFIG, TINY_CONFIG, Refused, Settings, rehearse
+    from tools.cluster.rehearsal_page import write_record
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true",

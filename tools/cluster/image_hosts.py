@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from cluster.hosts import ClusterUnavailable, Hosts
-from cluster.ssh import SshKeys, start_sshd, ssh_unavailable, wait_for_ssh
+from tools.cluster.hosts import ClusterUnavailable, Hosts
+from tools.cluster.ssh import SshKeys, start_sshd, ssh_unavailable, wait_for_ssh
 
 __all__ = ["IMAGE_ENV", "MOUNT", "SHARED", "image_command", "image_hosts", "rootfs_unavailable"]
 

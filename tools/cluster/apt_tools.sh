@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install the Debian packages behind missing system tools, or name them: the one recipe of
-# cluster/deps.sh and docker/image_deps.sh, which list their tools.
+# tools/cluster/deps.sh and docker/image_deps.sh, which list their tools.
 #
-#   bash cluster/apt_tools.sh LABEL [--check] TOOL=PACKAGE ...
+#   bash tools/cluster/apt_tools.sh LABEL [--check] TOOL=PACKAGE ...
 #
 # A tool is present when `command -v` finds it (/usr/sbin and /sbin included: sshd, slurmd, ...).
 # --check, not root, no apt-get, or apt-get failing: names the missing packages and exits 3.

@@ -1,6 +1,6 @@
 """PID 1 of one namespace host: names it, gives it its own /run and files, then reaps orphans.
 
-Started by ``cluster.hosts`` inside fresh network, UTS, mount and PID namespaces
+Started by ``tools.cluster.hosts`` inside fresh network, UTS, mount and PID namespaces
 (``unshare --net --uts --mount --pid --mount-proc``), so everything here stays
 in that host: the hostname, a private tmpfs on /run (each host's sshd, munge
 and slurmd sockets and pid files), and bind mounts of per-host files over

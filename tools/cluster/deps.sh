@@ -4,14 +4,14 @@
 # 22.05 (Debian bookworm's) for sbatch. Installs the missing Debian packages with apt-get when run as
 # root; otherwise, or when apt-get fails, it names what is missing and exits 3.
 #
-#   bash cluster/deps.sh           # install what is missing (root), then check
-#   bash cluster/deps.sh --check   # only check: exit 0 = everything there, 3 = something missing
+#   bash tools/cluster/deps.sh           # install what is missing (root), then check
+#   bash tools/cluster/deps.sh --check   # only check: exit 0 = everything there, 3 = something missing
 #
 # apt's policy on Debian images (policy-rc.d) keeps the services from starting system-wide; the
 # cluster starts its own daemons inside each host's namespaces and nowhere else.
 set -euo pipefail
 
-# executable -> the Debian package that provides it; the recipe: cluster/apt_tools.sh
+# executable -> the Debian package that provides it; the recipe: tools/cluster/apt_tools.sh
 exec bash "$(dirname "$0")/apt_tools.sh" cluster-deps "$@" \
     unshare=util-linux nsenter=util-linux ip=iproute2 sshd=openssh-server ssh=openssh-client \
     ssh-keygen=openssh-client pdsh=pdsh munged=munge slurmctld=slurmctld slurmd=slurmd sbatch=slurm-client \

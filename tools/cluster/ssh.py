@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from cluster.hosts import ClusterUnavailable, Host, Hosts, missing_tools
+from tools.cluster.hosts import ClusterUnavailable, Host, Hosts, missing_tools
 
 __all__ = ["SSH_TOOLS", "SshKeys", "ssh_hosts", "ssh_unavailable", "start_sshd", "wait_for_ssh"]
 

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from cluster.hosts import ClusterUnavailable, Host, Hosts, missing_tools
+from tools.cluster.hosts import ClusterUnavailable, Host, Hosts, missing_tools
 
 __all__ = ["SLURM_TOOLS", "slurm_hosts", "slurm_unavailable", "wait_for_nodes"]
 

@@ -54,7 +54,7 @@ def _peak_bytes(pid: str) -> int | None:
 class RankMemory:
     """Samples the ranks' peaks while in a ``with`` block; ``peaks()``: ``{"node-0/rank0": bytes, ...}``.
 
-    ``hosts``: ``(name, init pid)`` of each host (``cluster.hosts.Host``'s name and pid).
+    ``hosts``: ``(name, init pid)`` of each host (``tools.cluster.hosts.Host``'s name and pid).
     """
 
     def __init__(self, hosts: list[tuple[str, int]], interval_s: float = 0.5):

@@ -12,9 +12,9 @@ and ends the rehearsal; the hosts' take-down kills whatever it left):
 
 1. ``prepare data``: corpus, tokenizer and token caches, once, before the
    ranks need them (one process on the machine);
-2. ``hosts up``: node-0 and node-1 with sshd (``cluster.ssh.ssh_hosts``);
+2. ``hosts up``: node-0 and node-1 with sshd (``tools.cluster.ssh.ssh_hosts``);
 3. ``reference``: the uninterrupted run of ``steps`` steps; the ranks' peak
-   memory is sampled from outside (``cluster.rank_memory``);
+   memory is sampled from outside (``tools.cluster.rank_memory``);
 4. ``killed``: the same run with a checkpoint after step ``steps - 1`` and
    node-1's rank SIGKILLed inside step ``steps`` (``PLSH_FAULT=kill:1:S:in_step``):
    the job must end non-zero, no training process may be left on either host,
@@ -46,12 +46,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from cluster.deepspeed_hostfile import RANK_ENV, write_deepspeed_env, write_hostfile
-from cluster.exit_reason import exit_reason, kernel_oom_kills
-from cluster.hosts import namespaces_refused
-from cluster.rank_memory import RankMemory
-from cluster.ssh import ssh_hosts, ssh_unavailable
 from tests.train.launcher_runs import ROOT, Finished, Launch, deepspeed_cmd, launcher_env
+from tools.cluster.deepspeed_hostfile import RANK_ENV, write_deepspeed_env, write_hostfile
+from tools.cluster.exit_reason import exit_reason, kernel_oom_kills
+from tools.cluster.hosts import namespaces_refused
+from tools.cluster.rank_memory import RankMemory
+from tools.cluster.ssh import ssh_hosts, ssh_unavailable
 
 __all__ = ["SP", "REAL_CONFIG", "TINY_CONFIG", "Settings", "Refused", "train_overrides", "preflight", "rehearse"]
 
