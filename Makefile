@@ -68,7 +68,7 @@ test-slow: $(STAMP)
 # (results/cluster/README.md). cluster-deps apt-installs sshd, pdsh, munge and Slurm, or names what
 # is missing; the tests skip naming the missing capability when it is still absent.
 cluster-deps:
-	bash cluster/deps.sh
+	bash tools/cluster/deps.sh
 
 # The hostfile test from the image (tests/cluster/test_image_hosts.py) chroots each host into the CPU
 # image's root filesystem: built by `make image-check`, or here by image-rootfs when absent.
@@ -103,19 +103,19 @@ clean-image:
 # results/cluster/rehearsal.md. REHEARSAL_ARGS="--tiny --out DIR": the same phases on the debug model.
 REHEARSAL_ARGS ?=
 rehearsal: $(STAMP) cluster-deps
-	$(PY) launchers/rehearsal.py $(REHEARSAL_ARGS)
+	$(PY) tools/rehearsal.py $(REHEARSAL_ARGS)
 
 # GPU machine (no downloads): the installed PyTorch, this package without its
 # dependencies; the smoke stage (bf16 kernel check, two timings), the graph
 # stage (one 0.6B training step at 8k: eager, compiled, in a CUDA graph), then
 # the CUDA tests + GPU benchmark; results in $(GPU_OUT). No .venv. Without make:
-# python3 launchers/gpu_check.py --out gpu_results [--stage smoke|graph|full|both|all].
+# python3 tools/gpu_check.py --out gpu_results [--stage smoke|graph|full|both|all].
 GPU_OUT ?= gpu_results
 GPU_STAGE ?= all
 gpu-check:
 	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e . \
 	    || echo "pip install -e . failed: running from the source tree (PYTHONPATH)"
-	$(PYTHON) launchers/gpu_check.py --out $(GPU_OUT) --stage $(GPU_STAGE)
+	$(PYTHON) tools/gpu_check.py --out $(GPU_OUT) --stage $(GPU_STAGE)
 
 # The English-prose corpus for experiments (Debian's jargon-text: the Jargon File,
 # public domain; apt needs root and the package registry). Not part of the quickstart.
@@ -135,16 +135,16 @@ lint: $(STAMP)
 	bash docker/lint.sh
 
 bench: $(STAMP)
-	$(PY) launchers/bench_attention.py --out bench_results/attention
+	$(PY) benchmarks/bench_attention.py --out bench_results/attention
 
 bench-sp: $(STAMP)
-	$(PY) launchers/bench_sp.py --seq-lens 16384 65536 --worlds 2 4 --alibi-repeats 1 --out bench_results/bench_sp.json
+	$(PY) benchmarks/bench_sp.py --seq-lens 16384 65536 --worlds 2 4 --alibi-repeats 1 --out bench_results/bench_sp.json
 
 bench-training: $(STAMP)
-	$(PY) launchers/bench_training.py --lengths 8192,16384
+	$(PY) benchmarks/bench_training.py --lengths 8192,16384
 
 approx: $(STAMP)
-	$(PY) launchers/approx_error.py --out runs/approx
+	$(PY) -m experiments.approximation --out runs/approx
 
 clean-venv:
 	rm -rf $(VENV)

@@ -9,6 +9,6 @@
 #   bash docker/image_deps.sh --check   # only check: exit 0 = everything there, 3 = something missing
 set -euo pipefail
 
-# executable -> the Debian package that provides it; the recipe: cluster/apt_tools.sh
-exec bash "$(dirname "$0")/../cluster/apt_tools.sh" image-deps "$@" \
+# executable -> the Debian package that provides it; the recipe: tools/cluster/apt_tools.sh
+exec bash "$(dirname "$0")/../tools/cluster/apt_tools.sh" image-deps "$@" \
     buildah=buildah runc=runc debootstrap=debootstrap ip=iproute2 unshare=util-linux

@@ -65,6 +65,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a clone without installing
 
+from experiments import samplers  # noqa: E402  (a run that names one of its samplers names the module)
 from plsh_dist.models.modes import MODES as ATTENTION_MODES  # noqa: E402  (the one vocabulary of modes)
 
 
@@ -86,10 +87,11 @@ def _modes(stratified: str = "stratified", samples: tuple[int, ...] = (8, 20, 10
         modes[f"fixed_{tag}"] = _trained("fixed_blocks", *sig)
     for s in samples:
         for sampler, stag in (("iid", "iid"), (stratified, "strat")):
+            module = [f"--attention.sampler_module={samplers.__name__}"] if sampler in samplers.NAMES else []
             for tag, sig in (("h", []), ("c", const)):
                 modes[f"plsh_s{s}_{stag}_{tag}"] = _trained(
                     "plsh", f"--attention.num_samples={s}", "--attention.method=onepass",
-                    f"--attention.sampler={sampler}", *sig)
+                    f"--attention.sampler={sampler}", *module, *sig)
         for tag, sig in (("h", []), ("c", const)):
             # Exact ALiBi on a window per head at PLSH's cost of s samples: c = ln s + 0.58.
             modes[f"trunc_s{s}_{tag}"] = _trained("truncated", f"--attention.num_samples={s}", *sig)

@@ -7,7 +7,7 @@ For each sigma: the i.i.d. estimator's mean max-norm error ``||L* - M~||_max``
 at ``s = match_at`` (64: the design target) over ``seeds`` hashes, then each
 sampler's mean error over a ladder of ``s``; the ``s`` at which a sampler's
 curve first reaches the i.i.d. level (log-log interpolation,
-:func:`plsh_dist.eval.approx_error.samples_to_match`) gives the ratio
+:func:`experiments.approximation.approx_error.samples_to_match`) gives the ratio
 ``match_at / s``. The command writes ratios.json and ratios.md to ``--out`` and
 prints the table.
 """
@@ -24,7 +24,7 @@ from typing import Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 import experiments  # noqa: E402,F401  registers the lab's samplers when this file runs as a script
 
-from plsh_dist.eval.approx_error import mask_error, samples_to_match  # noqa: E402
+from experiments.approximation.approx_error import mask_error, samples_to_match  # noqa: E402
 
 __all__ = ["sampler_ratios", "format_ratios"]
 

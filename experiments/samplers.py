@@ -10,8 +10,9 @@ fewer samples, but no config recommends them: their training gradients are
 further from exact ALiBi's than i.i.d.'s from s = 20 on
 (``results/grad_fidelity``). So they live with the studies that measure them
 (``experiments/sampler_ratio.py``, ``results/sampler``). Importing the
-``experiments`` package imports this module; the launchers do so before they
-read a config or checkpoint (``launchers/lab_samplers.py``).
+``experiments`` package imports this module; a run config that names one of them
+sets ``[attention].sampler_module = "experiments.samplers"``, which the config
+imports before it checks the sampler.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 
 from plsh_dist.hashing import PositionalLSH, counter_uniform, gamma2_ppf, register_sampler
 
-__all__ = ["ramp_draws", "ramp_sizes", "RAMP_GROUPS"]
+__all__ = ["ramp_draws", "ramp_sizes", "RAMP_GROUPS", "NAMES"]
 
 #: Groups per ``sqrt(s)`` of the ramp samplers: ``G = round(0.75 sqrt(s))``.
 RAMP_GROUPS = 0.75
@@ -105,5 +106,9 @@ def ramp_draws(lsh: PositionalLSH, t: np.ndarray, h: np.ndarray,
     return gamma2_ppf(quantile)[group, h], unit_shift
 
 
-register_sampler("stratified_ramp", ramp_draws)
-register_sampler("stratified_ramp_alt", functools.partial(ramp_draws, jitter="alternate"))
+#: The samplers this module registers: a run config naming one sets ``[attention].sampler_module``
+#: to this module's name.
+NAMES = ("stratified_ramp", "stratified_ramp_alt")
+
+register_sampler(NAMES[0], ramp_draws)
+register_sampler(NAMES[1], functools.partial(ramp_draws, jitter="alternate"))

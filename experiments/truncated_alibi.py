@@ -5,7 +5,7 @@
 
 At ``s`` samples, positional LSH in one pass attends about ``sigma (ln s + 0.58)``
 keys per query (its band); exact ALiBi truncated at ``w = ceil((ln s + 0.58) sigma)``
-attends ``w`` (``plsh_dist.eval.equal_cost``).  For each (sigma, s) of the grid:
+attends ``w`` (``experiments.approximation.equal_cost``).  For each (sigma, s) of the grid:
 
 1. cost: the band measured with the project's hash (``PositionalLSH.block_bounds``,
    causal keys per query, the query included) for each sampler, against ``w`` and
@@ -106,7 +106,7 @@ def measure_band(sigmas, samples, samplers, seeds: int, num_positions: int) -> l
     ``num_positions`` queries ``ceil(sigma)`` apart; the spread is over hashes."""
     import torch
 
-    from plsh_dist.eval.equal_cost import band_keys, equal_cost_window, iid_band_keys
+    from experiments.approximation.equal_cost import band_keys, equal_cost_window, iid_band_keys
     from plsh_dist.hashing import PositionalLSH
 
     rows = []
@@ -125,7 +125,7 @@ def measure_band(sigmas, samples, samplers, seeds: int, num_positions: int) -> l
 
 
 def measure_masks(sigmas, samples, samplers, n: int, seeds: int, alt_windows: dict) -> list[dict]:
-    from plsh_dist.eval.approx_error import mask_error, truncated_mask_error
+    from experiments.approximation.approx_error import mask_error, truncated_mask_error
 
     rows = []
     for sigma in sigmas:
@@ -147,8 +147,8 @@ def measure_outputs(args, sigmas, samples, samplers, alt_windows: dict) -> list[
     from transformers import AutoConfig
 
     import plsh_dist.models  # noqa: F401  registers the checkpoint's model type
-    from plsh_dist.eval.approx_error import output_error, truncated_output_error
-    from plsh_dist.eval.qkv_capture import checkpoint_qkv
+    from experiments.approximation.approx_error import output_error, truncated_output_error
+    from experiments.approximation.qkv_capture import checkpoint_qkv
     from plsh_dist.models.attention import head_scales
 
     hf = AutoConfig.from_pretrained(args.checkpoint)

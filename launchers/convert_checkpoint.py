@@ -32,16 +32,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", required=True, help="DeepSpeed tag, run dir, or an older export")
     p.add_argument("--out", required=True, help="new (or empty) output directory")
     p.add_argument("--tokenizer", default=None, help="tokenizer .model (default: the checkpoint's own)")
+    p.add_argument("--sampler-module", default=None,
+                   help="module to import first: it registers the sampler of a checkpoint written before "
+                        "[attention].sampler_module existed (e.g. experiments.samplers)")
     args = p.parse_args(argv)
 
-    import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
     import torch
     import transformers
 
     from plsh_dist.checkpoint.export import export_loaded
     from plsh_dist.checkpoint.loading import load_model
+    from plsh_dist.hashing import import_sampler_module
 
     try:
+        if args.sampler_module is not None:
+            import_sampler_module(args.sampler_module, "--sampler-module")
         ck = load_model(args.checkpoint, tokenizer=args.tokenizer, dtype=None)  # the dtype it was saved in
         out = export_loaded(ck, args.out)
         ref = ck.model

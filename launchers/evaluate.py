@@ -64,15 +64,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", default=None, help="tokenizer .model (default: the checkpoint's own)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--sampler-module", default=None,
+                   help="module to import first: it registers a sampler that --modes names and the "
+                        "checkpoint's [attention].sampler_module does not (e.g. experiments.samplers)")
     args = p.parse_args(argv)
 
     import torch.distributed as dist
 
-    import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
     from plsh_dist.eval.extrapolation import EvalSettings, evaluate_checkpoint, format_table
+    from plsh_dist.hashing import import_sampler_module
     from plsh_dist.writable import check_writable_dir
 
     try:
+        if args.sampler_module is not None:
+            import_sampler_module(args.sampler_module, "--sampler-module")
         check_writable_dir(args.out, "--out")  # before the evaluation: its results must have somewhere to go
         lengths = _ints(args.lengths, "--lengths")
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

@@ -42,15 +42,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", default=None, help="tokenizer .model (default: the checkpoint's own)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--sampler-module", default=None,
+                   help="module to import first: it registers a sampler that --mode names and the "
+                        "checkpoint's [attention].sampler_module does not (e.g. experiments.samplers)")
     args = p.parse_args(argv)
 
-    import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
     import torch
 
     from plsh_dist.checkpoint.loading import load_model
     from plsh_dist.eval.generation import generate
+    from plsh_dist.hashing import import_sampler_module
 
     try:
+        if args.sampler_module is not None:
+            import_sampler_module(args.sampler_module, "--sampler-module")
         if args.prompt_file is not None:
             path = Path(args.prompt_file)
             if not path.is_file():

@@ -100,8 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--measure", action="store_true", help="CPU: also measure two real steps' peak")
     args, overrides = ap.parse_known_args(argv)
 
-    import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
-
     from plsh_dist.config import load_config
     from plsh_dist.plan import plan_run
     from plsh_dist.plan.advice import advise

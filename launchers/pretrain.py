@@ -41,8 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume is not None:
         overrides.append(f"--checkpoint.resume={args.resume}")
 
-    import lab_samplers  # noqa: F401  the lab's samplers, before a config or checkpoint names one
-
     from plsh_dist.config import load_config
     from plsh_dist.train import train
     from plsh_dist.train.failure import run_reporting_failures

@@ -21,6 +21,7 @@ n = number of positions.
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Callable, Sequence
 
@@ -38,8 +39,8 @@ SamplerDraw = Callable[["PositionalLSH", np.ndarray, np.ndarray], "tuple[np.ndar
 
 #: Samplers of :class:`PositionalLSH` (``sampler=``) by name: this module's own (``"iid"``,
 #: ``"stratified"``), and any that a module outside the package registers when it is imported
-#: (:func:`register_sampler`). The registry imports nothing itself: whoever reads a sampler name
-#: from a file imports the modules that define it first.
+#: (:func:`register_sampler`). The registry imports no module by itself: a run config names the
+#: module that defines its sampler (``[attention].sampler_module``, :func:`import_sampler_module`).
 _SAMPLERS: dict[str, SamplerDraw] = {}
 
 
@@ -56,6 +57,29 @@ def register_sampler(name: str, draw: SamplerDraw) -> None:
     _SAMPLERS[name] = draw
 
 
+def import_sampler_module(module: str, setting: str = "sampler_module") -> None:
+    """Import ``module``, which registers its samplers when imported (:func:`register_sampler`).
+
+    ValueError naming ``setting`` (the config key or option that named it) and the fix when no such
+    module is importable; an error raised inside the module (it is there but broken) propagates.
+    """
+    if (not isinstance(module, str) or not module or module != module.strip()
+            or any(not part.isidentifier() for part in module.split("."))):
+        raise ValueError(f"{setting} must be a dotted module name, got {module!r}; e.g. \"experiments.samplers\", "
+                         f"or leave it out for plsh_dist's own samplers ('iid', 'stratified')")
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (module == exc.name or module.startswith(exc.name + ".")):
+            raise  # the module is there; something it imports is not
+        raise ValueError(
+            f"{setting} = {module!r} cannot be imported: no module named {exc.name!r}. Name a module that "
+            f"registers samplers when imported (plsh_dist.hashing.register_sampler) and is importable here: the "
+            f"repository's lab samplers are \"experiments.samplers\", importable from the repository root or "
+            f"with it on PYTHONPATH; or leave {setting} out for plsh_dist's own samplers ('iid', 'stratified')"
+        ) from None
+
+
 def sampler_names() -> tuple[str, ...]:
     """Every sampler name registered so far, in registration order."""
     return tuple(_SAMPLERS)
@@ -66,8 +90,9 @@ def get_sampler(name: str, field: str = "sampler") -> SamplerDraw:
     and the fix when no imported module has registered it."""
     if not isinstance(name, str) or name not in _SAMPLERS:
         raise ValueError(f"{field} must be one of {sampler_names()}, got {name!r}; a sampler defined outside "
-                         f"plsh_dist registers itself when its module is imported (register_sampler): import "
-                         f"that module first")
+                         f"plsh_dist registers itself when its module is imported (register_sampler): name that "
+                         f"module in [attention].sampler_module (e.g. sampler_module = \"experiments.samplers\", "
+                         f"the repository's lab samplers), or import it before this call")
     return _SAMPLERS[name]
 
 

@@ -6,9 +6,10 @@ its own library then), and other packages may import triton early (deepspeed
 does on first use). So it is set here, before collection, on machines without
 CUDA; with CUDA the kernels compile and nothing is set.
 
-The lab's samplers (``experiments/``) are registered for every test, as the
-launchers register them before reading a config (``launchers/lab_samplers.py``):
-tests name ``stratified_ramp`` in configs and sweep every registered sampler.
+The lab's samplers (``experiments/``) are registered for every test, as a run config
+with ``[attention].sampler_module = "experiments.samplers"`` registers them: tests name
+``stratified_ramp`` in configs and sweep every registered sampler (the setting itself:
+``tests/test_sampler_module.py``, in fresh processes).
 """
 
 import os

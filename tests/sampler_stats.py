@@ -12,7 +12,7 @@ import math
 import numpy as np
 import torch
 
-from plsh_dist.eval.approx_error import RunningMask
+from experiments.approximation.approx_error import RunningMask
 from plsh_dist.ops.reference import alibi_weights
 
 N = 48  # positions: enough distances (up to 12 sigma) for a small, fast test

@@ -1,9 +1,9 @@
 """A job that ends non-zero is named in one line: each rank's return code and signal, and the kernel's
-out-of-memory kills during the job (``cluster/exit_reason.py``, what the rehearsal reports)."""
+out-of-memory kills during the job (``tools/cluster/exit_reason.py``, what the rehearsal reports)."""
 
 from __future__ import annotations
 
-from cluster.exit_reason import exit_reason
+from tools.cluster.exit_reason import exit_reason
 
 LAUNCHER = ("node-0: [2026-12-02 10:43:47,975] [ERROR] [launch.py:259:sigkill_handler] ['python', '-u', "
             "'launchers/pretrain.py'] exits with return code = -9\n"

@@ -21,3 +21,16 @@ def test_pyproject_builds_without_deprecation_warnings(tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Deprecat" not in done.stderr, done.stderr[-2000:]
+
+
+def test_the_wheel_holds_the_product_only():
+    """``launchers/``, ``benchmarks/``, ``tools/`` and ``experiments/`` sit beside the package, not in it."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = find_packages(str(ROOT), include=include)
+    assert "plsh_dist" in packages
+    assert [p for p in packages if p.split(".")[0] != "plsh_dist"] == []
+    assert {"tools", "tools.kernel_model", "experiments.approximation"} <= set(find_packages(str(ROOT)))

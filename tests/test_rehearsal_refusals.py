@@ -1,4 +1,4 @@
-"""launchers/rehearsal.py refuses before any work (exit 2, the reason named, nothing written)."""
+"""tools/rehearsal.py refuses before any work (exit 2, the reason named, nothing written)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ def test_a_used_out_dir_is_refused(rehearsal, tmp_path, capsys):
 
 
 def test_hosts_that_cannot_be_made_are_named(rehearsal, tmp_path, capsys, monkeypatch):
-    import cluster.rehearsal
+    from tools.cluster import rehearsal as cluster_rehearsal
 
-    monkeypatch.setattr(cluster.rehearsal, "namespaces_refused", lambda: "namespaces refused: unshare failed (EPERM)")
+    monkeypatch.setattr(cluster_rehearsal, "namespaces_refused", lambda: "namespaces refused: unshare failed (EPERM)")
     assert rehearsal.main(["--tiny", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "the two hosts cannot be made here: namespaces refused: unshare failed (EPERM)" in err
@@ -37,10 +37,10 @@ def test_hosts_that_cannot_be_made_are_named(rehearsal, tmp_path, capsys, monkey
 
 
 def test_a_length_sp_cannot_split_is_refused_with_the_trainers_message(rehearsal, tmp_path, capsys, monkeypatch):
-    import cluster.rehearsal
+    from tools.cluster import rehearsal as cluster_rehearsal
 
-    monkeypatch.setattr(cluster.rehearsal, "namespaces_refused", lambda: None)
-    monkeypatch.setattr(cluster.rehearsal, "ssh_unavailable", lambda: None)
+    monkeypatch.setattr(cluster_rehearsal, "namespaces_refused", lambda: None)
+    monkeypatch.setattr(cluster_rehearsal, "ssh_unavailable", lambda: None)
     assert rehearsal.main(["--tiny", "--seq-len", "255", "--out", str(tmp_path / "out")]) == 2
     assert "config error" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
@@ -49,11 +49,11 @@ def test_a_length_sp_cannot_split_is_refused_with_the_trainers_message(rehearsal
 def test_too_little_disk_for_the_checkpoints_is_refused(rehearsal, tmp_path, capsys, monkeypatch):
     import shutil
 
-    import cluster.rehearsal
+    from tools.cluster import rehearsal as cluster_rehearsal
 
-    monkeypatch.setattr(cluster.rehearsal, "namespaces_refused", lambda: None)
-    monkeypatch.setattr(cluster.rehearsal, "ssh_unavailable", lambda: None)
-    monkeypatch.setattr(cluster.rehearsal.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1, 1, 2**20))
+    monkeypatch.setattr(cluster_rehearsal, "namespaces_refused", lambda: None)
+    monkeypatch.setattr(cluster_rehearsal, "ssh_unavailable", lambda: None)
+    monkeypatch.setattr(cluster_rehearsal.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1, 1, 2**20))
     assert rehearsal.main(["--tiny", "--out", str(tmp_path / "out")]) == 2
     assert f"not enough disk under {tmp_path}" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
@@ -62,12 +62,12 @@ def test_too_little_disk_for_the_checkpoints_is_refused(rehearsal, tmp_path, cap
 def test_memory_is_budgeted_as_resident_not_live_tensors(rehearsal, tmp_path, capsys, monkeypatch):
     """Two ranks whose live peak fits the machine but whose resident peak does not are refused: the first
     0.6B run, let through on the live peak, was killed by the kernel's out-of-memory killer."""
-    import cluster.rehearsal
     from plsh_dist.plan import plan_run
     from plsh_dist.plan.machine import MachineMemory
+    from tools.cluster import rehearsal as cluster_rehearsal
 
-    monkeypatch.setattr(cluster.rehearsal, "namespaces_refused", lambda: None)
-    monkeypatch.setattr(cluster.rehearsal, "ssh_unavailable", lambda: None)
+    monkeypatch.setattr(cluster_rehearsal, "namespaces_refused", lambda: None)
+    monkeypatch.setattr(cluster_rehearsal, "ssh_unavailable", lambda: None)
     peaks = []
 
     def planned(cfg, **kw):

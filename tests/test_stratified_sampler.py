@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from plsh_dist.eval.approx_error import mask_error
+from experiments.approximation.approx_error import mask_error
 from plsh_dist.hashing import PositionalLSH, gamma2_ppf
 from tests.sampler_stats import SIGMA, Z_MAX, gamma2_cdf, ks_distance, row0_z, z_scores
 

@@ -42,8 +42,9 @@ from typing import Any
 from plsh_dist.config.schedule import decay_end, lr_at
 from plsh_dist.config.schema import RunConfig, read_resolved
 
-#: [attention] fields that may change on resume: same masks and estimator, another way to compute them.
-COMPUTE_ONLY = frozenset({"backend", "method", "chunk_size"})
+#: [attention] fields that may change on resume: same masks and estimator, another way to compute them
+#: (or, ``sampler_module``, another place the sampler's code is imported from: ``sampler`` is compared).
+COMPUTE_ONLY = frozenset({"backend", "method", "chunk_size", "sampler_module"})
 
 
 def trained_differences(saved: RunConfig, cfg: RunConfig) -> list[tuple[str, Any, Any]]:

@@ -1,1 +1,4 @@
-"""Evaluation: approximation error of positional LSH, q/k/v capture, plots."""
+"""Evaluation: perplexity against the context length, attention modes, generation, scoring, plots.
+
+The approximation-error study is not here: ``experiments/approximation/``.
+"""

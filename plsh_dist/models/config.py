@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plsh_dist.config_check import check_field_types, did_you_mean
-from plsh_dist.hashing import get_sampler
+from plsh_dist.hashing import get_sampler, import_sampler_module
 from plsh_dist.models.modes import BIASES
 from plsh_dist.models.presets import PRESET_TABLES
 from plsh_dist.ops.alibi import equal_cost_c
@@ -92,12 +92,18 @@ class AttentionConfig:
     sampler: str = "iid"
     """``"iid"`` (the paper's estimator) or ``"stratified"`` (same expectation,
     lower max-norm error of the mask); see :class:`plsh_dist.hashing.PositionalLSH`.
-    Any other name registered with :func:`plsh_dist.hashing.register_sampler` before
-    the config is read (the repository's launchers register the project's
-    experimental ones: ``launchers/lab_samplers.py``).
+    Any other name is registered by the module ``sampler_module`` names.
     Train with ``"iid"``: the stratified samplers resolve the kernel's tail with
     few distinct pitches, and their training gradients are further from exact
     ALiBi's from s = 20 on (``results/grad_fidelity``)."""
+
+    sampler_module: str | None = None
+    """A module to import before ``sampler`` is checked, which registers samplers
+    when imported (:func:`plsh_dist.hashing.register_sampler`), e.g.
+    ``"experiments.samplers"`` (the repository's lab samplers ``stratified_ramp`` and
+    ``stratified_ramp_alt``; importable with the repository root on ``sys.path``).
+    ``None``: plsh_dist's own samplers only. Written into checkpoints and exports
+    with ``sampler``, so whatever reads them imports the same module."""
 
     backend: str = "auto"
     """Block-attention backend of the hash ops, one of
@@ -120,7 +126,7 @@ class AttentionConfig:
 
     def __post_init__(self) -> None:
         check_field_types(self, "attention", {"sigma": 256.0, "chunk_size": 1024,  # examples for None defaults
-                                              "truncate_c": 2.66})
+                                              "truncate_c": 2.66, "sampler_module": "experiments.samplers"})
         if self.bias not in BIASES:
             raise ValueError(f"attention.bias must be one of {BIASES}, got {self.bias!r}")
         # Types were checked above (one rule for every section); what follows checks values.
@@ -140,6 +146,8 @@ class AttentionConfig:
             raise ValueError(f"attention.truncate_c must be a float > 0 (the window in units of sigma), got "
                              f"{self.truncate_c!r}; e.g. truncate_c = 2.66 (= ln 8 + 0.58, PLSH's cost at s = 8)"
                              ", or leave it out for ln(num_samples) + 0.58")
+        if self.sampler_module is not None:
+            import_sampler_module(self.sampler_module, "[attention].sampler_module")
         get_sampler(self.sampler, "attention.sampler")
         if self.backend not in BACKENDS:
             raise ValueError(f"attention.backend must be one of {BACKENDS}, got {self.backend!r}")

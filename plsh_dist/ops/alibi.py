@@ -50,7 +50,7 @@ from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_f
 #: ``c = ln s + EQUAL_COST_OFFSET``: truncated ALiBi at ``w_h = ceil(c sigma_h)`` attends as many
 #: keys per query as positional LSH's one-pass band of s samples (about ``sigma H_s``, the mean
 #: of the largest of s Exp(sigma) block reaches; 0.58 is Euler's constant, the large-s limit of
-#: ``H_s - ln s``; measured: ``plsh_dist/eval/equal_cost.py``).
+#: ``H_s - ln s``; measured: ``experiments/approximation/equal_cost.py``).
 EQUAL_COST_OFFSET = 0.58
 #: Exact ALiBi's window on the fused kernel: every key (the kernel's positions are below 2^31).
 UNBOUNDED_WINDOW = 2**31 - 1

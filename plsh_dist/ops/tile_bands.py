@@ -45,7 +45,7 @@ class TileConfig:
 
 
 #: Shipped tiles, (compute capability major, head dim) -> (forward, dK/dV, dQ). Chosen with the
-#: static cost model of the compiled code (``launchers/triton_sass_model.py``, ``results/triton/sass.md``,
+#: static cost model of the compiled code (``tools/triton_sass_model.py``, ``results/triton/sass.md``,
 #: docs/gpu.md): on Hopper every product a wgmma (at least 64 rows a warpgroup, no warpgroup
 #: repeating another's work: the dK/dV kernel's transposed tiles have the key tile's rows),
 #: software-pipelined (cp.async), no register spill in a key loop, and the fewest clocks per score

@@ -21,8 +21,8 @@ def unavailable(reason: str) -> None:
         pytest.fail(f"cluster unavailable under CI: {reason}")
     pytest.skip(f"cluster unavailable: {reason}")
 
-from cluster.hosts import ClusterUnavailable
-from cluster.ssh import ssh_hosts
+from tools.cluster.hosts import ClusterUnavailable
+from tools.cluster.ssh import ssh_hosts
 
 
 @pytest.fixture(scope="module")

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.deepspeed_hostfile import RANK_ENV, write_deepspeed_env, write_hostfile
 from plsh_dist.train.preemption import EXIT_PREEMPTED
 from tests.train.launcher_runs import ROOT, Launch, deepspeed_cmd, launcher_env
+from tools.cluster.deepspeed_hostfile import RANK_ENV, write_deepspeed_env, write_hostfile
 
 pytestmark = pytest.mark.cluster
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.hosts import ClusterUnavailable, Hosts, namespaces_refused
 from tests.cluster.conftest import unavailable
+from tools.cluster.hosts import ClusterUnavailable, Hosts, namespaces_refused
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 30
@@ -75,7 +75,7 @@ def test_a_crashed_owner_leaves_nothing_behind(can_host, tmp_path):
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from cluster.hosts import Hosts\n"
+        "from tools.cluster.hosts import Hosts\n"
         f"hosts = Hosts(2, Path({str(tmp_path)!r}))\n"
         "hosts.up()\n"
         "for h in hosts:\n"

@@ -1,7 +1,7 @@
 """DeepSpeed's hostfile runner across two hosts that run from the CPU image's root filesystem.
 
 What a user's cluster does with the image: every node runs the image's Python,
-DeepSpeed and package (cluster/image_hosts.py: each host mounts the exported
+DeepSpeed and package (tools/cluster/image_hosts.py: each host mounts the exported
 image, its sshd chroots every session into it), the runner on node-0 starts
 the ranks on both hosts through pdsh and ssh, and the out_dir is a directory
 both hosts share. ``make test-cluster`` exports the image first (``make
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster.deepspeed_hostfile import RANK_ENV, write_deepspeed_env, write_hostfile
-from cluster.hosts import ClusterUnavailable
-from cluster.image_hosts import IMAGE_ENV, SHARED, image_command, image_hosts
 from tests.cluster.conftest import unavailable
+from tools.cluster.deepspeed_hostfile import RANK_ENV, write_deepspeed_env, write_hostfile
+from tools.cluster.hosts import ClusterUnavailable
+from tools.cluster.image_hosts import IMAGE_ENV, SHARED, image_command, image_hosts
 
 pytestmark = pytest.mark.cluster
 

@@ -1,6 +1,6 @@
 """The rehearsal's tiny stand-in end to end on the two namespace hosts: every phase, every check, its page.
 
-``launchers/rehearsal.py --tiny`` runs the phases of the 0.6B rehearsal
+``tools/rehearsal.py --tiny`` runs the phases of the 0.6B rehearsal
 (uninterrupted run, checkpoint + SIGKILL of node-1's rank mid-step, resume,
 ZeRO-3 export, evaluation at 2x the length, planner beside the measured run)
 with the debug model at 256 tokens. The real one is not run here: it takes
@@ -24,7 +24,7 @@ BOUND_S = 1800  # 1.5-4 minutes on 2 busy cores; a hang fails the test instead o
 
 def test_tiny_rehearsal_passes_every_phase_and_writes_its_page(tmp_path):
     out, page = tmp_path / "out", tmp_path / "page.md"
-    res = run([sys.executable, str(ROOT / "launchers" / "rehearsal.py"), "--tiny", "--out", str(out),
+    res = run([sys.executable, str(ROOT / "tools" / "rehearsal.py"), "--tiny", "--out", str(out),
                "--page", str(page)], launcher_env(), tmp_path, "rehearsal", BOUND_S)
     if res.returncode == 2 and "cannot be made here" in res.stderr:
         unavailable(res.stderr.strip())
@@ -47,7 +47,7 @@ def test_tiny_rehearsal_passes_every_phase_and_writes_its_page(tmp_path):
     text = page.read_text()
     assert text.startswith("# The rehearsal's tiny stand-in across two namespace hosts")
     assert "Passed" in text and "FAIL" not in text
-    assert "python launchers/rehearsal.py --tiny --out" in text  # the exact command
+    assert "python tools/rehearsal.py --tiny --out" in text  # the exact command
     for phase in rep["phases"]:
         assert f"| {phase['name']} | {phase['wall_s']:.1f} s | ok" in text
     assert "| peak memory |" in text and "| step FLOPs |" in text

@@ -1,6 +1,6 @@
 """``sbatch launchers/slurm_pretrain.sh`` on a real Slurm (22.05) across two namespace hosts.
 
-slurmctld on node-0, munged and slurmd on both (cluster/slurm.py). The job
+slurmctld on node-0, munged and slurmd on both (tools/cluster/slurm.py). The job
 asks for 2 nodes, one CPU rank each (GPUS_PER_NODE=1; the header's GPU and
 CPU counts overridden on the sbatch line, as a user would on another
 cluster), so its SP = 2 group spans both hosts through torchrun's c10d
@@ -33,10 +33,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster.hosts import ClusterUnavailable
-from cluster.slurm import slurm_hosts
 from tests.cluster.conftest import unavailable
 from tests.train.launcher_runs import ROOT, launcher_env
+from tools.cluster.hosts import ClusterUnavailable
+from tools.cluster.slurm import slurm_hosts
 
 pytestmark = pytest.mark.cluster
 

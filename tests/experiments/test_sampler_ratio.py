@@ -7,7 +7,7 @@ import json
 import pytest
 
 from experiments import sampler_ratio
-from plsh_dist.eval.approx_error import mask_error, samples_to_match
+from experiments.approximation.approx_error import mask_error, samples_to_match
 
 
 def test_ratio_is_match_at_over_the_interpolated_s(tmp_path):

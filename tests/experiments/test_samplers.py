@@ -75,14 +75,21 @@ def test_importing_the_lab_registers_its_samplers():
                            "'stratified_ramp_alt')"]
 
 
-def test_a_launcher_reads_a_config_naming_a_lab_sampler():
-    """``launchers/plan.py`` (a config read, no training) with the repository root on PYTHONPATH,
-    as the Makefile and experiments/replicate.py run the launchers."""
-    done = subprocess.run([sys.executable, str(ROOT / "launchers" / "plan.py"), "--config",
-                           str(ROOT / "configs" / "debug.toml"), "--device", "cpu", "--world-size", "1",
-                           "--attention.sampler=stratified_ramp"], capture_output=True, text=True, cwd=ROOT,
-                          env=launcher_env(), timeout=120)
+def test_a_launcher_reads_a_config_naming_a_lab_sampler_and_its_module():
+    """``launchers/plan.py`` (a config read, no training) with the repository root on PYTHONPATH, as the
+    Makefile and experiments/replicate.py run the launchers: the path alone registers nothing, the
+    setting ``[attention].sampler_module`` does."""
+    def plan(*overrides):
+        return subprocess.run([sys.executable, str(ROOT / "launchers" / "plan.py"), "--config",
+                               str(ROOT / "configs" / "debug.toml"), "--device", "cpu", "--world-size", "1",
+                               "--attention.sampler=stratified_ramp", *overrides], capture_output=True, text=True,
+                              cwd=ROOT, env=launcher_env(), timeout=120)
+
+    done = plan("--attention.sampler_module=experiments.samplers")
     assert done.returncode == 0, done.stderr
+    refused = plan()
+    assert refused.returncode == 2, refused.stderr
+    assert "got 'stratified_ramp'" in refused.stderr and "[attention].sampler_module" in refused.stderr
 
 
 @pytest.mark.parametrize("s", [16, 7])  # 7: two groups (2, 5), one antithetic pair

@@ -123,7 +123,7 @@ def test_planner_counts_the_fused_kernels_tiles(monkeypatch):
 
 
 def test_the_table_puts_truncated_alibi_beside_the_kernel_at_equal_cost():
-    """``launchers/kernel_tiles_table.py``: truncated ALiBi's windows at s samples' cost visit about
+    """``tools/kernel_tiles_table.py``: truncated ALiBi's windows at s samples' cost visit about
     the tiles of PLSH's band on the same kernel (within 10% at 8k, s = 8)."""
     from plsh_dist.ops.alibi import equal_cost_c, truncation_windows
     from plsh_dist.plan.kernel_tiles import window_tiles

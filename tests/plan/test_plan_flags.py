@@ -44,7 +44,6 @@ def test_bad_flags_exit_2_naming_the_flag(flags, message):
 
 def test_cpu_ranks_share_the_machines_memory(monkeypatch, capsys):
     """The debug run peaks at ~1.9 GiB per rank: one rank fits a 4 GiB machine, two sharing it do not."""
-    monkeypatch.syspath_prepend(str(ROOT / "launchers"))  # plan.py imports its sibling lab_samplers
     from launchers.plan import main
 
     monkeypatch.setattr(machine, "machine_memory",
@@ -105,7 +104,6 @@ def test_a_measurement_a_bucket_above_the_estimate_is_repeated(monkeypatch, caps
     """The spurious extra DeepSpeed bucket seen now and then: the lower of two measurements is printed."""
     import plsh_dist.data
 
-    monkeypatch.syspath_prepend(str(ROOT / "launchers"))  # plan.py imports its sibling lab_samplers
     from launchers.plan import main
     from plsh_dist.train import peak_measure
 

@@ -180,7 +180,7 @@ def test_training_with_chunked_loss_matches_plain_under_every_zero_stage(tiny_da
 
 
 def test_chunked_loss_peak_memory_is_a_small_fraction_of_the_plain_one():
-    """Live torch bytes of forward + backward (launchers/bench_loss_memory.py's measure, smaller):
+    """Live torch bytes of forward + backward (benchmarks/bench_loss_memory.py's measure, smaller):
     the plain path peaks at 3 fp32 (N, V) tensors, the chunked one at ~2 (chunk, V) ones."""
     from plsh_dist.plan.memory_measure import peak_cpu_bytes
 

@@ -1,4 +1,4 @@
-"""launchers/gpu_check.py without CUDA: the smoke stage's CPU-safe part (the kernel's check at toy
+"""tools/gpu_check.py without CUDA: the smoke stage's CPU-safe part (the kernel's check at toy
 sizes under Triton's interpreter) runs, writes its results before the full stage starts, says
 that every GPU part was skipped, and fails when the kernel is wrong; the full stage copes
 without pytest."""

@@ -1,4 +1,4 @@
-"""launchers/gpu_graph.py (gpu_check.py's graph stage): without CUDA it says what it skipped and runs
+"""tools/gpu_graph.py (gpu_check.py's graph stage): without CUDA it says what it skipped and runs
 the eager and compiled steps of the tiny model, whose compiled step is checked against an fp64
 copy at two steps; a failing part is recorded and the next one runs; gpu_check.py records a child
 process it had to kill. With CUDA, the stage's own result must be ok (never faked here)."""
