@@ -355,14 +355,22 @@ class FixedBlocks(PositionalLSH):
         return pitch, torch.zeros_like(pitch)
 
 
-def _bucket(p: torch.Tensor, pitch: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """The bucket formula, ``floor((p - shift) / pitch)``, in float64 (broadcasting).
+def bucket(p: torch.Tensor, pitch: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """The bucket formula, ``floor((p - shift) / pitch)``, float64 holding integers (broadcasting).
 
+    The package's one copy of it: the host tables, the fused kernel's band tables and Flex's
+    ``score_mod`` call it (torch ops only, so FlexAttention can trace it); the Triton kernels'
+    copy (``table_kernels._bucket``) mirrors it and is held bit-equal by the tests.
     Tensor / tensor in float64 is correctly rounded on CPU and CUDA alike, so
     every device computes the same buckets (a CPU *scalar* divisor would not
     do: CUDA turns it into a multiplication by the reciprocal).
     """
-    return torch.floor((p.to(torch.float64) - shift) / pitch).to(torch.long)
+    return torch.floor((p.to(torch.float64) - shift) / pitch)
+
+
+def _bucket(p: torch.Tensor, pitch: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """:func:`bucket` as LongTensor bucket ids."""
+    return bucket(p, pitch, shift).to(torch.long)
 
 
 def _bucket_start(b: torch.Tensor, pitch: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
@@ -380,6 +388,22 @@ def _bucket_start(b: torch.Tensor, pitch: torch.Tensor, shift: torch.Tensor) -> 
             return c
         c = c - down.long() + up.long()
     raise RuntimeError("bucket_start did not converge; pitch or position out of float64 range")
+
+
+def block_start(b: torch.Tensor, pitch: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Smallest integer position whose bucket is >= ``b`` (float64 holding integers, broadcasting
+    with pitch, shift), float64: :func:`_bucket_start` without its convergence check (a host sync
+    on CUDA), for the device tables.
+
+    The estimate ``ceil(shift + b pitch)`` is within one position of the rule: its float64 error
+    is a few ulps of numbers below 2^49 (positions below 2^31, pitches below 2^48), far less than
+    one. So one correction against :func:`bucket` at the estimate minus one and at the estimate,
+    counted in one pass, lands on it; the tests hold the result equal to
+    ``PositionalLSH.block_bounds``. The Triton kernels' copy (``table_kernels._block_start``)
+    mirrors it."""
+    c = torch.ceil(shift + b * pitch)
+    cand = c + torch.arange(-1, 1, dtype=c.dtype, device=c.device).view(2, *[1] * c.dim())  # c - 1, c
+    return cand[0] + (bucket(cand, pitch, shift) < b).sum(0)
 
 
 def block_starts(buckets: torch.Tensor) -> torch.Tensor:

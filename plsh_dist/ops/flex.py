@@ -40,6 +40,8 @@ import functools
 
 import torch
 
+from plsh_dist.hashing import bucket
+
 #: Block size of the sparse masks: FlexAttention's default (against 64 on CPU: results/flex/README.md).
 BLOCK_SIZE = 128
 
@@ -177,7 +179,7 @@ def count_score_mod(first: torch.Tensor, end: torch.Tensor | None):
 def hash_count_score_mod(pitch: torch.Tensor, shift: torch.Tensor, positions: torch.Tensor):
     """PLSH's ``score + log c_ij`` straight from the hash: ``c_ij`` counts the samples ``t`` with
     ``floor((p_i - u_t) / delta_t) == floor((p_j - u_t) / delta_t)`` in float64, the hash's own
-    bucket formula (:func:`plsh_dist.hashing._bucket`), ``s`` bucket pairs per score.
+    bucket formula (:func:`plsh_dist.hashing.bucket`, torch ops only: traceable), ``s`` bucket pairs per score.
 
     ``pitch``, ``shift``: the hash's float64 (s, Hb) tables, ``positions`` (T,), all on the
     attention's device. Causal or not is the mask's (``c_ii = s``: the band holds the row).
@@ -189,7 +191,7 @@ def hash_count_score_mod(pitch: torch.Tensor, shift: torch.Tensor, positions: to
         c = 0
         for t in range(s):
             u, delta = _index(shift[t], h), _index(pitch[t], h)
-            same = torch.floor((p[q_idx] - u) / delta) == torch.floor((p[kv_idx] - u) / delta)
+            same = bucket(p[q_idx], delta, u) == bucket(p[kv_idx], delta, u)
             c = c + same.to(score.dtype)
         return score + torch.log(c)
 

@@ -76,15 +76,15 @@ def hash_draw_kernel(Seed, Sigma, Pitch, Shift, num_samples, num_heads, FIXED: t
 
 @triton.jit
 def _bucket(p, pitch, shift):
-    """``floor((p - shift) / pitch)`` in float64 (the hash's own rule; a float64 division is
-    correctly rounded on every target, PTX's ``div.rn.f64``)."""
+    """:func:`plsh_dist.hashing.bucket`, the rule it mirrors: ``floor((p - shift) / pitch)`` in
+    float64 (a float64 division is correctly rounded on every target, PTX's ``div.rn.f64``)."""
     return tl.math.floor((p - shift) / pitch)
 
 
 @triton.jit
 def _block_start(b, pitch, shift):
     """Smallest integer position whose bucket is >= ``b`` (float64), as
-    :func:`plsh_dist.ops.tile_bands.block_start`: the estimate ``ceil(shift + b pitch)`` is within
+    :func:`plsh_dist.hashing.block_start`, the rule it mirrors: the estimate ``ceil(shift + b pitch)`` is within
     one of it, and the hash's own rule at the estimate minus one and at the estimate corrects it."""
     c = tl.math.ceil(shift + b * pitch)
     below = c - 1.0

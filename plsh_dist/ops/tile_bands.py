@@ -13,7 +13,7 @@ Reach of a token ``i`` (hash head ``hh``):
 - count bias (PLSH, fixed blocks): from the earliest first token of the s
   blocks holding ``i`` to one past their latest last token, each block cut
   to ``i``'s document; block bounds from the hash's own arithmetic
-  (:func:`plsh_dist.hashing._bucket`), so bit-identical to ``PositionalLSH``;
+  (:func:`plsh_dist.hashing.bucket` and ``block_start``), so bit-identical to ``PositionalLSH``;
 - ALiBi window bias: the tokens of ``i``'s document within ``w_h - 1``
   positions of it.
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from plsh_dist.hashing import PositionalLSH
+from plsh_dist.hashing import PositionalLSH, block_start, bucket
 
 
 @dataclass(frozen=True)
@@ -131,21 +131,6 @@ class TokenLayout:
         return self.virtual[tokens] - self.positions[tokens]
 
 
-def block_start(b: torch.Tensor, pitch: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """Smallest integer position whose bucket is >= ``b`` (float64 holding integers, broadcasting
-    with pitch, shift), float64: :func:`plsh_dist.hashing._bucket_start` without its convergence
-    check (a host sync on CUDA).
-
-    The estimate ``ceil(shift + b pitch)`` is within one position of the rule: its float64 error
-    is a few ulps of numbers below 2^49 (positions below 2^31, pitches below 2^48), far less than
-    one. So one correction against the hash's own rule (:func:`_bucket` at the estimate minus one
-    and at the estimate, counted in one pass) lands on it; the tests hold the result equal to
-    ``PositionalLSH.block_bounds``."""
-    c = torch.ceil(shift + b * pitch)
-    cand = c + torch.arange(-1, 1, dtype=c.dtype, device=c.device).view(2, *[1] * c.dim())  # c - 1, c
-    return cand[0] + (torch.floor((cand - shift) / pitch) < b).sum(0)
-
-
 @dataclass(frozen=True)
 class CountBias:
     """The one-pass PLSH bias ``log c_ij``: the hash's pitch and shift on the device.
@@ -174,7 +159,7 @@ class CountBias:
         """First position of bucket ``+ step`` of the blocks holding ``tokens`` (a slice or a
         LongTensor[m]), every head and sample at once: float64 (Hh, s, m) holding integers."""
         pitch, shift = self.pitch.T[:, :, None], self.shift.T[:, :, None]  # (Hh, s, 1)
-        b = torch.floor((layout.positions[tokens].to(torch.float64) - shift) / pitch)
+        b = bucket(layout.positions[tokens], pitch, shift)
         return block_start(b + step if step else b, pitch, shift)
 
 
@@ -254,7 +239,7 @@ class CountReach(Reach):
         n = layout.n
         index = tile_index(n, largest, layout.positions.device)
         pitch, shift = bias.pitch.T[:, :, None], bias.shift.T[:, :, None]  # (Hh, s, 1)
-        b = torch.floor((layout.positions.to(torch.float64) - shift) / pitch)  # (Hh, s, n)
+        b = bucket(layout.positions, pitch, shift)  # (Hh, s, n)
         if causal:  # the block ends only where a band needs them, after the starts on one axis
             tokens = [_tile_lasts(index, n, size) for size in end_sizes]
             ends = torch.cat(tokens) if len(tokens) > 1 else tokens[0] if tokens else index[:0]

@@ -32,7 +32,7 @@ from types import SimpleNamespace
 
 import torch
 
-from plsh_dist.hashing import FixedBlocks, PositionalLSH
+from plsh_dist.hashing import FixedBlocks, PositionalLSH, bucket
 from plsh_dist.models.attention import BINDING_ATTR, AttentionBinding, head_scales, plsh_dist_attention
 from plsh_dist.models.runtime import AttentionRuntime
 from plsh_dist.ops.alibi import default_chunk_size, truncation_windows
@@ -114,7 +114,7 @@ def pairs_per_head(setup: AttentionSetup, T: int) -> list[float]:
         out = []
         for sigma in setup.sigma:
             pitch = 2.0 * sigma
-            sizes = torch.bincount(torch.floor(torch.arange(T, dtype=torch.float64) / pitch).long()).double()
+            sizes = torch.bincount(bucket(torch.arange(T, dtype=torch.float64), pitch, 0.0).long()).double()
             out.append(float((sizes * (sizes + 1) / 2).sum()))
         return out
     return [_kernel_pairs(T, sigma, setup.num_samples, setup.onepass) for sigma in setup.sigma]
