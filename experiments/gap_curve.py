@@ -1,6 +1,6 @@
 """The PLSH-to-exact-ALiBi gap against the number of hash samples s.
 
-From a replication report (``experiments.replication``), every mode named
+From a replication report (``experiments.replication_report``), every mode named
 ``plsh_s{s}_{sampler}_{sigma}``, or ``trunc_s{s}_{sigma}`` (exact ALiBi truncated
 at the cost of s samples; its rows carry ``sampler="truncated"``), gives one
 point per context length: its

@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(c, m, s) for c in args.corpus_list for s in args.seed_list for m in args.mode_list]
     reuse, checks = None, set()
     if args.reuse:
-        from experiments.replication import reusable_runs
+        from experiments.replication_report import reusable_runs
 
         reuse = json.loads(Path(args.reuse).read_text())
         try:
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from experiments.replication import replicate_report
+    from experiments.replication_report import replicate_report
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     lengths = [round(float(m) * args.train_len) for m in args.multiples.split(",")]

@@ -13,7 +13,7 @@ every length aligned to end at the same tokens, so every cell scores the same
 target tokens (--no-align: windows start at multiples of K instead); each cell
 has a confidence interval over windows (--ci se|bootstrap, --ci-level) and,
 with --reference MODE, the paired perplexity ratio of every mode to MODE.
-Modes: see --modes below (plsh_dist/eval/modes.py). --data: omit for the
+Modes: see --modes below (plsh_dist/eval/mode_specs.py). --data: omit for the
 checkpoint's own validation split, else files/globs (comma-separated) or a
 datasets name (owner/name[:config], --split).
 """
@@ -36,7 +36,7 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from plsh_dist.eval.modes import spec_usage
+    from plsh_dist.eval.mode_specs import spec_usage
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="run dir, its final/ export, or checkpoints/step_XXXXXXXX")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from plsh_dist.eval.modes import spec_usage
+    from plsh_dist.eval.mode_specs import spec_usage
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="run dir, its final/ export, or checkpoints/step_XXXXXXXX")

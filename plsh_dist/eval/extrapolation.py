@@ -51,7 +51,7 @@ from plsh_dist.checkpoint.loading import LoadedCheckpoint, load_model
 from plsh_dist.data.packing import document_cu_seqlens
 from plsh_dist.distributed.sp_chunks import sp_bounds
 from plsh_dist.eval.eval_data import load_eval_tokens
-from plsh_dist.eval.modes import attention_for
+from plsh_dist.eval.mode_specs import attention_for
 from plsh_dist.eval.scoring import (
     TokenSums,
     mean_ci,

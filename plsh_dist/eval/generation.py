@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from plsh_dist.checkpoint.loading import LoadedCheckpoint
-from plsh_dist.eval.modes import attention_for, parse_modes
+from plsh_dist.eval.mode_specs import attention_for, parse_modes
 from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig, set_attention_mode
 
 
@@ -162,7 +162,7 @@ def generate(ck: LoadedCheckpoint, prompt: str, *, max_new_tokens: int = 64, mod
     Args:
         ck: ``load_model``'s checkpoint (model, tokenizer, trained attention).
         mode: one evaluation mode spec (``"plsh:s=16"``, ``"alibi"``, ``"window:512"``...,
-            see ``plsh_dist.eval.modes``); None = the trained attention.
+            see ``plsh_dist.eval.mode_specs``); None = the trained attention.
         hash_seed: run seed of the PLSH masks; None = the checkpoint's (its seed rule).
         temperature, top_k, top_p, seed: sampling (``temperature=0``: greedy).
         doc_start: prefix the prompt with EOS (a document start, module doc).

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from plsh_dist.eval.modes import EvalMode, parse_modes
+from plsh_dist.eval.mode_specs import EvalMode, parse_modes
 from plsh_dist.eval.scoring import mean_ci
 
 
@@ -27,7 +27,7 @@ class EvalSettings:
     """Context lengths L (tokens)."""
     modes: Sequence[EvalMode] | str
     """Attention modes: ``EvalMode`` list or a spec string (``"plsh:s=8,alibi"``, see
-    :mod:`plsh_dist.eval.modes`); parsed here into a list."""
+    :mod:`plsh_dist.eval.mode_specs`); parsed here into a list."""
     seeds: Sequence[int] = (0, 1, 2)
     """Hash seeds of stochastic (PLSH) modes: mean and sample std over them."""
     scorings: Sequence[str] = ("whole",)

@@ -3,7 +3,7 @@
 Each mode is one positional bias the attention function computes
 (:data:`plsh_dist.models.attention.BIAS_FUNCTIONS` holds its forward and decoding
 functions). A run config names it by ``bias``; an evaluation spec
-(:mod:`plsh_dist.eval.modes`, ``--modes plsh:s=8,alibi,fixed,window:512,none``)
+(:mod:`plsh_dist.eval.mode_specs`, ``--modes plsh:s=8,alibi,fixed,window:512,none``)
 by ``spec`` or one of its ``aliases``, with the ``options`` listed here.
 """
 
@@ -40,6 +40,8 @@ MODES: dict[str, AttentionMode] = {m.bias: m for m in (
     AttentionMode("alibi", "alibi", (), ("sigma", "rope", "chunk"), False, "exact ALiBi"),
     AttentionMode("plsh", "plsh", (), ("s", "num_samples", "sigma", "sampler", "rope"), True,
                   "positional-LSH estimate of ALiBi"),
+    # One mode, two spellings of it: "fixed_blocks" in run configs and checkpoints, "fixed" (or
+    # "fixed_blocks") in evaluation specs and the reports written from them; both stay accepted.
     AttentionMode("fixed_blocks", "fixed", ("fixed_blocks",), ("sigma", "rope"), False,
                   "the paper's fixed-blocks baseline: pitch 2*sigma, one sample"),
     AttentionMode("window", "window", (), ("w", "window", "sigma", "rope", "chunk"), False,

@@ -45,7 +45,7 @@ from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.merge import accum_dtype
 from plsh_dist.ops.tile_bands import TokenLayout, WindowBias
 from plsh_dist.ops.triton_onepass import triton_cuda
-from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_for
+from plsh_dist.ops.input_checks import check_positions, check_qkv, softmax_scale_for
 
 #: ``c = ln s + EQUAL_COST_OFFSET``: truncated ALiBi at ``w_h = ceil(c sigma_h)`` attends as many
 #: keys per query as positional LSH's one-pass band of s samples (about ``sigma H_s``, the mean

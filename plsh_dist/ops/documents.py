@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from plsh_dist.ops.validation import LAYOUT
+from plsh_dist.ops.input_checks import LAYOUT
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch
 
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.gqa import repeat_kv
-from plsh_dist.ops.validation import LAYOUT
+from plsh_dist.ops.input_checks import LAYOUT
 
 
 @dataclass(frozen=True)

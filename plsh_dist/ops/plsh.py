@@ -36,7 +36,7 @@ from plsh_dist.ops.documents import (Documents, backward_on_flat_row, device_pos
 from plsh_dist.ops.head_groups import head_groups
 from plsh_dist.ops.plsh_varlen import VarlenPerSample
 from plsh_dist.ops.triton_onepass import TritonOnePass
-from plsh_dist.ops.validation import check_positions, check_qkv, softmax_scale_for
+from plsh_dist.ops.input_checks import check_positions, check_qkv, softmax_scale_for
 
 
 # ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from plsh_dist.checkpoint.loading import load_model
 from plsh_dist.eval.eval_data import load_eval_tokens
 from plsh_dist.eval.extrapolation import EvalSettings, evaluate_model, format_table, paired_differences, write_outputs
-from plsh_dist.eval.modes import attention_for, parse_modes
+from plsh_dist.eval.mode_specs import attention_for, parse_modes
 from plsh_dist.eval.scoring import mean_ci, paired_ci, plan_windows, t_quantile, targets_digest
 from plsh_dist.models import set_attention_mode
 from tests.eval.test_extrapolation import METRIC_TOL, tiny  # noqa: F401  (module fixture)

@@ -30,7 +30,7 @@ from plsh_dist.config import config_from_table, write_resolved  # noqa: E402
 from plsh_dist.data.tokenizer import train_tokenizer  # noqa: E402
 from plsh_dist.eval.eval_data import load_eval_tokens  # noqa: E402
 from plsh_dist.eval.extrapolation import EvalSettings, evaluate_checkpoint, evaluate_model, format_table  # noqa: E402
-from plsh_dist.eval.modes import attention_for, parse_modes  # noqa: E402
+from plsh_dist.eval.mode_specs import attention_for, parse_modes  # noqa: E402
 from plsh_dist.eval.scoring import plan_windows  # noqa: E402
 from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig, build_model  # noqa: E402
 from tests.eval import extrapolation_worker  # noqa: E402

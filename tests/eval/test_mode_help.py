@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from plsh_dist.eval.modes import parse_modes, spec_usage
+from plsh_dist.eval.mode_specs import parse_modes, spec_usage
 from plsh_dist.models.modes import MODES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("script", ["replicate.py", "grad_fidelity.py", "sampler_ratio.py", "sim_halo.py",
+@pytest.mark.parametrize("script", ["replicate.py", "grad_fidelity.py", "sampler_ratio.py", "halo_sim_sweep.py",
                                     "truncated_alibi.py", "flex_cpu.py"])
 def test_script_starts(script):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the script finds the repository itself

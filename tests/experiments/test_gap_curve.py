@@ -9,7 +9,7 @@ import pytest
 
 from experiments import replicate
 from experiments.gap_curve import format_gap, gap_rows, plot_gap, seeds_needed, verdict
-from experiments.replication import summarize
+from experiments.replication_report import summarize
 
 WINDOWS = 6
 

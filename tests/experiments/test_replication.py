@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from experiments import replicate
-from experiments.replication import _check_reused, format_report, replication_lengths, reusable_runs, summarize
+from experiments.replication_report import _check_reused, format_report, replication_lengths, reusable_runs, summarize
 
 
 def test_the_protocol_grid():
@@ -82,7 +82,7 @@ def test_summary_statistics_and_report():
 
 
 def test_a_report_is_read_again_against_another_reference(tmp_path, capsys):
-    from experiments.replication import main
+    from experiments.replication_report import main
 
     rows = []
     for seed in (0, 1):

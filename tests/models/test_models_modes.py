@@ -3,7 +3,7 @@ attention function's bias table, evaluation specs and the replication grid."""
 
 import pytest
 
-from plsh_dist.eval.modes import attention_for, parse_modes
+from plsh_dist.eval.mode_specs import attention_for, parse_modes
 from plsh_dist.models import BIASES, AttentionConfig
 from plsh_dist.models.attention import BIAS_FUNCTIONS
 from plsh_dist.models.modes import MODES

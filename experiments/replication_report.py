@@ -18,7 +18,7 @@ error bars = std over training seeds), and with PLSH modes ``gap.md`` /
 A written report can be read again against another reference mode, without
 evaluating anything (the ratio tables only)::
 
-    python -m experiments.replication results/quality_gap_seeds/replication.json \
+    python -m experiments.replication_report results/quality_gap_seeds/replication.json \
         --reference plsh_s8_iid_h --modes trunc_s8_h
 """
 
@@ -39,7 +39,7 @@ from experiments.gap_curve import format_gap, plot_gap
 from plsh_dist.checkpoint.loading import load_model
 from plsh_dist.eval.eval_data import load_eval_tokens
 from plsh_dist.eval.extrapolation import EvalSettings, evaluate_model
-from plsh_dist.eval.modes import parse_modes
+from plsh_dist.eval.mode_specs import parse_modes
 from plsh_dist.eval.scoring import mean_ci
 
 __all__ = ["replicate_report", "replication_lengths", "summarize", "format_report", "plot_report", "reusable_runs",
@@ -312,5 +312,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # python -m experiments.replication, from the repository root
+if __name__ == "__main__":  # python -m experiments.replication_report, from the repository root
     sys.exit(main())

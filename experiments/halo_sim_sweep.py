@@ -1,6 +1,6 @@
 """Halo traffic at scale: PLSH's SP halo from the real hash vs ring attention and Ulysses, and host planning time.
 
-    python experiments/sim_halo.py --seq-len 128k,1M,4M --sp 8,64,256 --samples 8,100 --sigma per-head,256 \
+    python experiments/halo_sim_sweep.py --seq-len 128k,1M,4M --sp 8,64,256 --samples 8,100 --sigma per-head,256 \
         --out results/halo_sim [--repeats 3] [--no-timing] [--from-json results/halo_sim/halo_sim.json]
 
 For every (T, P, sigma, s): the forward bytes each rank receives per layer
