@@ -4,39 +4,11 @@
     ck.model, ck.run_config, ck.tokenizer           # eval mode, float32, the trained attention
     load_model(path, dtype=None).model              # in the dtype the weights were saved in (bf16 runs: bf16)
 
-Every reader of trained weights comes here: evaluation, generation, export
-and conversion (``launchers/convert_checkpoint.py``) and the validation of an
-export. (A transformers directory a run starts from, ``[model].init_from``, is
-read on the model side: :mod:`plsh_dist.models.pretrained`.) Kinds of path:
-
-- an **export** (``out_dir/final``): ``model.safetensors`` (or a sharded
-  ``model.safetensors.index.json``) + ``config.resolved.json`` (+
-  ``tokenizer.model``); its ``config.json``, when it is plsh_dist's own type
-  (``qwen3_plsh`` ...), must describe the same model (attention, seed,
-  architecture) or loading stops naming both files; an older export whose
-  ``config.json`` says plain ``qwen3`` loads with a warning (plain
-  transformers would rebuild it with RoPE/SDPA): ``convert_checkpoint.py``
-  rewrites it. Without ``config.resolved.json`` (an export copied without
-  it, or saved again by transformers) the model is rebuilt from
-  ``config.json`` alone, as transformers does: architecture, attention and
-  seed; the run's data and training settings are then unknown
-  (``LoadedCheckpoint.run_config_file`` is None) and what needs them asks for
-  them (evaluation without ``--data``, exported validation, re-exporting);
-- a **run directory** (``out_dir``): its ``final/`` if present, else its
-  newest complete DeepSpeed tag;
-- a **DeepSpeed tag** (``out_dir/checkpoints/step_00000100``): ZeRO stage 0-2
-  (``mp_rank_00_model_states.pt``, read with ``weights_only``), or ZeRO-3, its
-  per-rank master-weight shards gathered into whole parameters in the dtype the
-  engine's module held (:mod:`plsh_dist.checkpoint.zero3_weights`, also ``weights_only``).
-
-The pass, in order: find the weights (``locate``), read the run config saved
-with them (older layouts accepted, ``plsh_dist.config.schema.read_resolved``)
-and check an export's ``config.json`` against it, open the tokenizer (the
-checkpoint's own unless one is given; a given one must be the same model)
-and check that the embedding covers it, read the weights, build the model.
-transformers' ``AutoModelForCausalLM.from_pretrained`` of an export takes
-its own entry (:func:`plsh_dist.models.hf_config.load_pretrained`) to the
-same final step (:func:`plsh_dist.models.build.model_with_weights`).
+Every reader of trained weights comes here: evaluation, generation, export and conversion
+(``launchers/convert_checkpoint.py``) and the validation of an export (a transformers directory a
+run starts from, ``[model].init_from``, is read by :mod:`plsh_dist.models.pretrained`). The kinds
+of path it takes (export, run directory, DeepSpeed tag of any ZeRO stage), what it checks and in
+which order: docs/training.md, "Loading any checkpoint in Python".
 """
 
 from __future__ import annotations

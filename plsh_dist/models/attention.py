@@ -1,65 +1,12 @@
 """Our attention as a registered transformers attention implementation.
 
-transformers' decoders (Qwen3, Llama, Mistral, ...) look their attention up
-by name: ``ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation)``
-and call it as ``fn(module, query, key, value, attention_mask, dropout=,
-scaling=, sliding_window=, position_ids=, ...)`` with HF's (B, H, T, D)
-layout, after rope. We register ``"plsh_dist"`` there and compute what the
-module's :class:`AttentionBinding` says (``set_attention_mode`` binds one to
-every attention module): its attention settings, its seed context and seed
-rule, and its ops; :data:`BIAS_FUNCTIONS` maps each bias to its full-forward
-and decoding functions.
-
-Masks: the op masks causally itself (and per block), so no (T, T) mask may
-be built. ``create_causal_mask`` asks ``ALL_MASK_ATTENTION_FUNCTIONS`` for
-the implementation's mask builder; ours (:func:`padding_mask`) returns
-``None`` when the caller passed no 2-D padding mask or one that pads nothing
-(training passes none), else that (B, K) boolean mask, which every layer then
-receives as ``attention_mask``.
-
-Padded batches (inference: ``generate`` on prompts of different lengths,
-a right-padded forward, ``pipeline(batch_size=...)``), as BLOOM does for its
-ALiBi: a token's position is the number of real tokens before it
-(``cumsum(mask) - 1``; ``position_ids`` are not read), so a row's ALiBi
-distances and PLSH blocks, a pure function of absolute positions, are those
-of the same row unpadded; padded keys are never attended, and padded queries
-get a zero output. A full forward gathers every row's real tokens into one
-flat row of packed documents, one per batch row, restarting at position 0
-(the ops' ``cu_seqlens``: :func:`_padded_forward`), and scatters the outputs
-back; a KV-cache step decodes each row's real tokens on their own
-(:func:`_padded_decode`). Both are differentiable; sequence parallelism and
-packed documents with a padding mask are refused.
-
-Positions and documents: the decoder layers forward ``position_ids``
-(B, T_local) and transformers' packed keyword arguments (``cu_seq_lens_q/k``)
-to the attention function. Under sequence parallelism the positions are the
-*global* positions of this rank's chunk. Packed documents (offsets, or
-position_ids restarting at 0 per document) become the ops' ``cu_seqlens``:
-no token attends across a document (:func:`_layout`).
-
-Which ops compute: a binding's ``ops`` is anything with the four functions of
-:mod:`plsh_dist.ops` (``plsh_attention``, ``fixed_blocks_attention``,
-``alibi_attention``, ``causal_attention``) and their keyword arguments. None
-(the default) means the single-process ops; sequence parallelism binds its
-own once (:func:`plsh_dist.models.parallelize.apply_sequence_parallel`). The
-model code never sees a process group.
-
-KV cache (generation): transformers updates the cache before calling us, so
-keys longer than the queries mean a decoding step: the new queries attend to
-every cached key under the same bias and hash seed rule as a full forward
-(:meth:`AttentionBinding.decode`, :mod:`plsh_dist.ops.decode`), so decoding token by token
-gives one full forward's logits. Packed documents and sequence parallelism
-are refused with a cache.
-
-Compiled (``torch.compile`` of a decoder layer, ``models.compile_layers``): a full
-forward on the single-process ops calls the custom ops (:mod:`plsh_dist.ops.custom_ops`)
-directly with the raw ``position_ids`` and packed offsets, laid out inside the op (the
-layout reads host integers, which would break the graph; the positions cache is not
-used; on a GPU the fused kernel's op keeps position_ids without packed offsets on the
-device and reads nothing back), the hash seed as a tensor (``plsh_dist::layer_seed`` of the seed context's step
-tensor and the layer's index tensor: one graph for every step and every layer), and the
-per-head constants (:func:`head_scales`, the truncation windows) as graph constants.
-Padded batches, KV-cache steps and sequence parallelism are not compiled paths.
+transformers' decoders (Qwen3, Llama, Mistral, ...) look their attention up by name and call it with
+HF's (B, H, T, D) layout after rope; we register ``"plsh_dist"`` there and compute what the module's
+:class:`AttentionBinding` says (``set_attention_mode`` binds one to every attention module): its
+attention settings, seed context and seed rule, and its ops; :data:`BIAS_FUNCTIONS` maps each bias
+to its full-forward and decoding functions. No (T, T) mask is built (:func:`padding_mask`).
+How masks, padded batches, positions and packed documents, the bound ops, the KV cache and the
+compiled path are handled: docs/design.md, section 4, "The model's attention hook".
 
 Legend: B batch, T tokens (this rank's), Hq query heads, Hkv key/value
 heads, D head dim.

@@ -1,38 +1,13 @@
 """plsh_dist's own transformers model types: a ``config.json`` that names the attention it needs.
 
-A model trained here is transformers' Qwen3 / Llama / Mistral decoder with
-*our* attention (ALiBi, PLSH, ... with rope on or off). Saved as plain
-``qwen3``, ``AutoModelForCausalLM.from_pretrained`` would rebuild it with RoPE
-and SDPA and no bias, silently a different model. So ``build_model`` builds
-these subclasses, which add nothing but a distinct ``model_type``:
-
-    qwen3_plsh -> Qwen3PlshConfig / Qwen3PlshForCausalLM    (Qwen3Config / Qwen3ForCausalLM)
-    llama_plsh -> LlamaPlshConfig / LlamaPlshForCausalLM    (Llama...)
-    mistral_plsh -> MistralPlshConfig / MistralPlshForCausalLM
-
-and ``config.json`` gets a ``"plsh_dist"`` section (``SECTION``)::
-
-    "plsh_dist": {"format": 1, "version": "0.1.0",
-                  "attention": {<every AttentionConfig field>},
-                  "hash_seed": {"run_seed": 0, "step": 0, "micro_step": 0, "rule": "..."}}
-
-Importing ``plsh_dist.models`` registers the three types with ``AutoConfig``,
-``AutoModelForCausalLM`` and ``AutoTokenizer`` (:class:`~plsh_dist.models.hf_tokenizer.PlshTokenizer`).
-Without it, transformers refuses the directory ("model type qwen3_plsh ...
-not recognized") instead of loading a different model.
-
-``from_pretrained`` of the registered classes is :func:`load_pretrained`:
-it reads the section, rebuilds the architecture from the standard fields
-(``ModelConfig.from_hf_config``) and hands the safetensors weights to
-:func:`plsh_dist.models.build.model_with_weights`, the one saved-weights ->
-model step (the checkpoint loader, ``plsh_dist.checkpoint.loading.load_model``,
-calls it too), so the logits equal those of training-time evaluation.
-
-Seed rule: the hash seed of layer ``l`` is ``hash_seed(run_seed, step,
-micro_step, l)`` (:mod:`plsh_dist.models.runtime`); a loaded model starts at
-the stored ``(step, micro_step)`` = ``(0, 0)``, the masks training's own
-validation uses, and every forward reuses them until
-``get_runtime(model).set_step(...)`` is called.
+Saved as plain ``qwen3``, a model trained here (transformers' decoder with *our* attention) would
+be rebuilt by ``AutoModelForCausalLM.from_pretrained`` with RoPE and SDPA and no bias, silently a
+different model. So ``build_model`` builds subclasses with a distinct ``model_type``
+(``qwen3_plsh``, ``llama_plsh``, ``mistral_plsh``), ``config.json`` gets a ``"plsh_dist"`` section
+(``SECTION``: the attention and the hash seed), importing ``plsh_dist.models`` registers the types,
+and their ``from_pretrained`` is :func:`load_pretrained`. The types, the section's format, the
+loading path and the seed rule: docs/training.md, "Loading an export with transformers",
+"The model types".
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """The seed context: where the attention's hash seeds come from.
 
-One :class:`AttentionRuntime` is shared by every attention module of a model
-(held by each module's binding, :class:`plsh_dist.models.attention.AttentionBinding`).
-It holds the run's seed and the (step, micro-step) whose masks the coming
-forward draws; nothing else (the per-forward positions cache lives in the
-binding). Whoever owns a step selects it around the forward and backward of
-that step, scoped:
+One :class:`AttentionRuntime` is shared by every attention module of a model (held by each
+module's binding). It holds the run's seed and the (step, micro-step) whose masks the coming
+forward draws, ``seed(layer) = hash_seed(run_seed, step, micro_step, layer)``; nothing else.
+Whoever owns a step selects it scoped, and leaving restores the step found (``set_step`` sets
+it unscoped):
 
     with runtime.at(step, micro_step):     # the trainer, per micro-step
         loss = forward(batch); loss.backward()
@@ -14,37 +13,10 @@ that step, scoped:
     with runtime.at(window_index):         # evaluation: fresh masks per window
         ...
 
-and leaving it restores the step it found (``set_step`` sets it unscoped).
-
-Why a context and not an argument of the forward: transformers calls the
-attention function from inside its decoder layers, reached through
-``model(...)``, ``generate()`` (which checks and forwards only the keyword
-arguments it knows), DeepSpeed's engine and activation checkpointing's
-recomputation inside backward; none of them carries a seed from the caller to
-the attention function. The step is therefore state the attention reads, and
-this object is the one place it is written: ``at`` scopes every change.
-
-Seeding choice (documented here, relied on by training and evaluation):
-
-    seed(layer) = hash_seed(run_seed, step, micro_step, layer)
-
-- **fresh masks every forward**: each optimizer step, each gradient-
-  accumulation micro-step and each layer gets its own hash draw, so training
-  averages over masks instead of fitting one fixed set of blocks;
-- **reproducible**: the seed is a pure function of four integers (SplitMix64
-  mixing, never Python's salted ``hash``), so a resumed run replays exactly
-  the same masks, every sequence-parallel rank derives the same block
-  boundaries without communicating, and activation checkpointing's
-  recomputation sees the forward's masks (as long as the step is not
-  changed between a forward and its backward);
-- ``AttentionConfig.fixed_masks=True`` pins (step, micro_step) to (0, 0):
-  one mask set per layer for the whole run;
-- evaluation builds ``AttentionRuntime(run_seed=<eval seed>)`` and either
-  keeps step 0 or enters ``at(batch_index)`` for fresh masks per batch.
-
-Model code knows nothing of parallelism: sequence parallelism is bound to
-the attention modules once (:func:`plsh_dist.models.parallelize.apply_sequence_parallel`),
-never carried here.
+Why a context rather than an argument of the forward (transformers, ``generate()``, DeepSpeed and
+checkpointing's recomputation carry no seed), and what the seeding guarantees (fresh masks per
+step, micro-step and layer; resume, SP ranks and recomputation see the same masks;
+``fixed_masks``): docs/design.md, section 2. Parallelism is never carried here.
 """
 
 from __future__ import annotations

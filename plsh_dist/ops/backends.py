@@ -1,92 +1,14 @@
 """The one table: how PLSH is computed, for a user's ``backend`` / ``method`` and the tensors at hand.
 
-:func:`choose_strategy` maps (backend, method, device, dtype, s) to one *strategy*, a
-small frozen object holding the forward and backward of one way to compute
-the estimator. It is the only place that chooses; nothing downstream tests
-the backend, the method or the device again.
+:func:`choose_strategy` maps (backend, method, device, dtype, s) to one *strategy*, a small
+frozen object holding the forward and backward of one way to compute the estimator
+(``TritonOnePass``, ``PaddedPerSample``, ``VarlenPerSample``, ``OnePass``, ``DecodeOnePass``,
+``FlexOnePass``). It is the only place that chooses; nothing downstream tests the backend, the
+method or the device again. ``TABLE`` holds the rows in priority order, and
+:func:`describe_table` prints it.
 
-    strategy             file                 what it computes
-    TritonOnePass        triton_onepass.py    one attention with the bias log c_ij, one fused Triton kernel
-    PaddedPerSample      plsh_padded.py       s block attentions on padded blocks, merged by log-sum-exp
-    VarlenPerSample      plsh_varlen.py       s varlen calls (flash-attn, aten or the CPU reference), merged
-    OnePass              plsh_onepass.py      one attention with the bias log c_ij, query chunks on dense calls
-    DecodeOnePass        decode.py            a KV-cache step in the one-pass form (forward only)
-    FlexOnePass          plsh_flex.py         one pass on PyTorch's compiled FlexAttention (output only)
-
-What each backend gives: ``method="auto"`` picks the first row of the backend
-whose "method=auto" column holds for s; ``backend="auto"`` takes the first
-row, in table order, of those whose "backend=auto" column says yes.
-:func:`describe_table` prints this table from ``TABLE`` (docs/design.md
-carries the same text; a test holds both to it):
-
-    backend     method      runs on                             strategy                     method=auto  backend=auto
-    triton      onepass     CUDA (sm >= 80) fp16/bf16/fp32      TritonOnePass()              always       yes
-    triton      onepass     CPU fp32/fp16, Triton interpreter   TritonOnePass()              always       no
-    flex        onepass     CPU fp32, output only               FlexOnePass()                always       no
-    flash_attn  per_sample  CUDA fp16/bf16, flash-attn          VarlenPerSample(FLASH_ATTN)  always       yes
-    flash_attn  onepass     CUDA fp16/bf16, flash-attn          OnePass(AUTO)                never        yes
-    torch       per_sample  CUDA fp16/bf16                      VarlenPerSample(ATEN)        always       yes
-    torch       onepass     CUDA fp16/bf16                      OnePass(AUTO)                never        yes
-    torch       onepass     anything                            OnePass(AUTO)                s >= 2       yes
-    torch       per_sample  anything                            PaddedPerSample(AUTO)        always       yes
-    math        onepass     anything                            OnePass(MATH)                s >= 2       no
-    math        per_sample  anything                            PaddedPerSample(MATH)        always       no
-    (decoding)  any         anything                            DecodeOnePass()
-
-So ``backend="auto"`` tries triton, then flash_attn, then torch.
-
-On CUDA with Triton importable the fused one-pass kernel comes first: it
-visits only the tiles of each query tile's band (cost grows like log s); where
-Triton is missing the log says so once and the rows below it run. One pass
-is the default on the padded (CPU) strategy from s = 2 on, where the attention
-benchmark measures it faster (README, "Attention operator"); with s = 1 the
-two are the same attention; on the CUDA varlen rows per sample is the
-default (an explicit ``method="onepass"`` there runs the device-generic one
-pass on explicit matmuls). ``backend="triton"`` on CPU tensors runs the
-kernel under Triton's interpreter (``TRITON_INTERPRET=1`` set before triton
-is imported; tests). An explicit backend whose rows do not apply is an error
-naming what it needs.
-
-``backend="flex"`` runs the one pass on PyTorch's compiled FlexAttention. On
-CPU that compiles a forward only and returns no log-sum-exp, so its row is
-*output only*: it applies to calls that need neither gradients nor the lse
-(``out_only=True``: evaluation, generation's prompt), and refuses the others.
-It is not in ``backend="auto"``: its gain over the chunked one pass is within
-a CPU's noise, and every new shape set costs a compile (the measurements:
-``results/flex/README.md``).
-
-A strategy has ``onepass`` (bool) and:
-
-- ``forward(q, k, v, lsh, positions, *, causal, scale, docs=None) -> (out, lse, saved)``:
-  q (B, T, Hq, D), k, v (B, T, Hkv, D), positions CPU LongTensor[T], docs the
-  :class:`~plsh_dist.ops.documents.Documents` of a batch-1 call; out in q's
-  dtype, lse (B, Hq, T) fp32 (fp64 for fp64); ``saved`` is whatever the
-  backward needs from the forward besides the tensors autograd keeps (None when
-  it recomputes everything; the varlen calls and their LSE layout, or the fused
-  kernel's band tables, otherwise);
-- ``backward(dout, q, k, v, out, lse, lsh, positions, *, causal, scale, docs=None, saved=None)
-  -> (dq, dk, dv)`` with the forward's ``saved``.
-
-(:class:`~plsh_dist.ops.decode.DecodeOnePass` has a forward of its own shape and no backward;
-an output-only row's strategy, :class:`~plsh_dist.ops.plsh_flex.FlexOnePass`, has
-``attend(q, k, v, lsh, positions, *, causal, scale, docs=None) -> out`` instead of both.)
-
-How to add a strategy (a fused GPU kernel, say):
-
-1. write its forward and backward as pure functions in one new file of
-   ``plsh_dist/ops/``, and in that file a frozen dataclass with ``onepass`` and the
-   ``forward`` / ``backward`` methods above (see ``OnePass`` in ``plsh_onepass.py``:
-   a dozen lines); import nothing that needs a GPU at module import;
-2. add its name to :class:`Backend` (``backend=`` and ``[attention].backend``
-   accept it from then on);
-3. add one :class:`Row` to ``TABLE``: its backend, the method it computes,
-   a predicate ``(device, dtype) -> bool`` saying where it runs and the same in
-   words, the strategy, when ``method="auto"`` picks it, and what it needs (the
-   error an explicit ``backend=`` gets where it does not apply). Its place in
-   ``TABLE`` is its priority for ``backend="auto"``;
-4. paste :func:`describe_table`'s new text over the table above and in
-   docs/design.md (``tests/ops/test_backend_docs.py`` says where it differs).
-
+docs/design.md, section 4 ("One table" and "The strategy table"), shows the table, what each
+backend gives, the strategy interface and how to add a strategy.
 Nothing here touches CUDA at import time.
 """
 

@@ -1,44 +1,13 @@
 """PLSH in one pass: the s-sample merge as one attention with integer weights.
 
-The merged estimator of :mod:`plsh_dist.ops.plsh` is one attention whose
-weights count the samples in which two tokens share a block:
-
-    c_ij = #{t : bucket_t(i) == bucket_t(j)}        (and j <= i when causal)
-    T~_i = sum_j c_ij E_ij v_j / sum_j c_ij E_ij = softmax_j(q_i . k_j * scale + log c_ij) v
-
-(``log 0 = -inf``), equal to the per-sample merge up to rounding. The keys
-with ``c_ij > 0`` form one band per query, from the earliest first member
-of the s blocks holding ``i`` to ``i`` (causal) or to their latest last
-member; under the hash it reaches about ``sigma * (ln s + 0.58)`` keys back,
-against ``s * sigma`` keys for s separate block attentions. So the cost grows
-like log s, not s, and nothing per sample is stored: the gradient is
-ordinary attention's under the constant bias ``log c``.
-
-Layout, per hash head (one head per query head for per-head sigma, or one
-shared by all heads): queries in chunks of C; chunk ``[i0, i1)`` sees keys
-``[k0, k1)`` with ``k0 = min_t first_t(i0)`` (block starts are monotone in
-position, so the chunk's first query has the earliest start) and ``k1 = i1``
-(causal) or ``max_t end_t(i1 - 1)``. Consecutive chunks are padded to a
-common key count and run as one batched dense call
-(:func:`plsh_dist.ops.dense.dense_fwd`: aten's flash-attention-for-CPU with
-the float bias, or explicit matmuls for short key ranges, as for every
-dense call), within a memory budget per call.
-
-Counting (why not compare bucket ids): for causal attention
-``c_ij = #{t : first_t(i) <= j}``, a step function of j with at most s steps,
-so each query's s block starts are scattered into its key row and summed
-cumulatively: O(C K + C s) per chunk whatever s (non-causal subtracts the
-ends the same way). Comparing bucket ids instead costs O(s C K), which
-outweighs the attention itself (figures: results/cpu_ops/README.md).
-
-Each call finds its queries' blocks from the hash itself
-(:meth:`PositionalLSH.block_bounds`: O(s C) per call), so no (s, n) table of
-the whole sequence is ever built: working memory is one call's, within
-:data:`CALL_BUDGET`. Backward recomputes each call's bias and runs the dense
-backward with the saved merged ``out`` / ``lse`` (as exact ALiBi does), so
-saved activations are q, k, v, out, lse only, whatever s. Padding query slots repeat the last
-real query (finite values; their outputs are dropped and their dout is
-zero, so they add nothing to dk, dv); padding key slots get bias ``-inf``.
+``T~ = softmax(q k^T scale + log c) v`` with ``c_ij = #{t : bucket_t(i) == bucket_t(j)}`` (and
+``j <= i`` when causal) equals the per-sample merge of :mod:`plsh_dist.ops.plsh` up to rounding;
+its keys form one band per query, about ``sigma (ln s + 0.58)`` keys back, so the cost grows like
+log s and nothing per sample is stored. Queries run per hash head in chunks, padded into batched
+dense calls within :data:`CALL_BUDGET`; the bias is a cumulative sum of +1 / -1 at the block
+bounds (no bucket-id compares), from :meth:`PositionalLSH.block_bounds` per call (no (s, n)
+table); backward recomputes it. The derivation, the layout and the costs: docs/design.md,
+section 1, "The one-pass form".
 
 Legend: B batch, n tokens, Hq / Hkv query / key-value heads, D head dim,
 s samples, Hc heads of one hash head (Hq shared, 1 per-head), G chunks in

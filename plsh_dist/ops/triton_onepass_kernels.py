@@ -2,40 +2,11 @@
 
 Imported only where Triton is importable (:mod:`plsh_dist.ops.triton_onepass`
 launches them). Scores are in base 2 (``exp2`` / ``log2``: no libdevice, so
-Triton's CPU interpreter runs the same code).
-
-Logits and weights of one (query tile, key tile), :func:`_logits` (shared by every kernel),
-``p = w exp2(s - m)``:
-
-- ``MODE == 0``, count: ``s = qk scale`` and the weight ``w = c_ij``,
-  ``c_ij = #{t : bucket_t(p_i) == bucket_t(p_j)}``: the bias ``log2 c`` applied after the
-  exponential, with no logarithm. Integers only: each token's block per sample (first and
-  last position) comes from the launcher, computed once per call with the hash's own float64
-  arithmetic (:func:`plsh_dist.ops.tile_bands.block_bounds`), so the kernel's blocks are the
-  hash's bit for bit. A band is walked in two loops:
-
-  - key tiles wholly before the query tile's rows (by token): ``c`` is a product on the
-    tensor cores, ``r @ [a_t <= p_j]`` with the tile's first blocks ``r``, ``a`` built once per
-    query tile (:func:`_count_before`): no per-sample work in the key loop;
-  - the other tiles (those that meet the rows, and after them when not causal), up to
-    ``UNROLL_SAMPLES`` samples sample by sample (:func:`_count_tile`): a sample whose blocks
-    hold every key of the tile for every row, or none, costs two scalar compares (per-tile
-    spans, ``row_spans`` / ``key_spans``); only the others compare per score;
-  - the same tiles beyond ``UNROLL_SAMPLES`` samples: a product on the tensor cores too,
-    rows x runs by runs x keys, over the runs of blocks (a block as a run of tokens, merged
-    across samples with its weight) that hold the tile's anchor row or open after it
-    (:func:`_near_tile`, :func:`_count_blocks`): the per-score work follows the runs that meet
-    the tile, not s;
-- ``MODE == 1``, ALiBi window: ``s = qk scale - |p_i - p_j| / sigma_h * log2(e)`` where
-  ``|p_i - p_j| < window_h``, ``w = 1``.
-
-The dK/dV kernel works on transposed tiles (keys by queries, ``TRANS``) so that every product
-has the key tile's rows (wgmma on Hopper needs 64 a warpgroup).
-
-Hidden (``s = -inf``, ``p = 0``): keys past the sequence, other documents, ``j > i`` when
-causal, ``c = 0``. A row with only hidden keys in a tile adds nothing and
-produces no NaN (its running max stays ``-inf`` and exponentials use 0); a row that
-sees no key at all gets out = 0, lse = -inf and zero gradients.
+Triton's CPU interpreter runs the same code). :func:`_logits` gives the logits and
+weights of one (query tile, key tile) for both biases: ``MODE == 0``, the PLSH count
+``p = c_ij exp2(s - m)`` from integer block bounds, and ``MODE == 1``, an ALiBi window.
+How the count is walked (the loops, their costs), the transposed dK/dV tiles and the
+hidden keys: docs/gpu.md, "The fused one-pass kernel", "Inside the kernels".
 
 Layouts: q, dq, out, dout (B, n, Hq, D); k, v, dk, dv (B, n, Hkv, D), any
 strides with a unit last one (``HEAD_DIM``: D padded to a power of two, ``D_REAL``: D);

@@ -1,39 +1,10 @@
 """Parameters, gradients and optimizer states per rank, per ZeRO stage, as DeepSpeed keeps them.
 
-The trainer hands ``torch.optim.AdamW`` to DeepSpeed (``plsh_dist/train/optim.py``)
-and DeepSpeed wraps it by precision and stage (``DeepSpeedEngine._do_optimizer_sanity_check``).
-What each wrapper allocates (DeepSpeed 0.19.x), N parameters, W ranks,
-``N/W`` one rank's partition, b the parameter bytes (2 bf16, 4 fp32), m the
-master weights' (4; 2 under ``master_weights = "bf16"``, whose AdamW moments are
-bf16 too):
-
-- ZeRO 0, fp32: no wrapper. Weights 4N, gradients 4N (``param.grad``, from
-  backward until the step's zero_grad),
-  AdamW's exp_avg/exp_avg_sq 8N; over several ranks DeepSpeed all-reduces
-  through flat buckets of up to ``elements_per_buffer`` gradients.
-- ZeRO 0, bf16: ``FP16_UnfusedOptimizer``. Weights 2N, fp32 masters 4N, AdamW
-  states 8N, bf16 gradients 2N and, in the step only, their fp32 copy 4N.
-- ZeRO 1, bf16 with fp32 masters (no offload): ``BF16_Optimizer``. Weights 2N, a
-  full fp32 gradient accumulator 4N, fp32 master weights 4N/W, AdamW states 8N/W.
-- ZeRO 1 otherwise, ZeRO 2: ``DeepSpeedZeroOptimizer``. Flat weights bN, master
-  partition mN/W (a clone even for fp32 weights), AdamW states 2mN/W,
-  the partition's reduced gradients bN/W (built in backward) and, in the
-  step only, their copy in the masters' dtype mN/W; and the gradient reduction bucket:
-  ``reduce_bucket_size`` elements of b bytes (twice with ``overlap_comm``),
-  allocated whole whatever the model's size when backward starts and
-  released by the step.
-- ZeRO 3: ``DeepSpeedZeroOptimizer_Stage3``. Weight partition bN/W plus the
-  gathered working set (the largest module + ``prefetch_bucket_size``
-  elements, at most all of N), master partition mN/W, gradient partition
-  mN/W and one reduction bucket of ``reduce_bucket_size`` x b (both allocated
-  with the optimizer and kept), AdamW states 2mN/W.
-- AdamW is torch's fused kernel (on CUDA and CPU): it updates its states in
-  place, so the optimizer itself adds no temporary to the step.
-- ``offload_optimizer``: master weights, their gradients and AdamW states
-  live in CPU memory instead (reported apart).
-
-DeepSpeed's defaults (bucket sizes, overlap_comm) are read from the
-installed DeepSpeed, not restated here.
+The trainer hands ``torch.optim.AdamW`` to DeepSpeed (``plsh_dist/train/optim.py``), which wraps it
+by precision and stage (``DeepSpeedEngine._do_optimizer_sanity_check``); this module counts what
+each wrapper allocates (DeepSpeed 0.19.x), reading DeepSpeed's defaults (bucket sizes,
+overlap_comm) from the installed DeepSpeed. The wrapper by wrapper account (ZeRO 0-3, bf16 / fp32,
+offload): docs/memory.md, "What DeepSpeed keeps per rank".
 """
 
 from __future__ import annotations

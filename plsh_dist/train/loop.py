@@ -1,42 +1,18 @@
 """The pretraining loop: DeepSpeed engine, SP x DP, logging, checkpoints, export.
 
-Gradient math under sequence parallelism (why the local loss is scaled by sp_size)
---------------------------------------------------------------------------------
-The non-parallel loss of a micro-batch is the mean token loss of its whole
-sequences, ``L = sum_tokens l / N``. Under SP each rank holds a chunk and sums
-its own token losses ``S_r``; ``L = sum_{r in SP group} S_r / N``, where ``N``
-counts the tokens of the whole SP group (all-reduced, so ignored labels are
-handled). Gradients that cross ranks through the attention's halo exchange
-are sent back in backward, so summing every rank's parameter gradient over the
-SP group gives ``dL`` exactly.
+``train`` holds the run directory's lock for its whole call (rank 0, run_lock.py) around ``setup``
+(device, process groups, data, model, engine, resume -> ``TrainSession``), then per optimizer step
+``train_step`` (its micro-steps -> ``StepStats``), ``_log_step`` (metrics, periodic validation) and
+``_save_checkpoint`` (periodic / stop), and at the end ``_finish`` (final validation, checkpoint,
+``_export``).
 
-DeepSpeed averages gradients over all ``world = dp x sp`` ranks (we pass no
-``mpu``: every rank is a "data-parallel" rank to DeepSpeed). Each rank
-therefore back-propagates ``sp_size * S_r / N``, and the average over the
-world is ``(1/dp) sum_dp (1/sp) sum_sp sp * S_r / N = mean_dp L`` — the
-non-parallel gradient of the global batch. Why not an ``mpu`` with the DP
-group: ZeRO would then shard only over DP and keep a full copy per SP rank,
-and we would still need a separate SP sum-reduction of the gradients; letting
-DeepSpeed see the whole world shards optimizer state (and params, ZeRO-3)
-``world``-ways for free. Gradient clipping sees the averaged gradient, so the
-norm equals the non-parallel run's (tested).
-
-The logged loss is ``sum S / sum N`` all-reduced over the world: the true mean
-token loss of the global batch, whatever the layout.
-
-Structure: ``train`` holds the run directory's lock for its whole call
-(rank 0; released however it ends, run_lock.py) around ``setup`` (device,
-process groups, data, model, engine, resume -> ``TrainSession``), then per
-optimizer step ``train_step`` (its micro-steps -> ``StepStats``),
-``_log_step`` (metrics, periodic validation) and ``_save_checkpoint``
-(periodic / stop), and at the end ``_finish`` (final validation,
-checkpoint, ``_export``).
-
-Preemption (``[checkpoint].save_on_signal``, ``preemption.py``): ``train``
-installs a SIGTERM / SIGUSR1 handler that only sets a flag; each rank adds
-its flag to the step's all-reduce, so all ranks see the same count and stop
-after the same step, save through ``_save_checkpoint`` and return with
-``TrainResult.preempted_at`` set (the launcher exits 75).
+Under SP each rank back-propagates ``sp_size * S_r / N`` (its token-loss sum over the SP group's token
+count), so DeepSpeed's average over all ``dp x sp`` ranks (no ``mpu``) is the non-parallel gradient, and
+the logged loss is ``sum S / sum N`` over the world: the derivation and why no ``mpu`` are in
+docs/sequence-parallelism.md, "Loss and gradients under SP". Preemption (``[checkpoint].save_on_signal``,
+preemption.py): a signal only sets a flag, which the step's all-reduce shares, so every rank stops after
+the same step, saves through ``_save_checkpoint`` and returns ``TrainResult.preempted_at`` (the launcher
+exits 75; docs/training.md, "Preemption").
 """
 
 from __future__ import annotations

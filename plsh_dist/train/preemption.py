@@ -1,74 +1,11 @@
 """Preemption: SIGTERM / SIGUSR1 make every rank finish its step, checkpoint and exit ``EXIT_PREEMPTED``.
 
-A scheduler that wants the job's GPUs back (Slurm before the time limit with
-``--signal``, on preemption or ``scancel``; Kubernetes on eviction) sends
-SIGTERM or SIGUSR1 and kills for real some time later. With
-``[checkpoint].save_on_signal = true`` (the default) the trainer uses that time:
-
-1. **The handler only sets a flag** (``StopRequest.signum``): no I/O, no
-   collective, no exception, so a signal can land anywhere (in a collective,
-   in the middle of a checkpoint write) and change nothing there. It is
-   installed with ``SA_RESTART`` (``signal.siginterrupt(sig, False)``), so a
-   read/write that C++ code (DeepSpeed's ``torch.save``, gloo) is blocked in
-   resumes instead of failing with ``EINTR``.
-2. **The ranks agree at the end of each optimizer step.** Each rank adds
-   "I have a stop signal" (0 or 1) to the step's existing all-reduce of the
-   loss and token sums (``train_step``): one more float64 in a collective
-   that runs anyway, so checking every step costs no extra collective and no
-   extra synchronisation. Every rank reads the same sum, so all stop after the
-   same step even when only one rank was signalled, or ranks were signalled
-   at different moments. Measured on 2 CPU ranks (gloo, 2 shared cores,
-   interleaved rounds): the 4-element all-reduce 0.42 ms against 0.54 ms
-   for the 3-element one before (noise), a separate 1-element all-reduce
-   +0.6 ms; writing the flag into the tensor ~10 us, paid back by one
-   ``tolist()`` instead of two ``item()`` calls. After a periodic checkpoint one more tiny
-   all-reduce asks again, so a signal that arrives during that save stops the
-   run right after it (the checkpoint just written is the one to resume from)
-   instead of one step later.
-3. **Then the existing atomic path**: ``save_checkpoint`` (``<tag>.partial``,
-   manifest, rename, ``latest`` last), rank 0 prints one line
-   ``preempted at step N (...): checkpoint <dir> written; resume with ...``,
-   ``train`` returns with ``TrainResult.preempted_at = N`` and
-   ``launchers/pretrain.py`` exits with ``EXIT_PREEMPTED`` (75) on every rank.
-
-A signal during a checkpoint write therefore lets the write finish and
-publish; if the process is killed before that (the scheduler's SIGKILL
-after its grace period), the atomic path keeps the last published
-checkpoint and ``latest`` as they were. A signal during the last step lets
-the run finish normally (final validation, checkpoint, export; exit 0).
-Before the first step there is nothing to save, and a rank may be waiting
-in C++ code no Python handler reaches (joining the process group, a peer
-that never comes): SIGTERM keeps its default action until the first step
-begins (``StopRequest.arm``) and ends the rank at once (status 143); SIGUSR1
-before the first step is acted on after the first step (Slurm's requeue
-relies on the ranks' answer to it).
-The trade-off: while ``train`` runs, SIGTERM no longer ends a rank at once.
-A rank that never returns to Python (stuck in a collective or a kernel) does
-not act on it; the launchers follow with SIGKILL after their grace period
-(deepspeed, torchrun and torch.multiprocessing: 30 s; Slurm: KillWait), and
-``[parallel].timeout_s`` still ends a rank whose peer is gone.
-
-A signal that arrives before ``train`` installs the handler (imports,
-config loading) keeps its default action. ``save_on_signal = false`` gives
-the signals their default action (the process dies at once; resume from the
-last periodic checkpoint).
-
-Ctrl-C (SIGINT) takes the same path once the first step has begun
-(``StopRequest.armed``): the first one makes every rank finish its step,
-checkpoint and exit 75 (rank 0 writes one line at once saying so); it also
-restores Python's default handler, so a second Ctrl-C raises
-``KeyboardInterrupt``: abort at once, no checkpoint, exit 130. Before the first
-step (imports, data preparation, engine set-up) there is nothing to save and
-Ctrl-C aborts at once, as before. With ``save_on_signal = false`` Ctrl-C always
-aborts (exit 130).
-
-Launchers: the deepspeed launcher exits with its ranks' 75; torchrun exits 1
-for any failed rank and lists each rank's 75 in its summary; srun returns
-the status of its tasks. Once a rank has left ``train`` preempted it ignores
-further stop signals (``ignore_stop_signals``), so the launcher's SIGTERM to
-the ranks still shutting down does not turn their 75 into -15.
-``launchers/slurm_pretrain.sh`` turns Slurm's time-limit warning into
-USR1 for the ranks and requeues the job after the step (its header).
+With ``[checkpoint].save_on_signal = true`` (the default) the handler only sets a flag
+(``StopRequest.signum``; ``SA_RESTART``, so blocked C++ reads and writes resume); the ranks add it
+to the step's existing all-reduce, so all stop after the same step and save through the atomic
+checkpoint path; Ctrl-C takes the same path once the first step has begun, a second one aborts.
+Why this design, its edge cases (a signal before the first step, during a save, in the last
+step), what it costs and how each launcher answers: docs/training.md, "Preemption", "How it works".
 """
 
 from __future__ import annotations

@@ -1,46 +1,13 @@
 """One run at a time in a run directory: a lock file that works across nodes and dies with its run.
 
-``<out_dir>/run.lock`` is held by global rank 0 of the run writing there, for
-the whole of ``train``. A second job on the same out_dir is refused before
-it reads or writes anything there (exit 2, ``out_dir error:``, naming the
-holder). Without it, two jobs interleave their checkpoints, ``latest``,
-metrics.jsonl and final/, and each sets the other's newer checkpoints aside.
-
-How the lock is made, and why so:
-
-- **Created atomically, never half-written.** The holder's record (host,
-  pid, start time, command, a random token) is written to a private file,
-  which is then hard-linked to ``run.lock``; ``link`` fails if the name
-  exists, on local filesystems and on NFS alike, so exactly one job wins and
-  a reader never sees a partial record. (``fcntl`` locks would not do: they
-  vanish or are not shared between nodes on many network filesystems.)
-- **A heartbeat.** A daemon thread of the holder touches the file every
-  ``HEARTBEAT_S`` seconds, so its modification time says the run is alive.
-- **Stale locks are taken over, never waited on forever.** A lock left by a
-  run killed with SIGKILL (or a lost node) is stale when:
-
-  * its holder ran on this machine, in this boot and pid namespace (host
-    name, ``/proc/sys/kernel/random/boot_id`` and ``/proc/self/ns/pid`` all
-    equal), and its pid no longer runs (or is a zombie, or is another
-    process that reused the pid: its start time differs); or
-  * its holder ran elsewhere and the heartbeat is older than
-    ``STALE_AFTER_S`` seconds. This compares the file's time with this
-    machine's clock, so the nodes' clocks must agree to well under that
-    (NTP); it also covers NFS attribute caching (up to 60 s by default).
-
-  A stale lock is named in one line on stderr and taken over: the taker
-  first creates ``run.lock.break`` (exclusively), checks that the lock is
-  still the stale one it judged, removes it and links its own, so two jobs
-  breaking the same stale lock cannot both win.
-- **Released on every way out of ``train``** (finished, refused, an error,
-  a peer's failure, preemption with exit 75, Ctrl-C): ``release`` removes the
-  file if it is still this run's, and an out_dir the lock had to create is
-  removed again if nothing else was written there (a refused run leaves no
-  trace). ``kill -9`` cannot release it: the next run finds it stale.
-
-Only global rank 0 takes the lock; every rank learns the verdict through one
-broadcast (``claim_out_dir``), so ranks on other nodes refuse with it instead
-of waiting in a collective for a rank 0 that has left.
+``<out_dir>/run.lock`` is held by global rank 0 of the run writing there, for the whole of ``train``;
+a second job on the same out_dir is refused before it reads or writes anything there (exit 2,
+``out_dir error:``, naming the holder). Without it, two jobs interleave their checkpoints,
+``latest``, metrics.jsonl and final/, and each sets the other's newer checkpoints aside.
+The lock is hard-linked from a private file (atomic, NFS included), kept alive by a heartbeat
+thread, taken over when stale, released on every way out of ``train``, and its verdict is
+broadcast to every rank (``claim_out_dir``). How and why: docs/training.md, "One run per
+out_dir: the lock".
 """
 
 from __future__ import annotations

@@ -1,34 +1,14 @@
 """Positional LSH attention under sequence parallelism: a halo of keys/values.
 
-Each rank passes its contiguous chunk of q, k, v (B, T, H, D) and its global
-positions, and gets its chunk of the output; the call is one autograd
-Function that issues all of its communication itself, in one fixed order on
-every rank, forward and backward (separate autograd collectives per tensor
-can run their backward communication in different orders on different ranks).
-
-The hash is a pure function of position, so every rank computes every rank's
-halo (:mod:`plsh_dist.distributed.halo`). The work splits in two pieces that
-call the single-process strategy (:func:`plsh_dist.ops.backends.choose_strategy`)
-unchanged, each keeping what it saved for its backward:
-
-- *suffix* (causal only): local tokens from ``a`` on, whose queries from
-  ``s`` on have their whole block inside the chunk (``s`` = first position
-  after every (sample, head)'s first block; ``a`` = earliest start of the
-  blocks holding ``s``). Computed while the halo is in flight.
-- *extended*: halo keys/values + local tokens ``[0, s)`` (non-causal: the
-  whole chunk + both halos). Halo rows get q = 0: their outputs are dropped,
-  and in backward dout = out = lse = 0 there, so ``P = exp(0 - 0) = 1`` is
-  finite and ``dS = P (dP - D) = 0``: they add exactly nothing to dk, dv.
-  Rows ``[a, s)`` of the suffix are treated the same way.
-
-In backward the extended piece runs first, its halo gradients are posted back
-to their owners, and the suffix's backward overlaps that traffic.
-
-Packed documents (``cu_seqlens`` over the whole sequence,
-:mod:`plsh_dist.distributed.sp.documents`): each piece runs as one flat row
-of its B rows with the documents its positions fall in, so blocks are cut at
-document starts exactly as in one process, and the halo stops at the first
-token's document (a rank whose chunk starts a document receives nothing).
+Each rank passes its contiguous chunk of q, k, v (B, T, H, D) and its global positions, and gets its
+chunk of the output; the call is one autograd Function that issues all of its communication itself,
+in one fixed order on every rank, forward and backward. Every rank computes every rank's halo from
+the hash (:mod:`plsh_dist.distributed.halo`); the work splits into a halo-free *suffix*, computed
+while the halo travels, and an *extended* piece (halo + the chunk's first tokens), both on the
+single-process strategy unchanged, with q = 0 on rows that serve only as keys. Packed documents
+(:mod:`plsh_dist.distributed.sp.documents`) cut blocks and the halo at document starts. The split,
+why the key-only rows add nothing to dk, dv, and the backward's order: docs/design.md, section 3,
+"PLSH halo".
 
 Legend: B batch, T local tokens, Hq / Hkv query / key-value heads, D head dim,
 L / R left / right halo slots.
