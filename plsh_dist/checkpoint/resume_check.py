@@ -1,35 +1,12 @@
 """A resumed run continues the run its checkpoint belongs to, or refuses to start.
 
-Every checkpoint holds the run config as resolved at launch
-(``config.resolved.json``). Before the weights load, the fields that define
-the trained function are compared with the config resuming it: the whole
-``[model]`` table, ``[attention]`` except the fields that only choose how the
-same estimator is computed (:data:`COMPUTE_ONLY`), ``[data].document_masking``,
-``[data].seq_len`` (the length the model was trained at; it also places the
-data the resumed run replays) and ``[run].seed`` (it seeds the hash masks). A
-difference is an error naming each field, both values and the fix. The
-tokenizer too (``check_resume_tokenizer``): the checkpoint's own
-``tokenizer.model`` and ``[tokenizer].model_path`` must be the same file
-(SHA-256 of the bytes, the fingerprint token caches and ``generate.py`` use),
-or the resumed steps would train on other token ids; checked before the data
-when the file exists, and again on the tokenizer the data preparation trained
-or loaded. Without
-it, a config that leaves a field to its default would silently switch
-estimator mid-run when a default changes (for instance
-``[attention].num_samples`` or ``sampler``).
-
-Then the steps (``check_resume_steps``): a checkpoint past ``[run].max_steps``
-is refused (a resume cannot take steps back, and the resolved config it writes
-must not claim fewer steps than were trained), and so is a learning-rate
-schedule that gives any step already trained another rate than the
-checkpoint's run gave it: the schedule is fixed by the run. Extending
-``max_steps`` moves the end of the cosine decay with it, so an extension must
-say where the decay ends (``[optim].decay_end``, the run's own end: the new
-steps train at ``min_lr``); the resolved config then describes every step of
-the run, old and new. Until a step past the peak has trained (warmup, then
-the step at the cosine's start) no trained step depends on the end, and
-``max_steps`` may change freely; the first resumed step then trains at the
-new schedule's rate (loop.py sets it after the optimizer state is restored).
+Before the weights load, the fields that define the trained function (``[model]``, ``[attention]``
+except :data:`COMPUTE_ONLY`, ``[data].document_masking`` and ``seq_len``, ``[run].seed``) are
+compared with the checkpoint's ``config.resolved.json``, and the tokenizer by SHA-256
+(``check_resume_tokenizer``); then ``check_resume_steps`` refuses a checkpoint past ``max_steps``
+and a schedule that would give a trained step another learning rate. A difference is an error
+naming each field, both values and the fix: without it a default changed since (``num_samples``,
+``sampler``) would switch the estimator mid-run. The rules in full: docs/training.md, "Resume".
 """
 
 from __future__ import annotations

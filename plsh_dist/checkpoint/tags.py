@@ -14,21 +14,11 @@ Layout under ``out_dir/checkpoints``::
     abandoned/step_00000300/    newer than the step a run resumed from: set aside, never counted
     damaged/step_00000050/      failed its manifest when pruning: set aside, never counted
 
-Publishing is atomic: everything is written into ``<tag>.partial``, flushed
-to disk (fsync), then the directory is renamed to ``<tag>`` and only then
-``latest`` is replaced (tmp file + rename). A kill at any moment leaves the
-previous checkpoint complete and ``latest`` pointing at a complete tag; a
-half-written directory never carries a tag's name. Old tags are deleted by
-renaming them to ``<tag>.deleting`` first, for the same reason. Which tags
-stay (``[checkpoint].keep_last`` of the run's own line, valid ones only) is
-``line.py``'s job: pruning never leaves a run without its newest
-valid checkpoint.
-
-Resuming checks the manifest, then reads every file with
-``torch.load(weights_only=True)`` (``safe_load.py``): no arbitrary unpickling,
-and a damaged file is named in the error.
-
-The trainer state also travels in DeepSpeed's ``client_state`` (what resume
+Publishing is atomic (``<tag>.partial``, fsync, rename, ``latest`` last; old tags renamed to
+``<tag>.deleting`` before deletion), so a kill leaves the previous checkpoint and ``latest``
+complete; which tags stay is ``line.py``'s job; resume reads with ``torch.load(weights_only=True)``
+(``safe_load.py``). Why and what it guarantees: docs/training.md, "Checkpoints kept, set aside and
+pruned" and "Resume". The trainer state also travels in DeepSpeed's ``client_state`` (what resume
 reads); the JSON copy is for humans and tools.
 """
 

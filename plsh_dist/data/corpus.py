@@ -1,37 +1,12 @@
 """The embedded default corpus (the running interpreter's standard library) and an
 English-prose corpus from a Debian package (the Jargon File).
 
-Every machine with Python has it, needs no network, and its files are long
-documents with long-range structure (imports used hundreds of lines later,
-classes whose methods refer to each other), which is what a long-context
-model should learn from.
-
-Files are decoded the way Python itself decodes source (PEP 263 coding cookie,
-UTF-8 by default, BOM honoured). The ``test/`` tree holds a few deliberately
-broken files (bad coding cookies); they are reported and skipped, as are empty
-files (``__init__.py`` stubs).
-
-The train/validation split is a pure function of (seed, relative path): a
-stable hash (BLAKE2b), never Python's salted ``hash``, so every machine and
-every run puts each file on the same side.
-
-Natural language (:func:`write_prose_corpus`): the Jargon File 4.4.7 (Eric
-S. Raymond et al.; public domain, as its copyright notice says), which
-Debian ships as the package ``jargon-text``
-(``/usr/share/doc/jargon-text/jargon.txt.gz``, 650 kB compressed, 1.7 MB of
-text, no dependencies: ``apt-get install jargon-text``). It is English prose
-written by many hands over 30 years: essays on hacker culture and usage,
-2,300 lexicon entries with etymologies, anecdotes and cross-references, and
-the folklore appendices (The Story of Mel, the AI koans). Why it: among the
-packages any machine here can install it is the largest plain-text
-English prose with no licence restriction (the others found were either
-compressed binary formats, R data needing R, word lists, or documentation
-that is mostly code). Documents: each introductory chapter, each appendix,
-and the lexicon cut into runs of consecutive entries of about
-``chunk_chars`` characters (long documents, so a long context sees related
-text); the table of contents and the lexicon's headword index are left out.
-Written as ``train.jsonl`` / ``val.jsonl`` like the stdlib corpus, so
-``[data].train_files`` / ``val_files`` and ``evaluate.py --data`` read it.
+The stdlib is on every machine with Python, needs no network, and its files are long documents
+with long-range structure. Files are decoded as Python decodes source (broken and empty files are
+reported and skipped); the train/validation split is a pure function of (seed, relative path)
+(BLAKE2b). :func:`write_prose_corpus` cuts the Jargon File (``apt-get install jargon-text``) into
+long documents; both are written as ``train.jsonl`` / ``val.jsonl``. Why these corpora and how the
+documents are cut: docs/training.md, "The embedded corpora".
 """
 
 from __future__ import annotations

@@ -4,34 +4,11 @@
     results = evaluate_checkpoint("runs/quickstart", settings, out_dir="runs/quickstart/extrapolation")
     print(format_table(results))
 
-For every (mode, length, scoring) the model scores windows of the evaluation
-tokens (``scoring.py``): loss, perplexity, bits per token, top-1 accuracy.
-PLSH modes are evaluated under several hash seeds (``AttentionRuntime(run_seed=seed)``,
-masks refreshed per window with ``runtime.at(window_index)``) and report mean
-and sample std (ddof=1) over seeds; deterministic modes run once.
-
-Like with like: every mode scores the same windows, and with ``align=True``
-(the default) the ``"last"`` windows of every length end at the same place,
-so every (mode, length) cell of a scoring scores the same target tokens
-(``row["targets"]``, a digest of them, is equal across the cells).
-Uncertainty: each row keeps its per-window mean losses (``window_loss``,
-averaged over hash seeds) and a confidence interval of the mean loss over
-windows (``ci``: standard error with a t quantile, or a bootstrap;
-``loss_ci`` / ``perplexity_ci`` its bounds); ``paired_differences`` gives the
-per-window paired difference of each mode against a reference mode, which
-is much tighter than comparing two intervals when the cells share tokens.
-
-Memory: batch 1, ``torch.no_grad()``, exact ALiBi through the chunked op
-(O(T * chunk) per head, never T x T), and the LM head applied in chunks.
-
-Sequence parallelism: with ``sp_group`` set, each rank of the group feeds the
-contiguous chunk ``[r*L/P, (r+1)*L/P)`` of every window with its global
-positions (the attention op exchanges what it needs); token sums are
-all-reduced over the group, so every rank returns the single-process result.
-
-Outputs (``write_outputs``): ``results.json``, ``results.md`` (``format_table``),
-``ppl_vs_length.png`` (one line per mode, error bars = the confidence interval) and
-tensorboard scalars ``extrapolation/<scoring>/<metric>/<mode>`` at step = length.
+Every (mode, length, scoring) scores the same windows (``scoring.py``); PLSH modes run under several
+hash seeds (mean and sample std), the rest once; rows keep their per-window losses for confidence
+intervals and paired differences (``paired_differences``). Batch 1, no grad, chunked ALiBi and LM
+head; with ``sp_group`` each rank feeds its chunk of every window. Seeds, uncertainty, memory,
+sequence parallelism and the outputs: docs/evaluation.md, "How a checkpoint is evaluated".
 """
 
 from __future__ import annotations

@@ -1,37 +1,11 @@
 """Scoring a long window: which tokens, and the metrics of their predictions.
 
-Two ways to score a context length ``L`` (legend: N tokens in the stream,
-L context length, K scored tokens per window):
-
-- ``"whole"``: non-overlapping windows ``tokens[i*L : i*L + L + 1]``; every
-  one of the ``L`` predictions of a window is scored (early tokens see short
-  contexts, so this mixes all context lengths up to L);
-- ``"last"``: windows of ``L + 1`` tokens starting every ``K`` tokens
-  (overlapping when ``K < L``); only the **last K predictions** of each
-  window are scored, each with at least ``L - K`` tokens of context. The
-  paper scores the last 8192 tokens of longer windows this way. Consecutive
-  windows' scored spans tile the stream without overlap.
-
-Like with like (``align_to``): with several lengths, ``"last"`` windows of
-every length end where the shortest length's scored span ends. The spans
-are ``[align_to - K + i*K, align_to + i*K)`` (prediction positions, ``align_to``
-= the longest length), so window ``i`` of length ``L`` starts at
-``align_to - L + i*K``: every length scores exactly the same target tokens
-(only the context before them grows), and every mode scores the same windows.
-Without alignment a window of length ``L`` starts at ``i*K`` and a longer
-``L`` scores later text. ``"whole"`` windows cannot be aligned (each scores
-all of its ``L`` predictions) and are never aligned.
-
-Uncertainty (:func:`mean_ci`): every window of a row scores the same number
-of tokens, so the row's mean loss is the mean of its windows' mean losses,
-and a confidence interval over windows follows either from the standard
-error of that mean (Student t quantile, ``"se"``) or from a percentile
-bootstrap over windows (``"bootstrap"``). :func:`paired_ci` does the same for
-the per-window loss differences of two rows that score the same tokens.
-
-Metrics of a set of scored tokens: mean cross-entropy (nats) ``loss``,
-``perplexity = exp(loss)`` (``plsh_dist.perplexity``), ``bits_per_token =
-loss / ln 2`` and next-token top-1 ``accuracy``.
+Two ways to score a context length ``L``: ``"whole"`` (non-overlapping windows, every prediction
+scored) and ``"last"`` (windows of ``L + 1`` tokens every ``K`` tokens, only the last ``K``
+predictions scored, as the paper does), aligned across lengths (``align_to``) so that every length
+and mode scores the same target tokens; a confidence interval over windows (:func:`mean_ci`,
+:func:`paired_ci`); loss, perplexity, bits per token and top-1 accuracy. The window arithmetic and
+the intervals: docs/evaluation.md, "How windows are scored".
 """
 
 from __future__ import annotations

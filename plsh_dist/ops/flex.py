@@ -17,18 +17,10 @@ benchmark, the CPU comparison in ``experiments/flex_cpu.py``):
   straight from the hash's pitch and shift tables (:func:`hash_count_score_mod`:
   ``s`` float64 bucket pairs per score, the form a user would write from the
   paper; the GPU benchmark's);
-- :func:`compiled_flex`: ``torch.compile(flex_attention)`` once per process,
-  static shapes (inductor's CPU template fails to build dynamic ones in
-  torch 2.13): dynamo caches one graph per shape set (and the mods' code);
-  the tables a mod reads are graph inputs, so a new hash of the same shapes
-  reuses the graph.
+- :func:`compiled_flex`: ``torch.compile(flex_attention)`` once per process, static shapes.
 
-On CPU the compiled FlexAttention has a forward only and returns no
-log-sum-exp (PyTorch 2.13); on CUDA it has both and a backward.
-
-Token indices are the positions: contiguous positions for ALiBi (the only use
-here); the count reads block bounds (or positions, :func:`hash_count_score_mod`)
-from tables, so any increasing positions work there.
+How it is compiled and cached, what CPU FlexAttention lacks, and which positions each mod
+accepts: docs/design.md, section 4, "The strategy table" (``backend="flex"``).
 
 Legend: Hb heads of a table (1: shared by every head, else one per query head),
 T tokens, s samples, BS the block size of the sparse mask.
