@@ -11,23 +11,10 @@ on the model side, so the run config (``plsh_dist.config``) can check it when it
     bias = "plsh"       # e.g. a RoPE Qwen3 continued with PLSH and rope off (the paper's transfer setting)
     rope = false
 
-The directory's ``config.json`` must describe the architecture ``[model]``
-builds (family, widths, heads, vocabulary, tied embeddings, ...): checked by
-``check_init_from`` when the config is loaded, before any work, with the
-``[model]`` table that would match printed in the error. The directory is
-read here (``read_pretrained``, ``pretrained_weights``), from safetensors only
-(a directory holding only ``pytorch_model.bin`` or other pickle files is
-refused: unpickling runs arbitrary code), and every tensor's shape is checked
-against the built model. The attention the source was
-trained with does not matter: the run trains under ``[attention]``
-(``rope_theta`` is checked only when rope is on). A ``tokenizer.model`` in the
-directory must be the run's ``[tokenizer].model_path``; a directory with
-another tokenizer format (``tokenizer.json``) cannot be compared and is only
-warned about: the run's token ids must be the ones the model was trained on.
-
-``initial_model`` is what the trainer builds: ``build_model`` (random init
-from torch's RNG) and, with ``init_from``, the loaded weights on top. A
-resumed run loads them too, then the checkpoint replaces them.
+The directory is checked against ``[model]`` when the config loads (``check_init_from``), read from
+safetensors only (``read_pretrained``, ``pretrained_weights``), and trained under ``[attention]``;
+``initial_model`` is what the trainer builds. What is checked, and why pickle files are refused:
+docs/training.md, "From a checkpoint to an export, and into a new run".
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """Decoding with a KV cache: new queries against all cached (and new) keys, forward only.
 
-A cached decoder step has ``Tq`` new queries at positions ``q_pos`` and ``Tk``
-keys at positions ``k_pos`` (every cached token and the new ones; the
-queries are the last ``Tq`` of them). Each function here returns exactly the
-rows the full causal op computes for those queries over the whole
-sequence, up to rounding:
-
-- exact / windowed ALiBi and no bias: :func:`plsh_dist.ops.alibi.alibi_forward`
-  on the two position sets (zero slopes for no bias); a window hides keys at
-  distance ``>= window``, so only the last ``window`` keys are read.
-- PLSH and fixed blocks, in the one-pass form (``docs/design.md``): query ``i``
-  weights key ``j`` by ``c_ij = #{t : first_t(i) <= p_j <= p_i}``, the number
-  of samples whose block holding ``i`` also holds ``j``, and attends with the
-  bias ``log c_ij`` over its band of keys (from the earliest block start
-  ``min_t first_t(i)`` to ``i``: about ``sigma * (ln s + 0.58)`` keys per hash
-  head). Block starts and counts are the one-pass strategy's own
-  (:mod:`plsh_dist.ops.band`), so the masks are those of the same
-  ``(seed, sample, head, position)`` as a full forward's, whichever method (per
-  sample or one pass) that forward used: the two compute the same estimator.
-  This is the forward-only strategy :class:`DecodeOnePass` of the table
-  (:func:`plsh_dist.ops.backends.choose_strategy` with ``decoding=True``).
-
-The keys are taken to be the whole sequence: a band reaching before
-``k_pos[0]`` stops there, as a full forward over the cached tokens would.
-
-No autograd (``torch.no_grad``): decoding needs no gradient.
+A cached decoder step has ``Tq`` new queries at positions ``q_pos`` and ``Tk`` keys at positions
+``k_pos`` (every cached token and the new ones); each function returns exactly the rows the full
+causal op computes for those queries, up to rounding: exact / windowed ALiBi and no bias through
+:func:`plsh_dist.ops.alibi.alibi_forward`, PLSH and fixed blocks in the one-pass form over each
+query's band (:class:`DecodeOnePass`, the table's decoding row), with the block starts and counts
+of :mod:`plsh_dist.ops.band`, so the masks are a full forward's. No autograd. Why the rows agree
+with a full forward: docs/design.md, section 4, "Decoding with a KV cache".
 
 Legend: B batch, Tq new queries, Tk keys, Hq query heads, Hkv key/value heads,
 D head dim, s samples, C queries of one chunk, K keys of one chunk.

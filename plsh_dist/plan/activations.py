@@ -1,34 +1,10 @@
 """Activation and loss memory of one micro-batch, in bytes per token.
 
-Counted from what autograd saves in transformers' decoder layer with our
-attention (checked tensor by tensor with ``saved_tensors_hooks`` in
-tests/plan/test_plan_memory.py), ``b`` = bytes of the activation dtype (2 for
-bf16, 4 for fp32), H hidden, Hq*D / Hkv*D the q / kv widths, I the MLP width:
-
-- RMSNorm over ``x`` features (``n`` groups): its fp32 copy of the input
-  (4x; the input itself when fp32), the fp32 rsqrt (4n) and the normalised
-  input in the activation dtype (b x, saved by the weight multiply);
-- decoder layer: input norm + its output (saved by the q/k/v projections),
-  q/k norms on the q/k projections (Qwen3's qk-norm), the attention op's
-  saved q, k, v, out (o_proj's input is ``out`` itself) and fp32 lse (4Hq),
-  post-attention norm + its output, the MLP's gate, up, silu(gate) and their
-  product (4 b I);
-- model: input ids, position ids and labels (int64), the shared rotary cos/sin (2 b D, rope off too:
-  it multiplies by 1 and 0), the final norm and its output (the LM head's input);
-- with activation checkpointing a layer keeps only its input (b H) and
-  rebuilds its activations in its backward, one layer at a time.
-
-The loss, per token of the micro-batch:
-
-- plain (full logits): forward peaks at the logits and the fp32 log-softmax
-  (8V; bf16: 10V, the bf16 logits and their fp32 copy) and keeps the
-  log-softmax (4V); the backward peak holds it, the NLL gradient and the
-  log-softmax gradient: 12V;
-- chunked (``[memory].loss_chunk_tokens`` = c): keeps the fp32 lse (4);
-  its peaks are per chunk, not per token: forward 2 fp32 (c, V)
-  tensors (logits and logsumexp's temporary), backward dh + the fp32 dW
-  accumulator + one fp32 (c, V) tensor (bf16: + the bf16 copy of it and of
-  each chunk's dW).
+Counted from what autograd saves in transformers' decoder layer with our attention (checked tensor
+by tensor with ``saved_tensors_hooks`` in tests/plan/test_plan_memory.py): the norms, the attention
+op's q, k, v, out and lse, the MLP, the model's inputs and rotary tables, a checkpointed layer's
+input alone; and the loss, plain (full logits) or chunked (``[memory].loss_chunk_tokens``). The
+tensor by tensor account: docs/memory.md, "What autograd saves per token".
 """
 
 from __future__ import annotations
