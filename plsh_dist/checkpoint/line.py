@@ -1,31 +1,12 @@
 """Which checkpoint tags a run keeps: its own line of training, valid tags only, the newest ``keep_last``.
 
-Invariant: **pruning never leaves a run without its newest valid checkpoint.**
-Counting tags by number alone breaks it: after resuming from ``step_4``
-because ``step_5`` is damaged, saving ``step_6`` with ``keep_last = 2`` would
-keep 5 and 6 and delete the good 4; a fresh run (``resume = "never"``) in an
-old out_dir would count the old run's higher steps and delete its own.
-
-So, once a run is accepted (``set_aside_newer``):
-
-- tags newer than the step it starts from (every tag, for a fresh run) belong
-  to an abandoned line of training: they are moved to
-  ``checkpoints/abandoned/<tag>`` (``<tag>.2``, ... if that name is taken),
-  never deleted and never counted; ``latest`` is first pointed at the newest
-  tag that stays (or removed), so ``resume = "auto"`` never picks one of them;
-
-and at every save (``prune``, after the new tag is published):
-
-- the newest ``keep_last`` tags that pass their manifest are kept; a tag in
-  that window that fails it is moved to ``checkpoints/damaged/<tag>`` and not
-  counted; older tags are deleted. Tags this process wrote or verified
-  (``valid_tags``) are not hashed again, so a run hashes each older tag once.
-
-Every move is a rename inside ``checkpoints/`` and every delete goes through
-``<tag>.deleting``, so a kill at any moment leaves each tag either whole under
-its name or out of the way. Fault points (``PLSH_FAULT``, ``plsh_dist/faults.py``):
-``in_set_aside`` after ``latest`` was rewritten, before the moves; ``in_prune``
-after the new tag is published, before anything is moved or deleted.
+Invariant: **pruning never leaves a run without its newest valid checkpoint.** Once a run is
+accepted, ``set_aside_newer`` moves the tags newer than its start to ``checkpoints/abandoned/``
+(``latest`` first pointed at the newest tag that stays); at every save ``prune`` keeps the newest
+``keep_last`` tags that pass their manifest, moves a failing one to ``checkpoints/damaged/`` and
+deletes older ones through ``<tag>.deleting``. Why counting by number alone breaks the invariant,
+and the fault points (``in_set_aside``, ``in_prune``): docs/training.md, "Checkpoints kept, set
+aside and pruned".
 """
 
 from __future__ import annotations

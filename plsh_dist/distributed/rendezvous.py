@@ -1,31 +1,12 @@
 """Check, in seconds, that a rank can reach its rendezvous address before joining the process group.
 
-The process group's rendezvous is a TCP store at ``MASTER_ADDR:MASTER_PORT``
-(env://, as deepspeed and torchrun set it): global rank 0 serves it (or
-torchrun's agent does: ``TORCHELASTIC_USE_AGENT_STORE``), every rank connects
-to it. PyTorch retries that connection for the whole collective timeout
-(``[parallel].timeout_s``, 600 s by default) whatever the cause, inside C++
-code that no Python signal handler interrupts: a host whose network is down
-(a container started with its loopback down: errno 101), a misspelled host
-name or a wrong port looked like a hang for ten minutes.
-
-``check_rendezvous`` runs first, in Python, with short socket timeouts
-(so Ctrl-C and SIGTERM reach it between attempts):
-
-- the address must resolve (``getaddrinfo``);
-- the rank that serves the store must reach the address itself: it listens
-  on an ephemeral port of every interface, as the store will, and connects
-  to ``MASTER_ADDR`` on that port;
-- any other rank must connect to ``MASTER_ADDR:MASTER_PORT``.
-
-A host name that does not resolve, an unreachable network or an address that
-is not this host's fail at once: seconds of waiting change none of them. A
-refused connection or no answer is retried (rank 0 may start a little later;
-after 2 s the rank says once on stderr that it waits, and why) until ``deadline_s``
-(``[parallel].rendezvous_timeout_s``, 15 s by default). Either way it raises
-``RendezvousUnreachable`` naming the address, the port and the cause; the
-launcher reports it in one line and exits 1. A check that passes costs one
-or two local connections (milliseconds).
+PyTorch retries the connection to its TCP store (``MASTER_ADDR:MASTER_PORT``) for the whole
+collective timeout whatever the cause, inside C++ code no signal handler interrupts, so a down
+network or a wrong host or port looked like a ten-minute hang. ``check_rendezvous`` runs first, in
+Python, with short socket timeouts: the address must resolve, the rank serving the store must reach
+itself there, every other rank must connect; causes that waiting cannot fix fail at once, a refused
+connection is retried until ``[parallel].rendezvous_timeout_s``; then ``RendezvousUnreachable``
+names the address, port and cause. Details and measurements: docs/training.md, "Rendezvous".
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """The layout of the varlen (CUDA) block attention's calls: rows, cu_seqlens, chunks.
 
-The varlen kernels see a flat "rows" axis of tokens and a ``cu_seqlens``
-array of sequence boundaries; each hash block becomes one sequence. To keep
-the number of launches per sample at one (rarely a few), every batch row and,
-for per-head hashes, every head is laid out along that axis:
-
-- shared hash (``lsh.num_heads == 1``): rows = (b, i), ``R = B * n``; q keeps
-  its Hq heads and k/v their Hkv heads (the kernels do GQA);
-- per-head hash: rows = (h, b, i), ``R = Hq * B * n``, one head per row; the
-  key/value head of query head h (``h // g``) is repeated into h's rows,
-  because every head has its own boundaries and a varlen call pairs query and
-  key sequences one to one.
-
-Where the work happens: the buckets of all samples and heads (O(s H n)) are
-computed on the compute device with the hash's own formula, and only the
-block starts come back to the host, in **one device-to-host copy per forward**:
-the single host synchronisation of the op, unavoidable because the kernels
-take the number of blocks and ``max_seqlen`` as host integers. The backward
-reuses the forward's calls. Each call's ``cu_seqlens`` goes back to the device
-without blocking.
-
-Chunks: FlashAttention-2 launches a grid of (query tiles, sequences, heads)
-whose second dimension CUDA caps at 65535, so one call takes at most
-``MAX_SEQS_PER_CALL`` blocks; longer samples are cut (at block boundaries)
-into several calls over consecutive row ranges.
+Each hash block becomes one varlen sequence; every batch row and, for per-head hashes, every head is
+laid along the flat rows axis (shared hash: rows (b, i); per-head: rows (h, b, i), k/v repeated to
+their query heads), so a sample is one launch, cut into several only past ``MAX_SEQS_PER_CALL``
+blocks (CUDA's 65535 grid limit). The buckets are computed on the device; the block starts come
+back in one device-to-host copy per forward (the op's one host sync). The row layouts and why:
+docs/gpu.md, "The CUDA per-sample strategy".
 
 Legend: s samples, B batch, n tokens, Hq query heads, H hash heads (1 or Hq), R rows.
 """
