@@ -1,35 +1,11 @@
 """Fault injection for the reliability tests: kill, raise, hang or pause one rank on purpose.
 
-Off unless ``PLSH_FAULT`` is set (the launchers pass the environment on to
-every rank). Format: ``ACTION:RANK:STEP[:WHERE]``
-
-- ACTION: ``kill`` (SIGKILL itself, as the OOM killer or a lost node would),
-  ``raise`` (a ``RuntimeError`` carrying ``PLSH_FAULT``), ``enospc`` (an
-  ``OSError`` with errno ENOSPC, as a write to a full disk raises), ``hang`` (sleep
-  forever without joining collectives), ``sigterm`` / ``sigusr1`` (send
-  itself that signal, as a scheduler preempting the job would, and carry on:
-  the preemption tests, see preemption.py), ``pause`` (sleep ``PAUSE_S``
-  seconds, then carry on: a test that signals the run from outside once a
-  step is logged knows the run is still training when the signal lands,
-  however fast the machine; the other ranks wait for it in the next
-  collective, so keep ``[parallel].timeout_s`` above ``PAUSE_S``. A signal
-  handler that returns does not cut the pause short, PEP 475);
-- RANK: the global rank that fails; STEP: the optimizer step (1-based,
-  counted as ``done``) at which it fails;
-- WHERE: ``after_step`` (default: after that step's checkpoint, if any),
-  ``in_checkpoint`` (after DeepSpeed wrote its shards, before the checkpoint
-  is published), ``in_prune`` (the checkpoint of STEP is published, before
-  older tags are moved or deleted), ``in_set_aside`` (a run resumed at STEP,
-  0 for a fresh one, has pointed ``latest`` at the tag it continues, before
-  it moves newer tags aside: checkpoint/line.py) or ``in_step`` (inside the
-  optimizer step, after its backward passes, before its results are
-  all-reduced).
-
-Example: ``PLSH_FAULT=kill:1:3`` kills rank 1 right after step 3;
-``PLSH_FAULT=sigterm:1:3:in_step`` sends rank 1 SIGTERM during step 3;
-``PLSH_FAULT=pause:0:1`` holds rank 0 for ``PAUSE_S`` seconds after step 1 (its
-metrics are written by then); a run resumed from step 1's checkpoint or a later one
-does not pause again.
+Off unless ``PLSH_FAULT`` is set (the launchers pass the environment on to every rank). Format:
+``ACTION:RANK:STEP[:WHERE]``, ACTION one of ``kill``, ``raise``, ``enospc``, ``hang``, ``sigterm``,
+``sigusr1``, ``pause``; RANK the global rank; STEP the optimizer step (1-based); WHERE one of
+``after_step`` (default), ``in_checkpoint``, ``in_prune``, ``in_set_aside``, ``in_step``. E.g.
+``PLSH_FAULT=kill:1:3`` kills rank 1 right after step 3. What each action and place does:
+docs/training.md, "Failing ranks and timeouts", "Injected faults".
 """
 
 from __future__ import annotations
