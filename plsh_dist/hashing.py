@@ -296,7 +296,7 @@ class PositionalLSH:
 
     def bucket_start(self, b_SH: torch.Tensor) -> torch.Tensor:
         """Smallest integer position whose bucket is >= ``b``, LongTensor[s, H]."""
-        return _bucket_start(b_SH, self.pitch, self.shift)
+        return _bucket_start_checked(b_SH, self.pitch, self.shift)
 
     def block_bounds(self, positions: torch.Tensor, head: int, ends: bool = True):
         """First position of the block holding each of ``positions`` (CPU LongTensor[m]) and
@@ -308,7 +308,8 @@ class PositionalLSH:
         """
         pitch, shift = self.pitch[:, head : head + 1], self.shift[:, head : head + 1]
         b = _bucket(positions[None, :], pitch, shift)
-        return _bucket_start(b, pitch, shift), _bucket_start(b + 1, pitch, shift) if ends else None
+        starts = _bucket_start_checked(b, pitch, shift)
+        return starts, _bucket_start_checked(b + 1, pitch, shift) if ends else None
 
     def block_start_of(self, position: int) -> torch.Tensor:
         """First position of the block holding ``position``, LongTensor[s, H] (one per sample and head)."""
@@ -373,7 +374,7 @@ def _bucket(p: torch.Tensor, pitch: torch.Tensor, shift: torch.Tensor) -> torch.
     return bucket(p, pitch, shift).to(torch.long)
 
 
-def _bucket_start(b: torch.Tensor, pitch: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+def _bucket_start_checked(b: torch.Tensor, pitch: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """Smallest integer position whose bucket is >= ``b`` (broadcasting with pitch, shift).
 
     The float estimate ``ceil(shift + b * pitch)`` can be off by one ulp's
@@ -390,10 +391,10 @@ def _bucket_start(b: torch.Tensor, pitch: torch.Tensor, shift: torch.Tensor) -> 
     raise RuntimeError("bucket_start did not converge; pitch or position out of float64 range")
 
 
-def block_start(b: torch.Tensor, pitch: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+def bucket_start(b: torch.Tensor, pitch: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """Smallest integer position whose bucket is >= ``b`` (float64 holding integers, broadcasting
-    with pitch, shift), float64: :func:`_bucket_start` without its convergence check (a host sync
-    on CUDA), for the device tables.
+    with pitch, shift), float64: :func:`_bucket_start_checked` without its convergence check (a
+    host sync on CUDA), for the device tables.
 
     The estimate ``ceil(shift + b pitch)`` is within one position of the rule: its float64 error
     is a few ulps of numbers below 2^49 (positions below 2^31, pitches below 2^48), far less than

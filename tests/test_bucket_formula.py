@@ -2,7 +2,7 @@
 
 ``floor((p - shift) / pitch)`` and the block start derived from it (``ceil(shift + b pitch)``,
 corrected) are written once, in :func:`plsh_dist.hashing.bucket` and
-:func:`plsh_dist.hashing.block_start`; every torch caller calls them. Triton kernels cannot
+:func:`plsh_dist.hashing.bucket_start`; every torch caller calls them. Triton kernels cannot
 call torch: their ``@triton.jit`` copies are left out of the search, but each must name the
 function it mirrors (``tests/ops/triton_kernel/test_device_tables.py`` holds them bit-equal).
 
@@ -72,7 +72,7 @@ def test_the_bucket_formula_is_written_in_hashing_py_alone():
              for path in sorted(PACKAGE.rglob("*.py")) if path != HOME
              for n, form, code in copies(path.read_text())]
     assert not found, ("the bucket formula is written outside plsh_dist/hashing.py; call "
-                       "hashing.bucket / hashing.block_start instead:\n" + "\n".join(found))
+                       "hashing.bucket / hashing.bucket_start instead:\n" + "\n".join(found))
 
 
 def test_hashing_py_holds_the_formula():
@@ -84,7 +84,7 @@ def test_the_search_finds_the_copies_it_replaced():
     """The lines the package held before the formula moved to hashing.py (ops/tile_bands.py twice,
     ops/flex.py, plan/attention_cost.py, a Triton copy outside a kernel), each caught."""
     old = '''
-def block_start(b, pitch, shift):
+def bucket_start(b, pitch, shift):
     c = torch.ceil(shift + b * pitch)
     return cand[0] + (torch.floor((cand - shift) / pitch) < b).sum(0)
 
@@ -127,4 +127,4 @@ def test_the_triton_copies_name_the_rule_they_mirror():
     tree = ast.parse((PACKAGE / "ops" / "table_kernels.py").read_text())
     docs = {node.name: ast.get_docstring(node) or "" for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
     assert "plsh_dist.hashing.bucket" in docs["_bucket"]
-    assert "plsh_dist.hashing.block_start" in docs["_block_start"]
+    assert "plsh_dist.hashing.bucket_start" in docs["_block_start"]

@@ -84,8 +84,9 @@ def _bucket(p, pitch, shift):
 @triton.jit
 def _block_start(b, pitch, shift):
     """Smallest integer position whose bucket is >= ``b`` (float64), as
-    :func:`plsh_dist.hashing.block_start`, the rule it mirrors: the estimate ``ceil(shift + b pitch)`` is within
-    one of it, and the hash's own rule at the estimate minus one and at the estimate corrects it."""
+    :func:`plsh_dist.hashing.bucket_start`, the rule it mirrors: the estimate ``ceil(shift + b pitch)``
+    is within one of it, and the hash's own rule at the estimate minus one and at the estimate
+    corrects it."""
     c = tl.math.ceil(shift + b * pitch)
     below = c - 1.0
     return below + (_bucket(below, pitch, shift) < b).to(tl.float64) + (_bucket(c, pitch, shift) < b).to(tl.float64)

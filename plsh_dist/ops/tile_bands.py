@@ -13,7 +13,7 @@ Reach of a token ``i`` (hash head ``hh``):
 - count bias (PLSH, fixed blocks): from the earliest first token of the s
   blocks holding ``i`` to one past their latest last token, each block cut
   to ``i``'s document; block bounds from the hash's own arithmetic
-  (:func:`plsh_dist.hashing.bucket` and ``block_start``), so bit-identical to ``PositionalLSH``;
+  (:func:`plsh_dist.hashing.bucket` and ``bucket_start``), so bit-identical to ``PositionalLSH``;
 - ALiBi window bias: the tokens of ``i``'s document within ``w_h - 1``
   positions of it.
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from plsh_dist.hashing import PositionalLSH, block_start, bucket
+from plsh_dist.hashing import PositionalLSH, bucket, bucket_start
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ class CountBias:
         LongTensor[m]), every head and sample at once: float64 (Hh, s, m) holding integers."""
         pitch, shift = self.pitch.T[:, :, None], self.shift.T[:, :, None]  # (Hh, s, 1)
         b = bucket(layout.positions[tokens], pitch, shift)
-        return block_start(b + step if step else b, pitch, shift)
+        return bucket_start(b + step if step else b, pitch, shift)
 
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -243,14 +243,14 @@ class CountReach(Reach):
         if causal:  # the block ends only where a band needs them, after the starts on one axis
             tokens = [_tile_lasts(index, n, size) for size in end_sizes]
             ends = torch.cat(tokens) if len(tokens) > 1 else tokens[0] if tokens else index[:0]
-            bounds = block_start(torch.cat([b, b[..., ends] + 1], -1), pitch, shift)  # (Hh, s, n + ends)
+            bounds = bucket_start(torch.cat([b, b[..., ends] + 1], -1), pitch, shift)  # (Hh, s, n + ends)
             bounds[..., n:] -= 1
             table = bounds[..., :n].clamp(INT32_MIN, INT32_MAX).to(torch.int32).contiguous()[None]
             lasts, at = {}, n
             for size, toks in zip(end_sizes, tokens):
                 lasts[size], at = bounds[..., at:at + toks.numel()], at + toks.numel()
             return cls(layout, index, causal, {None: bounds[..., :n]}, lasts, table)
-        bounds = block_start(torch.stack([b, b + 1]), pitch, shift)  # (2, Hh, s, n): starts, next starts
+        bounds = bucket_start(torch.stack([b, b + 1]), pitch, shift)  # (2, Hh, s, n): starts, next starts
         bounds[1] -= 1
         table = bounds.clamp(INT32_MIN, INT32_MAX).to(torch.int32).contiguous()
         return cls(layout, index, causal, {None: bounds[0]}, {None: bounds[1]}, table)
@@ -317,7 +317,7 @@ def block_bounds(bias: "CountBias", layout: TokenLayout, causal: bool):
     """Every token's block per sample, as the kernels compare it: first and last position,
     int32 Tensors (Hh, s, n) each (``lasts`` None when causal: ``p_j <= p_i`` is inside already).
 
-    From the hash's own float64 arithmetic (:func:`block_start`), all heads and samples at
+    From the hash's own float64 arithmetic (:func:`bucket_start`), all heads and samples at
     once; clamped to int32 (a block of a huge sigma reaches past any position the kernel
     holds: positions are in [0, 2^31))."""
     return CountReach.build(bias, layout, causal, 1).table()
