@@ -81,10 +81,11 @@ def test_hashing_py_holds_the_formula():
 
 
 def test_the_search_finds_the_copies_it_replaced():
-    """The lines the package held before the formula moved to hashing.py (ops/tile_bands.py twice,
-    ops/flex.py, plan/attention_cost.py, a Triton copy outside a kernel), each caught."""
+    """The lines the package held before the formula moved to hashing.py (ops/tile_bands.py's
+    block_start and bounds, ops/flex.py across lines, plan/attention_cost.py), the other spellings
+    (``//``, ``div``) and a Triton body outside a ``@triton.jit`` function: each one caught."""
     old = '''
-def bucket_start(b, pitch, shift):
+def block_start(b, pitch, shift):
     c = torch.ceil(shift + b * pitch)
     return cand[0] + (torch.floor((cand - shift) / pitch) < b).sum(0)
 
