@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from plsh_dist.splitmix import MASK64, hash_seed
+from plsh_dist.splitmix import hash_seed
 
 __all__ = ["AttentionRuntime", "hash_seed"]
 

@@ -33,19 +33,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from plsh_dist.ops import triton_onepass
 from plsh_dist.ops.alibi_band import band_chunk, banded_backward, banded_forward, interior_rows
 from plsh_dist.ops.custom_ops import (NAMESPACE, device_layout, fake_backward, fake_forward, op_layout,
                                       register_autograd)
 from plsh_dist.ops.dense import dense_bwd, dense_fwd
-from plsh_dist.ops import triton_onepass
 from plsh_dist.ops.device_constants import device_constant, host_key
 from plsh_dist.ops.device_tables import device_kernel_bias
 from plsh_dist.ops.documents import backward_on_flat_row, flat_documents, on_flat_row
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
+from plsh_dist.ops.input_checks import check_positions, check_qkv, softmax_scale_for
 from plsh_dist.ops.merge import accum_dtype
 from plsh_dist.ops.tile_bands import TokenLayout, WindowBias
 from plsh_dist.ops.triton_onepass import triton_cuda
-from plsh_dist.ops.input_checks import check_positions, check_qkv, softmax_scale_for
 
 #: ``c = ln s + EQUAL_COST_OFFSET``: truncated ALiBi at ``w_h = ceil(c sigma_h)`` attends as many
 #: keys per query as positional LSH's one-pass band of s samples (about ``sigma H_s``, the mean
@@ -502,6 +502,11 @@ def _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, c
     return pos, slopes, dict(window=win, scale=scale, chunk=chunk, docs=(doc_ids, doc_ids)), True
 
 
+def _as_is(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``: a call on its own rows (where documents would run on the flat row)."""
+    return fn(*args, **kwargs)
+
+
 def kernel_call(q, k, v, positions, cu_seqlens, slopes, window: list[int], causal: bool, softmax_scale, chunk_size,
                 from_position_ids):
     """``(kernel bias, scale)`` of the fused kernel for an op call, or None where the chunked path runs it
@@ -550,13 +555,13 @@ def alibi_attention_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None
                          from_position_ids)
     if kernel is not None:
         kb, scale = kernel
-        run = on_flat_row if kb.layout.doc is not None else (lambda fn, *a, **k: fn(*a, **k))
+        run = on_flat_row if kb.layout.doc is not None else _as_is
         out, lse = run(triton_onepass.banded_forward, q, k, v, kb.bias, kb.layout, causal=causal, scale=scale,
                        kernel_bias=kb)
         return out.contiguous(), lse.contiguous()
     pos, slopes, kw, flat = _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, chunk_size,
                                         from_position_ids)
-    run = on_flat_row if flat else (lambda fn, *a, **k: fn(*a, **k))
+    run = on_flat_row if flat else _as_is
     out, lse = run(alibi_forward, q, k, v, pos, pos, slopes, causal=causal, **kw)
     return out.contiguous(), lse.contiguous()
 
@@ -577,13 +582,13 @@ def alibi_attention_op_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
                          from_position_ids)
     if kernel is not None:
         kb, scale = kernel
-        run = backward_on_flat_row if kb.layout.doc is not None else (lambda fn, *a, **k: fn(*a, **k))
+        run = backward_on_flat_row if kb.layout.doc is not None else _as_is
         grads = run(triton_onepass.banded_backward, dout, q, k, v, out, lse, kb.bias, kb.layout, causal=causal,
                     scale=scale, kernel_bias=kb)
         return tuple(g.contiguous() for g in grads)
     pos, slopes, kw, flat = _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, chunk_size,
                                         from_position_ids)
-    run = backward_on_flat_row if flat else (lambda fn, *a, **k: fn(*a, **k))
+    run = backward_on_flat_row if flat else _as_is
     grads = run(alibi_backward, dout, q, k, v, out, lse, pos, pos, slopes, causal=causal, **kw)
     return tuple(g.contiguous() for g in grads)
 

@@ -31,12 +31,12 @@ from plsh_dist.hashing import FixedBlocks, PositionalLSH, get_sampler
 from plsh_dist.ops.backends import choose_strategy
 from plsh_dist.ops.custom_ops import (NAMESPACE, device_layout, fake_backward, fake_forward, op_layout,
                                       register_autograd)
-from plsh_dist.ops.documents import (Documents, backward_on_flat_row, device_positions, flat_documents, flatten_rows,
+from plsh_dist.ops.documents import (Documents, backward_on_flat_row, flat_documents, flatten_rows,
                                      on_flat_row, unflatten_rows)
 from plsh_dist.ops.head_groups import head_groups
+from plsh_dist.ops.input_checks import check_positions, check_qkv, softmax_scale_for
 from plsh_dist.ops.plsh_varlen import VarlenPerSample
 from plsh_dist.ops.triton_onepass import TritonOnePass
-from plsh_dist.ops.input_checks import check_positions, check_qkv, softmax_scale_for
 
 
 # ---------------------------------------------------------------------------

@@ -33,8 +33,8 @@ from plsh_dist.distributed.sp.alibi_window_halo import SPAlibiWindow
 from plsh_dist.distributed.sp.plsh_halo import SPBlockAttention
 from plsh_dist.hashing import FixedBlocks, PositionalLSH
 from plsh_dist.ops.alibi import check_alibi_attention
-from plsh_dist.ops.plsh import check_block_attention
 from plsh_dist.ops.input_checks import check_qkv, softmax_scale_for
+from plsh_dist.ops.plsh import check_block_attention
 
 
 class SequenceParallelAttention:
