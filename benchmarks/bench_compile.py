@@ -20,7 +20,11 @@ Three measurements, one thread per process (``--threads``):
    first ``--skip`` (the compile is paid in the first step). The variants are interleaved
    (round r starts at variant r) and repeated ``--rounds`` times, and each compiled run is
    compared with the eager run of its round: the ratios, not the absolute tokens/s, compare
-   across machines.
+   across machines. The runs share one inductor cache: round 0's first step compiles cold,
+   the later rounds' warm.
+
+``--allow-breaks`` compiles the layer without ``fullgraph``, to time a model that breaks (an
+older commit's: copy the script into its checkout).
 
 Arguments the script does not know (``--section.key=value``) go to the training runs, after
 the script's own (e.g. ``--data.cache_dir=...``). Writes ``compile.json`` and ``table.md``
@@ -90,7 +94,7 @@ def _layer(bias: str, batch: int, seq_len: int):
     return f, h, step
 
 
-def measure_layer(bias: str, backend: str, batch: int, seq_len: int, explain: bool) -> dict:
+def measure_layer(bias: str, backend: str, batch: int, seq_len: int, explain: bool, fullgraph: bool = True) -> dict:
     """In this process: eager and compiled forward+backward seconds of one layer; with ``explain``
     also dynamo's graph and graph-break counts (after the timing, so it warms nothing)."""
     import torch
@@ -101,8 +105,8 @@ def measure_layer(bias: str, backend: str, batch: int, seq_len: int, explain: bo
     step(f)  # warm-up: the op's first-call work is not the compile's
     eager_s = min(step(f) for _ in range(2))
     record = {"bias": bias, "backend": backend, "batch": batch, "seq_len": seq_len,
-              "threads": torch.get_num_threads(), "eager_s": eager_s}
-    compiled = torch.compile(f, backend=backend, fullgraph=True)
+              "threads": torch.get_num_threads(), "fullgraph": fullgraph, "eager_s": eager_s}
+    compiled = torch.compile(f, backend=backend, fullgraph=fullgraph)
     try:
         first_s = step(compiled)
         record.update(first_call_s=first_s, compile_s=first_s - eager_s, compiled_s=min(step(compiled)
@@ -117,7 +121,7 @@ def measure_layer(bias: str, backend: str, batch: int, seq_len: int, explain: bo
         try:
             explained = torch._dynamo.explain(f)(h)
             record.update(graph_count=explained.graph_count, graph_breaks=explained.graph_break_count,
-                          break_reasons=[str(r.reason) for r in explained.break_reasons][:5],
+                          break_reasons=[str(r.reason).splitlines()[0] for r in explained.break_reasons][:5],
                           op_count=explained.op_count)
         except Exception as exc:
             record["explain_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -135,7 +139,8 @@ def _env(threads: int, cache_dir: str | None) -> dict:
 
 def _layer_subprocess(bias: str, backend: str, cache_dir: str, explain: bool, args) -> dict:
     cmd = [sys.executable, __file__, "--one-layer", bias, "--backends", backend, "--batch", str(args.batch),
-           "--seq-len", str(args.seq_len), "--threads", str(args.threads)] + (["--explain"] if explain else [])
+           "--seq-len", str(args.seq_len), "--threads", str(args.threads)]
+    cmd += (["--explain"] if explain else []) + (["--allow-breaks"] if args.allow_breaks else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=_env(args.threads, cache_dir))
     if proc.returncode != 0:
         return {"bias": bias, "backend": backend, "error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
@@ -248,7 +253,8 @@ def markdown(result: dict) -> str:
             f"{b} cold (s) | {b} warm (s)" for b in backends) + " |"
         lines += [f"One decoder layer of the tiny Qwen3, batch {result['batch']} x {result['seq_len']} tokens, "
                   f"fp32, {result['threads']} thread(s): compile time = the first compiled forward+backward "
-                  "minus an eager one.", "", head, "|" + "---|" * (3 + 2 * len(backends))]
+                  f"(`fullgraph={result.get('fullgraph', True)}`) minus an eager one.", "", head,
+                  "|" + "---|" * (3 + 2 * len(backends))]
         for row in result["layers"]:
             cells = [row["bias"], str(row.get("graph_count", "-")), str(row.get("graph_breaks", "explain failed"))]
             for b in backends:
@@ -282,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20, help="training steps per run")
     p.add_argument("--skip", type=int, default=3, help="first steps left out of a run's tokens/s (the compile)")
     p.add_argument("--no-layers", action="store_true", help="training only")
+    p.add_argument("--allow-breaks", action="store_true",
+                   help="compile the layer without fullgraph (to time a model that breaks, e.g. an older commit's)")
     p.add_argument("--config", default="configs/debug.toml", help="the training runs' config")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process (0: torch's default)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per subprocess")
@@ -302,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        print(json.dumps(measure_layer(args.one_layer, args.backends[0], args.batch, args.seq_len, args.explain)))
+        print(json.dumps(measure_layer(args.one_layer, args.backends[0], args.batch, args.seq_len, args.explain,
+                                        fullgraph=not args.allow_breaks)))
         return 0
 
     import torch
@@ -311,8 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result = {"torch": torch.__version__, "python": platform.python_version(), "cpu_count": os.cpu_count(),
               "processor": platform.processor() or platform.machine(), "threads": args.threads,
-              "batch": args.batch, "seq_len": args.seq_len, "backends": args.backends, "config": args.config,
-              "train_overrides": extra, "layers": [], "training": None}
+              "batch": args.batch, "seq_len": args.seq_len, "backends": args.backends,
+              "fullgraph": not args.allow_breaks, "config": args.config, "train_overrides": extra,
+              "layers": [], "training": None}
     t0 = time.perf_counter()
     if not args.no_layers:
         result["layers"] = layer_records(args)
