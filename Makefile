@@ -2,7 +2,7 @@
 #   make quickstart   set up, then pretrain + evaluate a tiny Qwen3 on CPU
 #   make test         set up, then run the test suite (make test-slow: launcher-level runs)
 #   make bench        set up, then run the attention benchmark (also bench-sp,
-#                     bench-training, approx)
+#                     bench-training, bench-compile, approx)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -16,7 +16,7 @@ export PYTHONPATH := $(CURDIR)
 IMAGE_DIR ?= build/image
 IMAGE_ROOTFS := $(IMAGE_DIR)/rootfs.id
 
-.PHONY: venv quickstart test test-slow test-cluster cluster-deps image-deps image-check image-rootfs clean-image rehearsal gpu-check golden lint bench bench-sp bench-training approx prose-corpus clean-venv
+.PHONY: venv quickstart test test-slow test-cluster cluster-deps image-deps image-check image-rootfs clean-image rehearsal gpu-check golden lint bench bench-sp bench-training bench-compile approx prose-corpus clean-venv
 
 venv: $(STAMP)
 
@@ -142,6 +142,11 @@ bench-sp: $(STAMP)
 
 bench-training: $(STAMP)
 	$(PY) benchmarks/bench_training.py --lengths 8192,16384
+
+# one decoder layer's graph breaks and compile time per bias, training tokens/s
+# with [run].compile off / aot_eager / inductor (~10 min on 2 cores)
+bench-compile: $(STAMP)
+	$(PY) benchmarks/bench_compile.py --out bench_results/compile
 
 approx: $(STAMP)
 	$(PY) -m experiments.approximation --out runs/approx

@@ -1,0 +1,343 @@
+"""torch.compile of the models: graph breaks and compile time of one decoder layer per bias, and
+CPU training tokens/s with and without compile.
+
+    python benchmarks/bench_compile.py --out bench_results/compile             # everything (~10 min, 2 cores)
+    python benchmarks/bench_compile.py --biases plsh_onepass --backends aot_eager --rounds 1   # quick
+
+Three measurements, one thread per process (``--threads``):
+
+1. **Graph breaks**: ``torch._dynamo.explain`` of layer 1 of the tiny Qwen3 (``--batch`` x
+   ``--seq-len`` tokens) for every bias the models take.
+2. **Compile time** of that layer's first forward+backward under ``torch.compile(fullgraph=True)``
+   with ``aot_eager`` and with inductor: the first compiled call's time minus an eager call's.
+   Each measurement runs in a fresh process (dynamo's and inductor's in-memory caches empty)
+   with a private ``TORCHINDUCTOR_CACHE_DIR``: first a new directory (cold), then the same one
+   again (warm: inductor's FX graph and AOTAutograd caches on disk, what a second run of the
+   same model meets).
+3. **Training tokens/s**: ``launchers/pretrain.py`` (DeepSpeed on CPU, one process) on
+   ``--config`` (configs/debug.toml: tiny preset, PLSH s = 4) with ``[run].compile`` = off and
+   each backend, ``--steps`` steps; a run's figure is the median tokens/s of its steps after the
+   first ``--skip`` (the compile is paid in the first step). The variants are interleaved
+   (round r starts at variant r) and repeated ``--rounds`` times, and each compiled run is
+   compared with the eager run of its round: the ratios, not the absolute tokens/s, compare
+   across machines. The runs share one inductor cache: round 0's first step compiles cold,
+   the later rounds' warm.
+
+``--allow-breaks`` compiles the layer without ``fullgraph``, to time a model that breaks (an
+older commit's: copy the script into its checkout).
+
+Arguments the script does not know (``--section.key=value``) go to the training runs, after
+the script's own (e.g. ``--data.cache_dir=...``). Writes ``compile.json`` and ``table.md``
+to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Every bias the models take, as ``AttentionConfig`` fields (tests/models/test_compile.py's set,
+#: the window sized for the default 256 tokens).
+BIASES = {
+    "none": dict(bias="none"),
+    "alibi": dict(bias="alibi"),
+    "window": dict(bias="window", window=64),
+    "truncated": dict(bias="truncated", num_samples=4),
+    "plsh_onepass": dict(bias="plsh", num_samples=4, method="onepass"),
+    "plsh_per_sample": dict(bias="plsh", num_samples=4, method="per_sample"),
+    "fixed_blocks": dict(bias="fixed_blocks"),
+}
+BACKENDS = ("aot_eager", "inductor")
+
+
+# ---------------------------------------------------------------- one layer (run in a subprocess)
+
+def _layer(bias: str, batch: int, seq_len: int):
+    """Layer 1 of the tiny Qwen3 as ``step(fn)`` (forward + backward of ``fn(h)``), its ``f(h)``."""
+    import torch
+
+    from plsh_dist.models import build_model, presets
+    from plsh_dist.models.config import AttentionConfig
+    from plsh_dist.models.runtime import AttentionRuntime
+
+    torch.manual_seed(0)
+    model = build_model(presets["tiny"], AttentionConfig(**BIASES[bias]), AttentionRuntime(run_seed=1))
+    decoder = model.get_decoder()
+    h = torch.randn(batch, seq_len, model.config.hidden_size, requires_grad=True)  # (B, T, hidden)
+    position_ids = torch.arange(seq_len)[None].repeat(batch, 1)
+    cos_sin = decoder.rotary_emb(h, position_ids)
+    layer = decoder.layers[1]
+    weight = torch.linspace(-1, 1, h.numel()).view_as(h)
+
+    def f(x):
+        out = layer(x, attention_mask=None, position_ids=position_ids, position_embeddings=cos_sin)
+        return out[0] if isinstance(out, tuple) else out
+
+    def step(fn) -> float:
+        model.zero_grad(set_to_none=True)
+        h.grad = None
+        t0 = time.perf_counter()
+        (fn(h) * weight).sum().backward()
+        return time.perf_counter() - t0
+
+    return f, h, step
+
+
+def measure_layer(bias: str, backend: str, batch: int, seq_len: int, explain: bool, fullgraph: bool = True) -> dict:
+    """In this process: eager and compiled forward+backward seconds of one layer; with ``explain``
+    also dynamo's graph and graph-break counts (after the timing, so it warms nothing)."""
+    import torch
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    f, h, step = _layer(bias, batch, seq_len)
+    step(f)  # warm-up: the op's first-call work is not the compile's
+    eager_s = min(step(f) for _ in range(2))
+    record = {"bias": bias, "backend": backend, "batch": batch, "seq_len": seq_len,
+              "threads": torch.get_num_threads(), "fullgraph": fullgraph, "eager_s": eager_s}
+    compiled = torch.compile(f, backend=backend, fullgraph=fullgraph)
+    try:
+        first_s = step(compiled)
+        record.update(first_call_s=first_s, compile_s=first_s - eager_s, compiled_s=min(step(compiled)
+                                                                                          for _ in range(2)))
+    except Exception as exc:  # a graph break under fullgraph, or a backend failure: recorded, not fatal
+        record["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    # Did the warm run find its cache? (inductor's FX graph cache, AOTAutograd's cache)
+    record["cache_hits"] = {f"{group}.{name}": n for group in ("inductor", "aot_autograd")
+                            for name, n in counters[group].items() if "cache_hit" in name or "cache_miss" in name}
+    if explain:
+        torch._dynamo.reset()
+        try:
+            explained = torch._dynamo.explain(f)(h)
+            record.update(graph_count=explained.graph_count, graph_breaks=explained.graph_break_count,
+                          break_reasons=[str(r.reason).splitlines()[0] for r in explained.break_reasons][:5],
+                          op_count=explained.op_count)
+        except Exception as exc:
+            record["explain_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return record
+
+
+def _env(threads: int, cache_dir: str | None) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads or os.cpu_count()))
+    env.setdefault("DS_ACCELERATOR", "cpu")
+    env.setdefault("PLSH_PROGRESS", "0")
+    if cache_dir is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    return env
+
+
+def _layer_subprocess(bias: str, backend: str, cache_dir: str, explain: bool, args) -> dict:
+    cmd = [sys.executable, __file__, "--one-layer", bias, "--backends", backend, "--batch", str(args.batch),
+           "--seq-len", str(args.seq_len), "--threads", str(args.threads)]
+    cmd += (["--explain"] if explain else []) + (["--allow-breaks"] if args.allow_breaks else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=_env(args.threads, cache_dir))
+    if proc.returncode != 0:
+        return {"bias": bias, "backend": backend, "error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def layer_records(args) -> list[dict]:
+    """Per bias: explain, then per backend a cold and a warm compile, each in a fresh process."""
+    records = []
+    for bias in args.biases:
+        row = {"bias": bias}
+        for i, backend in enumerate(args.backends):
+            cache_dir = tempfile.mkdtemp(prefix=f"bench_compile_{bias}_{backend}_")
+            try:
+                for state in ("cold", "warm"):
+                    r = _layer_subprocess(bias, backend, cache_dir, explain=(i == 0 and state == "cold"), args=args)
+                    for key in ("graph_count", "graph_breaks", "break_reasons", "op_count", "explain_error"):
+                        if key in r:
+                            row[key] = r.pop(key)
+                    row[f"{backend}_{state}"] = r
+                    shown = f"compile {r['compile_s']:.2f} s" if "compile_s" in r else r.get("error")
+                    print(f"  {bias:<16} {backend:<10} {state}: {shown}", flush=True)
+            finally:
+                shutil.rmtree(cache_dir, ignore_errors=True)
+        if "graph_breaks" in row:
+            print(f"  {bias:<16} explain: {row['graph_count']} graph(s), {row['graph_breaks']} break(s)", flush=True)
+        records.append(row)
+    return records
+
+
+# ---------------------------------------------------------------- training runs
+
+def train_run(variant: str, run_dir: Path, cache_dir: str, args, extra: list[str]) -> dict:
+    """``launchers/pretrain.py`` with ``[run].compile = variant``: tokens/s of each step."""
+    cmd = [sys.executable, str(ROOT / "launchers" / "pretrain.py"), "--config", args.config,
+           f"--run.out_dir={run_dir}", f"--run.compile={variant}", f"--run.max_steps={args.steps}",
+           f"--data.seq_len={args.seq_len}", f"--data.micro_batch_size={args.batch}",
+           "--checkpoint.every_steps=0", "--checkpoint.resume=never", "--checkpoint.export_safetensors=false",
+           "--logging.every_steps=1", "--logging.eval_every=0", "--logging.eval_batches=1",
+           "--logging.tensorboard=false", "--logging.progress=false", *extra]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=_env(args.threads, cache_dir))
+    wall_s = time.perf_counter() - t0
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-3:]
+        raise RuntimeError(f"training run {variant} failed (exit {proc.returncode}): {' | '.join(tail)}")
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    tps = [r["tokens_per_s"] for r in steps if "tokens_per_s" in r]
+    measured = tps[args.skip:]
+    tokens_per_step = args.seq_len * args.batch
+    return {"variant": variant, "tokens_per_s": statistics.median(measured), "step_tokens_per_s": tps,
+            "first_step_s": tokens_per_step / tps[0], "run_wall_s": wall_s}
+
+
+def train_records(args, extra: list[str], out: Path) -> list[dict]:
+    """``--rounds`` rounds of off + each backend, interleaved; one inductor cache for all of them."""
+    variants = ["off", *args.backends]
+    cache_dir = tempfile.mkdtemp(prefix="bench_compile_train_")
+    records = []
+    try:
+        for rnd in range(args.rounds):
+            for j in range(len(variants)):
+                variant = variants[(rnd + j) % len(variants)]
+                run_dir = Path(tempfile.mkdtemp(prefix=f"run_{variant}_", dir=out))
+                try:
+                    r = train_run(variant, run_dir, cache_dir, args, extra)
+                finally:
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                r["round"] = rnd
+                records.append(r)
+                print(f"  round {rnd} {variant:<10} {r['tokens_per_s']:>8.0f} tokens/s "
+                      f"(first step {r['first_step_s']:.1f} s)", flush=True)
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    return records
+
+
+def train_summary(records: list[dict], backends: list[str]) -> dict:
+    """Per variant: median tokens/s over rounds; per backend: the ratios to the eager run of each round."""
+    by = {(r["variant"], r["round"]): r for r in records}
+    rounds = sorted({r["round"] for r in records})
+    summary = {}
+    for variant in ["off", *backends]:
+        tps = [by[variant, k]["tokens_per_s"] for k in rounds]
+        first = [by[variant, k]["first_step_s"] for k in rounds]
+        # round 0 met an empty inductor cache; the later rounds reuse it
+        entry = {"tokens_per_s": statistics.median(tps), "first_step_cold_s": first[0],
+                 "first_step_warm_s": statistics.median(first[1:]) if len(first) > 1 else None}
+        if variant != "off":
+            ratios = [by[variant, k]["tokens_per_s"] / by["off", k]["tokens_per_s"] for k in rounds]
+            entry.update(ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios),
+                         ratios=ratios)
+        summary[variant] = entry
+    return summary
+
+
+# ---------------------------------------------------------------- report
+
+def _seconds(r: dict | None) -> str:
+    if r is None:
+        return "-"
+    return f"{r['compile_s']:.1f}" if "compile_s" in r else "failed"
+
+
+def markdown(result: dict) -> str:
+    backends = result["backends"]
+    lines = []
+    if result["layers"]:
+        head = "| bias | graphs | graph breaks | " + " | ".join(
+            f"{b} cold (s) | {b} warm (s)" for b in backends) + " |"
+        lines += [f"One decoder layer of the tiny Qwen3, batch {result['batch']} x {result['seq_len']} tokens, "
+                  f"fp32, {result['threads']} thread(s): compile time = the first compiled forward+backward "
+                  f"(`fullgraph={result.get('fullgraph', True)}`) minus an eager one.", "", head,
+                  "|" + "---|" * (3 + 2 * len(backends))]
+        for row in result["layers"]:
+            cells = [row["bias"], str(row.get("graph_count", "-")), str(row.get("graph_breaks", "explain failed"))]
+            for b in backends:
+                cells += [_seconds(row.get(f"{b}_cold")), _seconds(row.get(f"{b}_warm"))]
+            lines.append("| " + " | ".join(cells) + " |")
+    if result["training"]:
+        s = result["training"]["summary"]
+        rounds = result["training"]["rounds"]
+        lines += ["", f"Training, `{result['config']}` at batch {result['batch']} x {result['seq_len']} tokens, "
+                  f"{result['training']['steps']} steps (median tokens/s of steps {result['training']['skip'] + 1}-"
+                  f"{result['training']['steps']}), {rounds} interleaved round(s), {result['threads']} thread(s):",
+                  "", "| `[run].compile` | tokens/s (median) | x eager (median of rounds) | x eager (range) | "
+                  "first step, cold cache (s) | first step, warm cache (s) |", "|---|---|---|---|---|---|"]
+        for variant, e in s.items():
+            ratio = f"{e['ratio']:.2f}" if "ratio" in e else "1"
+            spread = f"{e['ratio_min']:.2f}-{e['ratio_max']:.2f}" if "ratio" in e else "-"
+            warm = f"{e['first_step_warm_s']:.1f}" if e["first_step_warm_s"] is not None else "-"
+            lines.append(f"| {variant} | {e['tokens_per_s']:.0f} | {ratio} | {spread} | "
+                         f"{e['first_step_cold_s']:.1f} | {warm} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
+    p.add_argument("--biases", default=",".join(BIASES), help=f"comma-separated, from {list(BIASES)}")
+    p.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, from {list(BACKENDS)}")
+    p.add_argument("--batch", type=int, default=4, help="sequences per step (layer and training)")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (layer and training)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved training rounds (0: no training)")
+    p.add_argument("--steps", type=int, default=20, help="training steps per run")
+    p.add_argument("--skip", type=int, default=3, help="first steps left out of a run's tokens/s (the compile)")
+    p.add_argument("--no-layers", action="store_true", help="training only")
+    p.add_argument("--allow-breaks", action="store_true",
+                   help="compile the layer without fullgraph (to time a model that breaks, e.g. an older commit's)")
+    p.add_argument("--config", default="configs/debug.toml", help="the training runs' config")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process (0: torch's default)")
+    p.add_argument("--timeout", type=int, default=900, help="seconds per subprocess")
+    p.add_argument("--out", default="bench_results/compile")
+    p.add_argument("--one-layer", help=argparse.SUPPRESS)
+    p.add_argument("--explain", action="store_true", help=argparse.SUPPRESS)
+    args, extra = p.parse_known_args(argv)
+    args.biases, args.backends = args.biases.split(","), args.backends.split(",")
+    for name, given, known in (("--biases", args.biases, BIASES), ("--backends", args.backends, BACKENDS)):
+        if unknown := [x for x in given if x not in known]:
+            p.error(f"{name}: unknown {unknown}; choose from {list(known)}")
+    if bad := [x for x in extra if not x.startswith("--") or "." not in x.split("=")[0]]:
+        p.error(f"unrecognized arguments {bad} (training overrides are --section.key=value)")
+    if args.steps <= args.skip:
+        p.error(f"--steps ({args.steps}) must exceed --skip ({args.skip})")
+    if args.one_layer:
+        import torch
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        print(json.dumps(measure_layer(args.one_layer, args.backends[0], args.batch, args.seq_len, args.explain,
+                                        fullgraph=not args.allow_breaks)))
+        return 0
+
+    import torch
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"torch": torch.__version__, "python": platform.python_version(), "cpu_count": os.cpu_count(),
+              "processor": platform.processor() or platform.machine(), "threads": args.threads,
+              "batch": args.batch, "seq_len": args.seq_len, "backends": args.backends,
+              "fullgraph": not args.allow_breaks, "config": args.config, "train_overrides": extra,
+              "layers": [], "training": None}
+    t0 = time.perf_counter()
+    if not args.no_layers:
+        result["layers"] = layer_records(args)
+    if args.rounds:
+        records = train_records(args, extra, out)
+        result["training"] = {"rounds": args.rounds, "steps": args.steps, "skip": args.skip, "runs": records,
+                              "summary": train_summary(records, args.backends)}
+    result["wall_s"] = time.perf_counter() - t0
+    (out / "compile.json").write_text(json.dumps(result, indent=1) + "\n")
+    table = markdown(result)
+    (out / "table.md").write_text(table)
+    print(table)
+    print(f"wrote {out}/compile.json, table.md ({result['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
