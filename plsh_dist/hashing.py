@@ -65,7 +65,7 @@ def import_sampler_module(module: str, setting: str = "sampler_module") -> None:
     """
     if (not isinstance(module, str) or not module or module != module.strip()
             or any(not part.isidentifier() for part in module.split("."))):
-        raise ValueError(f"{setting} must be a dotted module name, got {module!r}; e.g. \"experiments.samplers\", "
+        raise ValueError(f"{setting} must be a dotted module name, got {module!r}; e.g. \"mylab.samplers\", "
                          f"or leave it out for plsh_dist's own samplers ('iid', 'stratified')")
     try:
         importlib.import_module(module)
@@ -74,9 +74,8 @@ def import_sampler_module(module: str, setting: str = "sampler_module") -> None:
             raise  # the module is there; something it imports is not
         raise ValueError(
             f"{setting} = {module!r} cannot be imported: no module named {exc.name!r}. Name a module that "
-            f"registers samplers when imported (plsh_dist.hashing.register_sampler) and is importable here: the "
-            f"repository's lab samplers are \"experiments.samplers\", importable from the repository root or "
-            f"with it on PYTHONPATH; or leave {setting} out for plsh_dist's own samplers ('iid', 'stratified')"
+            f"registers samplers when imported (plsh_dist.hashing.register_sampler) and is importable here "
+            f"(its folder on sys.path: the working directory or PYTHONPATH); or leave {setting} out for plsh_dist's own samplers ('iid', 'stratified')"
         ) from None
 
 
@@ -91,8 +90,8 @@ def get_sampler(name: str, field: str = "sampler") -> SamplerDraw:
     if not isinstance(name, str) or name not in _SAMPLERS:
         raise ValueError(f"{field} must be one of {sampler_names()}, got {name!r}; a sampler defined outside "
                          f"plsh_dist registers itself when its module is imported (register_sampler): name that "
-                         f"module in [attention].sampler_module (e.g. sampler_module = \"experiments.samplers\", "
-                         f"the repository's lab samplers), or import it before this call")
+                         f"module in [attention].sampler_module (e.g. sampler_module = \"mylab.samplers\"), or "
+                         f"import it before this call")
     return _SAMPLERS[name]
 
 

@@ -69,7 +69,7 @@ def test_the_setting_is_written_with_the_run_and_read_back(toy_module, tmp_path)
 
 @pytest.mark.parametrize("module, message", [
     ("experiments.sampler", r"\[attention\]\.sampler_module = 'experiments\.sampler' cannot be imported: no module "
-                            r"named 'experiments\.sampler'.*\"experiments\.samplers\".*PYTHONPATH"),
+                            r"named 'experiments\.sampler'.*register_sampler.*PYTHONPATH"),
     ("no_such_sampler_module", r"cannot be imported: no module named 'no_such_sampler_module'"),
     ("experiments/samplers.py", r"\[attention\]\.sampler_module must be a dotted module name"),
     ("", r"must be a dotted module name, got ''"),

@@ -99,9 +99,8 @@ class AttentionConfig:
 
     sampler_module: str | None = None
     """A module to import before ``sampler`` is checked, which registers samplers
-    when imported (:func:`plsh_dist.hashing.register_sampler`), e.g.
-    ``"experiments.samplers"`` (the repository's lab samplers ``stratified_ramp`` and
-    ``stratified_ramp_alt``; importable with the repository root on ``sys.path``).
+    when imported (:func:`plsh_dist.hashing.register_sampler`), e.g. ``"mylab.samplers"``
+    (importable here: its folder on ``sys.path``; the repository's lab samplers: docs/evaluation.md).
     ``None``: plsh_dist's own samplers only. Written into checkpoints and exports
     with ``sampler``, so whatever reads them imports the same module."""
 
@@ -126,7 +125,7 @@ class AttentionConfig:
 
     def __post_init__(self) -> None:
         check_field_types(self, "attention", {"sigma": 256.0, "chunk_size": 1024,  # examples for None defaults
-                                              "truncate_c": 2.66, "sampler_module": "experiments.samplers"})
+                                              "truncate_c": 2.66, "sampler_module": "mylab.samplers"})
         if self.bias not in BIASES:
             raise ValueError(f"attention.bias must be one of {BIASES}, got {self.bias!r}")
         # Types were checked above (one rule for every section); what follows checks values.
