@@ -17,6 +17,7 @@ def _bench():
     return load_launcher("bench_compile")
 
 
+@pytest.mark.slow  # a training round and a compile in fresh processes (about 30 s)
 def test_one_bias_with_aot_eager_and_one_training_round(tmp_path):
     data = tmp_path / "data"
     _bench().main([

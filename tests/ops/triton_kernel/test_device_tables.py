@@ -170,6 +170,7 @@ def test_the_kernels_on_a_device_layout_of_documents_equal_the_hosts(bias):
         assert torch.equal(a, b), name
 
 
+@pytest.mark.slow  # the interpreter runs tl.sort as a Python network (about 20 s a case)
 @pytest.mark.parametrize(("layout_kind", "tokens"), [("row", "16_a_program"), ("documents", "2_a_program")])
 def test_runs_table_equals_the_torch_reference(monkeypatch, layout_kind, tokens):
     """The near tiles' runs table from the four launches equals ``near_runs.near_blocks`` wherever the
