@@ -203,13 +203,6 @@ class PositionalLSH:
             self._sigma = _as_sigma(self._sigma_in)
         return self._sigma
 
-    def sigma_on(self, device: torch.device) -> torch.Tensor:
-        """sigma, float64 Tensor[H] on ``device``: a sigma given on that device stays there, unread."""
-        given = self._sigma_in
-        if given is not None and given.device == torch.device(device):
-            return given.reshape(-1).to(torch.float64)
-        return self.sigma.to(device, non_blocking=True)
-
     @property
     def seed(self) -> int:
         """The seed as an int (a seed given as a device tensor is read here: a sync)."""

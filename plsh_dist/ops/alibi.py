@@ -536,9 +536,8 @@ def kernel_call(q, k, v, positions, cu_seqlens, slopes, window: list[int], causa
 
     def bias() -> WindowBias:
         win = check_window(None if not window else window[0] if len(window) == 1 else tuple(window), Hq)
-        sigma = [1 / m if m else math.inf for m in check_slopes(slopes, Hq).tolist()]
-        windows = list(win) if isinstance(win, tuple) else [win or UNBOUNDED_WINDOW] * Hq
-        return WindowBias(torch.tensor(sigma).to(device), torch.tensor(windows).to(device))
+        sigma = [1 / m if m else math.inf for m in check_slopes(slopes, Hq).tolist()]  # in Python: no torch op
+        return WindowBias(torch.tensor(sigma).to(device), head_windows(win or UNBOUNDED_WINDOW, Hq).to(device))
 
     key = ("alibi window bias", str(device), Hq, tuple(window), *host_key(slopes.cpu()))
     kb = device_kernel_bias(device_constant(key, bias), layout, causal, triton_onepass.kernel_tiles(q))

@@ -58,8 +58,8 @@ def draw_on_device(lsh: PositionalLSH, device: torch.device) -> CountBias:
     fixed = isinstance(lsh, FixedBlocks)
     s, H = lsh.num_samples, lsh.num_heads
     draws = torch.empty(2, s, H, dtype=torch.float64, device=device)
-    # a CPU sigma (the models'): copied once, so a later call (a CUDA graph's capture) copies nothing
-    sigma = on_device(lsh.sigma, device) if lsh.given[1].device.type == "cpu" else lsh.sigma_on(device)
+    # a host sigma is copied once, so a later call (a CUDA graph's capture) copies nothing
+    sigma = on_device(lsh.given[1], device).reshape(-1).to(torch.float64)
     seed = sigma if fixed else lsh.seed_tensor.to(device, non_blocking=True)  # FIXED reads no seed
     launch(device).hash_draw_kernel[(num_tiles(s * H, _HASH_BLOCK),)](
         seed, sigma, draws[0], draws[1], s, H, FIXED=fixed, BLOCK=_HASH_BLOCK)
@@ -132,7 +132,7 @@ def device_documents(position_ids: torch.Tensor, cu_seqlens: torch.Tensor, batch
     kernel_positions, doc, bad = narrow[:n], narrow[n:2 * n], narrow[2 * n:2 * n + 1]
     launch(rows.device).document_layout_kernel[(num_tiles(max(n, num_cu), _DOC_BLOCK),)](
         rows, cu_seqlens, positions, virtual, first, end, kernel_positions, doc, bad, n, seqlen,
-        rows.stride(0) if rows.shape[0] > 1 else 0, rows.stride(1), num_cu, num_cu.bit_length(), BLOCK=_DOC_BLOCK)
+        rows.stride(0) if rows.shape[0] > 1 else 0, rows.stride(1), num_cu, BLOCK=_DOC_BLOCK)
     torch._assert_async(bad == 0, "cu_seq_lens / position_ids: offsets must run from 0 to B * T, strictly "
                                   "increasing, with every row start among them, and positions must increase "
                                   "strictly within each document, in [0, 2^31)")

@@ -94,10 +94,11 @@ def _block_start(b, pitch, shift):
 
 @triton.jit
 def _search(Virtual, n, x, RIGHT: tl.constexpr):
-    """``torch.searchsorted(virtual, x, right=RIGHT)`` for one int64 ``x``: binary search, n + 1 outcomes."""
+    """``torch.searchsorted(virtual, x, right=RIGHT)`` for int64 ``x`` (one or a block): binary search,
+    n + 1 outcomes."""
     lo = x * 0
     hi = lo + n
-    steps = lo + 1
+    steps = tl.full((), 1, tl.int64)
     while steps <= n:  # ceil(log2(n + 1)) halvings
         mid = (lo + hi) // 2
         v = tl.load(Virtual + tl.minimum(mid, n - 1))
@@ -250,7 +251,7 @@ def layer_seed_kernel(Steps, Out, run_key, layer):
 
 @triton.jit
 def document_layout_kernel(PositionIds, Cu, Pos, Virtual, DocFirst, DocEnd, KPos, Doc, Bad, n, seqlen, row_stride,
-                           col_stride, num_cu, search_steps, BLOCK: tl.constexpr):
+                           col_stride, num_cu, BLOCK: tl.constexpr):
     """The flat row of a packed (B, T) batch from transformers' ``position_ids`` ((B or 1), T; ``row_stride``
     0 for one row) and its document offsets ``Cu`` (``cu_seq_lens_q``, num_cu = documents + 1), BLOCK
     tokens (and offsets) a program: every
@@ -264,14 +265,7 @@ def document_layout_kernel(PositionIds, Cu, Pos, Virtual, DocFirst, DocEnd, KPos
     inside = i < n
     tok = tl.minimum(i, n - 1).to(tl.int64)
     p = tl.load(PositionIds + (tok // seqlen) * row_stride + (tok % seqlen) * col_stride).to(tl.int64)
-    # the document: the last offset <= the token (binary search, search_steps >= log2(num_cu + 1) halvings)
-    lo = tok * 0
-    hi = lo + num_cu
-    for _ in range(search_steps):
-        mid = (lo + hi) // 2
-        go = (tl.load(Cu + tl.minimum(mid, num_cu - 1)).to(tl.int64) <= tok) & (mid < hi)
-        lo = tl.where(go, mid + 1, lo)
-        hi = tl.where(go, hi, mid)
+    lo = _search(Cu, num_cu, tok, True)  # offsets <= the token: its document is the last of them
     d = tl.maximum(lo - 1, 0)
     first = tl.load(Cu + d).to(tl.int64)
     end = tl.load(Cu + tl.minimum(d + 1, num_cu - 1)).to(tl.int64)

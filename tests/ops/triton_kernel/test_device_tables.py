@@ -412,7 +412,7 @@ for arch in (90, 80):
     builds.append((tk.document_layout_kernel, {"PositionIds": "*i64", "Cu": "*i32", "Pos": "*i64", "Virtual": "*i64",
                                                "DocFirst": "*i64", "DocEnd": "*i64", "KPos": "*i32", "Doc": "*i32",
                                                "Bad": "*i32", "n": "i32", "seqlen": "i32", "row_stride": "i32",
-                                               "col_stride": "i32", "num_cu": "i32", "search_steps": "i32"},
+                                               "col_stride": "i32", "num_cu": "i32"},
                    dict(BLOCK=1024)))
     builds.append((tk.run_offsets_kernel, {"Offsets": "*i32", "EnterOffsets": "*i32", "Totals": "*i32", "n": "i32",
                                            "num_heads": "i32", "num_anchors": "i32"}, dict(CHUNK=1024)))
