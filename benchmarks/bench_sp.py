@@ -30,7 +30,7 @@ import torch.multiprocessing as mp
 
 
 from plsh_dist.distributed.comm_stats import comm_stats, reset_comm_stats
-from plsh_dist.distributed.sp import SequenceParallelAttention
+from plsh_dist.distributed.sp import attention as sp_attention
 from plsh_dist.distributed.sp.alibi_allgather import all_gather_kv, reduce_scatter_kv
 from plsh_dist.distributed.sp_chunks import sp_positions
 from plsh_dist.distributed.sp_layout import exchange_layout
@@ -101,10 +101,10 @@ def _worker(rank: int, world: int, init_file: str, cfg: dict, result_file: str) 
         g = torch.Generator().manual_seed(1000 * world + rank)
         q, k, v, dout = (torch.randn(1, T // world, H, D, generator=g) for _ in range(4))
         pos = sp_positions(T, rank, world)
-        sp = SequenceParallelAttention(dist.group.WORLD)
         modes = {
-            "plsh": (sp.plsh_attention, dict(sigma=slopes.reciprocal(), num_samples=cfg["samples"], seed=0)),
-            "alibi": (sp.alibi_attention, dict(slopes=slopes)),
+            "plsh": (sp_attention.plsh_attention, dict(group=dist.group.WORLD, sigma=slopes.reciprocal(),
+                                                       num_samples=cfg["samples"], seed=0)),
+            "alibi": (sp_attention.alibi_attention, dict(group=dist.group.WORLD, slopes=slopes)),
         }
         for mode, (op, kw) in modes.items():
             timed = mode == "plsh" or T <= cfg["alibi_time_max_len"]

@@ -145,10 +145,10 @@ def layer_hash(sigma: float | None, num_samples: int, layer: int, shape: Attenti
     """The ``PositionalLSH`` a model of ``shape`` draws for ``layer`` at step 0.
 
     ``sigma`` None: per-head sigma ``1 / m_h`` (ALiBi's slopes), else one sigma for every head
-    (``plsh_dist.models.attention.head_scales``, as the model builds it).
+    (``plsh_dist.biases.head_scales``, as the model builds it).
     """
     from plsh_dist.hashing import PositionalLSH
-    from plsh_dist.models.attention import head_scales
+    from plsh_dist.biases import head_scales
     from plsh_dist.models.runtime import AttentionRuntime
 
     sig, _ = head_scales(sigma, shape.q_heads)

@@ -66,12 +66,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a clone without installing
 
 from experiments import samplers  # noqa: E402  (a run that names one of its samplers names the module)
-from plsh_dist.models.modes import MODES as ATTENTION_MODES  # noqa: E402  (the one vocabulary of modes)
+from plsh_dist.biases import BIASES  # noqa: E402  (the one vocabulary of modes)
 
 
 def _trained(bias: str, *overrides: str) -> tuple[list[str], str]:
     """A trained mode of ``bias``: its attention overrides and its evaluation spec name."""
-    return [f"--attention.bias={bias}", *overrides], ATTENTION_MODES[bias].spec
+    return [f"--attention.bias={bias}", *overrides], BIASES[bias].spec
 
 
 def _modes(stratified: str = "stratified", samples: tuple[int, ...] = (8, 20, 100)) -> dict[str, tuple[list[str], str]]:

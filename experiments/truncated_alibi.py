@@ -149,7 +149,7 @@ def measure_outputs(args, sigmas, samples, samplers, alt_windows: dict) -> list[
     import plsh_dist.models  # noqa: F401  registers the checkpoint's model type
     from experiments.approximation.approx_error import output_error, truncated_output_error
     from experiments.approximation.qkv_capture import checkpoint_qkv
-    from plsh_dist.models.attention import head_scales
+    from plsh_dist.biases import head_scales
 
     hf = AutoConfig.from_pretrained(args.checkpoint)
     attn_cfg = hf.plsh_dist["attention"]

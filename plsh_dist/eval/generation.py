@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from plsh_dist.biases import bias_for
 from plsh_dist.checkpoint.loading import LoadedCheckpoint
 from plsh_dist.eval.mode_specs import attention_for, parse_modes
 from plsh_dist.models import AttentionConfig, AttentionRuntime, ModelConfig, set_attention_mode
@@ -147,7 +148,7 @@ class GenerationResult:
 
     def summary(self) -> str:
         a = self.attention
-        mode = f"bias={a.bias} rope={a.rope}" + (f" s={a.num_samples}" if a.bias == "plsh" else "")
+        mode = f"bias={a.bias} rope={a.rope}" + bias_for(a).label()
         return (f"generated {self.new_tokens} tokens in {self.seconds:.2f} s: {self.tokens_per_s:.1f} tokens/s "
                 f"(prompt {self.prompt_tokens} tokens, first token after {self.prefill_seconds:.2f} s; {mode}; "
                 f"{self.decoder}{'; stopped at EOS' if self.stopped_at_eos else ''})")

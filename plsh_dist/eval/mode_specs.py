@@ -24,34 +24,33 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from plsh_dist.biases import BIASES, bias_class
 from plsh_dist.models import AttentionConfig
-from plsh_dist.models.modes import MODES, OPTION_FIELDS
 
-#: spec name -> AttentionConfig.bias (the vocabulary is :data:`plsh_dist.models.modes.MODES`)
-_BIAS_OF = {name: m.bias for m in MODES.values() for name in (m.spec, *m.aliases)}
-#: option name in a spec -> AttentionConfig field
-_OPTION_FIELD = OPTION_FIELDS
 _INT_FIELDS = ("num_samples", "window", "chunk_size")
-_VALID_OPTIONS = {m.bias: m.options for m in MODES.values()}
-#: What a usage line shows for an option's value.
-_OPTION_VALUE = {"s": "N", "num_samples": "N", "sigma": "X", "sampler": "NAME", "w": "W", "window": "W",
-                 "rope": "true|false", "chunk": "N", "c": "X"}
+#: What a usage line shows for a field's value.
+_FIELD_VALUE = {"num_samples": "N", "sigma": "X", "sampler": "NAME", "window": "W", "rope": "true|false",
+                "chunk_size": "N", "truncate_c": "X"}
+
+
+def _bias_of(name: str) -> str | None:
+    """A spec's mode name -> ``AttentionConfig.bias`` (the registry's ``spec`` and ``aliases``)."""
+    return next((cls.name for cls in BIASES.values() if name in (cls.spec, *cls.aliases)), None)
 
 
 def spec_usage() -> str:
-    """Every mode's spec form, generated from the registry (:data:`MODES`), for ``--help`` texts:
-    ``"none, alibi[:sigma=X][:chunk=N], ..., window:W[:sigma=X][:chunk=N], ...; any with :rope=true|false"``.
-    Each option is shown once, under its first name (``s``, not ``num_samples``)."""
+    """Every mode's spec form, generated from the registry (:data:`plsh_dist.biases.BIASES`), for
+    ``--help`` texts: ``"none, alibi[:sigma=X][:chunk=N], ..., window:W[:sigma=X][:chunk=N], ...; any
+    with :rope=true|false"``. Each option is shown once, under its first name (``s``, not ``num_samples``)."""
     forms = []
-    for mode in MODES.values():
-        form, shown = mode.spec, {"rope"}
-        if mode.bias == "window":  # its width is positional and required: "window:512"
-            form, shown = form + ":W", shown | {"window"}
-        for option in mode.options:
-            field = _OPTION_FIELD[option]
-            if option not in shown and field not in shown:
-                form += f"[:{option}={_OPTION_VALUE[option]}]"
-                shown.add(field)
+    for cls in BIASES.values():
+        form, shown = cls.spec, {"rope"}
+        if cls.positional:  # a bare value, required: "window:512"
+            form, shown = f"{form}:{_FIELD_VALUE.get(cls.positional, 'V')}", shown | {cls.positional}
+        for option, name in cls.options.items():
+            if option not in shown and name not in shown:
+                form += f"[:{option}={_FIELD_VALUE.get(name, 'V')}]"
+                shown.add(name)
         forms.append(form)
     return ", ".join(forms) + "; any with :rope=true|false"
 
@@ -70,7 +69,7 @@ class EvalMode:
     @property
     def stochastic(self) -> bool:
         """True when the attention depends on the hash seed (several seeds are evaluated)."""
-        return MODES[self.bias].seeded
+        return bias_class(self.bias).seeded
 
 
 def _parse_value(field_name: str, raw: str, item: str) -> Any:
@@ -99,29 +98,25 @@ def parse_modes(spec: str) -> list[EvalMode]:
     modes, seen = [], set()
     for item in items:
         head, *opts = item.split(":")
-        bias = _BIAS_OF.get(head.strip().lower())
+        bias = _bias_of(head.strip().lower())
         if bias is None:
-            raise ValueError(f"mode {item!r}: unknown mode {head!r}; use one of {sorted(_BIAS_OF)}")
+            names = sorted(name for cls in BIASES.values() for name in (cls.spec, *cls.aliases))
+            raise ValueError(f"mode {item!r}: unknown mode {head!r}; use one of {names}")
+        cls = bias_class(bias)
         overrides: dict[str, Any] = {}
         for opt in opts:
             if "=" not in opt:
-                if bias == "window" and "window" not in overrides:  # "window:512"
-                    opt = f"w={opt}"
-                else:
+                if cls.positional is None or cls.positional in overrides:
                     raise ValueError(f"mode {item!r}: option {opt!r} must look like key=value (e.g. s=8)")
+                overrides[cls.positional] = _parse_value(cls.positional, opt.strip(), item)  # "window:512"
+                continue
             key, raw = (x.strip() for x in opt.split("=", 1))
-            if key not in _VALID_OPTIONS[bias]:
+            if key not in cls.options:
                 raise ValueError(f"mode {item!r}: option {key!r} is not valid for {head}; "
-                                 f"valid options: {list(_VALID_OPTIONS[bias])}")
-            name = _OPTION_FIELD[key]
+                                 f"valid options: {list(cls.options)}")
+            name = cls.options[key]
             overrides[name] = _parse_value(name, raw, item)
-        if bias == "window" and "window" not in overrides:
-            raise ValueError(f"mode {item!r}: a window mode needs its width, e.g. window:512")
-        if bias == "truncated":
-            if "num_samples" in overrides and "truncate_c" in overrides:
-                raise ValueError(f"mode {item!r}: give s (c = ln s + 0.58) or c, not both")
-            if "num_samples" in overrides:
-                overrides["truncate_c"] = None  # c from s, whatever the checkpoint's truncate_c
+        overrides = cls.check_spec(overrides, item)
         # Build once to run AttentionConfig's own checks on the values.
         attention_for(EvalMode(item, bias, overrides), AttentionConfig())
         if item in seen:

@@ -12,9 +12,8 @@ with transformers, and plsh_dist's model types (:mod:`plsh_dist.models.hf_config
   on import with ``AutoConfig`` / ``AutoModelForCausalLM`` / ``AutoTokenizer``, so
   ``AutoModelForCausalLM.from_pretrained(export_dir)`` rebuilds the trained attention;
 - ``set_attention_mode(model, attn_cfg, runtime=None)``: same weights, other attention;
-- ``set_attention_ops(model, ops)``: which ops compute the attention;
-- ``apply_sequence_parallel(model, group)``: bind the sequence-parallel ops of ``group``
-  to every attention module, once (the model side applies parallelism);
+- ``apply_sequence_parallel(model, group)``: every attention module attends over the
+  sequence-parallel ``group``, once (the model side applies parallelism);
 - ``AttentionRuntime`` (run seed, step, micro-step), ``get_runtime(model)``,
   ``hash_seed(run_seed, step, micro_step, layer)``;
 - ``count_parameters(model, exclude_embeddings=False)``;
@@ -30,7 +29,6 @@ from plsh_dist.models.build import (
     get_runtime,
     model_with_weights,
     set_attention_mode,
-    set_attention_ops,
 )
 from plsh_dist.models.config import BIASES, FAMILIES, AttentionConfig, ModelConfig, presets
 from plsh_dist.models.parallelize import apply_sequence_parallel, compile_layers
@@ -50,7 +48,6 @@ __all__ = [
     "model_with_weights",
     "hf_config",
     "set_attention_mode",
-    "set_attention_ops",
     "apply_sequence_parallel",
     "compile_layers",
     "get_runtime",

@@ -3,9 +3,10 @@
 transformers' decoders (Qwen3, Llama, Mistral, ...) look their attention up by name and call it with
 HF's (B, H, T, D) layout after rope; we register ``"plsh_dist"`` there and compute what the module's
 :class:`AttentionBinding` says (``set_attention_mode`` binds one to every attention module): its
-attention settings, seed context and seed rule, and its ops; :data:`BIAS_FUNCTIONS` maps each bias
-to its full-forward and decoding functions. No (T, T) mask is built (:func:`padding_mask`).
-How masks, padded batches, positions and packed documents, the bound ops, the KV cache and the
+attention settings, its bias object (:mod:`plsh_dist.biases`, which computes the forward and the
+decoding), seed context and seed rule, and its sequence-parallel group. No (T, T) mask is built
+(:func:`padding_mask`).
+How masks, padded batches, positions and packed documents, sequence parallelism, the KV cache and the
 compiled path are handled: docs/design.md, section 4, "The model's attention hook".
 
 Legend: B batch, T tokens (this rank's), Hq query heads, Hkv key/value
@@ -14,24 +15,16 @@ heads, D head dim.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from plsh_dist import ops as local_ops
-from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
+from plsh_dist.biases import AttentionCall, Bias, bias_for
 from plsh_dist.models.config import AttentionConfig
-from plsh_dist.models.modes import BIASES
 from plsh_dist.models.runtime import AttentionRuntime
-from plsh_dist.ops import decode as decode_ops
-from plsh_dist.ops.alibi import alibi_attention_op, truncation_windows, window_list
-from plsh_dist.ops.backends import choose_strategy
 from plsh_dist.ops.documents import layout_of_position_ids
-from plsh_dist.ops.plsh import block_attention_op
 
 #: Name under which transformers finds our attention (``config._attn_implementation``).
 IMPLEMENTATION = "plsh_dist"
@@ -83,22 +76,25 @@ class AttentionBinding:
         runtime: the seed context, an :class:`~plsh_dist.models.runtime.AttentionRuntime` (shared by
             the model's modules); the seed rule is :meth:`seed`.
         layer: the module's layer index (``layer_idx``), an input of the seed rule.
-        ops: the object computing the attention (None: the single-process
-            :mod:`plsh_dist.ops`).
+        group: the sequence-parallel process group its rank's chunk attends over (None: one process;
+            set by :func:`plsh_dist.models.parallelize.apply_sequence_parallel`).
         positions: the model's per-forward positions cache (shared by its modules; ``build_model``
             gives one, cleared at each forward); None: every call makes its layout.
+        bias: ``cfg``'s bias object (:mod:`plsh_dist.biases`), which computes the attention.
     """
 
     cfg: AttentionConfig
     runtime: AttentionRuntime
     layer: int
-    ops: Any = None
+    group: Any = None
     positions: PositionsCache | None = field(default=None, compare=False, repr=False)
+    bias: Bias = field(init=False, compare=False, repr=False)
     layer_index: torch.Tensor = field(init=False, compare=False, repr=False)
     """``layer`` as an int64 scalar tensor: what a compiled layer reads, so the layers of a model share
     one compiled graph instead of one each (an int would be a constant of the graph)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "bias", bias_for(self.cfg))
         object.__setattr__(self, "layer_index", torch.tensor(self.layer, dtype=torch.int64))
 
     def seed(self) -> int:
@@ -112,76 +108,14 @@ class AttentionBinding:
         value, not a new graph."""
         return self.runtime.layer_seed_tensor(self.layer_index, self.cfg.fixed_masks)
 
-    def forward(self, q, k, v, positions, scale, cu_seqlens=None) -> torch.Tensor:
-        """q (B, T, Hq, D), k/v (B, T, Hkv, D) -> (B, T, Hq, D) under ``cfg.bias``, computed by ``ops``."""
-        common = dict(positions=positions, causal=True, softmax_scale=scale)
-        if cu_seqlens is not None:  # keep the plain call's arguments exactly as before when there are no documents
-            common["cu_seqlens"] = cu_seqlens
-        return BIAS_FUNCTIONS[self.cfg.bias].forward(self, self.ops or local_ops, q, k, v, common)
+    def forward(self, q, k, v, positions, scale, cu_seqlens=None, compiled: bool = False) -> torch.Tensor:
+        """q (B, T, Hq, D), k/v (B, T, Hkv, D) -> (B, T, Hq, D) under ``cfg.bias``, over ``group``."""
+        return self.bias.forward(AttentionCall(q, k, v, positions, cu_seqlens, scale, compiled, self.group), self)
 
     def decode(self, q, k, v, q_pos, k_pos, scale) -> torch.Tensor:
         """A KV-cache step's rows: q (B, Tq, Hq, D) at ``q_pos`` against k/v (B, Tk, Hkv, D) at
         ``k_pos`` (:mod:`plsh_dist.ops.decode`) -> (B, Tq, Hq, D), the rows of one full forward."""
-        return BIAS_FUNCTIONS[self.cfg.bias].decode(self, q, k, v, q_pos, k_pos, scale)
-
-
-def _graph_constant(fn):
-    """``functools.lru_cache`` whose results a compiled graph takes as constants: dynamo calls the
-    function (a pure function of its hashable arguments) instead of tracing its host code."""
-    cached = functools.lru_cache(maxsize=64)(fn)
-
-    @functools.wraps(fn)
-    def call(*args):
-        return cached(*args)
-
-    return torch.compiler.assume_constant_result(call)
-
-
-@_graph_constant
-def head_scales(sigma: float | None, num_heads: int):
-    """Per-head ``(sigma, slopes)`` of a config's ``sigma`` (cached; do not modify).
-
-    ``sigma is None``: ALiBi's slopes ``m_h`` and ``sigma_h = 1 / m_h``
-    (Tensor[Hq] each). A float: ``sigma`` itself (one hash shared by all heads)
-    and slopes ``1 / sigma`` on every head. Both stay on the CPU, float32:
-    the ops build hashes and bias tables from CPU values, so a device copy
-    would only add a sync.
-    """
-    if sigma is None:
-        slopes = alibi_slopes(num_heads)
-        sig = slopes.reciprocal()
-    else:
-        slopes = torch.full((num_heads,), 1.0 / sigma, dtype=torch.float32)
-        sig = float(sigma)
-    return sig, slopes
-
-
-@_graph_constant
-def hash_sigma(sigma: float | None, num_heads: int, device: torch.device) -> torch.Tensor:
-    """The hash's sigma as ``plsh_dist::block_attention`` takes it: float64 Tensor[H] (H = 1 for one
-    hash shared by all heads) on ``device``, made once. A GPU draws the hash there, from a sigma there;
-    a copy from the host at every call could not be captured in a CUDA graph."""
-    sig, _ = head_scales(sigma, num_heads)
-    sig = sig if isinstance(sig, torch.Tensor) else torch.tensor([float(sig)])
-    return sig.to(device, torch.float64)
-
-
-def alibi_window(cfg: AttentionConfig, num_heads: int):
-    """The key window of the exact-ALiBi biases: None (``"alibi"``), ``cfg.window`` (``"window"``),
-    or ``"truncated"``'s windows ``ceil(c * sigma_h)`` (an int for a constant sigma, else a
-    tuple of one per head)."""
-    if cfg.bias == "window":
-        return cfg.window
-    if cfg.bias != "truncated":
-        return None
-    return _truncation_window(cfg.truncation_c(), cfg.sigma, num_heads)
-
-
-@_graph_constant
-def _truncation_window(c: float, sigma: float | None, num_heads: int):
-    sig, _ = head_scales(sigma, num_heads)
-    windows = truncation_windows(c, sig).tolist()
-    return windows[0] if len(set(windows)) == 1 else tuple(windows)
+        return self.bias.decode(q, k, v, q_pos, k_pos, scale, self)
 
 
 def _layout(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, B: int, T: int,
@@ -307,113 +241,6 @@ def _padded_decode(binding: AttentionBinding, q, k, v, pad: Padding, scale) -> t
     return out
 
 
-# --- one bias -> function table, for the full forward and for decoding -------------------
-#
-# forward(binding, ops, q, k, v, common): q (B, T, Hq, D), k/v (B, T, Hkv, D); ``common`` holds
-#     positions, causal, softmax_scale (and cu_seqlens with documents), the ops' shared arguments.
-# decode(binding, q, k, v, q_pos, k_pos, scale): the rows of a KV-cache step (forward only).
-
-
-def _causal_forward(b: AttentionBinding, ops, q, k, v, common):
-    if common.get("from_position_ids"):
-        # compiled: whether the rows hold documents is known inside the op only (zero slopes = no bias)
-        return _alibi_op(q, k, v, common, torch.zeros(q.shape[2]), None, None)
-    return ops.causal_attention(q, k, v, **common)
-
-
-def _causal_decode(b: AttentionBinding, q, k, v, q_pos, k_pos, scale):
-    return decode_ops.causal_decode(q, k, v, q_pos, k_pos, scale=scale)
-
-
-def _alibi_forward(b: AttentionBinding, ops, q, k, v, common):
-    _, slopes = head_scales(b.cfg.sigma, q.shape[2])
-    window = alibi_window(b.cfg, q.shape[2])
-    if common.get("from_position_ids"):
-        return _alibi_op(q, k, v, common, slopes, window, b.cfg.chunk_size)
-    return ops.alibi_attention(q, k, v, slopes=slopes, window=window, chunk_size=b.cfg.chunk_size, **common)
-
-
-def _alibi_op(q, k, v, common, slopes, window, chunk_size):
-    """The compiled path (raw position_ids, laid out inside the op): ``plsh_dist::alibi_attention``."""
-    return alibi_attention_op(q, k, v, common["positions"], common.get("cu_seqlens"), slopes,
-                              window_list(window), common["causal"], common["softmax_scale"], chunk_size,
-                              True)[0]
-
-
-def _alibi_decode(b: AttentionBinding, q, k, v, q_pos, k_pos, scale):
-    _, slopes = head_scales(b.cfg.sigma, q.shape[2])
-    return decode_ops.alibi_decode(q, k, v, q_pos, k_pos, slopes=slopes, window=alibi_window(b.cfg, q.shape[2]),
-                                   scale=scale)
-
-
-def _plsh_forward(b: AttentionBinding, ops, q, k, v, common):
-    if not common.get("from_position_ids"):  # eager (or sequence parallelism): the public function
-        sigma, _ = head_scales(b.cfg.sigma, q.shape[2])
-        return ops.plsh_attention(q, k, v, sigma=sigma, num_samples=b.cfg.num_samples, seed=b.seed(),
-                                  backend=b.cfg.backend, sampler=b.cfg.sampler, method=b.cfg.method, **common)
-    return _block_op(b, q, k, v, common, b.cfg.num_samples, b.seed_tensor(), b.cfg.sampler, False)
-
-
-def _fixed_blocks_forward(b: AttentionBinding, ops, q, k, v, common):
-    if not common.get("from_position_ids"):
-        sigma, _ = head_scales(b.cfg.sigma, q.shape[2])
-        return ops.fixed_blocks_attention(q, k, v, sigma=sigma, backend=b.cfg.backend, method=b.cfg.method, **common)
-    return _block_op(b, q, k, v, common, 1, torch.zeros((), dtype=torch.int64), "iid", True)
-
-
-def _block_op(b: AttentionBinding, q, k, v, common, num_samples, seed, sampler, fixed):
-    """The compiled path (raw position_ids, laid out inside the op): ``plsh_dist::block_attention`` of the
-    binding's hash (``fixed``: the fixed blocks)."""
-    return block_attention_op(q, k, v, common["positions"], common.get("cu_seqlens"), seed,
-                              hash_sigma(b.cfg.sigma, q.shape[2], q.device),
-                              num_samples, sampler, fixed, common["causal"], common["softmax_scale"],
-                              b.cfg.backend, b.cfg.method, True)[0]
-
-
-@functools.lru_cache(maxsize=256)
-def _plsh_hash(sigma: float | None, num_heads: int, num_samples: int, seed: int, sampler: str) -> PositionalLSH:
-    """A layer's PLSH hash for decoding, built once per (layer seed, config) rather than once
-    per new token (its draws are a pure function of these; do not modify)."""
-    return PositionalLSH(head_scales(sigma, num_heads)[0], num_samples, seed, sampler)
-
-
-@functools.lru_cache(maxsize=64)
-def _fixed_blocks_hash(sigma: float | None, num_heads: int) -> FixedBlocks:
-    """The fixed blocks for decoding (no seed), built once per config."""
-    return FixedBlocks(head_scales(sigma, num_heads)[0])
-
-
-def _blocks_decode(hash_of: Callable[[AttentionBinding, int], PositionalLSH], b: AttentionBinding, q, k, v, q_pos,
-                   k_pos, scale):
-    """PLSH / fixed blocks rows through the table's decoding strategy, with the full forward's hash."""
-    lsh = hash_of(b, q.shape[2])
-    strategy = choose_strategy(b.cfg.backend, b.cfg.method, q.device, q.dtype, lsh.num_samples, decoding=True)
-    return strategy.forward(q, k, v, q_pos, k_pos, lsh, scale=scale)
-
-
-@dataclass(frozen=True)
-class BiasFunctions:
-    """How one bias is computed: ``forward`` (the full causal forward) and ``decode`` (a KV-cache step)."""
-
-    forward: Callable[..., torch.Tensor]
-    decode: Callable[..., torch.Tensor]
-
-
-#: bias -> its functions (one entry per :data:`plsh_dist.models.modes.BIASES`).
-BIAS_FUNCTIONS: dict[str, BiasFunctions] = {
-    "none": BiasFunctions(_causal_forward, _causal_decode),
-    "alibi": BiasFunctions(_alibi_forward, _alibi_decode),
-    "window": BiasFunctions(_alibi_forward, _alibi_decode),
-    "truncated": BiasFunctions(_alibi_forward, _alibi_decode),
-    "plsh": BiasFunctions(_plsh_forward, functools.partial(
-        _blocks_decode, lambda b, H: _plsh_hash(b.cfg.sigma, H, b.cfg.num_samples, b.seed(), b.cfg.sampler))),
-    "fixed_blocks": BiasFunctions(_fixed_blocks_forward, functools.partial(
-        _blocks_decode, lambda b, H: _fixed_blocks_hash(b.cfg.sigma, H))),
-}
-if set(BIAS_FUNCTIONS) != set(BIASES):  # the vocabulary and the table must not drift apart
-    raise RuntimeError(f"BIAS_FUNCTIONS {sorted(BIAS_FUNCTIONS)} do not cover BIASES {sorted(BIASES)}")
-
-
 def plsh_dist_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -468,11 +295,9 @@ def plsh_dist_attention(
     v = value.transpose(1, 2)
     if attention_mask is not None:
         return _padded(binding, q, k, v, attention_mask, scaling, kwargs), None
-    if torch.compiler.is_compiling() and key.shape[2] == T and binding.ops in (None, local_ops):
+    if torch.compiler.is_compiling() and key.shape[2] == T and binding.group is None:
         # compiled: the layout (host integers read from the positions) is made inside the op
-        common = dict(positions=position_ids, causal=True, softmax_scale=scaling, from_position_ids=True)
-        common["cu_seqlens"] = _packed_offsets(kwargs)
-        return BIAS_FUNCTIONS[binding.cfg.bias].forward(binding, local_ops, q, k, v, common), None
+        return binding.forward(q, k, v, position_ids, scaling, _packed_offsets(kwargs), compiled=True), None
     positions, cu_seqlens = _layout(position_ids, _packed_offsets(kwargs), B, T, binding.positions)
     if key.shape[2] != T:
         return _decode(binding, q, k, v, positions, scaling, cu_seqlens), None
@@ -501,12 +326,11 @@ def _decode(binding: AttentionBinding, q: torch.Tensor, k: torch.Tensor, v: torc
     """
     B, T, Hq, _ = q.shape
     K = k.shape[1]
-    ops = binding.ops
-    if ops is not None and ops is not local_ops:
+    if binding.group is not None:
         raise ValueError(
-            "a KV cache is in use (keys longer than queries) but this model's attention is bound to other ops "
-            f"({type(ops).__name__}, e.g. sequence parallelism); decode on one process with the plain model "
-            "(no apply_sequence_parallel), or pass use_cache=False"
+            "a KV cache is in use (keys longer than queries) but this model's attention runs under sequence "
+            "parallelism; decode on one process with the plain model (no apply_sequence_parallel), or pass "
+            "use_cache=False"
         )
     if cu_seqlens is not None or positions.dim() != 1:
         raise ValueError(
@@ -533,11 +357,10 @@ def _padded(binding: AttentionBinding, q, k, v, attention_mask: torch.Tensor, sc
             kwargs: dict) -> torch.Tensor:
     """A padded batch (the mask builder passed a (B, M) mask that pads): the full forward or
     a KV-cache step over the real tokens (module doc); refuses what it cannot honour."""
-    if binding.ops is not None and binding.ops is not local_ops:
+    if binding.group is not None:
         raise ValueError(
-            "padding masks are not supported under sequence parallelism (this model's attention is bound to "
-            f"{type(binding.ops).__name__}): pack the rows to full length (labels=-100 on the filler), or run "
-            "the padded batch on one process with the plain model"
+            "padding masks are not supported under sequence parallelism: pack the rows to full length "
+            "(labels=-100 on the filler), or run the padded batch on one process with the plain model"
         )
     if _packed_offsets(kwargs) is not None:
         raise ValueError(

@@ -11,7 +11,7 @@ its ``model_type`` (``Qwen3PlshForCausalLM``, ``"qwen3_plsh"``; see
 attention it needs and plain transformers refuses it instead of loading a
 different model. What we add lives in plain attributes (each attention
 module's :class:`~plsh_dist.models.attention.AttentionBinding`, ``plsh_binding``:
-its attention settings, seed context and ops; a rope flag on the rotary
+its attention settings and bias, seed context and sequence-parallel group; a rope flag on the rotary
 module) and in the config's ``plsh_dist``
 section (the attention mode and the seed rule, kept current by
 ``set_attention_mode``), so ``state_dict`` / ``save_pretrained`` / DeepSpeed
@@ -139,8 +139,8 @@ def set_attention_mode(
 
     Switches the HF attention implementation to ours, binds every attention
     module to ``attn_cfg`` and the seed context ``runtime`` (keeps the model's
-    current one if None, else a fresh ``AttentionRuntime()``) and keeps the ops
-    it was bound to, turns rope on/off. Weights are untouched. Returns the model.
+    current one if None, else a fresh ``AttentionRuntime()``) and keeps the
+    sequence-parallel group it was bound to, turns rope on/off. Weights are untouched. Returns the model.
     """
     if not isinstance(attn_cfg, AttentionConfig):
         raise ValueError(f"attn_cfg must be an AttentionConfig, got {type(attn_cfg).__name__}")
@@ -149,31 +149,28 @@ def set_attention_mode(
     current = getattr(modules[0], BINDING_ATTR, None)
     if runtime is None:
         runtime = current.runtime if current is not None else AttentionRuntime()
-    ops = current.ops if current is not None else None
+    group = current.group if current is not None else None
     if model.config._attn_implementation != IMPLEMENTATION:
         model.set_attn_implementation(IMPLEMENTATION)
     positions = current.positions if current is not None and current.positions is not None else \
         _positions_cache(model)
     for module in modules:
-        setattr(module, BINDING_ATTR, AttentionBinding(attn_cfg, runtime, module.layer_idx, ops, positions))
+        setattr(module, BINDING_ATTR, AttentionBinding(attn_cfg, runtime, module.layer_idx, group, positions))
     set_rope(model, attn_cfg.rope)
     if _MODEL_TYPES and isinstance(model.config, _MODEL_TYPES["config_types"]):
         _MODEL_TYPES["describe"](model.config, attn_cfg, runtime.run_seed)  # config.json describes the model as it now runs
     return model
 
 
-def set_attention_ops(model: nn.Module, ops) -> nn.Module:
-    """Bind ``ops`` to every attention module of ``model``: the object whose
-    ``plsh_attention`` / ``fixed_blocks_attention`` / ``alibi_attention`` /
-    ``causal_attention`` compute the attention (same arguments as
-    :mod:`plsh_dist.ops`). ``None`` binds the single-process ops. Attention
-    modes switched later (``set_attention_mode``) keep it. Returns the model.
+def set_attention_group(model: nn.Module, group) -> nn.Module:
+    """Make every attention module of ``model`` attend over the sequence-parallel process ``group``
+    (each bias then runs its sequence-parallel form); ``None``: one process. Attention modes
+    switched later (``set_attention_mode``) keep it. Returns the model.
 
-    Sequence parallelism calls this once through
-    :func:`plsh_dist.models.parallelize.apply_sequence_parallel`.
+    Called once through :func:`plsh_dist.models.parallelize.apply_sequence_parallel`.
     """
     for module in attention_modules(model):
-        setattr(module, BINDING_ATTR, dataclasses.replace(_binding(module), ops=ops))
+        setattr(module, BINDING_ATTR, dataclasses.replace(_binding(module), group=group))
     return model
 
 

@@ -18,11 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from plsh_dist.config_check import check_field_types, did_you_mean
-from plsh_dist.hashing import get_sampler, import_sampler_module
-from plsh_dist.models.modes import BIASES
+from plsh_dist.biases import BIASES, bias_class
+from plsh_dist.hashing import import_sampler_module
 from plsh_dist.models.presets import PRESET_TABLES
-from plsh_dist.ops.alibi import equal_cost_c
-from plsh_dist.ops.backends import BACKENDS, METHODS
 
 #: transformers decoder families we build (all share the AttentionInterface path).
 FAMILIES = ("qwen3", "llama", "mistral")
@@ -53,7 +51,7 @@ class AttentionConfig:
     """
 
     bias: str = "plsh"
-    """Positional bias, one of :data:`plsh_dist.models.modes.MODES`: ``"none"`` (plain
+    """Positional bias, one of :data:`plsh_dist.biases.BIASES` (one file each): ``"none"`` (plain
     causal attention; positions only via rope), ``"alibi"`` (exact ALiBi), ``"plsh"``
     (positional-LSH estimate of ALiBi), ``"fixed_blocks"`` (the paper's fixed-blocks
     baseline: pitch 2*sigma, one sample), ``"window"`` (exact ALiBi on a sliding window) or
@@ -126,39 +124,18 @@ class AttentionConfig:
     def __post_init__(self) -> None:
         check_field_types(self, "attention", {"sigma": 256.0, "chunk_size": 1024,  # examples for None defaults
                                               "truncate_c": 2.66, "sampler_module": "mylab.samplers"})
-        if self.bias not in BIASES:
-            raise ValueError(f"attention.bias must be one of {BIASES}, got {self.bias!r}")
-        # Types were checked above (one rule for every section); what follows checks values.
-        if self.num_samples < 1:
-            raise ValueError(
-                f"attention.num_samples must be an int >= 1 (hash samples averaged; error ~ 1/sqrt(s)), "
-                f"got {self.num_samples!r}; e.g. num_samples = 8"
-            )
+        bias_class(self.bias)  # a known bias, else the list of them
+        # Types were checked above (one rule for every section); what follows checks values: the
+        # shared ones here, each bias's own fields in its file (all of them, whichever bias is chosen).
         if self.sigma is not None and not self.sigma > 0:
             raise ValueError(
                 f"attention.sigma must be a finite float > 0 (a kernel scale in tokens), got {self.sigma!r}; "
                 f"e.g. sigma = 256.0 (the paper's), or leave sigma out for per-head 1/alibi_slope"
             )
-        if self.window < 1:
-            raise ValueError(f"attention.window must be an int >= 1 (tokens), got {self.window!r}; e.g. window = 512")
-        if self.truncate_c is not None and not self.truncate_c > 0:
-            raise ValueError(f"attention.truncate_c must be a float > 0 (the window in units of sigma), got "
-                             f"{self.truncate_c!r}; e.g. truncate_c = 2.66 (= ln 8 + 0.58, PLSH's cost at s = 8)"
-                             ", or leave it out for ln(num_samples) + 0.58")
         if self.sampler_module is not None:
             import_sampler_module(self.sampler_module, "[attention].sampler_module")
-        get_sampler(self.sampler, "attention.sampler")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"attention.backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.method not in METHODS:
-            raise ValueError(f"attention.method must be one of {METHODS}, got {self.method!r}")
-        if self.chunk_size is not None and self.chunk_size < 1:
-            raise ValueError(f"attention.chunk_size must be an int >= 1 or left out, got {self.chunk_size!r}; "
-                             f"e.g. chunk_size = 1024, or leave it out to let the op choose")
-
-    def truncation_c(self) -> float:
-        """``c`` of ``"truncated"``: ``truncate_c``, or ``ln(num_samples) + 0.58`` when unset."""
-        return self.truncate_c if self.truncate_c is not None else equal_cost_c(self.num_samples)
+        for bias in BIASES.values():
+            bias.check_fields(self)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

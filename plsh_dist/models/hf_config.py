@@ -22,7 +22,7 @@ import transformers
 
 from plsh_dist.models.build import model_with_weights, register_model_types, set_attention_mode
 from plsh_dist.models.config import AttentionConfig, ModelConfig
-from plsh_dist.models.modes import MODES, OPTION_FIELDS
+from plsh_dist.biases import BIASES
 from plsh_dist.models.remote_code import MODEL_MODULES, auto_map, write_remote_code
 from plsh_dist.models.runtime import AttentionRuntime
 
@@ -275,12 +275,12 @@ def _resolve_device(device_map) -> torch.device:
 def _mode_spec(run_attn: dict, attn: AttentionConfig) -> str:
     """The launchers' ``--mode`` spec of ``attn``'s bias with the fields that differ from the run's
     (``plsh:s=8``), for the refusal of an edited config.json."""
-    mode = MODES.get(attn.bias)
+    mode = BIASES.get(attn.bias)
     if mode is None:
         return "MODE"
     opts = []
     for field, value in attn.to_dict().items():
-        key = next((o for o in mode.options if OPTION_FIELDS.get(o) == field), None)
+        key = next((o for o, f in mode.options.items() if f == field), None)
         if key and run_attn.get(field) != value and isinstance(value, (bool, int, float, str)):
             opts.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
     return ":".join([mode.spec, *opts])

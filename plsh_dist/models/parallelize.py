@@ -2,10 +2,9 @@
 compile its decoder layers (torchtitan's ``apply_compile``).
 
 The model side applies parallelism, so :mod:`plsh_dist.distributed` never
-imports the models: every attention module calls whatever attention-ops object
-is bound to it (the single-process :mod:`plsh_dist.ops` by default), and this
-module binds :class:`~plsh_dist.distributed.sp.SequenceParallelAttention`
-there. The trainer and evaluation call :func:`apply_sequence_parallel` once
+imports the models: this module sets the SP group on every attention module's
+binding, and each bias then runs its sequence-parallel form
+(:mod:`plsh_dist.distributed.sp`). The trainer and evaluation call :func:`apply_sequence_parallel` once
 after building or loading the model; no process group travels through the
 model's forward.
 """
@@ -14,18 +13,17 @@ from __future__ import annotations
 
 from torch import nn
 
-from plsh_dist.distributed.sp.attention import SequenceParallelAttention
-from plsh_dist.models.build import set_attention_ops
+from plsh_dist.models.build import set_attention_group
 
 
 def apply_sequence_parallel(model: nn.Module, group) -> nn.Module:
     """Make every attention module of ``model`` attend over the SP ``group``.
 
     Each rank then feeds its contiguous chunk with its chunk's global
-    ``position_ids``. ``group=None`` (no sequence parallelism) binds the
-    single-process ops back. Returns the model.
+    ``position_ids``. ``group=None`` (no sequence parallelism) makes it one
+    process's attention again. Returns the model.
     """
-    return set_attention_ops(model, SequenceParallelAttention(group) if group is not None else None)
+    return set_attention_group(model, group)
 
 
 def compile_layers(model: nn.Module, backend: str = "inductor") -> nn.Module:
@@ -34,13 +32,12 @@ def compile_layers(model: nn.Module, backend: str = "inductor") -> nn.Module:
     unchanged, and the layers share one compiled code (same shapes). The attention is one custom op
     per layer (:mod:`plsh_dist.ops.custom_ops`), so each layer is one graph (``fullgraph``: a graph
     break is an error, not a silent slowdown). Call it after sequence parallelism is applied (or
-    not) and before DeepSpeed wraps the model. Sequence-parallel ops are not custom ops yet: with
-    them, compile is refused. Returns the model."""
+    not) and before DeepSpeed wraps the model. The sequence-parallel forms are not custom ops yet:
+    with a group, compile is refused. Returns the model."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
     for layer in decoder.layers:
-        ops = getattr(getattr(layer.self_attn, "plsh_binding", None), "ops", None)
-        if ops is not None:
-            raise ValueError(f"[run].compile needs the single-process attention ops; this model's are "
-                             f"{type(ops).__name__} (sequence parallelism): set [run].compile = \"off\"")
+        if getattr(getattr(layer.self_attn, "plsh_binding", None), "group", None) is not None:
+            raise ValueError("[run].compile needs one process's attention; this model's runs under sequence "
+                             "parallelism: set [run].compile = \"off\"")
         layer.compile(backend=backend, fullgraph=True)
     return model

@@ -14,7 +14,7 @@ from __future__ import annotations
 from torch import nn
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
-from plsh_dist.models.attention import BINDING_ATTR, alibi_window
+from plsh_dist.models.attention import BINDING_ATTR
 from plsh_dist.models.build import attention_modules
 from plsh_dist.ops.alibi import widest_window
 
@@ -28,10 +28,10 @@ def window_cache(model: nn.Module) -> Cache:
     layers = []
     for i, module in enumerate(attention_modules(model)):
         binding = getattr(module, BINDING_ATTR, None)
-        cfg = None if binding is None else binding.cfg
-        window = None if cfg is None else widest_window(alibi_window(cfg, num_heads))
+        window = None if binding is None else widest_window(binding.bias.key_window(num_heads))
         if window is None:
-            raise ValueError(f"layer {i}: attention bias {getattr(cfg, 'bias', None)!r} has no key window, so a "
+            bias = None if binding is None else binding.cfg.bias
+            raise ValueError(f"layer {i}: attention bias {bias!r} has no key window, so a "
                              "window cache would drop keys it reads; use transformers.DynamicCache, or a "
                              "'window' / 'truncated' mode")
         layers.append(DynamicSlidingWindowLayer(sliding_window=window))

@@ -133,7 +133,7 @@ def plsh_attention(
     Returns:
         out (B, T, Hq, D) in q's dtype; with ``return_lse`` also lse (B, Hq, T)
         in fp32 (fp64 for fp64 inputs), not differentiable. Sequence-parallel
-        chunks: :class:`plsh_dist.distributed.sp.SequenceParallelAttention`.
+        chunks: :func:`plsh_dist.distributed.sp.plsh_attention`.
     """
     for name, value in (("num_samples", num_samples), ("seed", seed)):
         if isinstance(value, bool) or not isinstance(value, (int, torch.Tensor)):

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from plsh_dist.distributed.halo import HaloExchange, plsh_needs, window_needs
+from plsh_dist.biases import bias_class
+from plsh_dist.distributed.halo import HaloExchange
 from plsh_dist.distributed.sp_layout import SPLayout
-from plsh_dist.hashing import FixedBlocks, PositionalLSH
 from plsh_dist.models.runtime import AttentionRuntime
 
 
@@ -45,14 +43,6 @@ def _layouts(sp: int, tokens: int):
     return [SPLayout(None, r, sp, tuple(range(sp)), firsts, tokens) for r in range(sp)]
 
 
-def _hash(setup, attn_cfg, run_seed: int, layer: int):
-    sigma = torch.tensor(setup.sigma) if setup.per_head_hash else setup.sigma[0]
-    if setup.bias == "fixed_blocks":
-        return FixedBlocks(sigma)
-    seed = AttentionRuntime(run_seed=run_seed).layer_seed(layer, attn_cfg.fixed_masks)
-    return PositionalLSH(sigma, attn_cfg.num_samples, seed, attn_cfg.sampler)
-
-
 def sp_traffic(setup, attn_cfg, *, run_seed: int, layers: int, sp: int, tokens: int, batch: int, q_heads: int,
                kv_heads: int, head_dim: int, b: int) -> list[LayerTraffic]:
     """Per-layer traffic of one micro-step on ``sp`` ranks of ``tokens`` tokens each (module doc).
@@ -63,17 +53,15 @@ def sp_traffic(setup, attn_cfg, *, run_seed: int, layers: int, sp: int, tokens: 
         return []
     per_token = batch * head_dim * b * 2  # K and V of one (kv head, position), all batch rows
     layouts = _layouts(sp, tokens)
+    bias = bias_class(setup.bias)
     out = []
     for layer in range(layers):
-        if setup.bias in ("none", "alibi"):  # all-gather of every other chunk, every kv head
+        seed = AttentionRuntime(run_seed=run_seed).layer_seed(layer, attn_cfg.fixed_masks)
+        needs = bias.sp_needs(setup, layouts[0], q_heads, kv_heads, seed)
+        if needs is None:  # all-gather of every other chunk, every kv head
             recv = [(sp - 1) * tokens * kv_heads] * sp
             slots = [(sp - 1) * tokens] * sp
         else:
-            if setup.bias in ("window", "truncated"):  # truncated: one halo of the widest window
-                needs = window_needs(setup.window, layouts[0], kv_heads, causal=True)
-            else:
-                needs = plsh_needs(_hash(setup, attn_cfg, run_seed, layer), layouts[0], q_heads, kv_heads,
-                                   causal=True)
             plans = [HaloExchange.build(layout, needs) for layout in layouts]
             recv = [p.recv_tokens() for p in plans]
             slots = [p.left_pos.numel() + p.right_pos.numel() for p in plans]
@@ -81,7 +69,7 @@ def sp_traffic(setup, attn_cfg, *, run_seed: int, layers: int, sp: int, tokens: 
         out.append(LayerTraffic(layer=layer, recv_tokens_max=worst, forward_bytes_max=worst * per_token,
                                 forward_bytes_mean=sum(recv) / sp * per_token, backward_bytes_max=worst * per_token,
                                 halo_slots_max=max(slots)))
-        if setup.bias in ("none", "alibi", "window", "truncated", "fixed_blocks"):  # the same every layer
+        if not bias.seeded:  # the same every layer
             out.extend(LayerTraffic(layer=i, **{k: v for k, v in vars(out[-1]).items() if k != "layer"})
                        for i in range(1, layers))
             break

@@ -9,13 +9,14 @@ spawning test with that rank's traceback.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
 import torch.distributed as dist
 
 from plsh_dist.distributed.comm_stats import comm_stats, reset_comm_stats
-from plsh_dist.distributed.sp import SequenceParallelAttention
+from plsh_dist.distributed.sp import attention as sp_attention
 from plsh_dist.distributed.sp_chunks import sp_chunk, sp_positions
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
 from plsh_dist.ops import alibi_attention, causal_attention, fixed_blocks_attention, plsh_attention
@@ -47,7 +48,7 @@ def _run_and_compare(op, dtype, data_seed, offset, group, **kw):
 
     local = [sp_chunk(x, r, P).clone().requires_grad_() for x in (q, k, v)]
     reset_comm_stats()
-    sp_op = getattr(SequenceParallelAttention(group), op.__name__)
+    sp_op = functools.partial(getattr(sp_attention, op.__name__), group=group)
     out = sp_op(*local, positions=sp_positions(T, r, P, offset), **kw)
     grads = torch.autograd.grad(out, local, sp_chunk(g, r, P))
     stats = comm_stats()
@@ -157,7 +158,8 @@ def error_cases(rank: int, world: int, group) -> None:
     """Wrong setups fail with a clear ValueError on every rank, before any K/V moves."""
     q = torch.randn(1, 12, 2, 8)
     kw = dict(sigma=4.0, num_samples=2, seed=0)
-    sp = SequenceParallelAttention(group)
+    plsh = functools.partial(sp_attention.plsh_attention, group=group)
+    alibi = functools.partial(sp_attention.alibi_attention, group=group)
 
     def expect(msg, fn):
         reset_comm_stats()
@@ -173,25 +175,25 @@ def error_cases(rank: int, world: int, group) -> None:
     n = 12 if rank == 0 else 10
     qn = q[:, :n]
     expect("mismatched chunk lengths",
-           lambda: sp.plsh_attention(qn, qn, qn, positions=torch.arange(n) + 12 * rank, **kw))
+           lambda: plsh(qn, qn, qn, positions=torch.arange(n) + 12 * rank, **kw))
     gapped = torch.arange(12) * 2 + 24 * rank
-    expect("not contiguous", lambda: sp.plsh_attention(q, q, q, positions=gapped, **kw))
+    expect("not contiguous", lambda: plsh(q, q, q, positions=gapped, **kw))
     swapped = torch.arange(12) + 12 * (world - 1 - rank)
-    expect("out of order", lambda: sp.plsh_attention(q, q, q, positions=swapped, **kw))
+    expect("out of order", lambda: plsh(q, q, q, positions=swapped, **kw))
     pos = torch.arange(12) + 12 * rank
-    expect("'hash' differs", lambda: sp.plsh_attention(q, q, q, positions=pos, **{**kw, "seed": rank}))
-    expect("'window' differs", lambda: sp.alibi_attention(q, q, q, slopes=alibi_slopes(2), positions=pos,
+    expect("'hash' differs", lambda: plsh(q, q, q, positions=pos, **{**kw, "seed": rank}))
+    expect("'window' differs", lambda: alibi(q, q, q, slopes=alibi_slopes(2), positions=pos,
                                                           window=5 + rank))
-    expect("'window' differs", lambda: sp.alibi_attention(q, q, q, slopes=alibi_slopes(2), positions=pos,
+    expect("'window' differs", lambda: alibi(q, q, q, slopes=alibi_slopes(2), positions=pos,
                                                           window=torch.tensor([3, 5 + rank])))
     whole = 12 * world
     cu = torch.tensor([0, 5 + rank, whole])  # a document layout that differs between ranks
-    expect("'documents' differs", lambda: sp.plsh_attention(q, q, q, positions=pos, cu_seqlens=cu, **kw))
+    expect("'documents' differs", lambda: plsh(q, q, q, positions=pos, cu_seqlens=cu, **kw))
     expect("cu_seqlens must start at 0 and end at batch * seqlen",
-           lambda: sp.alibi_attention(q, q, q, slopes=alibi_slopes(2), positions=pos,
+           lambda: alibi(q, q, q, slopes=alibi_slopes(2), positions=pos,
                                       cu_seqlens=torch.tensor([0, 12])))
     rows = torch.stack([pos, pos + 1])
-    expect("equal for every batch row", lambda: sp.plsh_attention(q.expand(2, -1, -1, -1), q.expand(2, -1, -1, -1),
+    expect("equal for every batch row", lambda: plsh(q.expand(2, -1, -1, -1), q.expand(2, -1, -1, -1),
                                                                   q.expand(2, -1, -1, -1), positions=rows, **kw))
 
 

@@ -25,6 +25,7 @@ import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from plsh_dist.biases import bias_for  # noqa: E402
 from plsh_dist.checkpoint.loading import load_model  # noqa: E402
 from plsh_dist.config import config_from_table, write_resolved  # noqa: E402
 from plsh_dist.data.tokenizer import train_tokenizer  # noqa: E402
@@ -95,9 +96,9 @@ def test_parse_modes():
     assert attention_for(modes[6], trained).sigma == 64.0
     trunc = parse_modes("truncated:s=20,truncated:c=3.5,truncated")
     assert [m.overrides for m in trunc] == [{"num_samples": 20, "truncate_c": None}, {"truncate_c": 3.5}, {}]
-    assert attention_for(trunc[0], dataclasses.replace(trained, truncate_c=2.0)).truncation_c() == pytest.approx(
+    assert bias_for(attention_for(trunc[0], dataclasses.replace(trained, truncate_c=2.0))).c == pytest.approx(
         math.log(20) + 0.58)
-    assert attention_for(trunc[2], trained).truncation_c() == pytest.approx(math.log(4) + 0.58)
+    assert bias_for(attention_for(trunc[2], trained)).c == pytest.approx(math.log(4) + 0.58)
     for bad, match in [("truncated:s=8:c=2", "not both"), ("truncated:c=-1", "truncate_c"), ("truncated:w=9", "not valid")]:
         with pytest.raises(ValueError, match=match):
             parse_modes(bad)

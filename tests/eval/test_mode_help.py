@@ -1,5 +1,5 @@
-"""The mode lists of evaluate's and generate's --help come from the one registry of modes
-(plsh_dist/models/modes.py MODES), so a new mode cannot be left out; every form they show parses."""
+"""The mode lists of evaluate's and generate's --help come from the one registry of biases
+(plsh_dist.biases.BIASES), so a new mode cannot be left out; every form they show parses."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from plsh_dist.eval.mode_specs import parse_modes, spec_usage
-from plsh_dist.models.modes import MODES
+from plsh_dist.biases import BIASES
 
 ROOT = Path(__file__).resolve().parents[2]
 _VALUES = {"N": "4", "X": "2.0", "W": "16", "NAME": "stratified", "true|false": "false"}
@@ -26,7 +26,7 @@ def test_help_lists_every_mode(launcher):
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())  # argparse wraps long help lines
     assert spec_usage() in text
-    for mode in MODES.values():
+    for mode in BIASES.values():
         assert re.search(rf"[ ,]{mode.spec}[:\[,;]", text), mode.spec
     assert "truncated[:s=N][:c=X][:sigma=X][:chunk=N]" in text
 

@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 
 from plsh_dist.distributed.comm_stats import comm_stats, reset_comm_stats
-from plsh_dist.distributed.sp import SequenceParallelAttention
+from plsh_dist.distributed.sp import attention as sp_attention
 from plsh_dist.distributed.sp_chunks import sp_chunk, sp_positions
-from plsh_dist.models.attention import head_scales
+from plsh_dist.biases import head_scales
 from experiments.halo_sim import AttentionShape, halo_pairs, layer_hash
 
 B, T = 2, 240
@@ -24,7 +24,7 @@ def run(rank: int, world: int, init_file: str) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    sp = SequenceParallelAttention(dist.new_group(list(range(world))))
+    group = dist.new_group(list(range(world)))
     g = torch.Generator().manual_seed(0)
     q = torch.randn(B, T, SHAPE.q_heads, SHAPE.head_dim, generator=g)
     k, v = (torch.randn(B, T, SHAPE.kv_heads, SHAPE.head_dim, generator=g) for _ in range(2))
@@ -32,7 +32,7 @@ def run(rank: int, world: int, init_file: str) -> None:
         lsh = layer_hash(sigma, s, layer, SHAPE)
         local = [sp_chunk(x, rank, world).clone().requires_grad_() for x in (q, k, v)]
         reset_comm_stats()
-        out = sp.plsh_attention(*local, sigma=head_scales(sigma, SHAPE.q_heads)[0], num_samples=s, seed=lsh.seed,
+        out = sp_attention.plsh_attention(*local, group=group, sigma=head_scales(sigma, SHAPE.q_heads)[0], num_samples=s, seed=lsh.seed,
                                 positions=sp_positions(T, rank, world))
         out.sum().backward()
         stats = comm_stats()

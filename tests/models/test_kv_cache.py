@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from plsh_dist.models import (AttentionConfig, AttentionRuntime, build_model, get_runtime, presets,
-                              set_attention_mode, set_attention_ops, window_cache)
+from plsh_dist.models import (AttentionConfig, AttentionRuntime, apply_sequence_parallel, build_model, get_runtime, presets,
+                              set_attention_mode, window_cache)
 from tests.tolerances import FP64
 
 PROMPT, NEW = 5, 19  # a 5-token prefill, then 19 single-token steps: 24 positions
@@ -142,12 +142,12 @@ def test_cache_refuses_what_it_cannot_honour(model):
             model(input_ids=ids[:, 5:7], position_ids=torch.tensor([[5, 7]]), cache=cache, use_cache=True)
         cache = DynamicCache(config=model.config)
         model(input_ids=ids[:, :5], cache=cache, use_cache=True)
-        set_attention_ops(model, object())  # attention bound to other ops, as sequence parallelism does
+        apply_sequence_parallel(model, object())  # a sequence-parallel group (never called here)
         try:
             with pytest.raises(ValueError, match="sequence parallelism"):
                 model(input_ids=ids[:, 5:6], cache=cache, use_cache=True)
         finally:
-            set_attention_ops(model, None)
+            apply_sequence_parallel(model, None)
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral"])

@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import torch
 
+from plsh_dist.biases import bias_for
 from plsh_dist.models import (
     FAMILIES,
     AttentionConfig,
@@ -47,9 +48,9 @@ def test_truncated_c_defaults_to_plsh_cost():
     """``truncate_c`` unset: ln(num_samples) + 0.58, the one-pass band of num_samples samples."""
     import math
 
-    assert AttentionConfig(bias="truncated").truncation_c() == pytest.approx(math.log(8) + 0.58)
-    assert AttentionConfig(bias="truncated", num_samples=20).truncation_c() == pytest.approx(math.log(20) + 0.58)
-    assert AttentionConfig(bias="truncated", truncate_c=3).truncation_c() == 3.0
+    assert bias_for(AttentionConfig(bias="truncated")).c == pytest.approx(math.log(8) + 0.58)
+    assert bias_for(AttentionConfig(bias="truncated", num_samples=20)).c == pytest.approx(math.log(20) + 0.58)
+    assert bias_for(AttentionConfig(bias="truncated", truncate_c=3)).c == 3.0
     cfg = AttentionConfig(bias="truncated", truncate_c=2.5)
     assert AttentionConfig.from_dict(cfg.to_dict()) == cfg
 

@@ -1,35 +1,31 @@
 """What reaches the op: layout, global positions, scale, seed, sigma/slopes; and
-which ops compute (the single-process ones unless parallelism binds its own)."""
+which functions compute (the single-process ops unless a sequence-parallel group is set)."""
 
 import pytest
 import torch
 
-import plsh_dist.ops as ops
-from plsh_dist.distributed.sp import SequenceParallelAttention
+import plsh_dist.biases.alibi as alibi_bias
+from plsh_dist.distributed.sp import attention as sp_attention
 from plsh_dist.hashing import alibi_slopes
 from plsh_dist.models import (
     AttentionConfig, AttentionRuntime, apply_sequence_parallel, attention_modules, build_model, hash_seed, presets,
-    set_attention_mode, set_attention_ops,
+    set_attention_mode,
 )
 
 SP_GROUP = object()  # stands for a torch.distributed group: bound once, never called here
 
+SP_FUNCTIONS = ("plsh_attention", "fixed_blocks_attention", "alibi_attention", "causal_attention")
 
-class RecordingOps:
-    """An attention-ops object that records every call (the four functions of plsh_dist.ops)."""
 
-    def __init__(self):
-        self.calls = []
-
-    def __getattr__(self, name):
-        if name not in ("plsh_attention", "fixed_blocks_attention", "alibi_attention", "causal_attention"):
-            raise AttributeError(name)
-
-        def op(q, k, v, **kwargs):
-            self.calls.append((name, q.shape, k.shape, kwargs))
+def _record_sp_calls(monkeypatch) -> list:
+    """Replace the sequence-parallel functions by recorders: (name, q shape, k shape, kwargs) per call."""
+    calls = []
+    for name in SP_FUNCTIONS:
+        def op(q, k, v, _name=name, **kwargs):
+            calls.append((_name, q.shape, k.shape, kwargs))
             return torch.zeros_like(q)
-
-        return op
+        monkeypatch.setattr(sp_attention, name, op)
+    return calls
 
 
 @pytest.mark.parametrize(
@@ -44,21 +40,21 @@ class RecordingOps:
     ],
     ids=lambda x: x if isinstance(x, str) else x.bias,
 )
-def test_bound_ops_receive_chunk_positions(cfg, op):
-    bound = RecordingOps()
+def test_sequence_parallel_functions_receive_chunk_positions(cfg, op, monkeypatch):
+    calls = _record_sp_calls(monkeypatch)
     runtime = AttentionRuntime(run_seed=5)
     runtime.set_step(2, 1)
-    model = set_attention_ops(build_model(presets["tiny"], cfg, runtime), bound)
+    model = apply_sequence_parallel(build_model(presets["tiny"], cfg, runtime), SP_GROUP)
     # This rank's chunk of a longer sequence: global positions 64..79.
     with torch.no_grad():
         model(torch.randint(0, 512, (3, 16)), position_ids=torch.arange(64, 80)[None].expand(3, -1))
 
-    assert len(bound.calls) == 4  # one per layer
-    for layer, (name, q_shape, k_shape, kw) in enumerate(bound.calls):
+    assert len(calls) == 4  # one per layer
+    for layer, (name, q_shape, k_shape, kw) in enumerate(calls):
         assert name == op
         assert q_shape == (3, 16, 4, 32) and k_shape == (3, 16, 2, 32)  # (B, T, H, D), GQA kept
         assert torch.equal(kw["positions"], torch.arange(64, 80))
-        assert kw["causal"] is True and "sp_group" not in kw
+        assert kw["causal"] is True and kw["group"] is SP_GROUP and kw["cu_seqlens"] is None
         assert kw["softmax_scale"] == 32**-0.5
         if cfg.bias in ("alibi", "window"):
             expected = alibi_slopes(4) if cfg.sigma is None else torch.full((4,), 1 / cfg.sigma)
@@ -76,24 +72,21 @@ def test_bound_ops_receive_chunk_positions(cfg, op):
 
 def test_single_process_ops_by_default(monkeypatch):
     calls = []
-    monkeypatch.setattr(ops, "alibi_attention", lambda q, k, v, **kw: calls.append(kw) or torch.zeros_like(q))
+    monkeypatch.setattr(alibi_bias, "alibi_attention", lambda q, k, v, **kw: calls.append(kw) or torch.zeros_like(q))
     model = build_model(presets["tiny"], AttentionConfig(bias="alibi"))
     with torch.no_grad():
         model(torch.randint(0, 512, (1, 8)))
     assert len(calls) == 4
 
 
-def test_apply_sequence_parallel_binds_every_module_once():
+def test_apply_sequence_parallel_sets_the_group_of_every_module():
     model = build_model(presets["tiny"], AttentionConfig(bias="plsh"))
     apply_sequence_parallel(model, SP_GROUP)
-    bound = {id(m.plsh_binding.ops) for m in attention_modules(model)}
-    assert len(bound) == 1  # one object shared by all layers
-    sp = attention_modules(model)[0].plsh_binding.ops
-    assert isinstance(sp, SequenceParallelAttention) and sp.group is SP_GROUP
+    assert all(m.plsh_binding.group is SP_GROUP for m in attention_modules(model))
     set_attention_mode(model, AttentionConfig(bias="alibi"))  # switching the mode keeps parallelism
-    assert attention_modules(model)[-1].plsh_binding.ops is sp
+    assert all(m.plsh_binding.group is SP_GROUP for m in attention_modules(model))
     apply_sequence_parallel(model, None)  # back to one process
-    assert all(m.plsh_binding.ops is None for m in attention_modules(model))
+    assert all(m.plsh_binding.group is None for m in attention_modules(model))
 
 
 def test_positions_buffer_refilled_in_place_is_reread():

@@ -13,8 +13,8 @@ import torch
 import transformers
 
 from plsh_dist.data.tokenizer import train_tokenizer
-from plsh_dist.models import (AttentionConfig, AttentionRuntime, build_model, get_runtime, presets,
-                              set_attention_mode, set_attention_ops, window_cache)
+from plsh_dist.models import (AttentionConfig, AttentionRuntime, apply_sequence_parallel, build_model, get_runtime, presets,
+                              set_attention_mode, window_cache)
 from plsh_dist.models.hf_tokenizer import PlshTokenizer
 from tests.tolerances import FP32
 
@@ -144,15 +144,12 @@ def test_what_padding_cannot_honour_is_refused(model):
             model(input_ids=ids, attention_mask=mask, cu_seq_lens_q=torch.tensor([0, n // 2, n]),
                   cu_seq_lens_k=torch.tensor([0, n // 2, n]), max_length_q=n // 2, max_length_k=n // 2)
 
-    class OtherOps:  # what sequence parallelism binds
-        pass
-
-    set_attention_ops(model, OtherOps())
+    apply_sequence_parallel(model, object())  # a sequence-parallel group (never called here)
     try:
         with torch.no_grad(), pytest.raises(ValueError, match="sequence parallelism"):
             model(input_ids=ids, attention_mask=mask)
     finally:
-        set_attention_ops(model, None)
+        apply_sequence_parallel(model, None)
 
 
 @pytest.fixture(scope="module")

@@ -177,9 +177,9 @@ def preflight(s: Settings) -> dict[str, Any]:
 
 def _mode_spec(attention) -> str:
     """``launchers/evaluate.py``'s spec of the trained attention (options not given keep the trained ones)."""
-    from plsh_dist.models.modes import MODES
+    from plsh_dist.biases import bias_class
 
-    spec = next(m.spec for m in MODES.values() if m.bias == attention.bias)
+    spec = bias_class(attention.bias).spec
     return f"{spec}:{attention.window}" if attention.bias == "window" else spec
 
 

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 
 pytest.importorskip("triton")
 
-from plsh_dist.distributed.sp import SequenceParallelAttention  # noqa: E402
+from plsh_dist.distributed.sp import attention as sp_attention  # noqa: E402
 from plsh_dist.distributed.sp_chunks import sp_chunk, sp_positions  # noqa: E402
 from plsh_dist.ops import plsh_attention  # noqa: E402
 
@@ -33,8 +33,7 @@ def _worker(rank: int, world: int, init_file: str) -> None:
         ref = plsh_attention(*full, positions=torch.arange(T) + 500, **kw)
         ref_grads = torch.autograd.grad(ref, full, dout)
         local = [sp_chunk(x, rank, world).clone().requires_grad_() for x in (q, k, v)]
-        out = SequenceParallelAttention(group).plsh_attention(*local, positions=sp_positions(T, rank, world, 500),
-                                                              **kw)
+        out = sp_attention.plsh_attention(*local, group=group, positions=sp_positions(T, rank, world, 500), **kw)
         grads = torch.autograd.grad(out, local, sp_chunk(dout, rank, world))
         torch.testing.assert_close(out, sp_chunk(ref, rank, world), **TOL)
         for a, b in zip(grads, ref_grads):
@@ -77,8 +76,7 @@ def _window_worker(rank: int, world: int, init_file: str) -> None:
             ref = alibi_attention(*full, positions=torch.arange(T) + 500, **kw)
             ref_grads = torch.autograd.grad(ref, full, dout)
             local = [sp_chunk(x, rank, world).clone().requires_grad_() for x in (q, k, v)]
-            out = SequenceParallelAttention(group).alibi_attention(*local, positions=sp_positions(T, rank, world, 500),
-                                                                   **kw)
+            out = sp_attention.alibi_attention(*local, group=group, positions=sp_positions(T, rank, world, 500), **kw)
             grads = torch.autograd.grad(out, local, sp_chunk(dout, rank, world))
             torch.testing.assert_close(out, sp_chunk(ref, rank, world), **TOL)
             for a, b in zip(grads, ref_grads):

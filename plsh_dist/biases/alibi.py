@@ -1,0 +1,87 @@
+"""Exact ALiBi: logits ``q_i . k_j * scale - m_h |p_i - p_j|`` over every earlier key.
+
+Computed by ``plsh_dist::alibi_attention`` (the fused banded kernel on CUDA, query chunks
+elsewhere); under sequence parallelism every rank all-gathers the keys and values. The windowed
+and truncated biases are this one with a key window (``window.py``, ``truncated.py``).
+
+Legend: B batch, T tokens, Hq query heads, Hkv key/value heads, D head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from plsh_dist.biases.base import AttentionCall, Bias, LayerSeeds, head_scales
+from plsh_dist.distributed.sp import attention as sp_attention
+from plsh_dist.ops import decode as decode_ops
+from plsh_dist.ops.alibi import alibi_attention, alibi_attention_op, default_chunk_size, window_list
+from plsh_dist.ops.reference import alibi_weights
+
+
+class ExactAlibi(Bias):
+    """Exact ALiBi (Press et al.): slope ``m_h`` per head (``sigma_h = 1 / m_h``), or ``1 / sigma``."""
+
+    name = spec = "alibi"
+    options = {"sigma": "sigma", "rope": "rope", "chunk": "chunk_size"}
+    fields = ("sigma", "rope", "chunk_size")
+    summary = "exact ALiBi"
+
+    @classmethod
+    def check_fields(cls, cfg) -> None:
+        if cfg.chunk_size is not None and cfg.chunk_size < 1:
+            raise ValueError(f"attention.chunk_size must be an int >= 1 or left out, got {cfg.chunk_size!r}; "
+                             f"e.g. chunk_size = 1024, or leave it out to let the op choose")
+
+    def slopes(self, num_heads: int) -> torch.Tensor:
+        """Tensor[Hq] float32 on the CPU, cached (do not modify)."""
+        return head_scales(self.cfg.sigma, num_heads)[1]
+
+    def chunk_size(self) -> int | None:
+        return self.cfg.chunk_size
+
+    def forward(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
+        q, k, v, H = call.q, call.k, call.v, call.num_heads
+        slopes, window, chunk = self.slopes(H), self.key_window(H), self.chunk_size()
+        if call.compiled:  # the custom op lays the raw position_ids out itself
+            return alibi_attention_op(q, k, v, call.positions, call.cu_seqlens, slopes, window_list(window), True,
+                                      call.scale, chunk, True)[0]
+        if call.group is not None:
+            return sp_attention.alibi_attention(q, k, v, group=call.group, slopes=slopes, window=window,
+                                                chunk_size=chunk, **call.common())
+        return alibi_attention(q, k, v, slopes=slopes, window=window, chunk_size=chunk, **call.common())
+
+    def decode(self, q, k, v, q_pos, k_pos, scale, seeds: LayerSeeds) -> torch.Tensor:
+        H = q.shape[2]
+        return decode_ops.alibi_decode(q, k, v, q_pos, k_pos, slopes=self.slopes(H), window=self.key_window(H),
+                                       scale=scale)
+
+    def reference_weights(self, positions, num_heads: int, seed: int) -> torch.Tensor | None:
+        window = self.key_window(num_heads)
+        return alibi_weights(self.slopes(num_heads), positions,
+                             window=torch.tensor(window) if isinstance(window, tuple) else window)
+
+    @classmethod
+    def pairs_per_head(cls, setup, T: int) -> list[float]:
+        """Every key at or before the query: ``T (T + 1) / 2``."""
+        return [T * (T + 1) / 2] * len(setup.sigma)
+
+    @classmethod
+    def workspace_cuda(cls, setup, batch, tokens, keys, q_heads, kv_heads, head_dim, b):
+        """Query chunks of C against K keys (``ops/alibi.py``): k, v expanded to Hq heads, per chunk
+        the bias (fp32 and its cast) and the explicit logits / probabilities (fp32) of every batch
+        row; the backward adds fp32 dk, dv over the expanded keys and the chunk's gradient products."""
+        u = batch * tokens * q_heads * head_dim
+        k_exp = b * batch * keys * q_heads * head_dim  # one of k, v expanded to Hq heads
+        chunk = setup.chunk_size or default_chunk_size(q_heads, keys)
+        span = cls._chunk_span(setup, keys, chunk)
+        e = q_heads * min(chunk, tokens) * span  # bias elements of one chunk
+        per_chunk_fwd = batch * e * (12 + b) + e * (4 + b) + 13 * e // q_heads
+        per_chunk_bwd = batch * e * (16 + 2 * b) + e * (4 + b) + 13 * e // q_heads
+        fwd = 2 * k_exp + per_chunk_fwd
+        bwd = 2 * k_exp + b * u + 2 * (4 // b) * k_exp + per_chunk_bwd
+        return int(fwd), int(bwd), "counted (chunked exact ALiBi)"
+
+    @classmethod
+    def _chunk_span(cls, setup, keys: int, chunk: int) -> int:
+        """Keys one query chunk reads."""
+        return keys

@@ -1,0 +1,53 @@
+"""No positional bias: plain causal attention (positions reach it through rope only).
+
+Eagerly PyTorch's SDPA; compiled, under sequence parallelism and decoding, exact ALiBi's
+paths with zero slopes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from plsh_dist.biases.alibi import ExactAlibi
+from plsh_dist.biases.base import AttentionCall, LayerSeeds
+from plsh_dist.distributed.sp import attention as sp_attention
+from plsh_dist.ops import decode as decode_ops
+from plsh_dist.ops.alibi import causal_attention
+
+
+class NoBias(ExactAlibi):
+    """Plain causal attention: ALiBi with zero slopes."""
+
+    name = spec = "none"
+    options = {"rope": "rope"}
+    fields = ("rope",)
+    summary = "plain causal attention; positions only via rope"
+
+    @classmethod
+    def check_fields(cls, cfg) -> None:
+        pass
+
+    def slopes(self, num_heads: int) -> torch.Tensor:
+        return torch.zeros(num_heads)
+
+    def chunk_size(self) -> None:
+        return None
+
+    def forward(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
+        if call.compiled:
+            return super().forward(call, seeds)
+        if call.group is not None:
+            return sp_attention.causal_attention(call.q, call.k, call.v, group=call.group, **call.common())
+        return causal_attention(call.q, call.k, call.v, **call.common())
+
+    def decode(self, q, k, v, q_pos, k_pos, scale, seeds: LayerSeeds) -> torch.Tensor:
+        return decode_ops.causal_decode(q, k, v, q_pos, k_pos, scale=scale)
+
+    def reference_weights(self, positions, num_heads: int, seed: int) -> None:
+        return None
+
+    @classmethod
+    def workspace_cuda(cls, setup, batch, tokens, keys, q_heads, kv_heads, head_dim, b):
+        """PyTorch's flash SDPA: the backward's dq, dk, dv and the kernel's fp32 dq accumulator."""
+        u = batch * tokens * q_heads * head_dim
+        return 0, int(b * u * (1 + 2 * kv_heads / q_heads) + 4 * u), "counted (flash SDPA)"
