@@ -8,8 +8,9 @@ interpreter's ``InterpretedFunction.run``, an ``Autotuner``/``Heuristics`` ``run
 (``scaled_dot_product_attention`` c_call, ``torch.ops.aten._scaled_dot_product_*``), or a
 matmul-like torch op (``matmul``, ``bmm``, ``baddbmm``, ``einsum``, ``__matmul__``) called
 from a frame in ``plsh_dist/ops/``. At that moment it takes the Python stack:
-hops = plsh_dist frames from the hook (inclusive) to the launching frame (inclusive) - 1,
-torch/transformers/triton frames between them listed but not counted; files on path =
+calls = plsh_dist frames from the hook (inclusive) to the launching frame (inclusive) - 1,
+torch/transformers/triton frames between them listed but not counted; hops = those calls
+that go from one plsh_dist file to another (hand-offs between modules); files on path =
 distinct plsh_dist files among those frames; files touched = distinct plsh_dist files with
 any Python call between the hook's entry and the launch (side trips included). When the
 first launch is a side Triton kernel (hash draws, tables), a second row, "(attention kernel)",
@@ -48,8 +49,10 @@ RULE = """counting rule:
     a Triton launcher run (JITFunction / InterpretedFunction / Autotuner / Heuristics .run),
     an SDPA (c_call scaled_dot_product_attention, torch.ops.aten._scaled_dot_product_*),
     or a matmul-like torch op (matmul, bmm, baddbmm, einsum, __matmul__) called from plsh_dist/ops/.
-  hops           = plsh_dist frames on the stack, hook (incl.) .. launching frame (incl.), minus 1
+  calls          = plsh_dist frames on the stack, hook (incl.) .. launching frame (incl.), minus 1
                    (torch / transformers / triton frames between them are listed, marked '.', not counted)
+  hops           = the calls among them that go from one plsh_dist file to another (a hand-off
+                   between modules; a file's own helpers are not hops)
   files on path  = distinct plsh_dist files among those frames
   files touched  = distinct plsh_dist files with any Python call between hook entry and the launch
   when the first launch is a side Triton kernel (hash draws, tables), a second row
@@ -198,16 +201,18 @@ def trace_case(name: str, num_layers: int = 1) -> list[dict]:
     if tracer.hook_frame is None:
         raise RuntimeError(f"{name}: the hook plsh_dist_attention was never called")
     if not tracer.launches:
-        return [dict(case=name, config=fields, packed=packed, launch=None, chain=[], hops=None,
+        return [dict(case=name, config=fields, packed=packed, launch=None, chain=[], hops=None, file_hops=None,
                      files_on_path=None, path_files=[], touched=tracer.touched, files_touched=len(tracer.touched))]
     results = []
     for i, launch in enumerate(tracer.launches):
         stack, touched = launch.pop("stack"), launch.pop("touched")
         pkg = [w for w, mine in stack if mine]
-        on_path = list(dict.fromkeys(w.rsplit(":", 1)[0] for w in pkg))
+        files = [w.rsplit(":", 1)[0] for w in pkg]
+        on_path = list(dict.fromkeys(files))
         results.append(dict(case=name if i == 0 else f"{name} (attention kernel)", config=fields, packed=packed,
                             launch=launch, chain=[dict(frame=w, counted=mine) for w, mine in stack],
-                            hops=len(pkg) - 1, files_on_path=len(on_path), path_files=on_path,
+                            hops=len(pkg) - 1, file_hops=sum(a != b for a, b in zip(files, files[1:])),
+                            files_on_path=len(on_path), path_files=on_path,
                             touched=touched, files_touched=len(touched)))
     return results
 
@@ -226,11 +231,11 @@ def report(results: list[dict]) -> str:
         lines.append(f"  touched: {', '.join(r['touched'])}")
         lines.append("")
     w = max(len(r["case"]) for r in results)
-    lines.append(f"{'case':<{w}} | hops | files on path | files touched")
-    lines.append(f"{'-' * w}-|------|---------------|--------------")
+    lines.append(f"{'case':<{w}} | calls | hops between files | files on path | files touched")
+    lines.append(f"{'-' * w}-|-------|-------------------|---------------|--------------")
     for r in results:
-        lines.append(f"{r['case']:<{w}} | {str(r['hops']):>4} | {str(r['files_on_path']):>13} | "
-                     f"{r['files_touched']:>13}")
+        lines.append(f"{r['case']:<{w}} | {str(r['hops']):>5} | {str(r['file_hops']):>17} | "
+                     f"{str(r['files_on_path']):>13} | {r['files_touched']:>13}")
     return "\n".join(lines)
 
 

@@ -14,7 +14,7 @@ import torch
 from plsh_dist.biases.base import AttentionCall, Bias, LayerSeeds, head_scales
 from plsh_dist.distributed.sp import attention as sp_attention
 from plsh_dist.ops import decode as decode_ops
-from plsh_dist.ops.alibi import alibi_attention, alibi_attention_op, default_chunk_size, window_list
+from plsh_dist.ops.alibi import alibi_attention_op, default_chunk_size, window_list
 from plsh_dist.ops.reference import alibi_weights
 
 
@@ -42,13 +42,12 @@ class ExactAlibi(Bias):
     def forward(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
         q, k, v, H = call.q, call.k, call.v, call.num_heads
         slopes, window, chunk = self.slopes(H), self.key_window(H), self.chunk_size()
-        if call.compiled:  # the custom op lays the raw position_ids out itself
-            return alibi_attention_op(q, k, v, call.positions, call.cu_seqlens, slopes, window_list(window), True,
-                                      call.scale, chunk, True)[0]
         if call.group is not None:
             return sp_attention.alibi_attention(q, k, v, group=call.group, slopes=slopes, window=window,
                                                 chunk_size=chunk, **call.common())
-        return alibi_attention(q, k, v, slopes=slopes, window=window, chunk_size=chunk, **call.common())
+        # compiled, the op lays the raw position_ids out itself
+        return alibi_attention_op(q, k, v, call.positions, call.cu_seqlens, slopes, window_list(window), True,
+                                  call.scale, chunk, call.compiled)[0]
 
     def decode(self, q, k, v, q_pos, k_pos, scale, seeds: LayerSeeds) -> torch.Tensor:
         H = q.shape[2]

@@ -3,15 +3,13 @@ position 0, computed as PLSH's blocks are (same strategies, same halo)."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from plsh_dist.biases.base import AttentionCall, LayerSeeds, hash_sigma, head_scales
 from plsh_dist.biases.plsh import PLSH
 from plsh_dist.distributed.sp import attention as sp_attention
 from plsh_dist.hashing import FixedBlocks, bucket
-from plsh_dist.ops.plsh import block_attention_op, fixed_blocks_attention
+from plsh_dist.ops.plsh import block_attention, block_attention_op
 
 
 class FixedBlocksBaseline(PLSH):
@@ -38,14 +36,15 @@ class FixedBlocksBaseline(PLSH):
             return block_attention_op(q, k, v, call.positions, call.cu_seqlens, torch.zeros((), dtype=torch.int64),
                                       hash_sigma(cfg.sigma, call.num_heads, q.device), 1, "iid", True, True,
                                       call.scale, cfg.backend, cfg.method, True)[0]
-        kw = dict(sigma=head_scales(cfg.sigma, call.num_heads)[0], backend=cfg.backend, method=cfg.method,
-                  **call.common())
+        sigma = head_scales(cfg.sigma, call.num_heads)[0]
         if call.group is not None:
-            return sp_attention.fixed_blocks_attention(q, k, v, group=call.group, **kw)
-        return fixed_blocks_attention(q, k, v, **kw)
+            return sp_attention.fixed_blocks_attention(q, k, v, group=call.group, sigma=sigma, backend=cfg.backend,
+                                                       method=cfg.method, **call.common())
+        return block_attention(q, k, v, sigma, (1, 0, "iid", True), call.positions, True, call.scale, cfg.backend,
+                               cfg.method, False, call.cu_seqlens)
 
-    def layer_hash(self, num_heads: int, seeds: LayerSeeds) -> FixedBlocks:
-        return _fixed_blocks_hash(self.cfg.sigma, num_heads)
+    def new_hash(self, num_heads: int, seed: None) -> FixedBlocks:
+        return FixedBlocks(head_scales(self.cfg.sigma, num_heads)[0])
 
     def reference_weights(self, positions, num_heads: int, seed: int) -> torch.Tensor:
         return FixedBlocks(head_scales(self.cfg.sigma, num_heads)[0]).averaged_mask(positions)
@@ -65,9 +64,3 @@ class FixedBlocksBaseline(PLSH):
     @staticmethod
     def kernel_hash(setup, sigma, seed: int) -> FixedBlocks:
         return FixedBlocks(sigma)
-
-
-@functools.lru_cache(maxsize=64)
-def _fixed_blocks_hash(sigma: float | None, num_heads: int) -> FixedBlocks:
-    """The fixed blocks for decoding (no seed), built once per config."""
-    return FixedBlocks(head_scales(sigma, num_heads)[0])

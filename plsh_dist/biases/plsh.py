@@ -9,7 +9,6 @@ Legend: B batch, T tokens, Hq query heads, Hkv key/value heads, D head dim, s sa
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -19,7 +18,7 @@ from plsh_dist.distributed.halo import plsh_needs
 from plsh_dist.distributed.sp import attention as sp_attention
 from plsh_dist.hashing import PositionalLSH, get_sampler
 from plsh_dist.ops.backends import BACKENDS, METHODS, choose_strategy
-from plsh_dist.ops.plsh import block_attention_op, plsh_attention
+from plsh_dist.ops.plsh import block_attention, block_attention_op
 
 
 class PLSH(Bias):
@@ -46,6 +45,12 @@ class PLSH(Bias):
         if cfg.method not in METHODS:
             raise ValueError(f"attention.method must be one of {METHODS}, got {cfg.method!r}")
 
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self._decoding_hash: tuple[tuple, object] | None = None
+        """``(key, hash)`` of the last decoding step: a generation's steps share one hash (a pure
+        function of the key), built once, not once per new token."""
+
     def label(self) -> str:
         return f" s={self.cfg.num_samples}"
 
@@ -55,15 +60,23 @@ class PLSH(Bias):
             return block_attention_op(q, k, v, call.positions, call.cu_seqlens, seeds.seed_tensor(),
                                       hash_sigma(cfg.sigma, call.num_heads, q.device), cfg.num_samples, cfg.sampler,
                                       False, True, call.scale, cfg.backend, cfg.method, True)[0]
-        kw = dict(sigma=head_scales(cfg.sigma, call.num_heads)[0], num_samples=cfg.num_samples, seed=seeds.seed(),
-                  backend=cfg.backend, sampler=cfg.sampler, method=cfg.method, **call.common())
+        sigma = head_scales(cfg.sigma, call.num_heads)[0]
         if call.group is not None:
-            return sp_attention.plsh_attention(q, k, v, group=call.group, **kw)
-        return plsh_attention(q, k, v, **kw)
+            return sp_attention.plsh_attention(q, k, v, group=call.group, sigma=sigma, num_samples=cfg.num_samples,
+                                               seed=seeds.seed(), backend=cfg.backend, sampler=cfg.sampler,
+                                               method=cfg.method, **call.common())
+        return block_attention(q, k, v, sigma, (cfg.num_samples, seeds.seed(), cfg.sampler, False), call.positions,
+                               True, call.scale, cfg.backend, cfg.method, False, call.cu_seqlens)
 
     def layer_hash(self, num_heads: int, seeds: LayerSeeds) -> PositionalLSH:
-        """The hash of the layer's current step."""
-        return _plsh_hash(self.cfg.sigma, num_heads, self.cfg.num_samples, seeds.seed(), self.cfg.sampler)
+        """The hash of the layer's current step (the last one kept: do not modify it)."""
+        key = (num_heads, seeds.seed() if self.seeded else None)
+        if self._decoding_hash is None or self._decoding_hash[0] != key:
+            self._decoding_hash = (key, self.new_hash(num_heads, key[1]))
+        return self._decoding_hash[1]
+
+    def new_hash(self, num_heads: int, seed: int) -> PositionalLSH:
+        return PositionalLSH(head_scales(self.cfg.sigma, num_heads)[0], self.cfg.num_samples, seed, self.cfg.sampler)
 
     def decode(self, q, k, v, q_pos, k_pos, scale, seeds: LayerSeeds) -> torch.Tensor:
         """The table's decoding strategy (the one-pass form over each query's band) with the full
@@ -127,10 +140,3 @@ def _kernel_pairs(T: int, sigma: float, samples: int, onepass: bool) -> float:
     d = torch.arange(span, dtype=torch.float64)
     f = 1.0 - (1.0 - torch.exp(-d / sigma)) ** samples
     return float(((T - d) * f).sum())
-
-
-@functools.lru_cache(maxsize=256)
-def _plsh_hash(sigma: float | None, num_heads: int, num_samples: int, seed: int, sampler: str) -> PositionalLSH:
-    """A layer's PLSH hash for decoding, built once per (layer seed, config) rather than once
-    per new token (its draws are a pure function of these; do not modify)."""
-    return PositionalLSH(head_scales(sigma, num_heads)[0], num_samples, seed, sampler)

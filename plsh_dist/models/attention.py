@@ -108,9 +108,9 @@ class AttentionBinding:
         value, not a new graph."""
         return self.runtime.layer_seed_tensor(self.layer_index, self.cfg.fixed_masks)
 
-    def forward(self, q, k, v, positions, scale, cu_seqlens=None, compiled: bool = False) -> torch.Tensor:
+    def forward(self, q, k, v, positions, scale, cu_seqlens=None) -> torch.Tensor:
         """q (B, T, Hq, D), k/v (B, T, Hkv, D) -> (B, T, Hq, D) under ``cfg.bias``, over ``group``."""
-        return self.bias.forward(AttentionCall(q, k, v, positions, cu_seqlens, scale, compiled, self.group), self)
+        return self.bias.forward(AttentionCall(q, k, v, positions, cu_seqlens, scale, group=self.group), self)
 
     def decode(self, q, k, v, q_pos, k_pos, scale) -> torch.Tensor:
         """A KV-cache step's rows: q (B, Tq, Hq, D) at ``q_pos`` against k/v (B, Tk, Hkv, D) at
@@ -297,11 +297,13 @@ def plsh_dist_attention(
         return _padded(binding, q, k, v, attention_mask, scaling, kwargs), None
     if torch.compiler.is_compiling() and key.shape[2] == T and binding.group is None:
         # compiled: the layout (host integers read from the positions) is made inside the op
-        return binding.forward(q, k, v, position_ids, scaling, _packed_offsets(kwargs), compiled=True), None
+        call = AttentionCall(q, k, v, position_ids, _packed_offsets(kwargs), scaling, compiled=True)
+        return binding.bias.forward(call, binding), None
     positions, cu_seqlens = _layout(position_ids, _packed_offsets(kwargs), B, T, binding.positions)
     if key.shape[2] != T:
         return _decode(binding, q, k, v, positions, scaling, cu_seqlens), None
-    return binding.forward(q, k, v, positions, scaling, cu_seqlens), None
+    call = AttentionCall(q, k, v, positions, cu_seqlens, scaling, group=binding.group)
+    return binding.bias.forward(call, binding), None
 
 
 def _decode(binding: AttentionBinding, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,

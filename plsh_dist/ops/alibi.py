@@ -502,11 +502,6 @@ def _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, c
     return pos, slopes, dict(window=win, scale=scale, chunk=chunk, docs=(doc_ids, doc_ids)), True
 
 
-def _as_is(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)``: a call on its own rows (where documents would run on the flat row)."""
-    return fn(*args, **kwargs)
-
-
 def kernel_call(q, k, v, positions, cu_seqlens, slopes, window: list[int], causal: bool, softmax_scale, chunk_size,
                 from_position_ids):
     """``(kernel bias, scale)`` of the fused kernel for an op call, or None where the chunked path runs it
@@ -554,14 +549,15 @@ def alibi_attention_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None
                          from_position_ids)
     if kernel is not None:
         kb, scale = kernel
-        run = on_flat_row if kb.layout.doc is not None else _as_is
-        out, lse = run(triton_onepass.banded_forward, q, k, v, kb.bias, kb.layout, causal=causal, scale=scale,
-                       kernel_bias=kb)
+        args = (q, k, v, kb.bias, kb.layout)
+        kw = dict(causal=causal, scale=scale, kernel_bias=kb)
+        out, lse = on_flat_row(triton_onepass.banded_forward, *args, **kw) if kb.layout.doc is not None else \
+            triton_onepass.banded_forward(*args, **kw)
         return out.contiguous(), lse.contiguous()
     pos, slopes, kw, flat = _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, chunk_size,
                                         from_position_ids)
-    run = on_flat_row if flat else _as_is
-    out, lse = run(alibi_forward, q, k, v, pos, pos, slopes, causal=causal, **kw)
+    out, lse = on_flat_row(alibi_forward, q, k, v, pos, pos, slopes, causal=causal, **kw) if flat else \
+        alibi_forward(q, k, v, pos, pos, slopes, causal=causal, **kw)
     return out.contiguous(), lse.contiguous()
 
 
@@ -581,14 +577,16 @@ def alibi_attention_op_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
                          from_position_ids)
     if kernel is not None:
         kb, scale = kernel
-        run = backward_on_flat_row if kb.layout.doc is not None else _as_is
-        grads = run(triton_onepass.banded_backward, dout, q, k, v, out, lse, kb.bias, kb.layout, causal=causal,
-                    scale=scale, kernel_bias=kb)
+        args = (dout, q, k, v, out, lse, kb.bias, kb.layout)
+        kw = dict(causal=causal, scale=scale, kernel_bias=kb)
+        grads = backward_on_flat_row(triton_onepass.banded_backward, *args, **kw) if kb.layout.doc is not None \
+            else triton_onepass.banded_backward(*args, **kw)
         return tuple(g.contiguous() for g in grads)
     pos, slopes, kw, flat = _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, chunk_size,
                                         from_position_ids)
-    run = backward_on_flat_row if flat else _as_is
-    grads = run(alibi_backward, dout, q, k, v, out, lse, pos, pos, slopes, causal=causal, **kw)
+    args = (dout, q, k, v, out, lse, pos, pos, slopes)
+    grads = backward_on_flat_row(alibi_backward, *args, causal=causal, **kw) if flat else \
+        alibi_backward(*args, causal=causal, **kw)
     return tuple(g.contiguous() for g in grads)
 
 

@@ -140,7 +140,7 @@ def plsh_attention(
             raise ValueError(f"{name} must be an int, got {value!r}")
     get_sampler(sampler)
     hash_args = (num_samples, seed, sampler, False)
-    return _block_attention(q, k, v, sigma, hash_args, positions, causal, softmax_scale, backend, method, return_lse,
+    return block_attention(q, k, v, sigma, hash_args, positions, causal, softmax_scale, backend, method, return_lse,
                             cu_seqlens)
 
 
@@ -160,7 +160,7 @@ def fixed_blocks_attention(
 ):
     """The paper's fixed-blocks baseline: blocks of pitch ``2 * sigma_h``
     aligned at position 0, one sample. Arguments as :func:`plsh_attention`."""
-    return _block_attention(q, k, v, sigma, (1, 0, "iid", True), positions, causal, softmax_scale, backend, method,
+    return block_attention(q, k, v, sigma, (1, 0, "iid", True), positions, causal, softmax_scale, backend, method,
                             return_lse, cu_seqlens)
 
 
@@ -205,29 +205,23 @@ def _keeps_host_state(backend, method, device, dtype, num_samples: int, out_only
     return isinstance(strategy, (VarlenPerSample, TritonOnePass)) or hasattr(strategy, "attend")
 
 
-def _block_attention(q, k, v, sigma, hash_args, positions, causal, softmax_scale, backend, method, return_lse,
-                     cu_seqlens):
-    """``hash_args`` = (num_samples, seed, sampler, fixed): the hash :func:`plsh_attention` (fixed: the
-    fixed blocks) describes."""
+def block_attention(q, k, v, sigma, hash_args, positions, causal, softmax_scale, backend, method, return_lse,
+                    cu_seqlens):
+    """The blocks of the hash ``hash_args`` = (num_samples, seed, sampler, fixed) describes (``fixed``:
+    the fixed blocks), checked arguments: what :func:`plsh_attention` and :func:`fixed_blocks_attention`
+    compute, and what the PLSH biases (:mod:`plsh_dist.biases`) call. Eagerly, a strategy that keeps
+    host state from its forward for its backward, or answers without gradients, runs through
+    :class:`PLSHAttentionFunction` (or its ``attend``); every other call is the custom op."""
     num_samples, seed, sampler, fixed = hash_args
-    out_only = not (return_lse or torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)))
-    if _keeps_host_state(backend, method, q.device, q.dtype, num_samples, out_only):
-        lsh = FixedBlocks(sigma) if fixed else PositionalLSH(sigma, num_samples, int(seed), sampler)
-        return _function_attention(q, k, v, lsh, positions, causal, softmax_scale, backend, method, return_lse,
-                                   cu_seqlens)
-    seed_t = seed if isinstance(seed, torch.Tensor) else torch.tensor(seed, dtype=torch.int64)
-    out, lse = block_attention_op(q, k, v, positions, cu_seqlens, seed_t, _sigma_tensor(sigma), num_samples,
-                                  sampler, fixed, causal, softmax_scale, str(getattr(backend, "value", backend)),
-                                  str(getattr(method, "value", method)), False)
-    return (out, lse) if return_lse else out
-
-
-def _function_attention(q, k, v, lsh: PositionalLSH, positions, causal, softmax_scale, backend, method, return_lse,
-                        cu_seqlens):
-    """The strategies the custom op does not run: an output-only one, or one whose backward reuses
-    host state its forward saved (:class:`PLSHAttentionFunction` keeps it)."""
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    out_only = not (needs_grad or return_lse)
+    out_only = not (return_lse or needs_grad)
+    if not _keeps_host_state(backend, method, q.device, q.dtype, num_samples, out_only):
+        seed_t = seed if isinstance(seed, torch.Tensor) else torch.tensor(seed, dtype=torch.int64)
+        out, lse = block_attention_op(q, k, v, positions, cu_seqlens, seed_t, _sigma_tensor(sigma), num_samples,
+                                      sampler, fixed, causal, softmax_scale, str(getattr(backend, "value", backend)),
+                                      str(getattr(method, "value", method)), False)
+        return (out, lse) if return_lse else out
+    lsh = FixedBlocks(sigma) if fixed else PositionalLSH(sigma, num_samples, int(seed), sampler)
     pos, scale, strategy, docs = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method,
                                                        cu_seqlens, out_only)
     if hasattr(strategy, "attend"):  # an output-only strategy (the table gives it only to such calls)

@@ -40,7 +40,7 @@ def test_simulation_equals_every_ranks_halo_exchange(sigma, s, P, tokens, offset
 def test_simulation_equals_the_planners_traffic(sigma):
     shape = AttentionShape(q_heads=16, kv_heads=8, head_dim=128, dtype_bytes=2, layers=3)
     sim = simulate_halo(8 * 512, 8, sigma, 10, shape)
-    setup = SimpleNamespace(bias="plsh", per_head_hash=sigma is None,
+    setup = SimpleNamespace(bias="plsh", per_head_hash=sigma is None, num_samples=10, sampler="iid",
                             sigma=tuple(layer_hash(sigma, 1, 0, shape).sigma.tolist()))
     attn_cfg = SimpleNamespace(fixed_masks=False, num_samples=10, sampler="iid")
     planner = sp_traffic(setup, attn_cfg, run_seed=0, layers=3, sp=8, tokens=512, batch=1, q_heads=16, kv_heads=8,

@@ -1,8 +1,10 @@
-"""Checkpoints and exports written by the code before ``config/`` and ``checkpoint/`` became packages
-still load, resume, evaluate and convert.
+"""Checkpoints and exports written by the code before a move still load, resume, evaluate and convert:
+before ``config/`` and ``checkpoint/`` became packages, and before the biases became one object each
+(``plsh_dist/biases/``).
 
-The writer is that code itself: ``git archive`` of ``BEFORE`` (the last commit with the run config and
-the checkpoint files under ``plsh_dist/train/``), run from a temporary directory with its own package
+The writer is that code itself: ``git archive`` of the commit before the move (``BEFORE``: the last with
+the run config and the checkpoint files under ``plsh_dist/train/``; ``BEFORE_BIASES``: the last with the
+bias table in ``models/attention.py``), run from a temporary directory with its own package
 first on ``PYTHONPATH``. It trains the tiny model twice, 4 steps with an export and 2 steps with a
 checkpoint; this code then resumes the second to the end, evaluates the export and converts the tag.
 Skipped, saying why, where the repository's history is not at hand (an installed copy, a shallow clone).
@@ -24,6 +26,7 @@ from tests.train.spawn import run_training
 
 ROOT = Path(__file__).resolve().parents[2]
 BEFORE = "8d57caa"
+BEFORE_BIASES = "1cef320"
 
 WRITE = """
 import json, sys
@@ -34,20 +37,20 @@ print(json.dumps({"full": done["losses"], "val_loss": done["val_loss"], "cut": s
 """
 
 
-def _old_code(tmp_path: Path) -> Path:
-    """The package and tests as of ``BEFORE``, extracted into ``tmp_path / "before"``."""
+def _old_code(tmp_path: Path, before: str) -> Path:
+    """The package and tests as of commit ``before``, extracted into ``tmp_path / "before"``."""
     def git(*args: str, **kw) -> subprocess.CompletedProcess:
         return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, **kw)
 
     try:
-        known = git("cat-file", "-e", f"{BEFORE}^{{commit}}").returncode == 0
+        known = git("cat-file", "-e", f"{before}^{{commit}}").returncode == 0
     except OSError:
         known = False
     if not known:
-        pytest.skip(f"commit {BEFORE} (the code before the move) is not in this checkout's history")
+        pytest.skip(f"commit {before} (the code before the move) is not in this checkout's history")
     dest = tmp_path / "before"
     dest.mkdir()
-    archive = git("archive", BEFORE, "plsh_dist", "tests", "launchers", check=True).stdout
+    archive = git("archive", before, "plsh_dist", "tests", "launchers", check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     return dest
 
@@ -58,13 +61,17 @@ def _logits(ck, tokens: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.slow
-def test_files_written_before_the_move_load_resume_evaluate_and_convert(tiny_data, tmp_path):
+@pytest.mark.parametrize("before, attention", [
+    (BEFORE, ["--attention.bias=plsh", "--attention.num_samples=2"]),
+    (BEFORE_BIASES, ["--attention.bias=plsh", "--attention.num_samples=2"]),
+    (BEFORE_BIASES, ["--attention.bias=truncated", "--attention.truncate_c=1.5", "--attention.sigma=8.0"]),
+], ids=["packages-plsh", "biases-plsh", "biases-truncated"])
+def test_files_written_before_the_move_load_resume_evaluate_and_convert(tiny_data, tmp_path, before, attention):
     from plsh_dist.checkpoint import convert_to_export, load_model
     from plsh_dist.train.validation import exported_validation
 
-    old = _old_code(tmp_path)
-    common = ["--attention.bias=plsh", "--attention.num_samples=2", "--run.max_steps=4", "--checkpoint.keep_last=0",
-              "--memory.loss_chunk_tokens=16"]
+    old = _old_code(tmp_path, before)
+    common = [*attention, "--run.max_steps=4", "--checkpoint.keep_last=0", "--memory.loss_chunk_tokens=16"]
     full = base_overrides(tiny_data, tmp_path / "full", *common, "--checkpoint.export_safetensors=true")
     cut = base_overrides(tiny_data, tmp_path / "cut", *common)
     env = dict(os.environ, PYTHONPATH=str(old), DS_ACCELERATOR="cpu", PLSH_PROGRESS="0")
