@@ -142,26 +142,27 @@ class Bias:
         """Per query head, the key window its cost counts, when heads differ (else None)."""
         return None
 
-    @staticmethod
-    def pairs_per_head(setup, T: int) -> list[float]:
+    @classmethod
+    def pairs_per_head(cls, setup, T: int) -> list[float]:
         """Query-key pairs each query head computes for one causal sequence of ``T`` tokens
         (``setup``: a :class:`plsh_dist.plan.attention_cost.AttentionSetup`)."""
         raise NotImplementedError
 
-    @staticmethod
-    def kernel_hash(setup, seed: int):
-        """The hash of a hashed bias for ``setup`` and ``seed`` (its kernel tiles and halo), else None."""
+    @classmethod
+    def kernel_hash(cls, setup, sigma, seed: int):
+        """The hash of a hashed bias for ``setup``, ``sigma`` (a float, or a tensor of one per head) and
+        ``seed``: its kernel tiles and its halo. None for the others."""
         return None
 
-    @staticmethod
-    def workspace_cuda(setup, batch: int, tokens: int, keys: int, q_heads: int, kv_heads: int, head_dim: int,
+    @classmethod
+    def workspace_cuda(cls, setup, batch: int, tokens: int, keys: int, q_heads: int, kv_heads: int, head_dim: int,
                        b: int) -> tuple[int, int, str]:
         """Transient bytes ``(forward, backward, how counted)`` of one call on CUDA, on the path
         this bias takes there (the fused kernel's are the planner's own)."""
         raise NotImplementedError
 
-    @staticmethod
-    def sp_needs(setup, layout, q_heads: int, kv_heads: int, seed: int):
+    @classmethod
+    def sp_needs(cls, setup, layout, q_heads: int, kv_heads: int, seed: int):
         """What a rank of ``layout`` receives under sequence parallelism: the halo needs
         (:mod:`plsh_dist.distributed.halo`), or None for an all-gather of every chunk."""
         return None

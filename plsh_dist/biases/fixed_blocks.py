@@ -61,6 +61,6 @@ class FixedBlocksBaseline(PLSH):
             out.append(float((sizes * (sizes + 1) / 2).sum()))
         return out
 
-    @staticmethod
-    def kernel_hash(setup, sigma, seed: int) -> FixedBlocks:
+    @classmethod
+    def kernel_hash(cls, setup, sigma, seed: int) -> FixedBlocks:
         return FixedBlocks(sigma)

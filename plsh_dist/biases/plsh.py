@@ -103,8 +103,8 @@ class PLSH(Bias):
         a block in at least one sample, ``1 - (1 - exp(-d / sigma_h))^s`` each."""
         return [_kernel_pairs(T, sigma, setup.num_samples, setup.onepass) for sigma in setup.sigma]
 
-    @staticmethod
-    def kernel_hash(setup, sigma, seed: int) -> PositionalLSH:
+    @classmethod
+    def kernel_hash(cls, setup, sigma, seed: int) -> PositionalLSH:
         return PositionalLSH(sigma, setup.num_samples, seed=seed, sampler=setup.sampler)
 
     @classmethod

@@ -41,8 +41,8 @@ class WindowedAlibi(ExactAlibi):
     def _chunk_span(cls, setup, keys: int, chunk: int) -> int:
         return min(keys, setup.window) + chunk  # truncated: the widest head's window bounds every group's
 
-    @staticmethod
-    def sp_needs(setup, layout, q_heads, kv_heads, seed):
+    @classmethod
+    def sp_needs(cls, setup, layout, q_heads, kv_heads, seed):
         """A halo of the (widest) window's ``w - 1`` positions before the chunk."""
         return window_needs(setup.window, layout, kv_heads, causal=True)
 

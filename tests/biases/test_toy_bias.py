@@ -60,8 +60,8 @@ class HardWindow(Bias):
     def workspace_cuda(cls, setup, batch, tokens, keys, q_heads, kv_heads, head_dim, b):
         return BIASES["window"].workspace_cuda(setup, batch, tokens, keys, q_heads, kv_heads, head_dim, b)
 
-    @staticmethod
-    def sp_needs(setup, layout, q_heads, kv_heads, seed):
+    @classmethod
+    def sp_needs(cls, setup, layout, q_heads, kv_heads, seed):
         return window_needs(setup.window, layout, kv_heads, causal=True)
 
 

@@ -70,13 +70,21 @@ def test_sequence_parallel_functions_receive_chunk_positions(cfg, op, monkeypatc
             assert kw["sigma"] == 3.0 and kw["method"] == "auto"
 
 
-def test_single_process_ops_by_default(monkeypatch):
+def test_single_process_op_by_default(monkeypatch):
     calls = []
-    monkeypatch.setattr(alibi_bias, "alibi_attention", lambda q, k, v, **kw: calls.append(kw) or torch.zeros_like(q))
+
+    def op(q, k, v, *args):
+        calls.append(args)
+        return torch.zeros_like(q), None
+
+    monkeypatch.setattr(alibi_bias, "alibi_attention_op", op)
     model = build_model(presets["tiny"], AttentionConfig(bias="alibi"))
     with torch.no_grad():
         model(torch.randint(0, 512, (1, 8)))
-    assert len(calls) == 4
+    assert len(calls) == 4  # one per layer: plsh_dist::alibi_attention, no sequence-parallel form
+    positions, cu_seqlens, slopes, window, causal = calls[0][:5]
+    assert torch.equal(positions, torch.arange(8)) and cu_seqlens is None and window == [] and causal is True
+    torch.testing.assert_close(slopes, alibi_slopes(4), atol=0, rtol=0)
 
 
 def test_apply_sequence_parallel_sets_the_group_of_every_module():
