@@ -2,6 +2,8 @@
 
 - ``distributed/`` imports nothing from ``models/``: the model side applies parallelism
   (``models/parallelize.py``);
+- ``biases/`` (one file per attention bias) sits above ``ops/`` and ``distributed/``, which import
+  nothing from it, and below everything that asks it (``models/``, ``plan/``, ``eval/``, ...);
 - ``config/`` and ``checkpoint/`` import nothing above them (``train/``, ``eval/``, ``plan/``), and
   ``config/`` nothing from ``checkpoint/``; ``eval/`` and ``plan/`` read configs and checkpoints
   without importing ``train/``;
@@ -60,6 +62,9 @@ def test_the_package_never_names_the_lab():
 
 # package -> the packages it must not import (they sit above it)
 NOT_BELOW = {
+    "ops": ("biases",),
+    "distributed": ("biases",),
+    "biases": ("models", "data", "config", "checkpoint", "plan", "train", "eval"),
     "config": ("checkpoint", "plan", "train", "eval"),
     "checkpoint": ("plan", "train", "eval"),
     "plan": ("train", "eval"),
