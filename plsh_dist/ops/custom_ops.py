@@ -19,23 +19,8 @@ raw ``position_ids``) and imports none of them.
 ``out`` is contiguous in q's dtype, ``lse`` (B, Hq, T) contiguous fp32 (fp64 for fp64
 inputs) and not differentiable; the gradients are contiguous in their input's dtype.
 
-A custom op takes tensors, ints, floats, bools and strings only, so what the graph
-carries rebuilds everything else inside the op: the hash (:class:`PositionalLSH`, or
-:class:`FixedBlocks` with ``fixed``) from ``sigma`` (float64 Tensor[H], H = 1 for one
-hash shared by all heads), ``num_samples``, ``sampler`` and ``seed`` (an int64 scalar
-tensor, so a new step's seed is a new input value, not a new graph), the strategy
-from the ``backend`` / ``method`` strings (:func:`~plsh_dist.ops.backends.choose_strategy`),
-the window from a list of ints. Positions and documents: ``positions`` and
-``cu_seqlens`` as the public functions take them, or, with ``from_position_ids``,
-transformers' raw ``position_ids`` and packed offsets, laid out inside the op: on the device
-for the fused kernel (:func:`device_layout`), else on the host
-(:func:`~plsh_dist.ops.documents.layout_of_position_ids`).
-
-The autograd formula saves q, k, v, out, lse and keeps the small host tensors above
-(positions, offsets, seed, sigma or slopes) as parameters, nothing per sample; the backward
-op rebuilds the hash and the layouts and calls the strategy's backward (or
-:func:`~plsh_dist.ops.alibi.alibi_backward`). These ops are layer 2 of the three
-layers (:mod:`plsh_dist.ops.plsh`, :mod:`plsh_dist.ops.alibi`): they only dispatch.
+What the graph carries and the op rebuilds (the hash, the strategy, the layouts), and what the
+autograd formula saves: docs/design.md, section 4, "Custom ops in the middle".
 
 Legend: B batch, T tokens, Hq query heads, Hkv key/value heads, D head dim.
 """
