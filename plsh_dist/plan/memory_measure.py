@@ -20,6 +20,7 @@ resident set (what the operating system sees, allocator caching included).
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import sys
@@ -33,6 +34,9 @@ def peak_cpu_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
     from torch.profiler import ProfilerActivity, profile
 
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # no USDT profiler_start / profiler_stop lines (module doc)
+    # Garbage from before the window (an earlier run's engine, held in reference cycles) would
+    # otherwise be collected at some allocation inside it, and its frees counted against the peak.
+    gc.collect()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
     events = [e for e in prof.profiler.kineto_results.events()
