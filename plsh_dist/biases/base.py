@@ -7,6 +7,7 @@ H heads of a weight matrix (Hq, or 1 when every head shares it).
 
 from __future__ import annotations
 
+import abc
 import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -59,10 +60,11 @@ class LayerSeeds(Protocol):
         """The same seed as an int64 scalar tensor (a compiled graph's input, not a constant)."""
 
 
-class Bias:
+class Bias(abc.ABC):
     """One positional bias of the attention: everything the package does with it, in one class.
 
-    A subclass, in a file of its own, sets the class attributes and implements the methods;
+    A subclass, in a file of its own, sets the class attributes and implements the abstract
+    methods (a class that leaves one out cannot be built);
     :mod:`plsh_dist.biases` registers it under :attr:`name`. It is built from an
     ``AttentionConfig`` and reads only the fields in :attr:`fields`.
     """
@@ -111,26 +113,26 @@ class Bias:
 
     # --- computing it ---------------------------------------------------------------------
 
+    @abc.abstractmethod
     def forward(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
         """The full causal forward of ``call`` -> (B, T, Hq, D) in q's dtype (differentiable): one
         process eagerly, the custom op compiled, the sequence-parallel form with a group."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def decode(self, q, k, v, q_pos, k_pos, scale, seeds: LayerSeeds) -> torch.Tensor:
         """A KV-cache step: q (B, Tq, Hq, D) at ``q_pos`` against k, v (B, Tk, Hkv, D) at ``k_pos``
         -> (B, Tq, Hq, D), the rows of one full forward (:mod:`plsh_dist.ops.decode`)."""
-        raise NotImplementedError
 
     def key_window(self, num_heads: int) -> int | tuple[int, ...] | None:
         """The keys a query reads: fewer than this many positions back (one int, or one per
         head); None: every earlier key (a window cache cannot serve it)."""
         return None
 
+    @abc.abstractmethod
     def reference_weights(self, positions: torch.Tensor, num_heads: int, seed: int) -> torch.Tensor | None:
         """The weights ``W`` (H, T, T) float64 of :func:`plsh_dist.ops.reference.dense_attention` this
         bias applies at ``positions`` (LongTensor[T]) under hash ``seed``, from the definitions
         (slopes, hash blocks), not from the ops; None: no weights (plain attention)."""
-        raise NotImplementedError
 
     # --- its cost, for the planner (plsh_dist.plan) -----------------------------------------
 
@@ -143,10 +145,10 @@ class Bias:
         return None
 
     @classmethod
+    @abc.abstractmethod
     def pairs_per_head(cls, setup, T: int) -> list[float]:
         """Query-key pairs each query head computes for one causal sequence of ``T`` tokens
         (``setup``: a :class:`plsh_dist.plan.attention_cost.AttentionSetup`)."""
-        raise NotImplementedError
 
     @classmethod
     def kernel_hash(cls, setup, sigma, seed: int):
@@ -155,11 +157,11 @@ class Bias:
         return None
 
     @classmethod
+    @abc.abstractmethod
     def workspace_cuda(cls, setup, batch: int, tokens: int, keys: int, q_heads: int, kv_heads: int, head_dim: int,
                        b: int) -> tuple[int, int, str]:
         """Transient bytes ``(forward, backward, how counted)`` of one call on CUDA, on the path
         this bias takes there (the fused kernel's are the planner's own)."""
-        raise NotImplementedError
 
     @classmethod
     def sp_needs(cls, setup, layout, q_heads: int, kv_heads: int, seed: int):

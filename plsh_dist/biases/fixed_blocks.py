@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from plsh_dist.biases.base import AttentionCall, LayerSeeds, hash_sigma, head_scales
+from plsh_dist.biases.base import AttentionCall, LayerSeeds, head_scales
 from plsh_dist.biases.plsh import PLSH
 from plsh_dist.distributed.sp import attention as sp_attention
 from plsh_dist.hashing import FixedBlocks, bucket
-from plsh_dist.ops.plsh import block_attention, block_attention_op
 
 
 class FixedBlocksBaseline(PLSH):
@@ -30,20 +29,16 @@ class FixedBlocksBaseline(PLSH):
     def label(self) -> str:
         return ""
 
-    def forward(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
-        cfg, q, k, v = self.cfg, call.q, call.k, call.v
-        if call.compiled:
-            return block_attention_op(q, k, v, call.positions, call.cu_seqlens, torch.zeros((), dtype=torch.int64),
-                                      hash_sigma(cfg.sigma, call.num_heads, q.device), 1, "iid", True, True,
-                                      call.scale, cfg.backend, cfg.method, True)[0]
-        sigma = head_scales(cfg.sigma, call.num_heads)[0]
-        if call.group is not None:
-            return sp_attention.fixed_blocks_attention(q, k, v, group=call.group, sigma=sigma, backend=cfg.backend,
-                                                       method=cfg.method, **call.common())
-        return block_attention(q, k, v, sigma, (1, 0, "iid", True), call.positions, True, call.scale, cfg.backend,
-                               cfg.method, False, call.cu_seqlens)
+    def hash_args(self, seeds: LayerSeeds, as_tensor: bool) -> tuple[int, int | torch.Tensor, str, bool]:
+        """One sample, no seed: 0 (a tensor for the compiled op)."""
+        return 1, torch.zeros((), dtype=torch.int64) if as_tensor else 0, "iid", True
 
-    def new_hash(self, num_heads: int, seed: None) -> FixedBlocks:
+    def sp_forward(self, call: AttentionCall, sigma, seeds: LayerSeeds) -> torch.Tensor:
+        return sp_attention.fixed_blocks_attention(call.q, call.k, call.v, group=call.group, sigma=sigma,
+                                                   backend=self.cfg.backend, method=self.cfg.method, **call.common())
+
+    def new_hash(self, num_heads: int, seed) -> FixedBlocks:
+        """The fixed blocks (``seed`` unused)."""
         return FixedBlocks(head_scales(self.cfg.sigma, num_heads)[0])
 
     def reference_weights(self, positions, num_heads: int, seed: int) -> torch.Tensor:

@@ -54,19 +54,30 @@ class PLSH(Bias):
     def label(self) -> str:
         return f" s={self.cfg.num_samples}"
 
+    def hash_args(self, seeds: LayerSeeds, as_tensor: bool) -> tuple[int, int | torch.Tensor, str, bool]:
+        """``(num_samples, seed, sampler, fixed)`` of the layer's hash as the ops take them (``as_tensor``: the
+        seed as an int64 scalar tensor, for the compiled op)."""
+        return self.cfg.num_samples, seeds.seed_tensor() if as_tensor else seeds.seed(), self.cfg.sampler, False
+
     def forward(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
-        cfg, q, k, v = self.cfg, call.q, call.k, call.v
+        cfg, q, k, v, H = self.cfg, call.q, call.k, call.v, call.num_heads
         if call.compiled:  # the custom op lays the raw position_ids out itself, and reads the seed as a tensor
-            return block_attention_op(q, k, v, call.positions, call.cu_seqlens, seeds.seed_tensor(),
-                                      hash_sigma(cfg.sigma, call.num_heads, q.device), cfg.num_samples, cfg.sampler,
-                                      False, True, call.scale, cfg.backend, cfg.method, True)[0]
-        sigma = head_scales(cfg.sigma, call.num_heads)[0]
+            num_samples, seed, sampler, fixed = self.hash_args(seeds, as_tensor=True)
+            return block_attention_op(q, k, v, call.positions, call.cu_seqlens, seed,
+                                      hash_sigma(cfg.sigma, H, q.device), num_samples, sampler, fixed, True,
+                                      call.scale, cfg.backend, cfg.method, True)[0]
+        sigma = head_scales(cfg.sigma, H)[0]
         if call.group is not None:
-            return sp_attention.plsh_attention(q, k, v, group=call.group, sigma=sigma, num_samples=cfg.num_samples,
-                                               seed=seeds.seed(), backend=cfg.backend, sampler=cfg.sampler,
-                                               method=cfg.method, **call.common())
-        return block_attention(q, k, v, sigma, (cfg.num_samples, seeds.seed(), cfg.sampler, False), call.positions,
-                               True, call.scale, cfg.backend, cfg.method, False, call.cu_seqlens)
+            return self.sp_forward(call, sigma, seeds)
+        return block_attention(q, k, v, sigma, self.hash_args(seeds, as_tensor=False), call.positions, True,
+                               call.scale, cfg.backend, cfg.method, False, call.cu_seqlens)
+
+    def sp_forward(self, call: AttentionCall, sigma, seeds: LayerSeeds) -> torch.Tensor:
+        """This rank's chunk under sequence parallelism: a halo of keys/values."""
+        cfg = self.cfg
+        return sp_attention.plsh_attention(call.q, call.k, call.v, group=call.group, sigma=sigma,
+                                           num_samples=cfg.num_samples, seed=seeds.seed(), backend=cfg.backend,
+                                           sampler=cfg.sampler, method=cfg.method, **call.common())
 
     def layer_hash(self, num_heads: int, seeds: LayerSeeds) -> PositionalLSH:
         """The hash of the layer's current step (the last one kept: do not modify it)."""
@@ -76,6 +87,7 @@ class PLSH(Bias):
         return self._decoding_hash[1]
 
     def new_hash(self, num_heads: int, seed: int) -> PositionalLSH:
+        """The hash of ``seed`` for ``num_heads`` query heads."""
         return PositionalLSH(head_scales(self.cfg.sigma, num_heads)[0], self.cfg.num_samples, seed, self.cfg.sampler)
 
     def decode(self, q, k, v, q_pos, k_pos, scale, seeds: LayerSeeds) -> torch.Tensor:
