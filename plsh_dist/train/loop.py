@@ -37,6 +37,7 @@ from plsh_dist.checkpoint.tags import find_resume, load_checkpoint, save_checkpo
 from plsh_dist.config.schema import RunConfig, resolve_master_weights, resolve_precision, write_resolved
 from plsh_dist.distributed import ParallelDims, default_backend
 from plsh_dist.distributed.comm_stats import comm_stats
+from plsh_dist.distributed.cpu_shm import unlink_cpu_allreduce_buffer
 from plsh_dist.distributed.ports import free_port
 from plsh_dist.distributed.rendezvous import check_rendezvous, rendezvous_from_env
 from plsh_dist.faults import maybe_fail
@@ -109,6 +110,8 @@ def init_distributed(device: torch.device, timeout_s: int = 600, rendezvous_time
 
     with interrupt_ends_at_once():  # C++ from here: Ctrl-C could not raise KeyboardInterrupt until it returned
         deepspeed.init_distributed(dist_backend=default_backend(device), timeout=timedelta(seconds=timeout_s))
+    if device.type == "cpu":
+        unlink_cpu_allreduce_buffer()
     return True
 
 

@@ -5,7 +5,8 @@ reference. Each faulty run dies by SIGKILL of one rank (``PLSH_FAULT``): the
 launcher must exit non-zero; the relaunch with ``--resume auto`` must start
 from the checkpoint at step 2 and log steps 3..4 with exactly the reference's
 loss, grad_norm and lr (no tolerance: same data order, same hash seeds,
-restored optimizer and scheduler, same arithmetic).
+restored optimizer and scheduler, same arithmetic). No launch, killed or not,
+leaves DeepSpeed's CPU all-reduce buffers in /dev/shm (cpu_shm.py).
 
 - ``kill:1:2``: rank 1 dies right after step 2's checkpoint was published;
 - ``kill:0:4:in_checkpoint``: rank 0 dies after DeepSpeed wrote the final checkpoint's (step 4)
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from plsh_dist.distributed.cpu_shm import allreduce_buffer
+from plsh_dist.distributed.ports import free_port
 from tests.train.conftest import base_overrides
 from tests.train.launcher_runs import Finished, deepspeed_cmd, empty_config, launcher_env, run
 
@@ -33,9 +36,13 @@ def _launch(tiny_data, out_dir: Path, *extra: str, fault: str | None = None) -> 
         "--checkpoint.keep_last=0", "--logging.every_steps=1", "--logging.eval_batches=0",
         "--parallel.timeout_s=60", *extra)
     env = launcher_env(**({"PLSH_FAULT": fault} if fault else {}))
-    cmd = deepspeed_cmd(2, empty_config(out_dir.parent), overrides)
+    port = free_port()
+    cmd = deepspeed_cmd(2, empty_config(out_dir.parent), overrides, port=port)
     name = f"{out_dir.name}_{(fault or 'clean').replace(':', '_')}"
-    return run(cmd, env, out_dir.parent / "logs", name, _LAUNCH_TIMEOUT_S)
+    finished = run(cmd, env, out_dir.parent / "logs", name, _LAUNCH_TIMEOUT_S)
+    rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # the runner's, for local ranks
+    assert not [p for p in (allreduce_buffer(r, rendezvous) for r in range(2)) if p.exists()]
+    return finished
 
 
 def _step_metrics(out_dir: Path) -> dict[int, tuple]:
