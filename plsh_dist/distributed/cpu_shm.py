@@ -24,6 +24,16 @@ def allreduce_buffer(rank: int, env: dict[str, str] | os._Environ = os.environ) 
     return SHM_DIR / f"{_PREFIX}_{os.getuid()}_{env.get('MASTER_ADDR', '')}_{env.get('MASTER_PORT', '')}_{rank}"
 
 
+def left_buffers_note(shm_dir: Path = SHM_DIR) -> str:
+    """"" or a clause naming the buffers still in ``shm_dir`` (older versions', other
+    DeepSpeed programs', or a running launch's) and the RAM they hold, for a memory report."""
+    held = [p.stat().st_size for p in shm_dir.glob(f"{_PREFIX}_*")] if shm_dir.is_dir() else []
+    if not held:
+        return ""
+    return (f"{len(held)} DeepSpeed all-reduce buffer(s) in {shm_dir} hold {sum(held) / 2**30:.2f} GiB of it: "
+            f"rm {shm_dir}/{_PREFIX}_* while no CPU launch runs")
+
+
 def unlink_cpu_allreduce_buffer() -> None:
     """After ``deepspeed.init_distributed`` on every rank: wait until all have
     mapped their peers' buffers, then unlink this rank's. Call it on CPU runs

@@ -6,7 +6,8 @@ machine's memory divided by the ranks on it (``per_rank_budget``).
 
 ``machine_memory()`` reads what a new run can have now: ``MemAvailable`` of
 ``/proc/meminfo`` (free memory plus the caches the kernel gives back), with
-``MemTotal`` beside it for the report. Where there is no ``/proc/meminfo``
+``MemTotal`` beside it for the report, and what DeepSpeed buffers left in
+``/dev/shm`` hold of it (cpu_shm.py). Where there is no ``/proc/meminfo``
 the whole physical memory (``os.sysconf`` ``SC_PHYS_PAGES`` x
 ``SC_PAGE_SIZE``) stands in for both.
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from plsh_dist.distributed.cpu_shm import SHM_DIR, left_buffers_note
 
 _MEMINFO = Path("/proc/meminfo")
 
@@ -42,13 +45,14 @@ def _meminfo_kib(text: str) -> dict[str, int]:
     return fields
 
 
-def machine_memory(meminfo: Path = _MEMINFO) -> MachineMemory:
+def machine_memory(meminfo: Path = _MEMINFO, shm_dir: Path = SHM_DIR) -> MachineMemory:
     """This machine's memory (module doc)."""
     if meminfo.is_file():
         kib = _meminfo_kib(meminfo.read_text())
         if "MemAvailable" in kib and "MemTotal" in kib:
+            left = left_buffers_note(shm_dir)
             return MachineMemory(available=kib["MemAvailable"] * 1024, total=kib["MemTotal"] * 1024,
-                                 source=f"MemAvailable in {meminfo}")
+                                 source=f"MemAvailable in {meminfo}" + (f"; {left}" if left else ""))
     physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return MachineMemory(available=physical, total=physical, source="physical memory (os.sysconf SC_PHYS_PAGES)")
 

@@ -68,9 +68,17 @@ def test_cpu_ranks_share_the_machines_memory(monkeypatch, capsys):
 def test_machine_memory_reads_memavailable(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24684084 kB\nMemFree:        20561956 kB\nMemAvailable:   22362364 kB\n")
-    mem = machine_memory(meminfo)
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    mem = machine_memory(meminfo, shm)
     assert (mem.available, mem.total) == (22362364 * 1024, 24684084 * 1024)
     assert mem.source == f"MemAvailable in {meminfo}"
+    for rank in range(2):  # buffers an old DeepSpeed CPU launch left: the report names them and the fix
+        (shm / f"deepspeed_allreduce_buffer_0_127.0.0.1_29500_{rank}").write_bytes(b"\0" * 2**20)
+    (shm / "unrelated").write_bytes(b"\0" * 2**20)
+    assert machine_memory(meminfo, shm).source == (
+        f"MemAvailable in {meminfo}; 2 DeepSpeed all-reduce buffer(s) in {shm} hold 0.00 GiB of it: "
+        f"rm {shm}/deepspeed_allreduce_buffer_* while no CPU launch runs")
     fallback = machine_memory(tmp_path / "absent")  # no /proc/meminfo: the physical memory
     assert fallback.available == fallback.total > 0 and "SC_PHYS_PAGES" in fallback.source
 
