@@ -40,7 +40,7 @@ from plsh_dist.ops.custom_ops import (NAMESPACE, device_layout, fake_backward, f
 from plsh_dist.ops.dense import dense_bwd, dense_fwd
 from plsh_dist.ops.device_constants import device_constant, host_key
 from plsh_dist.ops.device_tables import device_kernel_bias
-from plsh_dist.ops.documents import backward_on_flat_row, flat_documents, on_flat_row
+from plsh_dist.ops.documents import BatchRows, flat_documents
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.input_checks import check_positions, check_qkv, softmax_scale_for
 from plsh_dist.ops.merge import accum_dtype
@@ -506,7 +506,7 @@ def kernel_call(q, k, v, positions, cu_seqlens, slopes, window: list[int], causa
                 from_position_ids):
     """``(kernel bias, scale)`` of the fused kernel for an op call, or None where the chunked path runs it
     (no kernel for these tensors: not CUDA sm >= 80 with Triton; a ``chunk_size`` given). With documents
-    the kernel bias's layout is the flat row's (the call runs on it: :func:`on_flat_row`).
+    the kernel bias's layout is the flat row's (the call runs on it: :class:`BatchRows`).
 
     Reads no device data where the models call it: raw ``position_ids`` and packed offsets on the device
     stay there (:func:`~plsh_dist.ops.custom_ops.device_layout`); the slopes and windows are host constants,
@@ -549,15 +549,14 @@ def alibi_attention_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None
                          from_position_ids)
     if kernel is not None:
         kb, scale = kernel
-        args = (q, k, v, kb.bias, kb.layout)
-        kw = dict(causal=causal, scale=scale, kernel_bias=kb)
-        out, lse = on_flat_row(triton_onepass.banded_forward, *args, **kw) if kb.layout.doc is not None else \
-            triton_onepass.banded_forward(*args, **kw)
+        rows = BatchRows.of(q, kb.layout.doc is not None)
+        out, lse = rows.outputs(*triton_onepass.banded_forward(*rows.inputs(q, k, v), kb.bias, kb.layout,
+                                                               causal=causal, scale=scale, kernel_bias=kb))
         return out.contiguous(), lse.contiguous()
     pos, slopes, kw, flat = _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, chunk_size,
                                         from_position_ids)
-    out, lse = on_flat_row(alibi_forward, q, k, v, pos, pos, slopes, causal=causal, **kw) if flat else \
-        alibi_forward(q, k, v, pos, pos, slopes, causal=causal, **kw)
+    rows = BatchRows.of(q, flat)
+    out, lse = rows.outputs(*alibi_forward(*rows.inputs(q, k, v), pos, pos, slopes, causal=causal, **kw))
     return out.contiguous(), lse.contiguous()
 
 
@@ -577,17 +576,16 @@ def alibi_attention_op_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
                          from_position_ids)
     if kernel is not None:
         kb, scale = kernel
-        args = (dout, q, k, v, out, lse, kb.bias, kb.layout)
-        kw = dict(causal=causal, scale=scale, kernel_bias=kb)
-        grads = backward_on_flat_row(triton_onepass.banded_backward, *args, **kw) if kb.layout.doc is not None \
-            else triton_onepass.banded_backward(*args, **kw)
-        return tuple(g.contiguous() for g in grads)
+        rows = BatchRows.of(q, kb.layout.doc is not None)
+        grads = triton_onepass.banded_backward(*rows.inputs(dout, q, k, v, out), rows.lse_input(lse), kb.bias,
+                                               kb.layout, causal=causal, scale=scale, kernel_bias=kb)
+        return tuple(g.contiguous() for g in rows.grads(grads))
     pos, slopes, kw, flat = _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, chunk_size,
                                         from_position_ids)
-    args = (dout, q, k, v, out, lse, pos, pos, slopes)
-    grads = backward_on_flat_row(alibi_backward, *args, causal=causal, **kw) if flat else \
-        alibi_backward(*args, causal=causal, **kw)
-    return tuple(g.contiguous() for g in grads)
+    rows = BatchRows.of(q, flat)
+    grads = alibi_backward(*rows.inputs(dout, q, k, v, out), rows.lse_input(lse), pos, pos, slopes, causal=causal,
+                           **kw)
+    return tuple(g.contiguous() for g in rows.grads(grads))
 
 
 @alibi_attention_op_backward.register_fake

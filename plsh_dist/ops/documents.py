@@ -209,22 +209,40 @@ def unflatten_lse(lse_1Hn: torch.Tensor, batch: int) -> torch.Tensor:
     return lse_1Hn.reshape(H, batch, -1).transpose(0, 1).contiguous()
 
 
+@dataclass(frozen=True)
+class BatchRows:
+    """How a call's (B, T) rows meet a kernel: as they are, or (``flat``: packed documents) as one
+    flat row of B * T tokens whose row boundaries are document boundaries. The one place a call with
+    documents is flattened and its results put back (PLSH, ALiBi, SP). A call site reads
+    ``out, lse = rows.outputs(*fn(*rows.inputs(q, k, v), ...))``: it calls the kernel itself, through
+    no wrapper."""
 
-def on_flat_row(fn, q, k, v, *args, **kwargs):
-    """``fn(q, k, v, *args, **kwargs) -> (out, lse, *rest)`` on the flat row of (B, T) inputs:
-    q, k, v (B, T, H, D) go in as (1, B * T, H, D); returns out (B, T, Hq, D), lse (B, Hq, T)
-    and ``rest`` unchanged. The one place a call with documents is flattened (PLSH, ALiBi, SP)."""
-    B = q.shape[0]
-    out, lse, *rest = fn(*(flatten_rows(x) for x in (q, k, v)), *args, **kwargs)
-    return (unflatten_rows(out, B), unflatten_lse(lse, B), *rest)
+    batch: int
+    flat: bool
 
+    @classmethod
+    def of(cls, q_BTHD: torch.Tensor, flat: bool) -> BatchRows:
+        return cls(q_BTHD.shape[0], bool(flat))
 
-def backward_on_flat_row(fn, dout, q, k, v, out, lse, *args, **kwargs):
-    """``fn(dout, q, k, v, out, lse, *args, **kwargs) -> grads`` on the flat row, as
-    :func:`on_flat_row`: (B, T, H, D) tensors and lse (B, Hq, T) in, each grad back to (B, T, H, D)."""
-    B = q.shape[0]
-    grads = fn(*(flatten_rows(x) for x in (dout, q, k, v, out)), flatten_lse(lse), *args, **kwargs)
-    return tuple(unflatten_rows(g, B) for g in grads)
+    def inputs(self, *x_BTHD: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(B, T, H, D) tensors -> (1, B * T, H, D) when flat, else as they are."""
+        return tuple(flatten_rows(x) for x in x_BTHD) if self.flat else x_BTHD
+
+    def lse_input(self, lse_BHT: torch.Tensor) -> torch.Tensor:
+        """lse (B, Hq, T) -> (1, Hq, B * T) when flat."""
+        return flatten_lse(lse_BHT) if self.flat else lse_BHT
+
+    def output(self, x_1nHD: torch.Tensor) -> torch.Tensor:
+        """A flat call's (1, B * T, H, D) tensor -> (B, T, H, D)."""
+        return unflatten_rows(x_1nHD, self.batch) if self.flat else x_1nHD
+
+    def outputs(self, out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A flat call's out (1, B * T, Hq, D) and lse (1, Hq, B * T) -> (B, T, Hq, D) and (B, Hq, T)."""
+        return (self.output(out), unflatten_lse(lse, self.batch) if self.flat else lse)
+
+    def grads(self, grads: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """A flat call's (dq, dk, dv), each (1, B * T, H, D) -> (B, T, H, D)."""
+        return tuple(self.output(g) for g in grads)
 
 
 def layout_of_position_ids(position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, batch: int,

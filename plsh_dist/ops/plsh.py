@@ -31,8 +31,7 @@ from plsh_dist.hashing import FixedBlocks, PositionalLSH, get_sampler
 from plsh_dist.ops.backends import choose_strategy
 from plsh_dist.ops.custom_ops import (NAMESPACE, device_layout, fake_backward, fake_forward, op_layout,
                                       register_autograd)
-from plsh_dist.ops.documents import (Documents, backward_on_flat_row, flat_documents, flatten_rows,
-                                     on_flat_row, unflatten_rows)
+from plsh_dist.ops.documents import BatchRows, Documents, flat_documents
 from plsh_dist.ops.head_groups import head_groups
 from plsh_dist.ops.input_checks import check_positions, check_qkv, softmax_scale_for
 from plsh_dist.ops.plsh_varlen import VarlenPerSample
@@ -224,16 +223,12 @@ def block_attention(q, k, v, sigma, hash_args, positions, causal, softmax_scale,
     lsh = FixedBlocks(sigma) if fixed else PositionalLSH(sigma, num_samples, int(seed), sampler)
     pos, scale, strategy, docs = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method,
                                                        cu_seqlens, out_only)
+    rows = BatchRows.of(q, docs is not None)  # documents: one flat row whose row boundaries are theirs
     if hasattr(strategy, "attend"):  # an output-only strategy (the table gives it only to such calls)
-        if docs is None:
-            return strategy.attend(q, k, v, lsh, pos, causal=causal, scale=scale)
-        B = q.shape[0]
-        out = strategy.attend(*(flatten_rows(x) for x in (q, k, v)), lsh, pos, causal=causal, scale=scale, docs=docs)
-        return unflatten_rows(out, B)
-    if docs is None:
-        out, lse = PLSHAttentionFunction.apply(q, k, v, lsh, pos, causal, scale, strategy)
-    else:  # documents: one flat row of B * T tokens whose row boundaries are document boundaries
-        out, lse = on_flat_row(PLSHAttentionFunction.apply, q, k, v, lsh, pos, causal, scale, strategy, docs)
+        out = strategy.attend(*rows.inputs(q, k, v), lsh, pos, causal=causal, scale=scale, docs=docs)
+        return rows.output(out)
+    out, lse = rows.outputs(*PLSHAttentionFunction.apply(*rows.inputs(q, k, v), lsh, pos, causal, scale, strategy,
+                                                         docs))
     return (out, lse) if return_lse else out
 
 
@@ -272,10 +267,9 @@ def block_attention_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None
     lsh = _hash(sigma, num_samples, seed, sampler, fixed)
     pos, scale, strategy, docs = _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, backend, method,
                                           from_position_ids)
-    if docs is None:
-        out, lse, _ = strategy.forward(q, k, v, lsh, pos, causal=causal, scale=scale)
-    else:  # documents: one flat row of B * T tokens whose row boundaries are document boundaries
-        out, lse, _ = on_flat_row(strategy.forward, q, k, v, lsh, pos, causal=causal, scale=scale, docs=docs)
+    rows = BatchRows.of(q, docs is not None)  # documents: one flat row whose row boundaries are theirs
+    out, lse, _ = strategy.forward(*rows.inputs(q, k, v), lsh, pos, causal=causal, scale=scale, docs=docs)
+    out, lse = rows.outputs(out, lse)
     return out.contiguous(), lse.contiguous()
 
 
@@ -295,17 +289,14 @@ def block_attention_op_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
     lsh = _hash(sigma, num_samples, seed, sampler, fixed)
     pos, scale, strategy, docs = _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, backend, method,
                                           from_position_ids)
-    kw = dict(causal=causal, scale=scale)
+    rows = BatchRows.of(q, docs is not None)
+    kw = dict(causal=causal, scale=scale, docs=docs)
     if isinstance(strategy, VarlenPerSample):
         # its backward takes the forward's varlen calls (host integers), which an op cannot keep: they are
         # remade by running the forward again (compiled CUDA per-sample only; eager keeps them)
-        kw["saved"] = (strategy.forward(q, k, v, lsh, pos, **kw) if docs is None else
-                       on_flat_row(strategy.forward, q, k, v, lsh, pos, docs=docs, **kw))[2]
-    if docs is None:
-        grads = strategy.backward(dout, q, k, v, out, lse, lsh, pos, **kw)
-    else:
-        grads = backward_on_flat_row(strategy.backward, dout, q, k, v, out, lse, lsh, pos, docs=docs, **kw)
-    return tuple(g.contiguous() for g in grads)
+        kw["saved"] = strategy.forward(*rows.inputs(q, k, v), lsh, pos, **kw)[2]
+    grads = strategy.backward(*rows.inputs(dout, q, k, v, out), rows.lse_input(lse), lsh, pos, **kw)
+    return tuple(g.contiguous() for g in rows.grads(grads))
 
 
 @block_attention_op_backward.register_fake

@@ -186,7 +186,7 @@ def test_op_backward_remakes_the_varlen_calls(monkeypatch, documents):
     from plsh_dist.ops import plsh as plsh_module
     from plsh_dist.ops.plsh import block_attention_op
     from plsh_dist.ops.backends import VARLEN_REFERENCE
-    from plsh_dist.ops.documents import flat_documents, on_flat_row
+    from plsh_dist.ops.documents import BatchRows, flat_documents
     from plsh_dist.hashing import PositionalLSH
 
     monkeypatch.setattr(plsh_module, "choose_strategy", lambda *a, **kw: VARLEN_REFERENCE)
@@ -200,8 +200,9 @@ def test_op_backward_remakes_the_varlen_calls(monkeypatch, documents):
     lsh = PositionalLSH(sigma, 3, 4)
     if documents:
         docs = flat_documents(None, cu, 2, 30)
-        ref, _ = on_flat_row(plsh_module.PLSHAttentionFunction.apply, q, k, v, lsh, docs.positions, True, 8**-0.5,
-                             VARLEN_REFERENCE, docs)
+        rows = BatchRows.of(q, flat=True)
+        ref, _ = rows.outputs(*plsh_module.PLSHAttentionFunction.apply(*rows.inputs(q, k, v), lsh, docs.positions,
+                                                                       True, 8**-0.5, VARLEN_REFERENCE, docs))
     else:
         ref, _ = plsh_module.PLSHAttentionFunction.apply(q, k, v, lsh, torch.arange(30), True, 8**-0.5,
                                                          VARLEN_REFERENCE)

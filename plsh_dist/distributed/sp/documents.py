@@ -24,7 +24,7 @@ import torch
 
 from plsh_dist.distributed.sp_layout import SPLayout
 from plsh_dist.ops.alibi import alibi_backward, alibi_forward
-from plsh_dist.ops.documents import Documents, backward_on_flat_row, check_cu_seqlens, on_flat_row
+from plsh_dist.ops.documents import BatchRows, Documents, check_cu_seqlens
 
 #: Document ids of row b start at b * _ROW_IDS: ids never collide across rows.
 _ROW_IDS = 1 << 40
@@ -101,7 +101,8 @@ def alibi_rows_forward(q, k, v, q_pos, k_pos, slopes, docs: SPDocuments | None, 
     if docs is None:
         return alibi_forward(q, k, v, q_pos, k_pos, slopes, **kw)
     vq, vk, ids = _alibi_flat(docs, q_pos, k_pos)
-    return on_flat_row(alibi_forward, q, k, v, vq, vk, slopes, docs=ids, **kw)
+    rows = BatchRows.of(q, flat=True)
+    return rows.outputs(*alibi_forward(*rows.inputs(q, k, v), vq, vk, slopes, docs=ids, **kw))
 
 
 def alibi_rows_backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, docs: SPDocuments | None, **kw):
@@ -109,4 +110,6 @@ def alibi_rows_backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, docs: SPD
     if docs is None:
         return alibi_backward(dout, q, k, v, out, lse, q_pos, k_pos, slopes, **kw)
     vq, vk, ids = _alibi_flat(docs, q_pos, k_pos)
-    return backward_on_flat_row(alibi_backward, dout, q, k, v, out, lse, vq, vk, slopes, docs=ids, **kw)
+    rows = BatchRows.of(q, flat=True)
+    return rows.grads(alibi_backward(*rows.inputs(dout, q, k, v, out), rows.lse_input(lse), vq, vk, slopes, docs=ids,
+                                     **kw))

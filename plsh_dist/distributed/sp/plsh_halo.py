@@ -25,7 +25,7 @@ from plsh_dist.distributed.halo import HaloExchange, plsh_needs, post_grads, pos
 from plsh_dist.distributed.sp.documents import SPDocuments, documents_crc
 from plsh_dist.distributed.sp.signature import call_signature
 from plsh_dist.distributed.sp_layout import SPLayout, exchange_layout, hash_fingerprint
-from plsh_dist.ops.documents import Documents, backward_on_flat_row, on_flat_row
+from plsh_dist.ops.documents import BatchRows, Documents
 from plsh_dist.ops.merge import accum_dtype
 
 
@@ -49,17 +49,17 @@ def _zero_head_rows(x: torch.Tensor, n: int, dim: int = 1) -> torch.Tensor:
 def _forward(strategy, q, k, v, lsh, pos, docs: Documents | None, **kw):
     """``strategy.forward`` of (B, n) tensors at positions ``pos`` (LongTensor[n]): (out, lse, saved);
     with the flattened rows' documents ``docs`` (:meth:`SPDocuments.flat` of ``pos``), on those rows."""
-    if docs is None:
-        return strategy.forward(q, k, v, lsh, pos, **kw)
-    return on_flat_row(strategy.forward, q, k, v, lsh, docs.positions, docs=docs, **kw)
+    rows = BatchRows.of(q, docs is not None)
+    out, lse, saved = strategy.forward(*rows.inputs(q, k, v), lsh, pos if docs is None else docs.positions, docs=docs,
+                                       **kw)
+    return (*rows.outputs(out, lse), saved)
 
 
 def _backward(strategy, saved, dout, q, k, v, out, lse, lsh, pos, docs: Documents | None, **kw):
     """``strategy.backward`` as :func:`_forward` (the forward's ``docs`` and ``saved``); lse (B, Hq, n)."""
-    if docs is None:
-        return strategy.backward(dout, q, k, v, out, lse, lsh, pos, saved=saved, **kw)
-    return backward_on_flat_row(strategy.backward, dout, q, k, v, out, lse, lsh, docs.positions, docs=docs, saved=saved,
-                                **kw)
+    rows = BatchRows.of(q, docs is not None)
+    return rows.grads(strategy.backward(*rows.inputs(dout, q, k, v, out), rows.lse_input(lse), lsh,
+                                        pos if docs is None else docs.positions, docs=docs, saved=saved, **kw))
 
 
 @dataclass(frozen=True)
