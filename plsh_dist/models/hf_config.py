@@ -422,8 +422,13 @@ def load_pretrained(path: str | Path, *, config=None, dtype=None, torch_dtype=No
     state = read_safetensors_dir(directory, what="export")
     dtype = _resolve_dtype(dtype if dtype is not None else torch_dtype, config)
     dev = _resolve_device(device_map if device_map is not None else device)
-    return model_with_weights(model_cfg, attn, AttentionRuntime(**seed), state, source=directory,
-                              device=dev, dtype=dtype)
+    model = model_with_weights(model_cfg, attn, AttentionRuntime(**seed), state, source=directory,
+                               device=dev, dtype=dtype)
+    if (directory / "generation_config.json").is_file():
+        # As transformers' own from_pretrained: the export's special ids reach generate(), whose
+        # right-padding warning needs the pad id.
+        model.generation_config = transformers.GenerationConfig.from_pretrained(str(directory))
+    return model
 
 
 # --- registration ---------------------------------------------------------------------

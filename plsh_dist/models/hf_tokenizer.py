@@ -9,7 +9,8 @@
 ``tok(text).input_ids == Tokenizer.load(path).encode(text)`` (tested), including
 the literal U+2581 rule and text that spells a special token (``"<s>"`` in
 source code is text, not BOS: ``split_special_tokens`` is on). No BOS/EOS is
-added (training packs documents with an EOS after each; none before).
+added (training packs documents with an EOS after each; none before). Padding is on
+the left (``padding_side``), what batched ``generate`` needs of a decoder-only model.
 transformers' own Llama tokenizer would convert the model to another
 pre-tokenisation and give different ids on code (whitespace runs, digits).
 
@@ -48,6 +49,10 @@ class PlshTokenizer(PreTrainedTokenizer):
         for name, i in (("unk_token", UNK_ID), ("bos_token", BOS_ID), ("eos_token", EOS_ID), ("pad_token", PAD_ID)):
             kwargs.setdefault(name, sp.id_to_piece(i))
         kwargs.setdefault("split_special_tokens", True)
+        # Left, as transformers asks of a decoder-only model's batched generate(): the last column is
+        # then every row's last prompt token. A right-padded forward gives the same logits per real
+        # token, but generate() would continue each short row from its padding.
+        kwargs.setdefault("padding_side", "left")
         kwargs.setdefault("clean_up_tokenization_spaces", False)
         super().__init__(**kwargs)
 

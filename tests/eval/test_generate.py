@@ -4,6 +4,7 @@ selectable; the tokens/s line; context limits and bad arguments as clear errors.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import textwrap
@@ -139,3 +140,42 @@ def test_launcher_text_ends_with_a_newline_before_the_stats_line(exports):
     assert done.stdout.endswith("\n")
     text, stats = done.stdout[:-1].rsplit("\n", 1)
     assert text.startswith("x = ") and stats.startswith("generated 3 tokens in "), done.stdout
+
+
+class _Records(logging.Handler):
+    """The messages transformers logs while it is attached (its loggers do not propagate)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def test_an_exports_tokenizer_batches_prompts_for_generate(exports):
+    """A user's batched generate through transformers alone: the export's tokenizer pads on the left,
+    so each row's greedy tokens equal its prompt's alone; a right-padded batch is warned about
+    (the export's pad id reaches transformers' generate, whose check needs it)."""
+    import plsh_dist.models  # noqa: F401  (registers the model types and the tokenizer)
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(exports["plsh"]))
+    tok = transformers.AutoTokenizer.from_pretrained(str(exports["plsh"]))
+    prompts = ["def wrap(text, width", "import os", "class TextWrapper:\n    def"]
+    kw = dict(max_new_tokens=5, do_sample=False)
+    assert tok.padding_side == "left"
+    batch = tok(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        batched = model.generate(**batch, **kw)[:, batch.input_ids.shape[1]:]
+        for row, prompt in zip(batched, prompts):
+            alone = tok(prompt, return_tensors="pt")
+            assert row.tolist() == model.generate(**alone, **kw)[0, alone.input_ids.shape[1]:].tolist(), prompt
+    records = _Records()
+    logging.getLogger("transformers").addHandler(records)
+    try:
+        tok.padding_side = "right"
+        with torch.no_grad():
+            model.generate(**tok(prompts, return_tensors="pt", padding=True), **kw)
+    finally:
+        logging.getLogger("transformers").removeHandler(records)
+    assert any("right-padding was detected" in m for m in records.messages), records.messages
