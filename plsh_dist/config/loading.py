@@ -25,9 +25,11 @@ from plsh_dist.config.schema import (
     upgrade_table,
 )
 from plsh_dist.data.config import TokenizerConfig
+from plsh_dist.data.dataset import planned_writes
 from plsh_dist.data.sources import resolve_files
 from plsh_dist.data.tokenizer import Tokenizer
 from plsh_dist.models.pretrained import check_init_from
+from plsh_dist.writable import why_unwritable
 
 
 def tokenizer_file_vocab(tok: TokenizerConfig) -> int | None:
@@ -47,7 +49,8 @@ def tokenizer_file_vocab(tok: TokenizerConfig) -> int | None:
 
 def check_inputs(cfg: RunConfig) -> None:
     """Checks that read the disk, run by ``load_config`` before any work starts:
-    every data path matches a file; [model].init_from fits [model]."""
+    every data path matches a file; [model].init_from fits [model]; the data
+    preparation can write where it must (``check_data_outputs``)."""
     for name in ("train_files", "val_files"):
         patterns = getattr(cfg.data, name)
         if patterns:
@@ -57,6 +60,19 @@ def check_inputs(cfg: RunConfig) -> None:
                 raise ValueError(f"[data].{name}: {exc}") from exc
     if cfg.init_from is not None:
         check_init_from(cfg.init_from, cfg.model, cfg.attention, cfg.tokenizer.model_path)
+    check_data_outputs(cfg)
+
+
+def check_data_outputs(cfg: RunConfig) -> None:
+    """ValueError naming the field when the data preparation would write into a directory it
+    cannot write or create: the tokenizer's (a model_path to train), [data].corpus_dir,
+    [data].cache_dir (a cache to build). Directories it only reads may be read-only."""
+    for write in planned_writes(cfg.data, cfg.tokenizer):
+        why = why_unwritable(write.directory)
+        if why is not None:
+            where = "it" if Path(write.value) == write.directory else repr(str(write.directory))
+            raise ValueError(f"{write.setting} = {write.value!r}: {write.what}, but {where} {why}; choose another "
+                             f"{write.setting} on a writable disk")
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:

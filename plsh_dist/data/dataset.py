@@ -20,7 +20,7 @@ from plsh_dist.data.corpus import write_stdlib_corpus
 from plsh_dist.data.loader import PackedLoader
 from plsh_dist.data.report import BadDataReport
 from plsh_dist.data.sources import iter_documents, resolve_files, saved_dataset_dir
-from plsh_dist.data.token_cache import TokenStream, load_or_build_token_stream
+from plsh_dist.data.token_cache import TokenStream, cache_key, load_or_build_token_stream
 from plsh_dist.data.tokenizer import Tokenizer, load_or_train_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -105,6 +105,59 @@ def load_token_stream(source: Source, cfg: DataConfig, tokenizer: Tokenizer,
         lambda r: source.documents(cfg, r, with_location=True), tokenizer, cfg.cache_dir, source.describe(cfg),
         cfg.min_doc_tokens, report=report, verify=cfg.verify_cache,
     )
+
+
+@dataclass(frozen=True)
+class PlannedWrite:
+    """A directory ``prepare_data`` will write into, and the setting that names it."""
+
+    setting: str
+    """The field, e.g. ``"[data].cache_dir"``."""
+    value: str
+    """The field's value (for the tokenizer, the ``.model`` file; ``directory`` is its folder)."""
+    directory: Path
+    what: str
+    """What is written there, as a clause: ``"the tokenizer is trained and written there"``."""
+
+
+def planned_writes(cfg: DataConfig, tok_cfg: TokenizerConfig) -> list[PlannedWrite]:
+    """Where ``prepare_data`` will write, found without writing: the tokenizer's folder when
+    [tokenizer].model_path does not exist yet, [data].corpus_dir when the embedded corpus is
+    used and not written yet, [data].cache_dir when a split has no token cache for this
+    tokenizer and data. Empty when everything is there already (read-only caches are fine).
+
+    The data paths must resolve (``load_config`` checks them first); the corpus counts as
+    written when its manifest and both files exist (``write_stdlib_corpus`` compares the
+    manifest's contents when it runs)."""
+    writes = []
+    model_path = Path(tok_cfg.model_path)
+    if not model_path.is_file():
+        writes.append(PlannedWrite("[tokenizer].model_path", tok_cfg.model_path, model_path.parent,
+                                   "it does not exist, so the tokenizer is trained and written there"))
+    sources: dict[str, Source] | None
+    if cfg.train_files or cfg.dataset_name:
+        sources = data_sources(cfg)
+    else:
+        corpus = Path(cfg.corpus_dir)
+        sources = None
+        if all((corpus / name).is_file() for name in ("manifest.json", "train.jsonl", "val.jsonl")):
+            sources = {"train": Source(files=(str(corpus / "train.jsonl"),))}
+            if (corpus / "val.jsonl").stat().st_size:
+                sources["val"] = Source(files=(str(corpus / "val.jsonl"),))
+        else:
+            writes.append(PlannedWrite("[data].corpus_dir", cfg.corpus_dir, corpus,
+                                       "the embedded stdlib corpus (no [data].train_files or dataset_name set) "
+                                       "is written there"))
+    if sources is None or not model_path.is_file():
+        missing = ["train"]  # nothing to key a cache by yet: every split is tokenised anew
+    else:
+        tokenizer = Tokenizer.load(model_path)
+        missing = [name for name, src in sources.items() if not (
+            Path(cfg.cache_dir) / cache_key(tokenizer, src.describe(cfg), cfg.min_doc_tokens) / "meta.json").is_file()]
+    if missing:
+        writes.append(PlannedWrite("[data].cache_dir", cfg.cache_dir, Path(cfg.cache_dir),
+                                   f"the token cache of split {missing[0]!r} is built there"))
+    return writes
 
 
 @dataclass(frozen=True)
