@@ -1,9 +1,11 @@
 """launchers/generate.py: prompt -> text with a KV cache (default) or by full re-forward
 per token, equal to a hand-written greedy loop and to transformers' own generate(); modes
-selectable; the tokens/s line; context limits and bad arguments as clear errors."""
+selectable; the tokens/s line; context limits and bad arguments as clear errors; a file of
+prompts in left-padded batches, each row's tokens its prompt's alone, written in input order."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -21,7 +23,7 @@ from plsh_dist.checkpoint.export import save_export  # noqa: E402
 from plsh_dist.checkpoint.loading import load_model  # noqa: E402
 from plsh_dist.config import config_from_table  # noqa: E402
 from plsh_dist.data.tokenizer import train_tokenizer  # noqa: E402
-from plsh_dist.eval.generation import Reforward, generate, sample_next  # noqa: E402
+from plsh_dist.eval.generation import Reforward, generate, generate_batch, sample_next  # noqa: E402
 from plsh_dist.models import AttentionRuntime, build_model  # noqa: E402
 from tests.launchers import load_launcher  # noqa: E402
 
@@ -179,3 +181,62 @@ def test_an_exports_tokenizer_batches_prompts_for_generate(exports):
     finally:
         logging.getLogger("transformers").removeHandler(records)
     assert any("right-padding was detected" in m for m in records.messages), records.messages
+
+
+PROMPTS = ["def wrap(text, width=70, **kwargs):", "import os", "x", "class TextWrapper:\n    def __init__(self"]
+
+
+@pytest.mark.parametrize("mode", ["plsh:s=8", "alibi", "window:4", "none:rope=true"])
+def test_batched_rows_equal_each_prompt_alone(exports, mode):
+    ck = load_model(exports["plsh"])
+    kw = dict(max_new_tokens=5, stop_at_eos=False, mode=mode)
+    alone = [generate(ck, p, **kw).completion for p in PROMPTS]
+    for use_cache in (True, False):
+        results = generate_batch(ck, PROMPTS, batch_size=3, use_cache=use_cache, **kw)
+        assert [r.completion for r in results] == alone, (mode, use_cache)
+        assert [r.text for r in results] == [p + c for p, c in zip(PROMPTS, alone)]
+    assert ck.model.model.layers[0].self_attn.plsh_binding.cfg == ck.trained_attention
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        generate_batch(ck, ["a", ""], doc_start=False)
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
+        generate_batch(ck, PROMPTS, batch_size=0)
+
+
+def test_launcher_prompts_file_in_batches_in_input_order(exports, tmp_path, capsys):
+    ck = load_model(exports["plsh"])
+    alone = [generate(ck, p, max_new_tokens=4, stop_at_eos=False).completion for p in PROMPTS]
+    lines = tmp_path / "prompts.txt"  # one a line, empty lines skipped (the multi-line prompt needs jsonl)
+    lines.write_text("\n".join(PROMPTS[:3]) + "\n\n" + PROMPTS[3].replace("\n", " ") + "\n")
+    out = tmp_path / "out.jsonl"
+    assert generate_launcher.main(["--checkpoint", str(exports["plsh"]), "--prompts", str(lines), "--batch-size", "2",
+                                   "--max-new-tokens", "4", "--no-stop", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in records] == [0, 1, 2, 3]
+    assert [r["prompt"] for r in records] == PROMPTS[:3] + [PROMPTS[3].replace("\n", " ")]
+    assert [r["completion"] for r in records[:3]] == alone[:3] and all(r["new_tokens"] == 4 for r in records)
+    assert "generated 16 tokens for 4 prompts in 2 batches of up to 2 in " in capsys.readouterr().err
+    # jsonl: "prompt", else "text"; records to stdout; the same rows with --no-cache.
+    jsonl = tmp_path / "prompts.jsonl"
+    jsonl.write_text("".join(json.dumps({"prompt": p} if i % 2 else {"text": p, "id": i}) + "\n"
+                             for i, p in enumerate(PROMPTS)))
+    assert generate_launcher.main(["--checkpoint", str(exports["plsh"]), "--prompts", str(jsonl), "--max-new-tokens",
+                                   "4", "--no-stop", "--no-cache"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["prompt"] for r in records] == PROMPTS and [r["completion"] for r in records] == alone
+
+
+def test_launcher_refuses_bad_prompt_files(exports, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "a"}) + "\n" + json.dumps({"question": "b"}) + "\n")
+    base = ["--checkpoint", str(exports["plsh"])]
+    assert generate_launcher.main(base + ["--prompts", str(bad)]) == 2
+    assert f'{bad}:2 has no "prompt" or "text" string field' in capsys.readouterr().err
+    assert generate_launcher.main(base + ["--prompt", "a", "--batch-size", "2"]) == 2
+    assert "--batch-size and --out go with --prompts" in capsys.readouterr().err
+    (tmp_path / "empty.txt").write_text("\n\n")
+    assert generate_launcher.main(base + ["--prompts", str(tmp_path / "empty.txt")]) == 2
+    assert "holds no prompt" in capsys.readouterr().err
+    (tmp_path / "p.txt").write_text("a\n")
+    assert generate_launcher.main(base + ["--prompts", str(tmp_path / "p.txt"), "--out",
+                                          str(tmp_path / "missing" / "out.jsonl")]) == 2
+    assert "cannot be written" in capsys.readouterr().err
