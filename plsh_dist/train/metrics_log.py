@@ -12,9 +12,11 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
+
+from plsh_dist.progress import elapsed_eta
 
 
 def memory_mb(device: torch.device) -> float:
@@ -65,7 +67,7 @@ class MetricsLogger:
     mirrors numeric values to tensorboard (``out_dir/tensorboard``)."""
 
     def __init__(self, out_dir: str | Path, *, enabled: bool, tensorboard: bool, progress: bool,
-                 total_steps: int, initial_step: int = 0):
+                 total_steps: int, initial_step: int = 0, clock: Callable[[], float] = time.monotonic):
         self.enabled = enabled
         self._tb = None
         self._bar = None
@@ -92,6 +94,10 @@ class MetricsLogger:
                              disable=os.environ.get("PLSH_PROGRESS", "1") == "0")
         self._step = initial_step
         self._t0 = time.time()
+        # The progress line's elapsed time and ETA count this call's steps from here, as the bar
+        # does: the engine is built and a resume loaded; a resumed run's earlier steps do not count.
+        self._initial, self._clock = initial_step, clock
+        self._started = clock()
 
     def truncate_after(self, step: int) -> None:
         """Keep only the records of steps <= ``step`` in metrics.jsonl."""
@@ -124,7 +130,8 @@ class MetricsLogger:
 
     def advance(self, n: int, postfix: dict[str, Any] | None = None, *, line: bool = False) -> None:
         """``n`` more steps done; ``postfix``: the bar's values, or with ``line`` (a logged step) the
-        progress line's when stderr is not a terminal (``train step 3/5: loss 7.254  lr ...``)."""
+        progress line's when stderr is not a terminal (``train step 3/5: loss 7.254  lr ...  elapsed
+        00:12  ETA 00:08``, the bar's times: ``plsh_dist.progress.elapsed_eta``)."""
         if not self.enabled:
             return
         self._step += n
@@ -133,8 +140,10 @@ class MetricsLogger:
             if postfix:
                 self._bar.set_postfix(postfix, refresh=False)
         elif self._lines and line:
-            values = "  ".join(f"{k} {v}" for k, v in (postfix or {}).items())
-            print(f"train step {self._step}/{self._total}: {values}", file=sys.stderr, flush=True)
+            values = "".join(f"{k} {v}  " for k, v in (postfix or {}).items())
+            times = elapsed_eta(self._step - self._initial, self._total - self._initial,
+                                self._clock() - self._started)
+            print(f"train step {self._step}/{self._total}: {values}{times}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:
