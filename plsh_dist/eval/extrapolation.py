@@ -42,6 +42,7 @@ from plsh_dist.eval.scoring import (
 from plsh_dist.eval.settings import EvalSettings
 from plsh_dist.models import AttentionRuntime, set_attention_mode
 from plsh_dist.models.parallelize import apply_sequence_parallel
+from plsh_dist.progress import progress_bar
 
 METRICS = ("loss", "perplexity", "bits_per_token", "accuracy")
 
@@ -128,10 +129,8 @@ def evaluate_model(model, trained_attention, tokens: np.ndarray, settings: EvalS
     seeds = st.seeds
     total = sum(len(w) * (len(seeds) if m.stochastic else 1) for m in st.modes for w in plans.values())
     bar = None
-    if st.progress and rank0:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, desc="extrapolation", unit="window", dynamic_ncols=True)
+    if st.progress and rank0:  # a bar on a terminal, lines every 30 s in a log (plsh_dist/progress.py)
+        bar = progress_bar(total, desc="extrapolation", unit="window")
     rows = []
     was_training = model.training
     model.eval()

@@ -54,7 +54,7 @@ class EvalSettings:
     split: str = "val"
     """Split of the checkpoint's data or of a ``datasets`` name."""
     progress: bool = True
-    """A progress bar on rank 0."""
+    """Progress on rank 0's stderr: a bar on a terminal, else a plain line every 30 s and at the end."""
 
     def __post_init__(self) -> None:
         self.modes = parse_modes(self.modes) if isinstance(self.modes, str) else list(self.modes)

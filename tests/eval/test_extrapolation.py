@@ -302,3 +302,17 @@ def test_truncated_export_is_named_by_generate_and_evaluate(tiny, tmp_path):
         assert done.stderr.startswith(f"{name}: error: {weights} is damaged or truncated ("), done.stderr
         assert "Traceback" not in done.stderr
     assert not (tmp_path / "eval").exists()
+
+
+def test_progress_in_a_log_is_lines_not_redraws(tiny, capsys):
+    """stderr to a file (capsys: not a terminal), as the quickstart's evaluation in a log: plain
+    lines, no carriage-return redraws piling up into one line."""
+    ck = load_model(tiny.export)
+    tokens, _ = load_eval_tokens(ck, None)
+    capsys.readouterr()
+    evaluate_model(ck.model, ck.trained_attention, tokens, EvalSettings([32], "alibi,plsh:s=2", seeds=[0, 1],
+                                                                         max_windows=2, progress=True))
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = [line for line in err.splitlines() if line.startswith("extrapolation: ")]
+    assert lines[0].startswith("extrapolation: 1/6 window") and lines[-1].startswith("extrapolation: 6/6 window (100%)")
