@@ -12,6 +12,9 @@ emit them.
   names the device it trains on.
 - torch's ``FutureWarning: `torch.distributed.all_gather_into_tensor` is
   deprecated`` once per rank: DeepSpeed's ZeRO calls it, not plsh_dist.
+- torch's ``FutureWarning: `torch.distributed.reduce_scatter_tensor` is
+  deprecated`` (two lines, at every ZeRO-3 step): DeepSpeed's ZeRO-3 reduces its
+  gradient partitions with it, not plsh_dist.
 """
 
 from __future__ import annotations
@@ -38,5 +41,6 @@ def install() -> None:
     deepspeed_logger = logging.getLogger("DeepSpeed")  # deepspeed.utils.logging's logger, made or found by name
     if not any(isinstance(f, _DropMessage) for f in deepspeed_logger.filters):
         deepspeed_logger.addFilter(_DropMessage(_DEEPSPEED_CPU_NOTICE))
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
-                            category=FutureWarning)
+    for function in ("all_gather_into_tensor", "reduce_scatter_tensor"):
+        warnings.filterwarnings("ignore", message=rf"`torch\.distributed\.{function}` is deprecated",
+                                category=FutureWarning)
