@@ -38,10 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = parser.parse_known_args(argv)
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
-    if args.resume is not None:
-        overrides.append(f"--checkpoint.resume={args.resume}")
 
-    from plsh_dist.config import load_config
+    from plsh_dist.config import load_config, parse_overrides
     from plsh_dist.train import train
     from plsh_dist.train.failure import run_reporting_failures
     from plsh_dist.train.preemption import EXIT_PREEMPTED, ignore_stop_signals, mark_preempted
@@ -49,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     from plsh_dist.writable import check_writable_dir
 
     try:
+        if args.resume is not None:
+            given = parse_overrides(overrides).get("checkpoint", {}).get("resume")
+            if given is not None and str(given) != args.resume:  # both name [checkpoint].resume: neither may win
+                raise ValueError(f"--resume {args.resume} and --checkpoint.resume={given} disagree (--resume sets "
+                                 f"[checkpoint].resume); give only one of them")
+            overrides.append(f"--checkpoint.resume={args.resume}")
         cfg = load_config(args.config, overrides)  # the checks that need no process group, before any work
         check_writable_dir(cfg.run.out_dir, "[run].out_dir")
     except ValueError as exc:

@@ -24,6 +24,7 @@ from plsh_dist.config.schema import (
     parse_overrides,
     upgrade_table,
 )
+from plsh_dist.config.schedule import check_schedule
 from plsh_dist.data.config import TokenizerConfig
 from plsh_dist.data.dataset import planned_writes
 from plsh_dist.data.sources import resolve_files
@@ -79,9 +80,11 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     """Read a TOML run config, apply ``--section.key=value`` overrides, check it all.
 
     Raises ValueError (naming the field and the fix) before any work starts:
-    the values, the tokenizer file (its vocabulary resolves [model].vocab_size)
-    and the inputs on disk (``check_inputs``). The returned config is resolved
-    (:mod:`plsh_dist.config.schema`) and is not changed afterwards.
+    the values, the learning-rate schedule (``check_schedule``), the tokenizer
+    file (its vocabulary resolves [model].vocab_size; a [tokenizer].vocab_size
+    set to another size is refused) and the inputs on disk (``check_inputs``).
+    The returned config is resolved (:mod:`plsh_dist.config.schema`) and is not
+    changed afterwards.
     """
     table: dict = {}
     if path is not None:
@@ -96,6 +99,15 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     source = str(path) if path is not None else "command line"
     table = upgrade_table(apply_overrides(table, parse_overrides(overrides or [])), source)
     tok = build_section("tokenizer", TokenizerConfig, table.get("tokenizer", {}))
-    cfg = config_from_table(table, tokenizer_vocab=tokenizer_file_vocab(tok) or tok.vocab_size)
+    file_vocab = tokenizer_file_vocab(tok)
+    if file_vocab is not None and "vocab_size" in table.get("tokenizer", {}) and tok.vocab_size != file_vocab:
+        raise ValueError(
+            f"[tokenizer].vocab_size = {tok.vocab_size}, but the tokenizer file [tokenizer].model_path = "
+            f"{tok.model_path!r} has {file_vocab} pieces, and an existing file is used as it is (vocab_size sizes "
+            f"only a tokenizer still to be trained); set [tokenizer].vocab_size = {file_vocab} (or leave it out) to "
+            f"use this file, or set model_path to a file that does not exist yet to train a {tok.vocab_size}-piece "
+            f"tokenizer there")
+    cfg = config_from_table(table, tokenizer_vocab=file_vocab or tok.vocab_size)
+    check_schedule(cfg.optim, cfg.run.max_steps)
     check_inputs(cfg)
     return cfg

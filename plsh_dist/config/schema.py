@@ -102,12 +102,17 @@ class OptimSection:
     min_lr: float = 3e-5
     """Learning rate at the end of the cosine decay."""
     warmup_steps: int = 10
-    """Linear warmup from 0 to lr over this many optimizer steps."""
+    """Linear warmup from 0 to lr over this many optimizer steps. More than [run].max_steps is
+    refused (the rate would never reach lr) unless decay_end is set past max_steps (the run
+    is then the first steps of that longer schedule); more than a set decay_end is refused."""
     weight_decay: float = 0.1
     """AdamW decoupled weight decay (not applied to norms and biases)."""
     beta1: float = 0.9
+    """AdamW's decay of the first moment (the gradient's running mean), in [0, 1)."""
     beta2: float = 0.95
+    """AdamW's decay of the second moment (the squared gradient's running mean), in [0, 1)."""
     eps: float = 1e-8
+    """AdamW's epsilon, added to the second moment's square root (> 0)."""
     grad_clip: float = 1.0
     """Max global gradient norm; 0 disables clipping."""
     grad_accum_steps: int = 1
@@ -269,8 +274,10 @@ class LoggingSection:
     every_steps: int = 1
     """Write metrics.jsonl / tensorboard every N optimizer steps."""
     tensorboard: bool = True
+    """Mirror the logged metrics to tensorboard (out_dir/tensorboard)."""
     progress: bool = True
-    """Progress bar on rank 0."""
+    """Progress on rank 0's stderr: a bar on a terminal, else one line per logged step, each with
+    the elapsed time and ETA (PLSH_PROGRESS=0 turns it off too)."""
     eval_every: int = 0
     """Validation loss every N steps (0 = only at the end)."""
     eval_batches: int = 8

@@ -31,7 +31,8 @@ class TokenizerConfig:
     model_path: str = "data_cache/tokenizer/stdlib_bpe8k.model"
     """The ``.model`` file. If it does not exist it is trained from the training data."""
     vocab_size: int = 8192
-    """Pieces when training (>= 300: 4 special ids + 256 byte pieces + merges)."""
+    """Pieces when training (>= 300: 4 special ids + 256 byte pieces + merges). An existing
+    model_path file is used as it is: set to another size than the file's, it is refused."""
     input_sentence_size: int = 20_000
     """Line chunks (~4 KB) sampled for training; bounds training time (figures: results/tokenizer/README.md)."""
     seed: int = 0

@@ -49,6 +49,8 @@ def run_overrides(work: Path, config: str, seq_len: int, extra: list[str]) -> li
     table = tomllib.loads((ROOT / config).read_text())
     own = [f"--{section}.{key}={_literal(value)}" for section in ("model", "attention", "optim", "deepspeed")
            for key, value in table[section].items()]
+    # The debug run's steps are the first of the config's schedule (its warmup may be longer than them).
+    own.append(f"--optim.decay_end={table['optim'].get('decay_end') or table['run']['max_steps']}")
     return [*debug_overrides(work), *own, f"--data.micro_batch_size={table['data']['micro_batch_size']}",
             f"--data.seq_len={seq_len}", '--deepspeed.precision="fp32"', "--parallel.sp_size=1",
             f"--run.out_dir={work / 'out'}", *extra]

@@ -25,7 +25,8 @@ print("initialized after train:", dist.is_initialized())
 
 
 def test_a_run_that_joined_the_group_leaves_it(tiny_data, tmp_path):
-    overrides = base_overrides(tiny_data, tmp_path / "run", "--run.max_steps=1", "--logging.eval_batches=0")
+    overrides = base_overrides(tiny_data, tmp_path / "run", "--run.max_steps=1", "--optim.warmup_steps=1",
+                               "--logging.eval_batches=0")
     done = subprocess.run([sys.executable, "-c", _SCRIPT, *overrides], env=launcher_env(), cwd=ROOT,
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -109,7 +109,8 @@ def test_file_builder_reads_data_files(tiny_data, tmp_path):
     out = tmp_path / "run"
     train = next(o for o in tiny_data if o.startswith("--data.train_files="))[len("--data.train_files="):]
     overrides = _without_files(base_overrides(tiny_data, out, "--data.dataset_name=json", f"--data.data_files={train}",
-                                              "--run.max_steps=1", f"--data.cache_dir={tmp_path / 'cache'}"))
+                                              "--run.max_steps=1", "--optim.warmup_steps=1",
+                                              f"--data.cache_dir={tmp_path / 'cache'}"))
     proc = _launch(tmp_path, overrides, "json_files")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert len((out / "metrics.jsonl").read_text().splitlines()) >= 1
@@ -132,7 +133,8 @@ def test_save_to_disk_directory_trains(tiny_data, tmp_path, layout):
         datasets.DatasetDict({"train": docs, "validation": docs.select(range(8))}).save_to_disk(str(saved))
         extra = ["--data.val_split=validation"]
     overrides = _without_files(base_overrides(tiny_data, out, f"--data.dataset_name={saved}", *extra,
-                                              "--run.max_steps=1", f"--data.cache_dir={tmp_path / 'cache'}"))
+                                              "--run.max_steps=1", "--optim.warmup_steps=1",
+                                              f"--data.cache_dir={tmp_path / 'cache'}"))
     proc = _launch(tmp_path, overrides, "save_to_disk")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert len((out / "metrics.jsonl").read_text().splitlines()) >= 1
@@ -193,7 +195,7 @@ def test_resume_with_another_tokenizer_exits_2_and_changes_nothing_on_disk(tiny_
 def test_a_bug_exits_1_with_its_traceback_and_failure_file(tiny_data, tmp_path):
     """Not a refusal: an error raised inside training (here an injected one)."""
     out = tmp_path / "run"
-    proc = _launch(tmp_path, base_overrides(tiny_data, out, "--run.max_steps=1"), "bug",
+    proc = _launch(tmp_path, base_overrides(tiny_data, out, "--run.max_steps=1", "--optim.warmup_steps=1"), "bug",
                    PLSH_FAULT="raise:0:1:in_step")
     text = proc.stdout + proc.stderr
     assert proc.returncode == 1, text[-3000:]

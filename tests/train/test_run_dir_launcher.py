@@ -70,7 +70,8 @@ def _killed_holder(out: Path) -> int:
 def test_a_lock_left_by_a_killed_run_is_named_stale_and_taken_over(tiny_data, tmp_path):
     out = tmp_path / "run"
     pid = _killed_holder(out)
-    proc = _launch(tmp_path, base_overrides(tiny_data, out, "--run.max_steps=1", "--logging.eval_batches=0"),
+    proc = _launch(tmp_path, base_overrides(tiny_data, out, "--run.max_steps=1", "--optim.warmup_steps=1",
+                                            "--logging.eval_batches=0"),
                    "after_kill")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"the lock pid {pid} on host {socket.gethostname()}" in proc.stderr
@@ -144,7 +145,8 @@ def test_resume_never_moves_the_whole_previous_run_aside_intact(tiny_data, tmp_p
     (out / "eval").mkdir()
     (out / "eval" / "results.json").write_text("{}")
     before = _snapshot(out)
-    proc = _launch(tmp_path, base_overrides(tiny_data, out, "--run.max_steps=1", "--logging.eval_batches=0"), "fresh")
+    proc = _launch(tmp_path, base_overrides(tiny_data, out, "--run.max_steps=1", "--optim.warmup_steps=1",
+                                            "--logging.eval_batches=0"), "fresh")
     assert proc.returncode == 0, proc.stderr[-3000:]
     moved = [p for p in tmp_path.iterdir() if p.name.startswith("run.previous-")]
     assert len(moved) == 1, sorted(p.name for p in tmp_path.iterdir())

@@ -111,8 +111,8 @@ def test_summary_shows_the_corpus_report(own_data_run):
 
 
 def test_all_gather_deprecation_not_shown_by_two_ranks(tiny_data, tmp_path, capfd):
-    run_training(2, base_overrides(tiny_data, tmp_path / "run", "--run.max_steps=1", "--logging.eval_batches=0",
-                                        "--deepspeed.zero_stage=1"))
+    run_training(2, base_overrides(tiny_data, tmp_path / "run", "--run.max_steps=1", "--optim.warmup_steps=1",
+                                   "--logging.eval_batches=0", "--deepspeed.zero_stage=1"))
     assert "all_gather_into_tensor" not in capfd.readouterr().err
 
 

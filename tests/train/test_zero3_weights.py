@@ -27,7 +27,8 @@ TAG = "step_00000001"
 def zero3_run(tiny_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("zero3") / "run"
     run_training(2, base_overrides(tiny_data, out, "--deepspeed.zero_stage=3", "--parallel.sp_size=2",
-                                   "--run.max_steps=1", "--model.hidden_size=63", "--logging.eval_batches=0",
+                                   "--run.max_steps=1", "--optim.warmup_steps=1",
+                                   "--model.hidden_size=63", "--logging.eval_batches=0",
                                    "--checkpoint.export_safetensors=true"))
     return out
 

@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import tomllib
+
 from tests.train.launcher_runs import ROOT, Finished, Launch, deepspeed_cmd, launcher_env
 from tools.cluster.deepspeed_hostfile import RANK_ENV, write_deepspeed_env, write_hostfile
 from tools.cluster.exit_reason import exit_reason, kernel_oom_kills
@@ -111,11 +113,20 @@ class Settings:
         return self.startup_timeout_s + 2 * self.eval_windows * self.step_timeout_s
 
 
+def _schedule_end(config: Path) -> int:
+    """The step the config's learning-rate decay ends at ([optim].decay_end, else [run].max_steps)."""
+    table = tomllib.loads(Path(config).read_text())
+    return table.get("optim", {}).get("decay_end") or table.get("run", {}).get("max_steps", 100)
+
+
 def train_overrides(s: Settings, out_dir: Path, *, every_steps: int, resume: str, export: bool) -> list[str]:
-    """The CPU changes to the config (module doc), for a run writing to ``out_dir``."""
+    """The CPU changes to the config (module doc), for a run writing to ``out_dir``. Its few steps
+    are the first of the config's own schedule (``decay_end`` its end: a run shorter than its
+    warmup is refused otherwise)."""
     per_rank = s.seq_len // SP
     return [
         "--run.device=cpu", f"--run.out_dir={out_dir}", f"--run.max_steps={s.steps}",
+        f"--optim.decay_end={_schedule_end(s.config)}",
         f"--parallel.sp_size={SP}", f"--parallel.timeout_s={s.collective_timeout_s}",
         "--deepspeed.zero_stage=3", "--deepspeed.precision=fp32",
         "--memory.activation_checkpointing=true", f"--memory.loss_chunk_tokens={max(1, per_rank // 2)}",
