@@ -31,7 +31,11 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="Any --section.key=value or --section.key value (the same) overrides the "
-                                            "config file, e.g. --run.max_steps=3 or --run.max_steps 3.")
+                                            "config file, e.g. --run.max_steps=3 or --run.max_steps 3.\n\n"
+                                            "Config sections: [run] [model] [attention] [data] [tokenizer] [optim] "
+                                            "[memory] [deepspeed] [parallel] [checkpoint] [logging].\nEvery key, its "
+                                            "type, default, accepted values and meaning: docs/config.md\n(written "
+                                            "from the schema: python -m plsh_dist.config.reference).")
     parser.add_argument("--config", required=True, help="TOML run config (configs/*.toml)")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
     parser.add_argument("--resume", default=None, help="auto | never | checkpoint dir (= --checkpoint.resume)")

@@ -161,12 +161,15 @@ class ModelConfig:
     padded up to a multiple of 64 for fast matmuls)."""
 
     hidden_size: int = 1024
+    """Width of the residual stream (the embedding dimension)."""
     num_layers: int = 28
+    """Decoder layers."""
     num_heads: int = 16
     """Query heads (``Hq``)."""
     num_kv_heads: int = 8
     """Key/value heads (``Hkv``, grouped-query attention); must divide ``num_heads``."""
     head_dim: int = 128
+    """Dimension of one attention head (even: rotary pairs dimensions)."""
     intermediate_size: int = 3072
     """Width of the SwiGLU MLP."""
     max_position_embeddings: int = 40960
@@ -176,6 +179,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     """Share the input embedding with the LM head."""
     rms_norm_eps: float = 1e-6
+    """Epsilon of the RMSNorm layers."""
     init_std: float = 0.02
     """Std of the normal init of linear and embedding weights."""
     attention_bias: bool = False
