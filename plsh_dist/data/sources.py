@@ -194,6 +194,9 @@ def iter_documents(
     is not touched here because length checks happen after tokenising.
     With ``with_location`` it yields ``(text, where)``: the record's ``source``
     field when it has one (the stdlib corpus does), else ``"<origin> record i"``.
+    Every skipped record, and every location, names its origin: a local record its
+    own file (``"data/b.jsonl record 98"``, ``i`` counted from 0 in that file), a
+    dataset's its name (and split), ``i`` counted in the split.
     ``data_files``: with ``dataset_name``, the ``data_files`` of ``load_dataset`` (a file builder
     such as ``json``), as paths/globs; they go as one ``train`` split.
     """
@@ -212,27 +215,27 @@ def iter_documents(
         if not paths:
             raise ValueError(f"no usable data file among {files!r}; {report.summary('files')}")
         kwargs = {"sample_by": sample_by} if builder == "text" else {}
-        ds = datasets.load_dataset(
-            builder, data_files=[str(p) for p in paths], split="train",
-            streaming=streaming, cache_dir=hf_cache_dir, **kwargs,
-        )
-        where = f"{paths[0].parent}"
+        # One file at a time, in order (the documents and their order are those of one load of every
+        # file), so that a skipped record is named by its own file: a load of several files numbers
+        # its records across them and cannot tell which file one came from.
+        parts = ((datasets.load_dataset(builder, data_files=[str(p)], split="train", streaming=streaming,
+                                        cache_dir=hf_cache_dir, **kwargs), str(p)) for p in paths)
     elif (saved := saved_dataset_dir(dataset_name)) is not None:
-        ds, where = _load_saved(saved, split, dataset_config, data_files), f"{saved} (split {split!r})"
+        parts = [(_load_saved(saved, split, dataset_config, data_files), f"{saved} (split {split!r})")]
     else:
         extra = {"data_files": [str(p) for p in resolve_files(list(data_files))]} if data_files else {}
-        ds = datasets.load_dataset(dataset_name, dataset_config, split=split, streaming=streaming, cache_dir=hf_cache_dir,
-                                   **extra)
-        where = dataset_name
+        parts = [(datasets.load_dataset(dataset_name, dataset_config, split=split, streaming=streaming,
+                                        cache_dir=hf_cache_dir, **extra), dataset_name)]
 
-    for i, record in enumerate(ds):
-        text = record.get(text_field)
-        if not isinstance(text, str):
-            report.skip("non_string", f"{where} record {i} ({text_field}={type(text).__name__})")
-        elif not text.strip():
-            report.skip("empty", f"{where} record {i}")
-        elif with_location:
-            source = record.get("source")
-            yield text, (source if isinstance(source, str) else f"{where} record {i}")
-        else:
-            yield text
+    for ds, where in parts:
+        for i, record in enumerate(ds):
+            text = record.get(text_field)
+            if not isinstance(text, str):
+                report.skip("non_string", f"{where} record {i} ({text_field}={type(text).__name__})")
+            elif not text.strip():
+                report.skip("empty", f"{where} record {i}")
+            elif with_location:
+                source = record.get("source")
+                yield text, (source if isinstance(source, str) else f"{where} record {i}")
+            else:
+                yield text

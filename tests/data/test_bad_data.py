@@ -7,6 +7,8 @@ for one batch; and the per-split report of an end-to-end ``prepare_data``.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -156,6 +158,32 @@ def test_prepare_reports_counts_per_cause(messy, tiny_tokenizer, tmp_path, caplo
     assert (again.files_read, again.counts, again.kept, again.tokens_kept) == (7, report.counts, 2, report.tokens_kept)
     assert next(iter(build_loader(data.train, cfg)))["input_ids"].shape == (2, 16)
 
+
+
+def test_skips_name_their_file_and_record(tiny_tokenizer, tmp_path, caplog):
+    """A directory of two files: each skip names its own file and the record's number in that file
+    (the report named the directory, with a number counted across both files: "mydata record 5")."""
+    d = tmp_path / "mydata"
+    _write(d / "a.jsonl", "".join(json.dumps({"text": GOOD}) + "\n" for _ in range(3)))
+    records = ({"text": GOOD}, {"text": " "}, {"text": 5}, {"text": "#"})  # good, empty, non-string, short
+    _write(d / "b.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    cfg = DataConfig(train_files=[str(d / "*.jsonl")], seq_len=16, micro_batch_size=2, min_doc_tokens=8,
+                     cache_dir=str(tmp_path / "cache"))
+    tok_cfg = TokenizerConfig(model_path=str(tiny_tokenizer.path), vocab_size=tiny_tokenizer.vocab_size)
+    with caplog.at_level("INFO", logger="plsh_dist.data.dataset"):
+        data = prepare_data(cfg, tok_cfg)
+    report = data.reports["train"]
+    b = (d / "b.jsonl").resolve()
+    assert report.examples["empty"] == [f"{b} record 1"]
+    assert report.examples["non_string"] == [f"{b} record 2 (text=int)"]
+    (short,) = report.examples["short"]
+    assert short.startswith(f"{b} record 3 (") and short.endswith(" tokens < min_doc_tokens=8)")
+    assert report.kept == 4  # a.jsonl's three and b.jsonl's first, in order, as they were written: one load of
+    # both files had read b.jsonl's mixed column as JSON text ('"..."', '" "', '5'), keeping all but one
+    doc = tiny_tokenizer.encode(GOOD) + [tiny_tokenizer.eos_id]
+    assert np.array_equal(np.asarray(data.train.tokens), doc * 4)
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"(e.g. {b} record 1)" in logged and f"(e.g. {b} record 2 (text=int))" in logged
 
 def test_report_round_trips_and_reads_old_reports():
     report = BadDataReport(kept=3, files_read=5, tokens_kept=1234)
