@@ -158,14 +158,14 @@ def tokenizer(tmp_path_factory):
     (root / "text.txt").write_text(Path(textwrap.__file__).read_text())
     train_tokenizer([str(root / "text.txt")], root / "tok", vocab_size=VOCAB, input_sentence_size=300)
     tok = PlshTokenizer(str(root / "tok.model"))
-    assert tok.pad_token_id == PAD
+    assert tok.pad_token_id == PAD and tok.padding_side == "left"
     return tok
 
 
 @pytest.mark.parametrize("attn", MODES, ids=IDS)
 def test_text_generation_pipeline_batches_prompts(model, tokenizer, attn):
-    """``pipeline("text-generation", batch_size=2)`` pads the prompts (the tokenizer's right
-    padding): each text equals that prompt's text generated alone."""
+    """``pipeline("text-generation", batch_size=2)`` pads the prompts (the tokenizer's padding,
+    on the left): each text equals that prompt's text generated alone."""
     _set(model, attn)
     prompts = ["def wrap(text, width", "import os", "class TextWrapper:\n    def"]
     pipe = transformers.pipeline("text-generation", model=model, tokenizer=tokenizer, batch_size=2)
