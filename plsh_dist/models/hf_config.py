@@ -13,6 +13,7 @@ loading path and the seed rule: docs/training.md, "Loading an export with transf
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -191,14 +192,52 @@ def _safetensors_files(directory: Path, what: str) -> list[Path]:
         return shards
     pickles = sorted(p.name for p in directory.iterdir() if p.suffix in _PICKLE_SUFFIXES) if directory.is_dir() else []
     if pickles:
+        # The printed conversion works as written in any Python where plsh_dist is installed, for a plain
+        # transformers directory and for a plsh export alike (whose own loader reads safetensors only,
+        # so transformers' from_pretrained, even with trust_remote_code=True, cannot convert it).
+        new = f"{directory}-safetensors"
         raise ValueError(
             f"{what} {directory} holds only pickle weight files {pickles[:4]}; plsh_dist reads safetensors only "
-            f"(unpickling runs arbitrary code). If you trust the file, convert it once: "
-            f"python -c \"from transformers import AutoModelForCausalLM as M; "
-            f"M.from_pretrained('{directory}').save_pretrained('{directory}-safetensors')\" "
-            f"and point at {directory}-safetensors"
+            f"(unpickling can run arbitrary code). Convert it once (the tensors are read with torch.load("
+            f"weights_only=True), which unpickles tensors only): python -c \"from plsh_dist.models.hf_config import "
+            f"pickle_to_safetensors; pickle_to_safetensors({str(directory)!r}, {new!r})\" and point at {new}"
         )
     raise ValueError(f"{what} {directory} has no model.safetensors (or model.safetensors.index.json)")
+
+
+def pickle_to_safetensors(directory: str | Path, out: str | Path) -> Path:
+    """Write a copy of the transformers directory ``directory`` whose weights are pickle files
+    (``pytorch_model*.bin``, sharded or not; else its ``.pt``/``.pth``/... files) to ``out`` with
+    ``model.safetensors`` instead -> ``out``. The tensors are read with ``torch.load(weights_only=True)``
+    (tensors and plain containers only: no code runs); a tensor stored under two names (tied
+    embeddings) is written once, under its first name, as transformers saves it. Every other file
+    (config.json, the tokenizer, generation_config.json, a modelling file) is copied unchanged."""
+    directory, out = Path(directory), Path(out)
+    pickles = sorted(p for p in directory.iterdir() if p.suffix in _PICKLE_SUFFIXES) if directory.is_dir() else []
+    weights = [p for p in pickles if p.name.startswith("pytorch_model")] or pickles
+    if not weights:
+        raise ValueError(f"{directory} holds no pickle weight file ({', '.join(_PICKLE_SUFFIXES)})")
+    if out.exists():
+        raise ValueError(f"{out} exists; give a directory that does not exist yet")
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[tuple] = set()
+    for path in weights:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+            raise ValueError(f"{path} is not a state dict (a mapping of names to tensors); convert it by hand")
+        for name, tensor in state.items():
+            where = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+                     tuple(tensor.stride()))
+            if where not in seen:
+                seen.add(where)
+                tensors[name] = tensor.detach().clone().contiguous()
+    left_out = {p.name for p in weights} | {"pytorch_model.bin.index.json"}
+    shutil.copytree(directory, out,
+                    ignore=lambda d, names: [n for n in names if Path(d) == directory and n in left_out])
+    from safetensors.torch import save_file
+
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    return out
 
 
 def _damaged(path: Path, exc: Exception) -> ValueError:

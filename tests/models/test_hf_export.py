@@ -398,3 +398,34 @@ def test_attention_is_chosen_at_load_time_and_an_edited_config_json_is_refused(c
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and done.stderr.count("generate: error:") == 1, done.stderr
     assert "attention.bias" in done.stderr and "--mode alibi" in done.stderr, done.stderr
+
+
+def test_the_printed_fix_for_pickle_weights_works_as_written(corpus, tmp_path):
+    """A plsh export re-saved as pytorch_model.bin is refused as [model].init_from; the conversion the
+    refusal prints, run as written in a fresh Python, gives a directory init_from accepts, with the
+    same weights and the export's other files. (The fix it printed, transformers' from_pretrained then
+    save_pretrained, failed for an export: "contains custom code" without trust_remote_code=True, and
+    with it the export's own loader, which reads safetensors only.)"""
+    import re
+
+    from plsh_dist.models.pretrained import check_init_from
+
+    cfg = _run_config(corpus, "qwen3", {"bias": "plsh", "num_samples": 4, "rope": False})
+    out = _export(corpus, tmp_path / "final")
+    pkl = tmp_path / "pickled"
+    shutil.copytree(out, pkl)
+    (pkl / "model.safetensors").unlink()
+    # transformers 5 writes safetensors only: the pickle file as older versions (and torch) write it.
+    torch.save(transformers.AutoModelForCausalLM.from_pretrained(str(out)).state_dict(), pkl / "pytorch_model.bin")
+    with pytest.raises(ValueError) as err:
+        check_init_from(pkl, cfg.model, cfg.attention, cfg.tokenizer.model_path)
+    printed = re.search(r'python -c "([^"]+)" and point at (\S+)$', str(err.value))
+    assert printed, str(err.value)
+    code, converted = printed.group(1), Path(printed.group(2))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=180,
+                          stdin=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert check_init_from(converted, cfg.model, cfg.attention, cfg.tokenizer.model_path) is not None
+    assert sorted(p.name for p in converted.iterdir()) == sorted(p.name for p in out.iterdir())
+    got, want = (transformers.AutoModelForCausalLM.from_pretrained(str(d)).state_dict() for d in (converted, out))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
