@@ -44,8 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
 
     from plsh_dist.config import load_config, parse_overrides
+    from plsh_dist.plan.checkpoint_space import check_checkpoint_space
     from plsh_dist.train import train
     from plsh_dist.train.failure import run_reporting_failures
+    from plsh_dist.train.loop import resolve_device
     from plsh_dist.train.preemption import EXIT_PREEMPTED, ignore_stop_signals, mark_preempted
     from plsh_dist.train.refusal import EXIT_REFUSED
     from plsh_dist.writable import check_writable_dir
@@ -59,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides.append(f"--checkpoint.resume={args.resume}")
         cfg = load_config(args.config, overrides)  # the checks that need no process group, before any work
         check_writable_dir(cfg.run.out_dir, "[run].out_dir")
+        check_checkpoint_space(cfg, device=resolve_device(cfg.run.device).type)  # room for the checkpoints kept
     except ValueError as exc:
         # Every rank reads the same config and refuses alike: one message per node, from its first rank.
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:

@@ -149,7 +149,7 @@ def save_checkpoint(engine, cfg: RunConfig, step: int, state: dict[str, Any], to
     except (OSError, RuntimeError) as exc:
         if not is_disk_full(exc, root):
             raise
-        raise _disk_full(root, partial, exc) from exc
+        raise _disk_full(root, partial, exc, cfg.checkpoint.resume) from exc
     _barrier()
     valid_tags = set() if valid_tags is None else valid_tags
     valid_tags.add(tag)
@@ -158,22 +158,35 @@ def save_checkpoint(engine, cfg: RunConfig, step: int, state: dict[str, Any], to
     return root / tag
 
 
-def _disk_full(root: Path, partial: Path, exc: BaseException) -> DiskFullError:
+def _disk_full(root: Path, partial: Path, exc: BaseException, resume: str = "auto") -> DiskFullError:
     """The error of a save that ran out of space. The unfinished save is removed first (never
     published, and a later save would remove it anyway): that frees the space the failure report
     and the next attempt need. The writer that failed still holds its file open from the frames of
-    ``exc``'s traceback; clearing their locals closes it, so the space is really freed."""
+    ``exc``'s traceback; clearing their locals closes it, so the space is really freed.
+
+    The advice is what rerunning does under this run's ``[checkpoint].resume`` (``resume``): only
+    ``auto`` continues from the newest checkpoint here; ``never`` or another checkpoint would move
+    this run aside, its checkpoints with it, and start over, so the command needs ``--resume auto``."""
     free = free_bytes(root)  # when the write failed
     release_frames(exc)
     shutil.rmtree(partial, ignore_errors=True)
     tags = complete_tags(root)
-    kept, again = ((f"the newest complete checkpoint, {root / tags[-1]}, is intact", "it resumes from there")
-                   if tags else ("no earlier checkpoint exists", "it starts again from step 0"))
+    kept = f"the newest complete checkpoint, {root / tags[-1]}, is intact" if tags else "no earlier checkpoint exists"
+    rerun = "the same command again"
+    if not tags:
+        again = "it starts again from step 0" if resume in ("auto", "never") else f"it resumes from {resume} again"
+    elif resume == "auto":
+        again = "it resumes from there"
+    else:
+        start = "step 0" if resume == "never" else resume
+        rerun = "the same command with --resume auto (in place of any --resume or --checkpoint.resume it has)"
+        again = (f"it resumes from there (as written, [checkpoint].resume = {resume!r} would move this run aside, "
+                 f"its checkpoints with it, and start again from {start})")
     return DiskFullError(
         f"disk full: no space left to write checkpoint {partial}"
         + (f" ({free / 2**20:.1f} MiB were free on its filesystem)" if free is not None else "")
         + f"; the unfinished save was removed and {kept}. Free space there (or move [run].out_dir to a larger "
-        f"disk) and run the same command again: {again}")
+        f"disk) and run {rerun}: {again}")
 
 
 def _advice(load_dir: Path, tag: str) -> str:
