@@ -81,13 +81,15 @@ def _gather(local: dict) -> dict:
     return merged
 
 
-def write_manifest(tag_dir: Path) -> None:
+def write_manifest(tag_dir: Path, *, alone: bool = False) -> None:
     """Collective: hash (and fsync) every file of ``tag_dir``; rank 0 writes ``manifest.json``.
 
-    Every rank must see the same files (call after a barrier)."""
-    rank, world = _world()
+    Every rank must see the same files (call after a barrier). ``alone``: this process hashes
+    every file and writes the manifest itself (not collective)."""
+    rank, world = (0, 1) if alone else _world()
     names = _files(tag_dir)
-    entries = _gather({n: _digest(tag_dir / n, fsync=True) for n in names[rank::world]})
+    local = {n: _digest(tag_dir / n, fsync=True) for n in names[rank::world]}
+    entries = local if alone else _gather(local)
     if rank == 0:
         write_text_atomic(tag_dir / MANIFEST, json.dumps({"files": entries}, indent=1, sort_keys=True) + "\n")
 

@@ -46,6 +46,7 @@ from plsh_dist.checkpoint.line import (
 )
 from plsh_dist.checkpoint.manifest import MANIFEST, fsync_dir, verify_manifest, write_manifest, write_text_atomic
 from plsh_dist.checkpoint.safe_load import CheckpointLoadError, install_safe_loader
+from plsh_dist.checkpoint.universal import ConversionError, universal_checkpoint
 from plsh_dist.config.schema import RunConfig, write_resolved
 from plsh_dist.faults import maybe_fail
 
@@ -197,15 +198,32 @@ def _advice(load_dir: Path, tag: str) -> str:
     return "No earlier checkpoint exists here: start fresh with --resume never (or move this one aside)."
 
 
-def load_checkpoint(engine, load_dir: Path, tag: str) -> dict[str, Any]:
+def load_checkpoint(engine, load_dir: Path, tag: str, *, universal: bool = False) -> dict[str, Any]:
     """Collective: restore model, optimizer, scheduler; return the trainer state saved with it.
 
     Raises ``CheckpointLoadError`` (naming the file) for a missing, truncated,
     corrupted or unsafe file.
+
+    ``universal``: the engine was built with ``"load_universal": true`` (a resume at another
+    shape, run_shape.py): the tag is checked, converted to DeepSpeed's universal format by rank 0
+    (once; universal.py) and loaded from there.
     """
     load_dir = Path(load_dir)
     tag_dir = load_dir / tag
     advice = _advice(load_dir, tag)
+    _check_manifest(tag_dir, advice)
+    if universal:
+        tag_dir = _converted(tag_dir, advice)
+        load_dir = tag_dir.parent
+        _check_manifest(tag_dir, advice)
+    install_safe_loader(engine, advice)
+    path, client_state = engine.load_checkpoint(str(load_dir), tag=tag)
+    if path is None or client_state is None or "trainer_state" not in client_state:
+        raise CheckpointLoadError(f"could not load checkpoint {tag_dir}: DeepSpeed found no valid state. {advice}")
+    return client_state["trainer_state"]
+
+
+def _check_manifest(tag_dir: Path, advice: str) -> None:
     if (tag_dir / MANIFEST).is_file():
         problems = verify_manifest(tag_dir)
         if problems:
@@ -214,8 +232,20 @@ def load_checkpoint(engine, load_dir: Path, tag: str) -> dict[str, Any]:
     elif _rank() == 0:
         logger.warning("%s has no %s (written before checksums existed): its files are not verified", tag_dir,
                        MANIFEST)
-    install_safe_loader(engine, advice)
-    path, client_state = engine.load_checkpoint(str(load_dir), tag=tag)
-    if path is None or client_state is None or "trainer_state" not in client_state:
-        raise CheckpointLoadError(f"could not load checkpoint {tag_dir}: DeepSpeed found no valid state. {advice}")
-    return client_state["trainer_state"]
+
+
+def _converted(tag_dir: Path, advice: str) -> Path:
+    """Collective: rank 0 converts ``tag_dir`` to the universal format (or finds it converted); every
+    rank gets its path, or the same ``CheckpointLoadError`` when DeepSpeed's converter failed."""
+    verdict: list[Any] = [None]
+    if _rank() == 0:
+        try:
+            verdict[0] = str(universal_checkpoint(tag_dir, log=lambda line: print(line, flush=True)))
+        except (ConversionError, OSError) as exc:
+            verdict[0] = {"error": f"could not convert checkpoint {tag_dir} to DeepSpeed's universal checkpoint: "
+                                   f"{exc}. {advice}"}
+    if dist.is_initialized():
+        dist.broadcast_object_list(verdict, src=0)
+    if isinstance(verdict[0], dict):
+        raise CheckpointLoadError(verdict[0]["error"], every_rank=True)
+    return Path(verdict[0])

@@ -14,7 +14,8 @@ from plsh_dist.config.schema import DeepSpeedSection, OptimSection, resolve_mast
 
 
 def deepspeed_config(
-    ds: DeepSpeedSection, optim: OptimSection, *, micro_batch_size: int, device_type: str
+    ds: DeepSpeedSection, optim: OptimSection, *, micro_batch_size: int, device_type: str,
+    load_universal: bool = False,
 ) -> dict[str, Any]:
     """The dict passed as ``deepspeed.initialize(config=...)``.
 
@@ -23,6 +24,8 @@ def deepspeed_config(
         optim: [optim] section (grad accumulation, clipping).
         micro_batch_size: sequences per micro-batch per rank ([data].micro_batch_size).
         device_type: "cpu" or "cuda" (decides bf16 vs fp32 under "auto").
+        load_universal: the run resumes from DeepSpeed's universal checkpoint (a resume at
+            another shape: checkpoint/run_shape.py).
     DeepSpeed derives ``train_batch_size = micro x accum x world_size`` itself.
     """
     precision = resolve_precision(ds, device_type)
@@ -50,6 +53,8 @@ def deepspeed_config(
         # that mix (NotImplementedError in _do_optimizer_sanity_check); it then keeps fp32 master
         # weights (its DDP bf16 optimizer) but accumulates and all-reduces the gradients in bf16.
         config["data_types"] = {"grad_accum_dtype": "fp32"}
+    if load_universal:
+        config["checkpoint"] = {"load_universal": True}
     return config
 
 

@@ -32,9 +32,10 @@ import torch.distributed as dist
 from plsh_dist.checkpoint.export import export_final
 from plsh_dist.checkpoint.line import checkpoint_root, set_aside_newer
 from plsh_dist.checkpoint.resume_check import check_resume_config, check_resume_tokenizer
+from plsh_dist.checkpoint.run_shape import UNIVERSAL, change_notice, resume_route, run_shape, saved_shape
 from plsh_dist.checkpoint.safe_load import CheckpointLoadError
 from plsh_dist.checkpoint.tags import find_resume, load_checkpoint, save_checkpoint
-from plsh_dist.config.schema import RunConfig, resolve_master_weights, resolve_precision, write_resolved
+from plsh_dist.config.schema import RunConfig, read_resolved, resolve_master_weights, resolve_precision, write_resolved
 from plsh_dist.distributed import ParallelDims, default_backend
 from plsh_dist.distributed.comm_stats import comm_stats
 from plsh_dist.distributed.cpu_shm import unlink_cpu_allreduce_buffer
@@ -226,10 +227,16 @@ def setup(cfg: RunConfig, lock: RunDirLock | None = None, stop: StopRequest | No
         cfg.validate(world_size=world)
         precision = resolve_precision(cfg.deepspeed, device.type)
         resolve_master_weights(cfg.deepspeed, device.type)  # bf16 master weights with "auto" on a CPU
+    shape = run_shape(cfg, world, device.type)
+    route = None
     with refusing("resume"):  # before the data: a refused resume costs no tokenising
         resume = find_resume(cfg.checkpoint.resume, Path(cfg.run.out_dir))
         if resume is not None:
             check_resume_config(cfg, resume[0] / resume[1])
+            saved = saved_shape(resume[0] / resume[1], device.type) or shape
+            route = resume_route(saved, shape, resume[0] / resume[1])
+            if saved != shape and rank == 0:
+                print(f"plsh_dist: {change_notice(saved, shape)}", flush=True)
     dims = ParallelDims(world, cfg.parallel.sp_size)
     # DP groups go unused: DeepSpeed reduces gradients over the whole world (module doc).
     sp_group = dims.build_groups(timeout=timedelta(seconds=cfg.parallel.timeout_s))[0]
@@ -247,8 +254,9 @@ def setup(cfg: RunConfig, lock: RunDirLock | None = None, stop: StopRequest | No
 
     torch.manual_seed(cfg.run.seed)  # identical init on every rank
     runtime = AttentionRuntime(run_seed=cfg.run.seed)
-    engine, n_params = _build_engine(cfg, model_cfg, attn_cfg, runtime, sp_group, device)
-    start_step, valid_tags, load_s = _resume(cfg, engine, data, resume)
+    engine, n_params = _build_engine(cfg, model_cfg, attn_cfg, runtime, sp_group, device,
+                                     load_universal=route == UNIVERSAL)
+    start_step, valid_tags, load_s = _resume(cfg, engine, data, resume, universal=route == UNIVERSAL)
     _accept(cfg, rank, start_step, resume, lock)
 
     log = MetricsLogger(cfg.run.out_dir, enabled=rank == 0, tensorboard=cfg.logging.tensorboard,
@@ -268,9 +276,10 @@ def setup(cfg: RunConfig, lock: RunDirLock | None = None, stop: StopRequest | No
 
 
 def _build_engine(cfg: RunConfig, model_cfg: ModelConfig, attn_cfg: AttentionConfig, runtime: AttentionRuntime,
-                  sp_group, device: torch.device) -> tuple[Any, int]:
+                  sp_group, device: torch.device, load_universal: bool = False) -> tuple[Any, int]:
     """The model (initialised from torch's global RNG, or from [model].init_from) with sequence parallelism
-    applied once, optimizer, scheduler and DeepSpeed engine -> ``(engine, parameter count)``."""
+    applied once, optimizer, scheduler and DeepSpeed engine -> ``(engine, parameter count)``.
+    ``load_universal``: the engine will load a universal checkpoint (a resume at another shape)."""
     import deepspeed  # here, not at import: DeepSpeed picks its accelerator (DS_ACCELERATOR) when imported
 
     # Random init, or [model].init_from's weights (continued pretraining).
@@ -285,35 +294,49 @@ def _build_engine(cfg: RunConfig, model_cfg: ModelConfig, attn_cfg: AttentionCon
     optimizer = build_optimizer(model, cfg.optim, device.type)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.run.max_steps)
     ds_config = deepspeed_config(cfg.deepspeed, cfg.optim, micro_batch_size=cfg.data.micro_batch_size,
-                                 device_type=device.type)
+                                 device_type=device.type, load_universal=load_universal)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config, dist_init_required=False)
     forget_initial_step(engine.optimizer)  # ZeRO 0 + bf16 only (ddp_bf16.py)
     return engine, n_params
 
 
-def _resume(cfg: RunConfig, engine, data: DataPipeline, resume: tuple[Path, str] | None
+def _resume(cfg: RunConfig, engine, data: DataPipeline, resume: tuple[Path, str] | None, universal: bool = False
             ) -> tuple[int, set[str], float | None]:
     """Load the checkpoint ``resume`` names (``find_resume``), if any, and position the data
     after its step -> ``(start_step, tags of this run's checkpoint dir known valid, seconds the
-    load took or None)``.
+    load took or None)``. ``universal``: through DeepSpeed's universal checkpoint (a resume at
+    another shape, checkpoint/run_shape.py).
 
     A damaged or unsafe checkpoint refuses the run (``RunRefused("checkpoint")``)."""
-    start_step, valid_tags, load_s = 0, set(), None
+    start_step, valid_tags, load_s, position = 0, set(), None, 0
     if resume is not None:
         t0 = time.time()
         try:
-            state = load_checkpoint(engine, *resume)
+            state = load_checkpoint(engine, *resume, universal=universal)
         except CheckpointLoadError as exc:
             raise RunRefused("checkpoint", str(exc), every_rank=exc.every_rank) from exc
         load_s = time.time() - t0
         start_step = int(state["step"])
+        position = _stream_position(state, resume[0] / resume[1], cfg)
         if resume[0].resolve() == checkpoint_root(cfg.run.out_dir).resolve():
             valid_tags.add(resume[1])  # its manifest was just checked
         _set_lr_of_next_step(engine)
-    # Replay exactly the batches a continuous run would see.
-    data.skip_to(start_step * cfg.optim.grad_accum_steps)
+    # Continue the global data stream where the checkpoint's run stopped, at any DP size.
+    data.skip_to(position)
     return start_step, valid_tags, load_s
+
+
+def _stream_position(state: dict[str, Any], tag_dir: Path, cfg: RunConfig) -> int:
+    """The global data-stream position saved with a checkpoint (``consumed_sequences``); for one
+    written before it was saved, its micro-batches x its micro-batch size x its DP size (its config
+    and shape), which is what that run had read."""
+    if "consumed_sequences" in state:
+        return int(state["consumed_sequences"])
+    saved = read_resolved(tag_dir) if (tag_dir / "config.resolved.json").is_file() else cfg
+    shape = saved_shape(tag_dir, "cpu")
+    dp_size = shape.dp_size if shape is not None else 1
+    return int(state["consumed_micro_batches"]) * saved.data.micro_batch_size * dp_size
 
 
 def _set_lr_of_next_step(engine) -> None:
@@ -487,7 +510,9 @@ def _log_step(s: TrainSession, done: int, stats: StepStats, tokens_per_s: float)
 def _save_checkpoint(s: TrainSession, step: int, loss: float | None) -> Path:
     """Checkpoint after optimizer step ``step``; collective. Returns the published tag directory.
     Rank 0 says how long the save took (every rank's shards written, hashed and published) and its size."""
-    trainer_state = {"step": step, "consumed_micro_batches": step * s.cfg.optim.grad_accum_steps, "loss": loss}
+    trainer_state = {"step": step, "consumed_micro_batches": step * s.cfg.optim.grad_accum_steps,
+                     "consumed_sequences": s.data.global_position, "loss": loss,
+                     "shape": run_shape(s.cfg, s.world, s.device.type).to_dict()}
     s.progress.checkpoints_written += 1
     t0 = time.time()
     tag_dir = save_checkpoint(s.engine, s.cfg, step, trainer_state, s.cfg.tokenizer.model_path, s.progress.valid_tags)

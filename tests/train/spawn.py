@@ -56,3 +56,58 @@ def run_training(world: int, *runs: list[str], stop_after: list | None = None) -
         out = manager.dict()
         mp.spawn(_worker, args=(world, free_port(), list(runs), stop_after, out), nprocs=world)
         return list(out["results"])
+
+
+def _setup_worker(rank: int, world: int, port: int, overrides: list[str], out) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
+    import torch
+
+    torch.set_num_threads(1)
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    from plsh_dist.config import load_config
+    from plsh_dist.train.loop import setup
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        session = setup(load_config(None, overrides))
+        optimizer = session.engine.optimizer
+        if hasattr(optimizer, "_lazy_init_hp_params_optimizer_state"):  # ZeRO 1-2: DeepSpeed links the
+            optimizer._lazy_init_hp_params_optimizer_state()  # moments to the parameters at the first step
+        state = {}
+        for name, param in session.engine.module.named_parameters():  # collective under ZeRO: every rank asks
+            state[name] = {"fp32": safe_get_full_fp32_param(param).clone(),
+                           **{key: safe_get_full_optimizer_state(param, key).clone()
+                              for key in ("exp_avg", "exp_avg_sq")},
+                           "model": _full_weight(param, session)}
+        if rank == 0:
+            out["result"] = {"state": state, "start_step": session.start_step,
+                             "lr": [g["lr"] for g in session.engine.optimizer.param_groups],
+                             "position": session.data.global_position}
+    finally:
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _full_weight(param, session):
+    """The model's own (low-precision under bf16) copy of ``param``, gathered under ZeRO-3."""
+    if session.cfg.deepspeed.zero_stage == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([param]):
+            return param.detach().clone()
+    return param.detach().clone()
+
+
+def run_setup(world: int, overrides: list[str]) -> dict:
+    """``plsh_dist.train.loop.setup`` (device, data, engine, resume) of one config in ``world``
+    spawned processes, no step taken; rank 0's view of what was loaded: every parameter's
+    gathered fp32 master weights, AdamW moments and model weights (``state[name]``), the start
+    step, the optimizer's learning rates and the data stream's global position."""
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_setup_worker, args=(world, free_port(), overrides, out), nprocs=world)
+        return dict(out["result"])
