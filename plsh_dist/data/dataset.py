@@ -225,16 +225,16 @@ def prepare_data(cfg: DataConfig, tok_cfg: TokenizerConfig, *, log_reports: bool
 
 
 def build_loader(stream: TokenStream, cfg: DataConfig, *, dp_rank: int = 0, dp_size: int = 1, sp_rank: int = 0,
-                 sp_size: int = 1, train: bool = True, consumed: int = 0, seq_len: int | None = None) -> PackedLoader:
+                 sp_size: int = 1, train: bool = True, start: int = 0, seq_len: int | None = None) -> PackedLoader:
     """Batches of ``stream`` for one rank.
 
     ``train=True``: shuffled with ``cfg.seed``, endless, resumable from
-    ``consumed``. ``train=False``: stream order, one epoch. ``seq_len``
+    global stream position ``start`` (sampler.py). ``train=False``: stream order, one epoch. ``seq_len``
     overrides ``cfg.seq_len`` (evaluating at longer contexts reuses the cache).
     Batches carry ``cu_seqlens`` when ``cfg.document_masking`` is on.
     """
     return PackedLoader(
         stream.tokens, cfg.seq_len if seq_len is None else seq_len, cfg.micro_batch_size,
         dp_rank=dp_rank, dp_size=dp_size, sp_rank=sp_rank, sp_size=sp_size, seed=cfg.seed,
-        shuffle=train, loop=train, consumed=consumed, document_masking=cfg.document_masking, eos_id=stream.eos_id,
+        shuffle=train, loop=train, start=start, document_masking=cfg.document_masking, eos_id=stream.eos_id,
     )

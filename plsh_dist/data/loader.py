@@ -35,15 +35,16 @@ class PackedLoader:
         shuffle: False reads windows in stream order (evaluation).
         loop: True cycles epochs forever (training); False stops after one
             epoch, the last batch possibly smaller (same size on every rank).
-        consumed: sequences this rank has already read (the resume point:
-            training's ``DataPipeline.skip_to``).
+        start: global stream position of the first batch: sequences every DP rank together
+            has read before (the resume point, at any ``dp_size``: training's
+            ``DataPipeline.skip_to``; sampler.py).
         document_masking: add each batch's ``cu_seqlens`` (``[data].document_masking``).
         eos_id: the stream's end-of-document id (``TokenStream.eos_id``).
     """
 
     def __init__(self, tokens: np.ndarray, seq_len: int, micro_batch_size: int, *, dp_rank: int = 0,
                  dp_size: int = 1, sp_rank: int = 0, sp_size: int = 1, seed: int = 0, shuffle: bool = True,
-                 loop: bool = True, consumed: int = 0, document_masking: bool = False, eos_id: int = EOS_ID):
+                 loop: bool = True, start: int = 0, document_masking: bool = False, eos_id: int = EOS_ID):
         sp_bounds(seq_len, sp_rank, sp_size)  # checks the rank and divisibility before any work
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
@@ -63,7 +64,7 @@ class PackedLoader:
         self.tokens, self.seq_len, self.micro_batch_size = tokens, seq_len, micro_batch_size
         self.sp_rank, self.sp_size = sp_rank, sp_size
         self.eos_id = int(eos_id) if document_masking else None
-        self.sampler = ShardedSampler(n, dp_rank, dp_size, seed, shuffle=shuffle, loop=loop, consumed=consumed)
+        self.sampler = ShardedSampler(n, dp_rank, dp_size, seed, shuffle=shuffle, loop=loop, start=start)
 
     @property
     def num_windows(self) -> int:
@@ -77,8 +78,13 @@ class PackedLoader:
 
     @property
     def consumed(self) -> int:
-        """Sequences this rank has read so far (across epochs)."""
+        """Sequences this rank has read since ``start``."""
         return self.sampler.consumed
+
+    @property
+    def position(self) -> int:
+        """The global stream position after this rank's batches (every DP rank's, read in step)."""
+        return self.sampler.position
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (last one possibly partial)."""

@@ -57,10 +57,16 @@ class DataPipeline:
         self.layout = dict(dp_rank=dp_rank, dp_size=dp_size, sp_rank=sp_rank, sp_size=sp_size)
         self.train = build_loader(prepared.train, cfg, train=True, **self.layout)
 
-    def skip_to(self, micro_batches: int) -> None:
-        """Position the training stream after ``micro_batches`` batches (resume)."""
-        self.train = build_loader(self.prepared.train, self.cfg, train=True,
-                                  consumed=micro_batches * self.cfg.micro_batch_size, **self.layout)
+    def skip_to(self, position: int) -> None:
+        """Start the training stream at global position ``position``: the sequences every DP rank
+        together has read (resume; the same at any DP size, data/sampler.py)."""
+        self.train = build_loader(self.prepared.train, self.cfg, train=True, start=position, **self.layout)
+
+    @property
+    def global_position(self) -> int:
+        """The training stream's global position after the batches read so far (saved with a
+        checkpoint as ``consumed_sequences``)."""
+        return self.train.position
 
     def next_train(self) -> dict[str, torch.Tensor]:
         return self.train.next_batch()

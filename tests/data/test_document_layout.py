@@ -125,7 +125,7 @@ def test_resume_gives_identical_batches_including_cu_seqlens(consumed_batches):
     kwargs = dict(dp_rank=1, dp_size=2, sp_rank=1, sp_size=2, seed=5, document_masking=True)
     full = PackedLoader(tokens, 16, 3, **kwargs)  # 62 windows, 31 per rank: batches cross epoch borders
     reference = [full.next_batch() for _ in range(consumed_batches + 4)]
-    resumed = PackedLoader(tokens, 16, 3, consumed=consumed_batches * 3, **kwargs)  # as DataPipeline.skip_to
+    resumed = PackedLoader(tokens, 16, 3, start=consumed_batches * 3 * 2, **kwargs)  # as DataPipeline.skip_to (2 DP ranks)
     for ref in reference[consumed_batches:]:
         got = resumed.next_batch()
         assert set(got) == set(ref) and "cu_seqlens" in got

@@ -25,16 +25,50 @@ PINNED_ORDER = [4, 0, 1, 7, 6, 2, 5, 3]  # recorded from this implementation (Sp
 
 @pytest.mark.parametrize("dp_size", [1, 2, 3, 4])
 @pytest.mark.parametrize("num_items", [12, 13, 17])
-def test_dp_shards_disjoint_equal_and_covering(num_items, dp_size):
-    for epoch in range(3):
-        shards = [ShardedSampler(num_items, r, dp_size, seed=1).epoch_indices(epoch) for r in range(dp_size)]
-        per_rank = num_items // dp_size
-        assert all(len(s) == per_rank for s in shards)
-        union = np.concatenate(shards)
-        assert len(set(union.tolist())) == per_rank * dp_size  # disjoint
-        # Covering: exactly the first per_rank * dp_size windows of this epoch's order.
-        order = epoch_permutation(num_items, 1, epoch)
-        assert set(union.tolist()) == set(order[: per_rank * dp_size].tolist())
+def test_dp_ranks_deal_the_global_stream(num_items, dp_size):
+    """Each global micro-batch is the next B x dp_size stream positions, dealt round-robin: the
+    ranks are disjoint within a batch, and together read the stream in order, epoch after epoch."""
+    batch = 2
+    samplers = [ShardedSampler(num_items, r, dp_size, seed=1) for r in range(dp_size)]
+    stream = np.concatenate([epoch_permutation(num_items, 1, e) for e in range(4)])
+    read = []
+    for _ in range(3 * num_items // (batch * dp_size)):
+        taken = np.stack([s.take(batch) for s in samplers], axis=1)  # (batch, dp_size)
+        read.extend(taken.reshape(-1).tolist())
+    assert read == stream[: len(read)].tolist()
+    assert all(s.position == len(read) for s in samplers)
+
+
+@pytest.mark.parametrize("dp_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("num_items", [12, 13, 17])
+def test_one_epoch_shards_disjoint_equal_and_covering(num_items, dp_size):
+    shards = [ShardedSampler(num_items, r, dp_size, seed=1, loop=False).take(num_items) for r in range(dp_size)]
+    per_rank = num_items // dp_size
+    assert all(len(s) == per_rank for s in shards)
+    union = np.concatenate(shards)
+    assert len(set(union.tolist())) == per_rank * dp_size  # disjoint
+    # Covering: exactly the first per_rank * dp_size windows of the epoch's order.
+    assert set(union.tolist()) == set(epoch_permutation(num_items, 1, 0)[: per_rank * dp_size].tolist())
+
+
+@pytest.mark.parametrize("before, after", [(2, 1), (2, 4), (1, 3), (4, 2)])
+def test_resume_at_another_dp_size_neither_repeats_nor_skips(before, after):
+    """A run stopped at one DP size and resumed at another reads the stream on from where the
+    whole group stopped: the union of everything read equals one uninterrupted reading."""
+    num_items, batch = 23, 2
+    first = [ShardedSampler(num_items, r, before, seed=4) for r in range(before)]
+    read = []
+    for _ in range(5):  # 5 micro-batches, across an epoch border at dp 4
+        read.extend(np.stack([s.take(batch) for s in first], axis=1).reshape(-1).tolist())
+    state = first[0].state_dict()
+    assert state["position"] == 5 * batch * before
+    second = [ShardedSampler(num_items, r, after, seed=4) for r in range(after)]
+    for s in second:
+        s.load_state_dict(state)
+    for _ in range(4):
+        read.extend(np.stack([s.take(batch) for s in second], axis=1).reshape(-1).tolist())
+    stream = np.concatenate([epoch_permutation(num_items, 4, e) for e in range(4)])
+    assert read == stream[: len(read)].tolist()
 
 
 def test_shuffle_differs_between_epochs_and_stays_whole():
@@ -57,18 +91,18 @@ def test_resume_yields_the_same_next_batches(consumed_batches):
     reference = _batches(full, consumed_batches + 5)
     first = PackedLoader(tokens, 16, 3, **kwargs)
     _batches(first, consumed_batches)
-    assert first.consumed == consumed_batches * 3
-    resumed = PackedLoader(tokens, 16, 3, consumed=first.consumed, **kwargs)  # as DataPipeline.skip_to does
+    assert first.consumed == consumed_batches * 3 and first.position == consumed_batches * 3 * 2
+    resumed = PackedLoader(tokens, 16, 3, start=first.position, **kwargs)  # as DataPipeline.skip_to does
     for ref, got in zip(reference[consumed_batches:], _batches(resumed, 5)):
         for key in ref:
             assert torch.equal(ref[key], got[key])
 
 
-def test_resume_rejects_changed_layout():
+def test_resume_rejects_changed_data_or_seed():
     s = ShardedSampler(40, 0, 2, seed=1)
     s.take(5)
-    with pytest.raises(ValueError, match="dp_size"):
-        ShardedSampler(40, 0, 4, seed=1).load_state_dict(s.state_dict())
+    with pytest.raises(ValueError, match="num_items"):
+        ShardedSampler(41, 0, 2, seed=1).load_state_dict(s.state_dict())
     with pytest.raises(ValueError, match="seed"):
         ShardedSampler(40, 0, 2, seed=2).load_state_dict(s.state_dict())
 

@@ -157,6 +157,6 @@ def test_data_pipeline_sp_ranks_share_the_layout_and_resume_it(masking):
             assert batches[0]["cu_seqlens"][-1] == 2 * 32
         assert torch.equal(batches[0]["position_ids"] + 16, batches[1]["position_ids"])  # each rank its chunk
     resumed = DataPipeline(prepared, cfg, dp_rank=1, dp_size=2, sp_rank=1, sp_size=2)
-    resumed.skip_to(2)
+    resumed.skip_to(2 * 2 * 2)  # 2 micro-batches of 2 sequences on each of the 2 DP ranks
     got = resumed.next_train()
     assert set(got) == set(first[1][2]) and all(torch.equal(got[k], first[1][2][k]) for k in got)
