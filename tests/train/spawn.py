@@ -77,6 +77,11 @@ def _setup_worker(rank: int, world: int, port: int, overrides: list[str], out) -
             optimizer._lazy_init_hp_params_optimizer_state()  # moments to the parameters at the first step
         state = {}
         for name, param in session.engine.module.named_parameters():  # collective under ZeRO: every rank asks
+            if session.cfg.deepspeed.zero_stage == 0:  # fp32 without ZeRO: torch's AdamW holds it whole
+                moments = optimizer.state[param]
+                state[name] = {"fp32": param.detach().clone(), "exp_avg": moments["exp_avg"].clone(),
+                               "exp_avg_sq": moments["exp_avg_sq"].clone(), "model": param.detach().clone()}
+                continue
             state[name] = {"fp32": safe_get_full_fp32_param(param).clone(),
                            **{key: safe_get_full_optimizer_state(param, key).clone()
                               for key in ("exp_avg", "exp_avg_sq")},

@@ -86,7 +86,8 @@ def _same_state(own: dict, moved: dict, rounded_to=None) -> None:
     ((2, _shape(1, 2)), (2, _shape(3, 2))),    # ZeRO-1 -> ZeRO-3
     ((2, _shape(3, 2)), (1, _shape(1, 4))),    # ZeRO-3 -> ZeRO-1, and DP 2 -> 1
     ((2, _shape(2, 2)), (4, _shape(2, 1))),    # DP 2 -> 4
-], ids=["zero1-to-zero3", "zero3-to-zero1-dp1", "dp2-to-dp4"])
+    ((2, _shape(0, 2)), (1, _shape(0, 4))),    # ZeRO 0: the checkpoint's own files at another DP size
+], ids=["zero1-to-zero3", "zero3-to-zero1-dp1", "dp2-to-dp4", "zero0-dp2-to-dp1"])
 def test_resume_across_zero_stages_and_dp_sizes(tiny_data, tmp_path, before, after):
     full, resumed, cut_dir = _resume_at(tiny_data, tmp_path, before, after)
     _check_continues(full, resumed, cut_dir, rel=2e-5)
@@ -107,3 +108,19 @@ def test_fp32_resumes_in_bf16_with_fp32_masters(tiny_data, tmp_path):
     _same_state(own, moved)  # fp32 masters: the very values
     for name, tensors in own["state"].items():  # the model's bf16 weights: the masters rounded
         assert torch.equal(moved["state"][name]["model"], tensors["fp32"].to(torch.bfloat16)), name
+
+
+@pytest.mark.slow
+def test_bf16_master_weights_resume_as_fp32_masters_at_zero3(tiny_data, tmp_path, capfd):
+    """The issue's silent case: a bf16-master ZeRO-1 checkpoint resumed with fp32 masters at ZeRO-3 is
+    converted (and says so); the fp32 masters and moments are the bf16 ones, exactly (bf16 -> fp32
+    is exact)."""
+    before, after = (2, _shape(1, 2, "bf16", "bf16")), (2, _shape(3, 2, "bf16", "fp32"))
+    full, resumed, cut_dir = _resume_at(tiny_data, tmp_path, before, after)
+    assert "resume at another shape: world 2 (DP 2 x SP 1), ZeRO 1, bf16 with bf16 master weights -> " \
+           "world 2 (DP 2 x SP 1), ZeRO 3, bf16 with fp32 master weights" in capfd.readouterr().out
+    _check_continues(full, resumed, cut_dir, rel=2e-2)
+    common = ["--checkpoint.keep_last=0", "--attention.bias=plsh", "--attention.num_samples=2",
+              "--checkpoint.resume=" + str(cut_dir / "checkpoints" / TAG)]
+    _same_state(run_setup(before[0], base_overrides(tiny_data, tmp_path / "own", *common, *before[1])),
+                run_setup(after[0], base_overrides(tiny_data, tmp_path / "moved", *common, *after[1])))
