@@ -12,7 +12,8 @@ not either (one global stream, data/sampler.py). A resume at another shape:
   partitioned: the full optimizer state is in the model-states file), at any world size;
 - between ZeRO 0 and ZeRO 1-3, or across a precision change at ZeRO 0: refused, before any work.
   DeepSpeed's ``ds_to_universal`` reads ZeRO optimizer partitions, which a ZeRO 0 checkpoint has
-  none of, and ZeRO 0 in bf16 keeps its fp32 masters in another optimizer than fp32 runs.
+  none of, its ZeRO 0 engine loads no universal checkpoint, and ZeRO 0 in bf16 keeps its fp32
+  masters in another optimizer than fp32 runs.
 
 The rules and the commands: docs/training.md, "Resume at another shape".
 """
@@ -97,9 +98,10 @@ def resume_route(saved: RunShape, now: RunShape, tag_dir: str | Path) -> str:
     if saved.zero_stage != now.zero_stage:
         raise ValueError(
             f"cannot resume from {tag_dir}: [deepspeed].zero_stage = {now.zero_stage}, the checkpoint was written "
-            f"at {saved.zero_stage}; DeepSpeed's universal checkpoint converts ZeRO 1-3 partitions, and a ZeRO 0 "
-            f"checkpoint has none. Resume with --deepspeed.zero_stage={saved.zero_stage} (at any number of ranks), "
-            "or start a new run from the weights ([model].init_from; the AdamW moments start afresh)")
+            f"at {saved.zero_stage}; DeepSpeed's universal checkpoint converts between ZeRO 1-3 only (a ZeRO 0 "
+            "checkpoint holds no optimizer partitions to convert, and a ZeRO 0 engine loads none). Resume with "
+            f"--deepspeed.zero_stage={saved.zero_stage} (at any number of ranks), or start a new run from the "
+            "weights ([model].init_from; the AdamW moments start afresh)")
     raise ValueError(
         f"cannot resume from {tag_dir}: [deepspeed].precision = {now.precision!r}, the checkpoint was written in "
         f"{saved.precision!r} at ZeRO 0, whose optimizer state DeepSpeed cannot convert; resume with "
