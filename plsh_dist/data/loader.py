@@ -5,12 +5,13 @@ Shape legend: B = micro_batch_size, T = seq_len, T_local = T / sp_size.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
 from plsh_dist.data.packing import gather_windows, num_windows, split_for_sp
+from plsh_dist.data.mixture import MixtureSampler
 from plsh_dist.data.sampler import ShardedSampler
 from plsh_dist.data.tokenizer import EOS_ID
 from plsh_dist.distributed.sp_chunks import sp_bounds
@@ -27,7 +28,7 @@ class PackedLoader:
 
     Args:
         tokens: (N,) token stream (documents each followed by EOS), e.g. a
-            ``TokenStream.tokens`` memmap.
+            ``TokenStream.tokens`` memmap; with ``weights``, one such stream per source.
         seq_len: T, tokens per sequence; must be divisible by sp_size.
         micro_batch_size: B.
         dp_rank, dp_size, sp_rank, sp_size: this process's place in the layout.
@@ -40,31 +41,45 @@ class PackedLoader:
             ``DataPipeline.skip_to``; sampler.py).
         document_masking: add each batch's ``cu_seqlens`` (``[data].document_masking``).
         eos_id: the stream's end-of-document id (``TokenStream.eos_id``).
+        weights: a mixture's source weights (data/mixture.py), one per stream of ``tokens``;
+            None: ``tokens`` is one stream.
     """
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, micro_batch_size: int, *, dp_rank: int = 0,
-                 dp_size: int = 1, sp_rank: int = 0, sp_size: int = 1, seed: int = 0, shuffle: bool = True,
-                 loop: bool = True, start: int = 0, document_masking: bool = False, eos_id: int = EOS_ID):
+    def __init__(self, tokens: np.ndarray | Sequence[np.ndarray], seq_len: int, micro_batch_size: int, *,
+                 dp_rank: int = 0, dp_size: int = 1, sp_rank: int = 0, sp_size: int = 1, seed: int = 0,
+                 shuffle: bool = True, loop: bool = True, start: int = 0, document_masking: bool = False,
+                 eos_id: int = EOS_ID, weights: Sequence[float] | None = None):
         sp_bounds(seq_len, sp_rank, sp_size)  # checks the rank and divisibility before any work
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-        n = num_windows(len(tokens), seq_len)
+        streams = list(tokens) if weights is not None else [tokens]
+        counts = [num_windows(len(t), seq_len) for t in streams]
         # Training needs one full global batch of distinct sequences (else a batch would repeat
-        # sequences); a one-epoch pass (evaluation) needs one sequence per DP rank.
-        need = micro_batch_size * dp_size if loop else dp_size
-        if n < need:
-            what = (f"one batch of micro_batch_size={micro_batch_size} x dp_size={dp_size} = {need} sequences"
+        # sequences); a one-epoch pass (evaluation) needs one sequence per DP rank. A mixture's
+        # source needs one sequence: the batch is drawn from all of them.
+        need = 1 if weights is not None else micro_batch_size * dp_size if loop else dp_size
+        for i, (stream, n) in enumerate(zip(streams, counts)):
+            if n >= need:
+                continue
+            what = ("one sequence" if weights is not None else
+                    f"one batch of micro_batch_size={micro_batch_size} x dp_size={dp_size} = {need} sequences"
                     if loop else f"one sequence per DP rank (dp_size={dp_size})")
+            corpus = f"source {i} of [data].sources" if weights is not None else "the corpus"
             raise ValueError(
-                f"the corpus is too small: its {len(tokens):,} tokens hold {n} sequences of seq_len={seq_len} "
+                f"{corpus} is too small: its {len(stream):,} tokens hold {n} sequences of seq_len={seq_len} "
                 f"(seq_len + 1 tokens each, stride seq_len), fewer than {what}, i.e. at least "
                 f"{need * seq_len + 1:,} tokens; add data, or lower [data].seq_len / [data].micro_batch_size "
                 f"(or [data].min_doc_tokens if documents were dropped as short), or run fewer DP ranks"
             )
-        self.tokens, self.seq_len, self.micro_batch_size = tokens, seq_len, micro_batch_size
+        self.streams, self.seq_len, self.micro_batch_size = streams, seq_len, micro_batch_size
         self.sp_rank, self.sp_size = sp_rank, sp_size
         self.eos_id = int(eos_id) if document_masking else None
-        self.sampler = ShardedSampler(n, dp_rank, dp_size, seed, shuffle=shuffle, loop=loop, start=start)
+        if weights is None:
+            self.sampler = ShardedSampler(counts[0], dp_rank, dp_size, seed, shuffle=shuffle, loop=loop, start=start)
+        elif not (shuffle and loop):
+            raise ValueError("a mixture of sources is read for training only (shuffled, endless)")
+        else:
+            self.sampler = MixtureSampler(counts, weights, dp_rank, dp_size, seed, start=start)
 
     @property
     def num_windows(self) -> int:
@@ -92,10 +107,13 @@ class PackedLoader:
 
     def next_batch(self) -> dict[str, torch.Tensor] | None:
         """The next batch, or None when a one-epoch loader is exhausted."""
-        idx = self.sampler.take(self.micro_batch_size)
+        idx = self.sampler.take(self.micro_batch_size)  # (B,) windows, or a mixture's (B, 2) (source, window)
         if len(idx) == 0:
             return None
-        windows = gather_windows(self.tokens, idx, self.seq_len)  # (B, T + 1)
+        if idx.ndim == 1:
+            windows = gather_windows(self.streams[0], idx, self.seq_len)  # (B, T + 1)
+        else:
+            windows = np.concatenate([gather_windows(self.streams[s], [w], self.seq_len) for s, w in idx])
         return split_for_sp(windows, self.sp_rank, self.sp_size, eos_id=self.eos_id)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
