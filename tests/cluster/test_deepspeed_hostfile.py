@@ -15,6 +15,10 @@ directory both hosts see, as on a cluster's shared filesystem.
 - A preempted run (SIGUSR1 to node-1's rank after step 1) checkpoints into
   the shared out_dir and exits 75; a relaunch from node-1 reads that
   checkpoint on both hosts and continues with the uninterrupted losses.
+- Resumed on one host (``deepspeed --num_gpus 1`` on node-1, world 1, SP = 1),
+  the same preempted run converts its checkpoint to DeepSpeed's universal
+  checkpoint and continues with the uninterrupted losses to 2e-5 relative
+  (tests/train/test_resume_shapes.py says why not bit for bit).
 - A rank killed (SIGKILL) on node-1 ends the job on both hosts with a
   non-zero exit, no hang, and no process left on either host.
 """
@@ -26,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from plsh_dist.checkpoint.manifest import verify_manifest
+from plsh_dist.checkpoint.universal import universal_path
 from plsh_dist.train.preemption import EXIT_PREEMPTED
 from tests.train.launcher_runs import ROOT, Launch, deepspeed_cmd, launcher_env
 from tools.cluster.deepspeed_hostfile import RANK_ENV, write_deepspeed_env, write_hostfile
@@ -115,6 +121,37 @@ def test_preempted_hostfile_run_resumes_from_the_other_host(hosts, hostfile, one
                       tmp_path / "env", tmp_path, "resumed")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _steps(out) == one_host
+
+
+def test_hostfile_run_resumes_on_one_host_at_another_shape(hosts, hostfile, one_host, tmp_path):
+    """A node lost: the two-host run (world 2, SP = 2, ZeRO 1), preempted, resumes on node-1 alone
+    with one rank (SP = 1; DP stays 1, so the same micro-batch keeps the global batch)."""
+    out = tmp_path / "out"
+    overrides = [*LAYOUT, f"--run.out_dir={out}"]
+    first = _launch(hosts[0], deepspeed_cmd(0, CONFIG, overrides, hostfile=hostfile, port=PORT), tmp_path / "env",
+                    tmp_path, "preempted", PLSH_FAULT="sigusr1:1:1")
+    assert first.returncode == EXIT_PREEMPTED, first.stderr[-3000:]
+    stopped = max(_steps(out))
+    assert 1 <= stopped < STEPS
+    tag_dir = out / "checkpoints" / f"step_{stopped:08d}"
+
+    resumed = _launch(hosts[1], deepspeed_cmd(1, CONFIG, [*overrides, "--parallel.sp_size=1",
+                                                          "--checkpoint.resume=auto"], port=PORT + 1),
+                      tmp_path / "env", tmp_path, "one_host_resumed")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    said = resumed.stdout + resumed.stderr
+    assert ("resume at another shape: world 2 (DP 1 x SP 2), ZeRO 1, fp32 -> world 1 (DP 1 x SP 1), ZeRO 1, "
+            "fp32") in said, said[-3000:]
+    assert f": {stopped} -> {STEPS} (resumed from {tag_dir}," in said, said[-3000:]
+    assert (universal_path(tag_dir) / "zero").is_dir()
+    assert verify_manifest(tag_dir) == []  # the two-host tag is left as it was
+
+    got = _steps(out)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    assert {step: got[step] for step in range(1, stopped + 1)} == {
+        step: one_host[step] for step in range(1, stopped + 1)}  # before the stop: the two-host run's own
+    resumed_losses = [got[step][0] for step in range(stopped + 1, STEPS + 1)]
+    assert resumed_losses == pytest.approx([one_host[step][0] for step in range(stopped + 1, STEPS + 1)], rel=2e-5)
 
 
 def test_a_rank_killed_on_one_host_ends_the_job_on_both(hosts, hostfile, tmp_path):
