@@ -32,3 +32,24 @@ def test_zero3_reduce_scatter_notice_is_silenced_and_only_it():
         (FutureWarning, "`torch.distributed.reduce_scatter_single` is deprecated."),
         (FutureWarning, "`torch.distributed.reduce_op` is deprecated, please use ReduceOp"),
     ]
+
+
+def test_deepspeed_notices_are_dropped_by_their_exact_text_and_only_they():
+    """DeepSpeed's logger drops its CPU-accelerator notice and the universal checkpoint's "MPU is not
+    provided" (plsh_dist gives no mpu on purpose); another message of that logger still shows."""
+    import logging
+
+    import plsh_dist  # noqa: F401  (installs the filters)
+
+    logger = logging.getLogger("DeepSpeed")
+    seen = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    logger.addHandler(handler)
+    try:
+        logger.warning("MPU is not provided, setting tp size to 1 in checkpoint loading.")
+        logger.warning("Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.")
+        logger.warning("MPU is not provided, and something else.")
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in seen] == ["MPU is not provided, and something else."]
