@@ -5,7 +5,8 @@
 
 Writes PREFIX.model. Inputs: text files (one document each), .jsonl/.json
 (field --text-field) or .parquet; globs allowed (quote them). Empty and
-undecodable files are reported and skipped.
+binary files are reported and skipped; bytes that are not UTF-8 read as
+U+FFFD in a text file and skip a .jsonl file.
 """
 
 from __future__ import annotations

@@ -83,7 +83,30 @@ class DataConfig:
     text_field: str = "text"
     """Field of a record that holds the document text (jsonl, parquet, hub datasets)."""
     sample_by: str = "document"
-    """For plain text files: 'document' (a file is a document), 'paragraph' or 'line'."""
+    """What a document is in a plain-text file: 'document' (the whole file, or with ``doc_separator``
+    the text between two separators), 'paragraph' (the text between blank lines) or 'line' (each
+    line; an empty one is reported as 'empty').
+
+    Files are read 1 MiB at a time and each document handed on as it ends, so memory holds one
+    document, never the file: with 'line', 'paragraph' or a separator a 1 GB file takes what its
+    longest document takes. 'document' without a separator holds the whole file as the one
+    document it is: reading a one-line 500 MB file took 0.9 GiB more at peak, and tokenising a
+    one-line 50 MB file 2.3 GiB (docs/benchmarks.md); give such a file a separator."""
+    doc_separator: str | None = None
+    """With ``sample_by = "document"``, plain-text files hold many documents, separated by this
+    string (e.g. ``"<|endoftext|>"`` or ``"\\f"``): the separator is dropped and the text between two
+    is one document, kept as it is (a newline next to a separator stays in its document); an empty
+    piece (a separator at the file's start or end, two in a row) is no document. None: a file is
+    one document."""
+    decode_errors: str = "replace"
+    """What bytes that are not UTF-8 in a plain-text file do: 'replace' (each invalid sequence reads
+    as U+FFFD; the report names each such file, how many bytes were replaced and the byte offsets
+    of the first five) or 'skip_file' (the file is left out, reported as ``undecodable_file``).
+
+    'replace' by default: a stray byte then costs one character, where 'skip_file' loses the whole
+    file, at pretraining scale often gigabytes of good text; a file in another encoding is still
+    seen, by its many replacements in the report. JSON-lines files with such bytes are skipped
+    whole either way (their parser needs UTF-8)."""
     streaming: bool = True
     """Read sources with ``streaming=True``: one pass, no Arrow copy on disk. We tokenise in one pass anyway."""
     seq_len: int = 1024
@@ -135,6 +158,16 @@ class DataConfig:
             raise ValueError(f"DataConfig.min_doc_tokens must be >= 0, got {self.min_doc_tokens}")
         if self.sample_by not in ("document", "paragraph", "line"):
             raise ValueError(f"DataConfig.sample_by must be 'document', 'paragraph' or 'line', got {self.sample_by!r}")
+        if self.doc_separator == "":
+            raise ValueError("[data].doc_separator is empty: set the string between documents (e.g. "
+                             "'<|endoftext|>') or leave it out (a file is then one document)")
+        if self.doc_separator is not None and self.sample_by != "document":
+            raise ValueError(f"[data].doc_separator = {self.doc_separator!r} cuts files into documents and "
+                             f"[data].sample_by = {self.sample_by!r} cuts them into {self.sample_by}s: keep one, "
+                             "sample_by = 'document' (the default) with the separator, or no separator")
+        if self.decode_errors not in ("replace", "skip_file"):
+            raise ValueError(f"[data].decode_errors must be 'replace' (bytes that are not UTF-8 read as U+FFFD, "
+                             f"counted) or 'skip_file' (a file with one is left out), got {self.decode_errors!r}")
         if not 0.0 <= self.corpus_val_fraction < 1.0:
             raise ValueError(f"DataConfig.corpus_val_fraction must be in [0, 1), got {self.corpus_val_fraction}")
         if self.corpus_max_files is not None and self.corpus_max_files < 1:

@@ -19,7 +19,7 @@ from plsh_dist.data.config import DataConfig, TokenizerConfig
 from plsh_dist.data.corpus import write_stdlib_corpus
 from plsh_dist.data.loader import PackedLoader
 from plsh_dist.data.report import BadDataReport
-from plsh_dist.data.sources import iter_documents, resolve_files, saved_dataset_dir
+from plsh_dist.data.sources import is_text_file, iter_documents, resolve_files, saved_dataset_dir
 from plsh_dist.data.token_cache import TokenStream, cache_key, load_or_build_token_stream
 from plsh_dist.data.tokenizer import Tokenizer, load_or_train_tokenizer
 
@@ -46,8 +46,12 @@ class Source:
     def describe(self, cfg: DataConfig) -> dict:
         """What identifies the documents, for the cache key. Local files: path, size, mtime."""
         if self.files is not None:
-            stats = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in resolve_files(list(self.files))]
-            return {"files": stats, "text_field": cfg.text_field, "sample_by": cfg.sample_by}
+            paths = resolve_files(list(self.files))
+            stats = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
+            key = {"files": stats, "text_field": cfg.text_field, "sample_by": cfg.sample_by}
+            if any(map(is_text_file, paths)):  # how a text file is cut and decoded changes its tokens
+                key.update(doc_separator=cfg.doc_separator, decode_errors=cfg.decode_errors)
+            return key
         key = {"dataset": self.dataset_name, "config": self.dataset_config, "split": self.split,
                "text_field": cfg.text_field}
         saved = saved_dataset_dir(self.dataset_name)
@@ -65,7 +69,8 @@ class Source:
             list(self.files) if self.files is not None else None, dataset_name=self.dataset_name,
             dataset_config=self.dataset_config, split=self.split, text_field=cfg.text_field,
             data_files=list(self.data_files) if self.data_files is not None else None,
-            streaming=cfg.streaming, sample_by=cfg.sample_by, hf_cache_dir=cfg.hf_cache_dir, report=report,
+            streaming=cfg.streaming, sample_by=cfg.sample_by, doc_separator=cfg.doc_separator,
+            decode_errors=cfg.decode_errors, hf_cache_dir=cfg.hf_cache_dir, report=report,
             with_location=with_location,
         )
 

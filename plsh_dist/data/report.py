@@ -9,6 +9,12 @@ skipped and *where*, next to what was read and kept:
     train: read 12 files; kept 9 documents (41,230 tokens); skipped 4: empty_file=1 (e.g. a.txt); ...
 
 When nothing usable remains, the summary also says how to fix each cause.
+
+Bytes that are not UTF-8 in a text file read with ``[data].decode_errors =
+"replace"`` skip nothing: they become U+FFFD, and ``add_replaced`` keeps, per
+file, how many bytes were replaced and where the first ones are:
+
+    ...; replaced 4 bytes that are not UTF-8 by U+FFFD in 2 files (data/a.txt: 3 bytes, first at 17, 90, 4096; ...)
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ class BadDataReport:
         files_read: local files looked at (usable or not); 0 for hub datasets.
         tokens_kept: tokens of the kept documents in the token stream (EOS included);
             0 until the stream is built.
+        replaced: file -> ``{"bytes": n, "offsets": [...]}``: bytes that are not UTF-8 read as
+            U+FFFD in that file, and the byte offsets (from 0) of the first 5 invalid sequences.
     """
 
     kept: int = 0
@@ -57,6 +65,7 @@ class BadDataReport:
     examples: dict[str, list[str]] = field(default_factory=dict)
     files_read: int = 0
     tokens_kept: int = 0
+    replaced: dict[str, dict] = field(default_factory=dict)
 
     def skip(self, reason: str, where: str) -> None:
         """Record one skipped item. ``reason`` must be one of SKIP_REASONS."""
@@ -66,6 +75,12 @@ class BadDataReport:
         shown = self.examples.setdefault(reason, [])
         if len(shown) < _MAX_EXAMPLES:
             shown.append(where)
+
+    def add_replaced(self, where: str, n_bytes: int, offsets: list[int]) -> None:
+        """Record ``n_bytes`` undecodable bytes of file ``where`` replaced by U+FFFD, the first at ``offsets``."""
+        entry = self.replaced.setdefault(where, {"bytes": 0, "offsets": []})
+        entry["bytes"] += n_bytes
+        entry["offsets"].extend(offsets[: _MAX_EXAMPLES - len(entry["offsets"])])
 
     @property
     def skipped(self) -> int:
@@ -81,6 +96,8 @@ class BadDataReport:
             self.counts[reason] = self.counts.get(reason, 0) + n
             shown = self.examples.setdefault(reason, [])
             shown.extend(other.examples.get(reason, [])[: _MAX_EXAMPLES - len(shown)])
+        for where, entry in other.replaced.items():
+            self.add_replaced(where, entry["bytes"], entry["offsets"])
 
     def summary(self, what: str) -> str:
         """One human-readable line: files read, documents and tokens kept, skips per cause.
@@ -90,29 +107,46 @@ class BadDataReport:
         """
         head = f"{what}: " + (f"read {self.files_read} files; " if self.files_read else "")
         head += f"kept {self.kept} documents" + (f" ({self.tokens_kept:,} tokens)" if self.tokens_kept else "")
+        tail = self._replaced_summary()
         if not self.counts:
-            return f"{head}; nothing skipped"
+            return f"{head}; nothing skipped{tail}"
         parts = []
         for reason in SKIP_REASONS:
             if reason in self.counts:
                 part = f"{reason}={self.counts[reason]} (e.g. {', '.join(self.examples.get(reason, []))})"
                 parts.append(part + (f": {_FIXES[reason]}" if self.kept == 0 else ""))
-        return f"{head}; skipped {self.skipped}: " + "; ".join(parts)
+        return f"{head}; skipped {self.skipped}: " + "; ".join(parts) + tail
+
+    def _replaced_summary(self) -> str:
+        """``"; replaced N bytes ... in K files (f: n bytes at offsets ...; ...)"``, or "" when none were."""
+        if not self.replaced:
+            return ""
+        total = sum(e["bytes"] for e in self.replaced.values())
+        shown = [f"{where}: {e['bytes']} byte{'s' * (e['bytes'] != 1)}, first at {', '.join(map(str, e['offsets']))}"
+                 for where, e in list(self.replaced.items())[:_MAX_EXAMPLES]]
+        more = "; ..." if len(self.replaced) > _MAX_EXAMPLES else ""
+        return (f"; replaced {total} byte{'s' * (total != 1)} that are not UTF-8 by U+FFFD in {len(self.replaced)} "
+                f"file{'s' * (len(self.replaced) != 1)} ({'; '.join(shown)}{more}; byte offsets): a file in another "
+                "encoding has many; re-encode it as UTF-8 (e.g. iconv -t UTF-8) or set "
+                "[data].decode_errors = 'skip_file'")
 
     def log(self, logger: logging.Logger, what: str) -> None:
-        """Log the summary: a warning when anything was skipped, info otherwise."""
-        level = logging.WARNING if self.counts else logging.INFO
+        """Log the summary: a warning when anything was skipped or replaced, info otherwise."""
+        level = logging.WARNING if self.counts or self.replaced else logging.INFO
         logger.log(level, self.summary(what))
 
     def to_dict(self) -> dict:
         """JSON-serialisable form (stored next to caches and corpora)."""
         return {"kept": self.kept, "counts": dict(self.counts),
                 "examples": {k: list(v) for k, v in self.examples.items()},
-                "files_read": self.files_read, "tokens_kept": self.tokens_kept}
+                "files_read": self.files_read, "tokens_kept": self.tokens_kept,
+                "replaced": {k: {"bytes": v["bytes"], "offsets": list(v["offsets"])} for k, v in self.replaced.items()}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "BadDataReport":
-        # files_read / tokens_kept are absent from reports written before they existed.
+        # files_read / tokens_kept / replaced are absent from reports written before they existed.
         return cls(kept=int(d["kept"]), counts=dict(d["counts"]),
                    examples={k: list(v) for k, v in d["examples"].items()},
-                   files_read=int(d.get("files_read", 0)), tokens_kept=int(d.get("tokens_kept", 0)))
+                   files_read=int(d.get("files_read", 0)), tokens_kept=int(d.get("tokens_kept", 0)),
+                   replaced={k: {"bytes": int(v["bytes"]), "offsets": [int(o) for o in v["offsets"]]}
+                             for k, v in d.get("replaced", {}).items()})

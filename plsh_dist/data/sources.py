@@ -1,14 +1,20 @@
 """Where documents come from: local files, any ``datasets.load_dataset`` name, or a ``save_to_disk`` directory.
 
-Local files are read with the ``datasets`` builder their extension asks for
-(text / json / parquet). A text file is one document (``sample_by="document"``
-by default: source files and books are long documents, not lines).
+Local JSON-lines / JSON and parquet files are read with the ``datasets`` builder
+their extension asks for; a plain-text file (any other extension) by
+``text_reader.read_text_documents``, in chunks, so a file larger than memory
+streams. A text file is one document (``sample_by="document"`` by default:
+source files and books are long documents, not lines), or the text between two
+``doc_separator``, or a paragraph, or a line. (A compressed text file still goes
+to the ``datasets`` text builder, which decompresses it.)
 
-Before ``datasets`` sees a local text or JSON-lines file we check it: empty
-files, binary files (a NUL byte in the first MiB, the test git uses) and files
-with bytes that are not UTF-8 are reported and left out. (The
-``datasets`` text builder aborts the whole load on the first bad byte, so this
-check is what turns one broken file into a counted skip rather than a crash.)
+Before any reader sees a local text or JSON-lines file we check it: empty
+files and binary files (a NUL byte in the first MiB, the test git uses) are
+reported and left out, and so are files with bytes that are not UTF-8, except
+text files under ``decode_errors="replace"``, whose bad bytes the reader
+replaces by U+FFFD and counts per file (``BadDataReport.replaced``).
+(``datasets`` aborts the whole load on the first bad byte, so this check is
+what turns one broken file into a counted skip rather than a crash.)
 Record-level problems (a text field that is missing, None, a number, empty)
 are counted while iterating.
 
@@ -29,6 +35,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from plsh_dist.data.report import BadDataReport
+from plsh_dist.data.text_reader import ReplacedBytes, read_text_documents
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +44,8 @@ logger = logging.getLogger(__name__)
 BUILDER_BY_EXTENSION = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 _COMPRESSION = {".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip"}
 _CHECK_CHUNK = 1 << 20  # bytes per read when checking UTF-8; bounded memory on big files
+#: What a text file's bytes that are not UTF-8 do: "replace" (by U+FFFD, counted) or "skip_file".
+DECODE_ERRORS = ("replace", "skip_file")
 
 
 def resolve_files(patterns: str | Sequence[str]) -> list[Path]:
@@ -85,6 +94,11 @@ def _extension(path: Path) -> tuple[str, bool]:
     return (suffixes[-1] if suffixes else ""), compressed
 
 
+def is_text_file(path: Path) -> bool:
+    """Whether ``path`` is read as plain text (``sample_by``, ``doc_separator`` and ``decode_errors`` apply)."""
+    return BUILDER_BY_EXTENSION.get(_extension(path)[0], "text") == "text"
+
+
 def builder_for(paths: Sequence[Path]) -> str:
     """The one datasets builder for all files; ValueError if they need different ones."""
     builders = {BUILDER_BY_EXTENSION.get(_extension(p)[0], "text") for p in paths}
@@ -96,11 +110,14 @@ def builder_for(paths: Sequence[Path]) -> str:
     return builders.pop()
 
 
-def _file_problem(path: Path) -> str | None:
-    """'empty_file', 'binary_file', 'undecodable_file' or None for a local UTF-8 text/JSON file."""
+def _file_problem(path: Path, errors: str = "strict") -> str | None:
+    """'empty_file', 'binary_file', 'undecodable_file' or None for a local UTF-8 text/JSON file.
+
+    ``errors="replace"``: bytes that are not UTF-8 are no problem (the reader replaces them).
+    """
     if path.stat().st_size == 0:
         return "empty_file"
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+    decoder = codecs.getincrementaldecoder("utf-8")(errors=errors)
     blank = True
     with open(path, "rb") as f:
         first = True
@@ -118,20 +135,23 @@ def _file_problem(path: Path) -> str | None:
     return "empty_file" if blank else None
 
 
-def check_local_files(paths: Sequence[Path], builder: str, report: BadDataReport) -> list[Path]:
+def check_local_files(paths: Sequence[Path], builder: str, report: BadDataReport,
+                      decode_errors: str = "replace") -> list[Path]:
     """Drop (and count) empty, binary and non-UTF-8 files; returns the usable ones.
 
     Every file counts in ``report.files_read``. Parquet is validated by Arrow
     itself and compressed files cannot be checked without decompressing, so
-    only their emptiness is checked.
+    only their emptiness is checked. ``decode_errors="replace"`` keeps text
+    files with bytes that are not UTF-8 (the text reader replaces them).
     """
     usable = []
     report.files_read += len(paths)
+    errors = "replace" if builder == "text" and decode_errors == "replace" else "strict"
     for path in paths:
         if builder == "parquet" or _extension(path)[1]:
             problem = "empty_file" if path.stat().st_size == 0 else None
         else:
-            problem = _file_problem(path)
+            problem = _file_problem(path, errors)
         if problem:
             report.skip(problem, str(path))
         else:
@@ -180,6 +200,8 @@ def iter_documents(
     text_field: str = "text",
     streaming: bool = True,
     sample_by: str = "document",
+    doc_separator: str | None = None,
+    decode_errors: str = "replace",
     hf_cache_dir: str | None = None,
     report: BadDataReport | None = None,
     with_location: bool = False,
@@ -199,6 +221,9 @@ def iter_documents(
     dataset's its name (and split), ``i`` counted in the split.
     ``data_files``: with ``dataset_name``, the ``data_files`` of ``load_dataset`` (a file builder
     such as ``json``), as paths/globs; they go as one ``train`` split.
+    ``sample_by``, ``doc_separator`` and ``decode_errors`` (``[data]``'s, ``DataConfig``) apply to local
+    plain-text files: what a document is, and what bytes that are not UTF-8 do ("replace": U+FFFD,
+    counted per file in ``report.replaced``; "skip_file": the file is skipped as ``undecodable_file``).
     """
     import datasets  # deferred: importing datasets costs ~1 s and is not needed for packing
 
@@ -206,20 +231,31 @@ def iter_documents(
         raise ValueError("give exactly one of files (local paths/globs) or dataset_name")
     if sample_by not in ("document", "line", "paragraph"):
         raise ValueError(f"sample_by must be 'document', 'line' or 'paragraph', got {sample_by!r}")
+    if doc_separator is not None and (sample_by != "document" or not doc_separator):
+        raise ValueError(f"doc_separator={doc_separator!r} needs a non-empty separator and sample_by='document' "
+                         f"(got {sample_by!r})")
+    if decode_errors not in DECODE_ERRORS:
+        raise ValueError(f"decode_errors must be one of {DECODE_ERRORS}, got {decode_errors!r}")
     report = BadDataReport() if report is None else report
 
     if files is not None:
         paths = resolve_files(files)
         builder = builder_for(paths)
-        paths = check_local_files(paths, builder, report)
+        paths = check_local_files(paths, builder, report, decode_errors)
         if not paths:
             raise ValueError(f"no usable data file among {files!r}; {report.summary('files')}")
         kwargs = {"sample_by": sample_by} if builder == "text" else {}
+
+        def records(path: Path):
+            if builder == "text" and not _extension(path)[1]:
+                return _text_records(path, text_field, sample_by, doc_separator, decode_errors, report)
+            return datasets.load_dataset(builder, data_files=[str(path)], split="train", streaming=streaming,
+                                         cache_dir=hf_cache_dir, **kwargs)
+
         # One file at a time, in order (the documents and their order are those of one load of every
         # file), so that a skipped record is named by its own file: a load of several files numbers
         # its records across them and cannot tell which file one came from.
-        parts = ((datasets.load_dataset(builder, data_files=[str(p)], split="train", streaming=streaming,
-                                        cache_dir=hf_cache_dir, **kwargs), str(p)) for p in paths)
+        parts = ((records(p), str(p)) for p in paths)
     elif (saved := saved_dataset_dir(dataset_name)) is not None:
         parts = [(_load_saved(saved, split, dataset_config, data_files), f"{saved} (split {split!r})")]
     else:
@@ -239,3 +275,14 @@ def iter_documents(
                 yield text, (source if isinstance(source, str) else f"{where} record {i}")
             else:
                 yield text
+
+
+def _text_records(path: Path, text_field: str, sample_by: str, doc_separator: str | None, decode_errors: str,
+                  report: BadDataReport) -> Iterator[dict]:
+    """A text file's documents as records ``{text_field: text}``; its replaced bytes in ``report`` at its end."""
+    replaced = ReplacedBytes()
+    errors = "replace" if decode_errors == "replace" else "strict"  # "skip_file": the check left only UTF-8 files
+    for text in read_text_documents(path, sample_by, doc_separator, errors, replaced):
+        yield {text_field: text}
+    if replaced.bytes:
+        report.add_replaced(str(path), replaced.bytes, replaced.offsets)

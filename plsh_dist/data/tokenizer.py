@@ -197,8 +197,8 @@ def train_tokenizer(
     Args:
         inputs: a path/glob (str or PathLike) or a list/tuple of them (text,
             jsonl, parquet; read with ``iter_documents``, bad files counted and
-            skipped), or any other iterable (e.g. a generator, ``iter(list)``)
-            yielding document strings.
+            skipped, bytes that are not UTF-8 in a text file replaced), or any
+            other iterable (e.g. a generator, ``iter(list)``) yielding document strings.
         model_prefix: output path without extension.
         vocab_size: pieces including the 4 special ids, the 256 byte pieces and
             ``\\n``/``\\t``; must be at least 300.

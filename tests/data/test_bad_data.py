@@ -78,7 +78,8 @@ def test_invalid_utf8_counted(messy, tmp_path):
     # An invalid byte far past the first chunk is found too (the whole file is decoded).
     late = _write(tmp_path / "late.txt", b"x = 1\n" * 300_000 + b"\xff\n")
     report = BadDataReport()
-    docs = list(iter_documents([str(messy / "a.txt"), str(messy / "latin1.txt"), str(late)], report=report))
+    docs = list(iter_documents([str(messy / "a.txt"), str(messy / "latin1.txt"), str(late)],
+                               decode_errors="skip_file", report=report))
     assert docs == [GOOD]
     assert report.counts == {"undecodable_file": 2}
     assert report.examples["undecodable_file"][0].endswith("late.txt")
@@ -106,7 +107,7 @@ def test_documents_shorter_than_a_sequence_are_packed_and_too_short_ones_dropped
 def test_nothing_usable_left_files(messy):
     bad = [str(messy / n) for n in ("empty.txt", "image.txt", "latin1.txt")]
     with pytest.raises(ValueError) as err:
-        list(iter_documents(bad))
+        list(iter_documents(bad, decode_errors="skip_file"))
     msg = str(err.value)
     assert "no usable data file" in msg and "read 3 files; kept 0 documents" in msg
     # Each cause with its count and its fix.
@@ -141,7 +142,7 @@ def test_corpus_too_small_for_one_batch(dp_size):
 def test_prepare_reports_counts_per_cause(messy, tiny_tokenizer, tmp_path, caplog):
     _write(messy / "stub.txt", "#\n")  # one or two tokens: under min_doc_tokens
     cfg = DataConfig(train_files=[str(messy / "*.txt")], seq_len=16, micro_batch_size=2, min_doc_tokens=8,
-                     cache_dir=str(tmp_path / "cache"))
+                     cache_dir=str(tmp_path / "cache"), decode_errors="skip_file")
     tok_cfg = TokenizerConfig(model_path=str(tiny_tokenizer.path), vocab_size=tiny_tokenizer.vocab_size)
     with caplog.at_level("INFO", logger="plsh_dist.data.dataset"):
         data = prepare_data(cfg, tok_cfg)

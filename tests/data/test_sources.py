@@ -53,7 +53,7 @@ def test_jsonl_bad_records_counted(messy_dir, tiny_tokenizer, tmp_path):
 
 def test_text_files_empty_and_undecodable_skipped(messy_dir):
     report = BadDataReport()
-    docs = list(iter_documents(str(messy_dir / "txt" / "*.txt"), report=report))
+    docs = list(iter_documents(str(messy_dir / "txt" / "*.txt"), decode_errors="skip_file", report=report))
     assert docs == [GOOD]  # a text file is one document
     assert report.counts == {"undecodable_file": 1, "empty_file": 2}
     assert report.examples["undecodable_file"][0].endswith("b.txt")
@@ -62,7 +62,8 @@ def test_text_files_empty_and_undecodable_skipped(messy_dir):
 
 def test_all_files_bad_is_an_error(messy_dir):
     with pytest.raises(ValueError, match="no usable data file"):
-        list(iter_documents([str(messy_dir / "txt" / "b.txt"), str(messy_dir / "txt" / "c.txt")]))
+        list(iter_documents([str(messy_dir / "txt" / "b.txt"), str(messy_dir / "txt" / "c.txt")],
+                            decode_errors="skip_file"))
 
 
 def test_streaming_and_map_style_agree(messy_dir, tmp_path):
