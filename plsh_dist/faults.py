@@ -6,6 +6,10 @@ Off unless ``PLSH_FAULT`` is set (the launchers pass the environment on to every
 ``after_step`` (default), ``in_checkpoint``, ``in_prune``, ``in_set_aside``, ``in_step``. E.g.
 ``PLSH_FAULT=kill:1:3`` kills rank 1 right after step 3. What each action and place does:
 docs/training.md, "Failing ranks and timeouts", "Injected faults".
+
+``PLSH_SLOW_TOKENIZE_S=SECONDS`` slows the token cache build: every chunk of documents waits that long
+before it is tokenised (``slow_tokenize``), so a test can keep a build running past a timeout or kill it
+midway.
 """
 
 from __future__ import annotations
@@ -60,3 +64,10 @@ def maybe_fail(where: str, step: int, rank: int) -> None:
                                     f"{where}: PLSH_FAULT={spec})")
     while True:  # hang: the other ranks must time out, not wait forever
         time.sleep(3600)
+
+
+def slow_tokenize() -> None:
+    """Wait ``PLSH_SLOW_TOKENIZE_S`` seconds if it is set (module doc); otherwise nothing."""
+    delay = os.environ.get("PLSH_SLOW_TOKENIZE_S")
+    if delay:
+        time.sleep(float(delay))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from plsh_dist.data.config import DataConfig, TokenizerConfig
 from plsh_dist.data.corpus import write_stdlib_corpus
@@ -104,12 +105,38 @@ def data_sources(cfg: DataConfig, corpus_report: BadDataReport | None = None) ->
 
 
 def load_token_stream(source: Source, cfg: DataConfig, tokenizer: Tokenizer,
-                      report: BadDataReport | None = None) -> TokenStream:
-    """The cached token stream of ``source`` (built on first use)."""
+                      report: BadDataReport | None = None, *, threads: int = 1, label: str = "train",
+                      status: Callable[[str], None] | None = None) -> TokenStream:
+    """The cached token stream of ``source`` (built on first use on ``threads`` threads, with a
+    progress bar ``tokenizing <label>`` whose line also goes to ``status``)."""
     return load_or_build_token_stream(
         lambda r: source.documents(cfg, r, with_location=True), tokenizer, cfg.cache_dir, source.describe(cfg),
-        cfg.min_doc_tokens, report=report, verify=cfg.verify_cache,
+        cfg.min_doc_tokens, report=report, verify=cfg.verify_cache, threads=threads, label=label,
+        size_bytes=source_bytes(source), status=status,
     )
+
+
+def source_bytes(source: Source) -> int | None:
+    """About how much text ``source`` holds, in bytes, for a progress bar: its local files' sizes
+    (a parquet file's uncompressed size); None for a dataset read by name."""
+    if source.files is not None:
+        paths = resolve_files(list(source.files))
+    elif (saved := saved_dataset_dir(source.dataset_name)) is not None:
+        paths = [p for p in saved.rglob("*.arrow")]
+    elif source.data_files is not None:
+        paths = resolve_files(list(source.data_files))
+    else:
+        return None
+    total = 0
+    for p in paths:
+        if p.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            meta = pq.ParquetFile(p).metadata
+            total += sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        else:
+            total += p.stat().st_size
+    return total
 
 
 @dataclass(frozen=True)
@@ -194,18 +221,23 @@ class PreparedData:
                 f"not exist yet, or run launchers/train_tokenizer.py)")
 
 
-def prepare_data(cfg: DataConfig, tok_cfg: TokenizerConfig, *, log_reports: bool = True) -> PreparedData:
+def prepare_data(cfg: DataConfig, tok_cfg: TokenizerConfig, *, log_reports: bool = True, threads: int = 1,
+                 status: Callable[[str], None] | None = None) -> PreparedData:
     """Corpus, tokenizer and token caches for a run; idempotent and cheap when warm.
 
     The tokenizer, when missing, is trained on the training source only (so
     validation text never shapes the vocabulary). ``log_reports=False``: the
     per-split reports are returned but not logged (a rank that only reopens
-    the caches rank 0 built and reported).
+    the caches rank 0 built and reported). ``threads``: SentencePiece threads that
+    tokenise a cache to build; ``status``: called with what is being done and how far it is.
     """
+    status = status or (lambda text: None)
     corpus_report = BadDataReport()
+    status("reading the data sources")
     sources = data_sources(cfg, corpus_report)
     train_src = sources["train"]
     trained = not Path(tok_cfg.model_path).is_file()
+    status(f"training the tokenizer {tok_cfg.model_path}" if trained else "loading the tokenizer")
     tokenizer = load_or_train_tokenizer(
         tok_cfg.model_path,
         # A generator, so nothing is read when the model file already exists;
@@ -220,7 +252,8 @@ def prepare_data(cfg: DataConfig, tok_cfg: TokenizerConfig, *, log_reports: bool
     reports = {name: BadDataReport() for name in sources}
     if corpus_report.kept or corpus_report.counts:
         reports["corpus"] = corpus_report
-    streams = {name: load_token_stream(src, cfg, tokenizer, reports[name]) for name, src in sources.items()}
+    streams = {name: load_token_stream(src, cfg, tokenizer, reports[name], threads=threads, label=name,
+                                       status=status) for name, src in sources.items()}
     for name, stream in streams.items():
         reports[name].tokens_kept = stream.num_tokens
         # Files read, documents and tokens kept, skips per cause: a warning when anything was skipped.
