@@ -2,44 +2,34 @@
 
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
-from plsh_dist.data import DataConfig, PreparedData, TokenizerConfig, build_loader, prepare_data
-from plsh_dist.train.refusal import RunRefused, refusing
+from plsh_dist.data import DataConfig, PreparedData, TokenizerConfig, build_loader
+from plsh_dist.train.data_wait import prepare_collectively, prepare_locked
+from plsh_dist.train.refusal import refusing
 
 
 def prepare(data: DataConfig, tokenizer: TokenizerConfig) -> PreparedData:
-    """Corpus, tokenizer and token caches; rank 0 builds them first and logs
-    their reports, the others then only open the caches (no duplicate
-    tokenizer training, tokenising or report).
+    """Corpus, tokenizer and token caches; the first rank of each node builds them (on every core,
+    holding the cache directory's lock, so nodes sharing it build once) and rank 0 logs their
+    reports, the others wait for them outside any collective (no ``[parallel].timeout_s`` while a
+    build lives; a dead builder ends the job) and then only open the caches: data_wait.py.
 
     Bad data (an empty file, no usable document: the data package's
-    ``ValueError``) refuses the run on every rank alike: rank 0 shares its
+    ``ValueError``) refuses the run on every rank alike: the builders share their
     verdict with the others, so the message is printed once (refusal.py).
     """
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    prepared, refusal = None, None
-    if rank == 0:
-        try:
-            prepared = prepare_data(data, tokenizer)
-        except ValueError as exc:
-            refusal = exc
-    if dist.is_initialized():
-        verdict = [str(refusal) if refusal is not None else None]
-        dist.broadcast_object_list(verdict, src=0)  # also the barrier: the others wait for rank 0's caches
-        if verdict[0] is not None and rank != 0:
-            raise RunRefused("data", verdict[0])
-    if refusal is not None:
-        raise RunRefused("data", str(refusal)) from refusal
-    if prepared is not None:
-        return prepared
-    # Rank 0 has logged the data reports; the others reopen its caches without repeating them
-    # (on several hosts each would print them again).
-    with refusing("data", every_rank=False):  # only this rank fails to open the caches rank 0 built
-        return prepare_data(data, tokenizer, log_reports=False)
+    threads = len(os.sched_getaffinity(0))
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        with refusing("data"):
+            return prepare_locked(data, tokenizer, threads=threads)
+    rank = dist.get_rank()
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))  # unset: one node
+    return prepare_collectively(data, tokenizer, rank=rank, local_rank=local_rank, threads=threads)
 
 
 class DataPipeline:

@@ -68,6 +68,11 @@ _PEER_PATTERNS = (
 )
 
 
+class PeerGone(Exception):
+    """A rank this one waits for outside any collective is gone or hung (data_wait.py): a peer failure,
+    whose message names that rank and what it was doing."""
+
+
 def is_peer_failure(exc: BaseException) -> bool:
     """True if ``exc`` (or an exception it was raised from) is a collective failing
     because another rank died, hung or closed its connection."""
@@ -75,6 +80,8 @@ def is_peer_failure(exc: BaseException) -> bool:
 
     seen = 0
     while exc is not None and seen < 8:
+        if isinstance(exc, PeerGone):
+            return True
         comm_error = isinstance(exc, getattr(dist, "DistError", ())) or type(exc) is RuntimeError
         if comm_error and any(p in str(exc).lower() for p in _PEER_PATTERNS):
             return True

@@ -133,7 +133,7 @@ def _read_lock(path: Path) -> tuple[Holder | None, float]:
 
 def _link_new(path: Path, holder: Holder) -> None:
     """Create ``path`` holding ``holder`` atomically; FileExistsError if it exists (module doc)."""
-    private = path.with_name(f".{LOCK_NAME}.{holder.token}.{os.getpid()}")
+    private = path.with_name(f".{path.name}.{holder.token}.{os.getpid()}")
     try:
         with open(private, "x") as fh:
             fh.write(json.dumps(asdict(holder)) + "\n")
@@ -147,7 +147,7 @@ def _link_new(path: Path, holder: Holder) -> None:
 def _break_stale(path: Path, stale: Holder | None) -> bool:
     """Remove the stale lock ``stale`` (None: the unreadable one) if it is still there; False when
     another job is breaking it right now (then look again)."""
-    breaker = path.with_name(LOCK_NAME + ".break")
+    breaker = path.with_name(path.name + ".break")
     try:
         fd = os.open(breaker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:

@@ -1,0 +1,112 @@
+"""Ranks wait for the data without the process group's timeout, and never for a dead builder
+(plsh_dist/train/data_wait.py): the store-side wait, and the cache directory's lock."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from torch.distributed import TCPStore
+
+from plsh_dist.distributed.ports import free_port
+from plsh_dist.train.data_wait import LOCK_NAME, PrepareLock, await_builders
+from plsh_dist.train.failure import PeerGone, is_peer_failure
+
+BUILDER = {0: "host h, pid 1"}
+
+
+def _store() -> TCPStore:
+    return TCPStore("127.0.0.1", free_port(), is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False)
+
+
+def test_the_wait_lasts_while_the_builder_beats_and_ends_with_its_verdict():
+    store = _store()
+    store.set("p/0/status", "tokenizing train: 1.0MB/4.0MB")
+
+    def builder():
+        for _ in range(6):  # 1.5 s of heartbeats: longer than the stale bound below
+            store.add("p/0/beat", 1)
+            time.sleep(0.25)
+        store.set("p/0/verdict", json.dumps({"fingerprint": "abc"}))
+
+    thread = threading.Thread(target=builder)
+    thread.start()
+    assert await_builders(store, "p", BUILDER, report=False, stale_after_s=1.0) == {0: {"fingerprint": "abc"}}
+    thread.join()
+
+
+def test_a_builder_whose_heartbeat_stops_ends_the_wait_naming_it():
+    store = _store()
+    store.set("p/0/status", "tokenizing train: 1.0MB/4.0MB")
+    store.add("p/0/beat", 1)
+    start = time.monotonic()
+    with pytest.raises(PeerGone, match=r"rank 0 \(host h, pid 1\).*no heartbeat.*tokenizing train: 1.0MB/4.0MB"):
+        await_builders(store, "p", BUILDER, report=False, stale_after_s=1.0)
+    assert time.monotonic() - start < 5
+    assert is_peer_failure(PeerGone("x"))  # exit 3 with one line (failure.py)
+
+
+def test_a_lost_store_ends_the_wait():
+    port = free_port()
+    host = subprocess.Popen([sys.executable, "-c", f"""
+import time
+from datetime import timedelta
+from torch.distributed import TCPStore
+s = TCPStore("127.0.0.1", {port}, is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False)
+s.set("p/0/status", "training the tokenizer")
+s.add("p/0/beat", 1)
+print("up", flush=True)
+time.sleep(600)
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout.readline().strip() == "up"
+        store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5))
+        threading.Timer(1.0, host.kill).start()  # the store's host (rank 0) dies while the others wait
+        with pytest.raises(PeerGone, match="lost the rendezvous store.*training the tokenizer"):
+            await_builders(store, "p", BUILDER, report=False)
+    finally:
+        host.kill()
+        host.wait()
+
+
+_HOLD = """
+import sys, time
+from plsh_dist.train.data_wait import PrepareLock
+PrepareLock.acquire(sys.argv[1])
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_a_killed_holders_lock_is_taken_over(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path), "600"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert (tmp_path / LOCK_NAME).exists()  # left behind by the killed build
+    start = time.monotonic()
+    lock = PrepareLock.acquire(tmp_path)
+    assert time.monotonic() - start < 5
+    lock.release()
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_a_live_holders_lock_is_waited_for(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path), "2"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        said = []
+        start = time.monotonic()
+        lock = PrepareLock.acquire(tmp_path, said.append)
+        assert time.monotonic() - start > 1.0  # waited for the holder to end
+        assert said and "waiting for pid" in said[0] and "prepares data" in said[0]
+        lock.release()
+    finally:
+        holder.kill()
+        holder.wait()
