@@ -21,4 +21,4 @@ def test_launchers_hold_the_user_entry_points_only():
     """Benchmarks live in ``benchmarks/``, developer tools in ``tools/``, studies in ``experiments/``."""
     assert {p.name for p in LAUNCHERS.iterdir() if p.is_file()} == {
         "pretrain.py", "slurm_pretrain.sh", "plan.py", "evaluate.py", "generate.py", "convert_checkpoint.py",
-        "prepare_corpus.py", "prepare_prose_corpus.py", "train_tokenizer.py", "quickstart.py"}
+        "prepare_corpus.py", "prepare_data.py", "prepare_prose_corpus.py", "train_tokenizer.py", "quickstart.py"}
