@@ -16,6 +16,7 @@ Rules (TOML values are what arrives here):
 - ``bool``: ``true``/``false`` only; neither 1 nor "yes".
 - ``str``: strings only.
 - ``list[str]``: a list (or tuple, converted to a list) of strings.
+- ``list[dict]``: a list of tables (TOML's ``[[section.key]]``), each checked by its section.
 - ``X | None``: ``None`` (the key left out: TOML has no null) or an ``X``.
 """
 
@@ -30,7 +31,8 @@ import typing
 from typing import Any
 
 
-_NAMES = {int: "an int", float: "a finite float", bool: "a bool (true or false)", str: "a string"}
+_NAMES = {int: "an int", float: "a finite float", bool: "a bool (true or false)", str: "a string",
+          dict: "a table"}
 # A valid value per type, for fields whose default cannot serve as the example (None).
 _PLACEHOLDERS: dict[Any, Any] = {int: 1, float: 1.0, bool: True, str: "...", list: ["..."]}
 
@@ -68,6 +70,8 @@ def toml_literal(value: Any, strict: bool = False) -> str:
         return json.dumps(value)  # a JSON string is a valid TOML basic string
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_literal(v, strict) for v in value) + "]"
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):  # an inline table
+        return "{" + ", ".join(f"{json.dumps(k)} = {toml_literal(v, strict)}" for k, v in value.items()) + "}"
     if strict:
         raise ValueError(f"cannot write {value!r} ({type(value).__name__}) to TOML")
     return repr(value)
@@ -91,6 +95,8 @@ def _coerce(value: Any, tp) -> tuple[bool, Any]:
         return ok, float(value) if ok else value
     if tp is str:
         return isinstance(value, str), value
+    if tp is dict:  # a table: its keys are its section's to check
+        return isinstance(value, dict) and all(isinstance(k, str) for k in value), value
     if typing.get_origin(tp) is list:
         (item,) = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):

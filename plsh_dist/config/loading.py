@@ -52,13 +52,15 @@ def check_inputs(cfg: RunConfig) -> None:
     """Checks that read the disk, run by ``load_config`` before any work starts:
     every data path matches a file; [model].init_from fits [model]; the data
     preparation can write where it must (``check_data_outputs``)."""
-    for name in ("train_files", "val_files"):
-        patterns = getattr(cfg.data, name)
+    named = [(f"[data].{name}", getattr(cfg.data, name)) for name in ("train_files", "val_files")]
+    named += [(f"[data].sources[{i}].{name}", table.get(name)) for i, table in enumerate(cfg.data.sources or [])
+              for name in ("train_files", "val_files")]
+    for field, patterns in named:
         if patterns:
             try:
                 resolve_files(patterns)
             except ValueError as exc:
-                raise ValueError(f"[data].{name}: {exc}") from exc
+                raise ValueError(f"{field}: {exc}") from exc
     if cfg.init_from is not None:
         check_init_from(cfg.init_from, cfg.model, cfg.attention, cfg.tokenizer.model_path)
     check_data_outputs(cfg)

@@ -17,7 +17,11 @@ _DATA_EXAMPLES = {
     "train_files": ["data/train/*.txt"], "val_files": ["data/val/*.txt"], "dataset_name": "HuggingFaceFW/fineweb-edu",
     "dataset_config": "sample-10BT", "val_split": "validation", "hf_cache_dir": "hf_cache", "corpus_max_files": 100,
     "data_files": ["data/train/*.jsonl"],
+    "sources": [{"name": "code", "train_files": ["data/code/*.jsonl"], "weight": 0.7}],
 }
+
+#: The keys of one ``[[data.sources]]`` table, with whether each is required.
+SOURCE_KEYS = {"name": True, "train_files": True, "weight": True, "val_files": False}
 
 #: ``datasets`` builders that read files (``load_dataset("json", data_files=...)``): without
 #: ``data_files`` they would read whatever the working directory holds.
@@ -65,6 +69,12 @@ class DataConfig:
     """Local training files or globs (text: one document per file; .jsonl/.json; .parquet)."""
     val_files: list[str] | None = None
     """Local validation files or globs; None = no validation set (unless a dataset/corpus provides one)."""
+    sources: list[dict] | None = None
+    """A weighted mixture of sources instead of ``train_files``: one ``[[data.sources]]`` table each,
+    with ``name``, ``train_files`` (local files or globs), ``weight`` (> 0; the mix is the weights'
+    shares, exact over every 1024 sequences) and optionally ``val_files``. Each source has its own
+    token cache and its own shuffled stream; which source each sequence comes from is drawn from
+    ``seed``, so a run resumes exactly at any step (plsh_dist/data/mixture.py)."""
     dataset_name: str | None = None
     """A ``datasets.load_dataset`` name (needs network or a local HF cache), or a directory written by
     ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` (read with ``load_from_disk``; a ``Dataset`` is
@@ -185,6 +195,39 @@ class DataConfig:
                              "reads them (e.g. --data.dataset_name=json), or use [data].train_files")
         if self.val_files and not self.train_files:
             raise ValueError("DataConfig.val_files is set but train_files is not; set both, or neither")
+        if self.sources is not None:
+            self._check_sources()
+
+    def _check_sources(self) -> None:
+        """Each ``[[data.sources]]`` table: its keys, types and a unique name; nothing else names the data."""
+        if self.train_files or self.dataset_name:
+            raise ValueError("[data].sources and [data].train_files / dataset_name both name the training data; "
+                             "put every training source in [[data.sources]] (each with its train_files), or use "
+                             "train_files alone")
+        if not self.sources:
+            raise ValueError("[data].sources is empty; give one [[data.sources]] table per source, or leave it out")
+        names = []
+        for i, table in enumerate(self.sources):
+            where = f"[data].sources[{i}]"
+            unknown = sorted(set(table) - set(SOURCE_KEYS))
+            missing = [k for k, required in SOURCE_KEYS.items() if required and k not in table]
+            if unknown or missing:
+                raise ValueError(f"{where} = {table!r}: " + "; ".join(
+                    ([f"unknown key(s) {unknown}"] if unknown else []) + ([f"missing {missing}"] if missing else []))
+                    + f"; each source is a table of {list(SOURCE_KEYS)} (val_files optional)")
+            name, weight = table["name"], table["weight"]
+            if not isinstance(name, str) or not name or name in names:
+                raise ValueError(f"{where}.name must be a non-empty string unlike the other sources', got {name!r}")
+            names.append(name)
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < float("inf"):
+                raise ValueError(f"{where}.weight must be a positive number, got {weight!r}")
+            for key in ("train_files", "val_files"):
+                value = table.get(key, [])
+                if isinstance(value, str):
+                    value = table[key] = [value]
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or (
+                        key == "train_files" and not value):
+                    raise ValueError(f"{where}.{key} must be a list of file paths or globs, got {value!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -11,6 +11,7 @@ barrier, then on every rank: the second call only opens the caches):
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,11 +78,16 @@ class Source:
 
 
 def data_sources(cfg: DataConfig, corpus_report: BadDataReport | None = None) -> dict[str, Source]:
-    """``{"train": Source, "val": Source}`` ("val" absent when there is none).
+    """``{"train": Source, "val": Source}`` ("val" absent when there is none); with
+    ``[data].sources``, ``{"train/<name>": ..., "val/<name>": ...}`` per source, in its order.
 
     With neither files nor a dataset name, writes (or reuses) the stdlib corpus
     and adds its skipped files (empty, undecodable) to ``corpus_report``.
     """
+    if cfg.sources:
+        out = {f"train/{t['name']}": Source(files=tuple(t["train_files"])) for t in cfg.sources}
+        out.update({f"val/{t['name']}": Source(files=tuple(t["val_files"])) for t in cfg.sources if t.get("val_files")})
+        return out
     if cfg.train_files:
         out = {"train": Source(files=tuple(cfg.train_files))}
         if cfg.val_files:
@@ -167,7 +173,7 @@ def planned_writes(cfg: DataConfig, tok_cfg: TokenizerConfig) -> list[PlannedWri
         writes.append(PlannedWrite("[tokenizer].model_path", tok_cfg.model_path, model_path.parent,
                                    "it does not exist, so the tokenizer is trained and written there"))
     sources: dict[str, Source] | None
-    if cfg.train_files or cfg.dataset_name:
+    if cfg.train_files or cfg.dataset_name or cfg.sources:
         sources = data_sources(cfg)
     else:
         corpus = Path(cfg.corpus_dir)
@@ -205,11 +211,14 @@ class PreparedData:
     """
 
     tokenizer: Tokenizer
-    train: TokenStream
+    train: TokenStream | None
+    """The training stream; None for a mixture (``mixture``)."""
     val: TokenStream | None
     reports: dict[str, BadDataReport]
     tokenizer_trained: bool = False
     """The tokenizer was trained by this call (its model_path did not exist), not loaded."""
+    mixture: tuple[tuple[str, float, TokenStream, TokenStream | None], ...] = ()
+    """``[data].sources``: ``(name, weight, training stream, validation stream or None)`` per source."""
 
     def tokenizer_origin(self) -> str:
         """Which tokenizer the run uses and why, for the start-up summary."""
@@ -235,19 +244,19 @@ def prepare_data(cfg: DataConfig, tok_cfg: TokenizerConfig, *, log_reports: bool
     corpus_report = BadDataReport()
     status("reading the data sources")
     sources = data_sources(cfg, corpus_report)
-    train_src = sources["train"]
+    train_srcs = [src for name, src in sources.items() if name == "train" or name.startswith("train/")]
     trained = not Path(tok_cfg.model_path).is_file()
     status(f"training the tokenizer {tok_cfg.model_path}" if trained else "loading the tokenizer")
     tokenizer = load_or_train_tokenizer(
         tok_cfg.model_path,
         # A generator, so nothing is read when the model file already exists;
         # its skip counts are reported again (and kept) by the token cache build.
-        train_src.documents(cfg, BadDataReport()),
+        itertools.chain.from_iterable(src.documents(cfg, BadDataReport()) for src in train_srcs),
         tok_cfg.vocab_size,
         text_field=cfg.text_field,
         input_sentence_size=tok_cfg.input_sentence_size,
         seed=tok_cfg.seed,
-        data_label=train_src.label(),
+        data_label=" + ".join(src.label() for src in train_srcs),
     )
     reports = {name: BadDataReport() for name in sources}
     if corpus_report.kept or corpus_report.counts:
@@ -259,18 +268,27 @@ def prepare_data(cfg: DataConfig, tok_cfg: TokenizerConfig, *, log_reports: bool
         # Files read, documents and tokens kept, skips per cause: a warning when anything was skipped.
         if log_reports:
             reports[name].log(logger, f"{name} ({stream.path})")
-    return PreparedData(tokenizer, streams["train"], streams.get("val"), reports, tokenizer_trained=trained)
+    mixture = tuple((t["name"], float(t["weight"]), streams[f"train/{t['name']}"], streams.get(f"val/{t['name']}"))
+                    for t in cfg.sources or ())
+    return PreparedData(tokenizer, streams.get("train"), streams.get("val"), reports, tokenizer_trained=trained,
+                        mixture=mixture)
 
 
-def build_loader(stream: TokenStream, cfg: DataConfig, *, dp_rank: int = 0, dp_size: int = 1, sp_rank: int = 0,
-                 sp_size: int = 1, train: bool = True, start: int = 0, seq_len: int | None = None) -> PackedLoader:
-    """Batches of ``stream`` for one rank.
+def build_loader(stream: TokenStream | PreparedData, cfg: DataConfig, *, dp_rank: int = 0, dp_size: int = 1,
+                 sp_rank: int = 0, sp_size: int = 1, train: bool = True, start: int = 0,
+                 seq_len: int | None = None) -> PackedLoader:
+    """Batches of ``stream`` for one rank; given the ``PreparedData`` of a mixture, its training batches.
 
     ``train=True``: shuffled with ``cfg.seed``, endless, resumable from
     global stream position ``start`` (sampler.py). ``train=False``: stream order, one epoch. ``seq_len``
     overrides ``cfg.seq_len`` (evaluating at longer contexts reuses the cache).
     Batches carry ``cu_seqlens`` when ``cfg.document_masking`` is on.
     """
+    if isinstance(stream, PreparedData):  # a mixture's sources, by weight (data/mixture.py)
+        return PackedLoader([m[2].tokens for m in stream.mixture], cfg.seq_len if seq_len is None else seq_len,
+                            cfg.micro_batch_size, dp_rank=dp_rank, dp_size=dp_size, sp_rank=sp_rank,
+                            sp_size=sp_size, seed=cfg.seed, start=start, document_masking=cfg.document_masking,
+                            eos_id=stream.mixture[0][2].eos_id, weights=[m[1] for m in stream.mixture])
     return PackedLoader(
         stream.tokens, cfg.seq_len if seq_len is None else seq_len, cfg.micro_batch_size,
         dp_rank=dp_rank, dp_size=dp_size, sp_rank=sp_rank, sp_size=sp_size, seed=cfg.seed,

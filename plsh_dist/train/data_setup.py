@@ -45,12 +45,23 @@ class DataPipeline:
                  sp_rank: int, sp_size: int):
         self.prepared, self.cfg = prepared, cfg
         self.layout = dict(dp_rank=dp_rank, dp_size=dp_size, sp_rank=sp_rank, sp_size=sp_size)
-        self.train = build_loader(prepared.train, cfg, train=True, **self.layout)
+        self.train = build_loader(self._training(), cfg, train=True, **self.layout)
+
+    def _training(self):
+        """What the training batches are drawn from: the training stream, or a mixture's sources."""
+        return self.prepared if self.prepared.mixture else self.prepared.train
 
     def skip_to(self, position: int) -> None:
         """Start the training stream at global position ``position``: the sequences every DP rank
         together has read (resume; the same at any DP size, data/sampler.py)."""
-        self.train = build_loader(self.prepared.train, self.cfg, train=True, start=position, **self.layout)
+        self.train = build_loader(self._training(), self.cfg, train=True, start=position, **self.layout)
+
+    def source_progress(self) -> dict[str, dict]:
+        """A mixture's sources at the training stream's position: name -> ``{"sequences", "epochs"}``
+        (data/mixture.py); empty without ``[data].sources``."""
+        if not self.prepared.mixture:
+            return {}
+        return {m[0]: p for m, p in zip(self.prepared.mixture, self.train.sampler.source_progress())}
 
     @property
     def global_position(self) -> int:
@@ -63,8 +74,21 @@ class DataPipeline:
 
     def val_batches(self, n: int) -> Iterator[dict[str, torch.Tensor]]:
         """The first ``n`` validation batches (stream order, same every call);
-        the training split's first batches if the data has no validation split."""
-        stream = self.prepared.val if self.prepared.val is not None else self.prepared.train
+        the training split's first batches if the data has no validation split.
+        A mixture: the first ``n`` of each source's (``val_sets``), one source after the other."""
+        for batches in self.val_sets(n).values():
+            yield from batches
+
+    def val_sets(self, n: int) -> dict[str, Iterator[dict[str, torch.Tensor]]]:
+        """``{"": the first n validation batches}``; a mixture: ``{source name: the first n of its
+        validation split (its training split's when it has none)}``."""
+        if not self.prepared.mixture:
+            streams = {"": self.prepared.val if self.prepared.val is not None else self.prepared.train}
+        else:
+            streams = {name: val if val is not None else train for name, _, train, val in self.prepared.mixture}
+        return {name: self._first(stream, n) for name, stream in streams.items()}
+
+    def _first(self, stream, n: int) -> Iterator[dict[str, torch.Tensor]]:
         loader = build_loader(stream, self.cfg, train=False, **self.layout)
         for i, batch in enumerate(loader):
             if i >= n:

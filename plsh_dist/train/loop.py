@@ -59,7 +59,7 @@ from plsh_dist.train.preemption import StopRequest, handle_stop_signals, interru
 from plsh_dist.train.refusal import RunRefused, refusing
 from plsh_dist.train.run_dir import set_aside_previous_run
 from plsh_dist.train.run_lock import RunDirLock, claim_out_dir
-from plsh_dist.train.validation import validation_loss
+from plsh_dist.train.validation import mixture_validation, validation_loss
 
 @dataclass
 class TrainResult:
@@ -385,6 +385,10 @@ def _summary(s: TrainSession) -> dict[str, str]:
                      f"sigma={a.sigma if a.sigma is not None else 'per-head 1/alibi_slope'}",
         "tokenizer": s.data.prepared.tokenizer_origin(),
         **{f"data {name}": _report_head(report, name) for name, report in s.data.prepared.reports.items()},
+        **({"mixture": ", ".join(f"{name} {weight:g} ({p['sequences']:,} sequences read, {p['epochs']:.2f} epochs)"
+                                 for (name, weight, _, _), p in zip(s.data.prepared.mixture,
+                                                                    s.data.source_progress().values()))}
+           if s.data.prepared.mixture else {}),
         "layout": f"{dims.describe()} (SP groups {dims.sp_group_ranks()})",
         "tokens/step": f"{s.tokens_per_step:,} = micro {cfg.data.micro_batch_size} x accum {gas} x dp "
                        f"{dims.dp_size} x seq {cfg.data.seq_len} (each rank {cfg.data.seq_len // dims.sp_size} tokens)",
@@ -470,9 +474,13 @@ def train_step(s: TrainSession, step: int) -> StepStats:
 # --- validation, logging, checkpoints, export -------------------------------------------
 
 
-def _validate(s: TrainSession) -> float:
-    """Validation loss of the first [logging].eval_batches validation batches; collective."""
-    return validation_loss(s.engine, s.data.val_batches(s.cfg.logging.eval_batches), s.runtime, s.device)
+def _validate(s: TrainSession) -> dict[str, float]:
+    """``{"val_loss": ...}`` of the first [logging].eval_batches validation batches; a mixture's:
+    of each source's, with ``"val_loss/<source>"`` for each; collective."""
+    n = s.cfg.logging.eval_batches
+    if s.data.prepared.mixture:
+        return mixture_validation(s.engine, s.data.val_sets(n), s.runtime, s.device)
+    return {"val_loss": validation_loss(s.engine, s.data.val_batches(n), s.runtime, s.device)}
 
 
 def _log_step(s: TrainSession, done: int, stats: StepStats, tokens_per_s: float) -> None:
@@ -501,7 +509,7 @@ def _log_step(s: TrainSession, done: int, stats: StepStats, tokens_per_s: float)
         if s.peak[0] is not None:
             metrics["mfu"] = flops_per_s / s.peak[0]
     if cfg.logging.eval_every and done % cfg.logging.eval_every == 0 and done != cfg.run.max_steps:
-        metrics["val_loss"] = _validate(s)
+        metrics.update(_validate(s))
     if metrics:
         s.log.log(done, metrics)
     s.log.advance(1, progress, line=logged)
@@ -511,7 +519,7 @@ def _save_checkpoint(s: TrainSession, step: int, loss: float | None) -> Path:
     """Checkpoint after optimizer step ``step``; collective. Returns the published tag directory.
     Rank 0 says how long the save took (every rank's shards written, hashed and published) and its size."""
     trainer_state = {"step": step, "consumed_micro_batches": step * s.cfg.optim.grad_accum_steps,
-                     "consumed_sequences": s.data.global_position, "loss": loss,
+                     "consumed_sequences": s.data.global_position, "sources": s.data.source_progress(), "loss": loss,
                      "shape": run_shape(s.cfg, s.world, s.device.type).to_dict()}
     s.progress.checkpoints_written += 1
     t0 = time.time()
@@ -540,10 +548,12 @@ def _finish(s: TrainSession, result: TrainResult) -> None:
     cfg = s.cfg
     done = cfg.run.max_steps
     if cfg.logging.eval_batches:
-        result.val_loss = _validate(s)
+        losses = _validate(s)
+        result.val_loss = losses["val_loss"]
         ppl = perplexity(result.val_loss)
-        s.log.log(done, {"val_loss": result.val_loss, "val_ppl": ppl})
-        s.log.print(f"validation: loss {result.val_loss:.4f}  ppl {ppl:.2f}")
+        s.log.log(done, {**losses, "val_ppl": ppl})
+        s.log.print(f"validation: loss {result.val_loss:.4f}  ppl {ppl:.2f}"
+                    + "".join(f"; {k.split('/', 1)[1]} {v:.4f}" for k, v in losses.items() if "/" in k))
     _save_checkpoint(s, done, result.losses[-1] if result.losses else None)
     if cfg.checkpoint.export_safetensors:
         result.final_dir = str(_export(s))

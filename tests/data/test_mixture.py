@@ -82,3 +82,39 @@ def test_sources_report_their_sequences_and_epochs():
     progress = sampler.source_progress()
     assert sum(p["sequences"] for p in progress) == 200
     assert progress[2]["epochs"] == pytest.approx(progress[2]["sequences"] / 43)
+
+
+def _sources_config(tmp_path, tables: str):
+    from plsh_dist.config import load_config
+
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "b.txt").write_text("y\n")
+    return load_config(None, [f"--data.sources={tables}", f"--data.cache_dir={tmp_path / 'cache'}"])
+
+
+def test_sources_config_reads_tables_and_writes_them_back(tmp_path):
+    from plsh_dist.config.schema import to_toml
+    import tomllib
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.txt"
+    cfg = _sources_config(tmp_path, f"[{{name='web', train_files=['{a}'], weight=3}}, "
+                                    f"{{name='code', train_files='{b}', weight=1.5, val_files=['{b}']}}]")
+    assert [t["name"] for t in cfg.data.sources] == ["web", "code"]
+    assert cfg.data.sources[1]["train_files"] == [str(b)]  # a single path becomes a list
+    assert tomllib.loads(to_toml(cfg))["data"]["sources"] == cfg.data.sources  # the resolved config round-trips
+
+
+@pytest.mark.parametrize("tables, expected", [
+    ("[{name='web', train_files=['{a}']}]", "[data].sources[0] = {'name': 'web', 'train_files': ['{a}']}: missing ['weight']"),
+    ("[{name='web', train_files=['{a}'], weight=0}]", "[data].sources[0].weight must be a positive number, got 0"),
+    ("[{name='w', train_files=['{a}'], weight=1}, {name='w', train_files=['{a}'], weight=1}]",
+     "[data].sources[1].name must be a non-empty string unlike the other sources', got 'w'"),
+    ("[{name='w', train_files=['{a}'], weight=1, wieght=2}]", "unknown key(s) ['wieght']"),
+    ("[{name='w', train_files=['nothing/*.jsonl'], weight=1}]", "[data].sources[0].train_files: "),
+    ("[]", "[data].sources is empty"),
+])
+def test_bad_sources_are_refused_naming_the_table_and_key(tmp_path, tables, expected):
+    a = tmp_path / "a.jsonl"
+    with pytest.raises(ValueError) as err:
+        _sources_config(tmp_path, tables.replace("{a}", str(a)))
+    assert expected.replace("{a}", str(a)) in str(err.value)

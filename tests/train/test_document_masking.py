@@ -145,7 +145,7 @@ def test_data_pipeline_sp_ranks_share_the_layout_and_resume_it(masking):
     tokens = rng.integers(4, 300, size=4000).astype(np.uint16)
     tokens[rng.random(tokens.size) < 0.02] = EOS_ID
     stream = SimpleNamespace(tokens=tokens, eos_id=EOS_ID)
-    prepared = SimpleNamespace(train=stream, val=None)
+    prepared = SimpleNamespace(train=stream, val=None, mixture=())
     cfg = DataConfig(seq_len=32, micro_batch_size=2, document_masking=masking)
     ranks = [DataPipeline(prepared, cfg, dp_rank=1, dp_size=2, sp_rank=r, sp_size=2) for r in range(2)]
     first = [[p.next_train() for _ in range(3)] for p in ranks]
