@@ -259,18 +259,18 @@ def prepare_collectively(data: DataConfig, tokenizer: TokenizerConfig, *, rank: 
                 pass
             raise
     # The node's first waiting rank says what the builders do: local rank 1, or the builder of a one-rank node.
-    node_starts = sorted(builders) + [len(local_ranks)]
-    node = node_starts.index(rank - local_rank)
-    report = local_rank == 1 or node_starts[node + 1] - node_starts[node] == 1
+    alone = rank in builders and (rank + 1 == len(local_ranks) or local_ranks[rank + 1][0] == 0)
+    report = local_rank == 1 or alone
     verdicts = await_builders(store, prefix, builders, report=report)
+    for b in sorted(verdicts):  # a crashed builder joins no collective again: stop now
+        if "failed" in verdicts[b]:
+            raise PeerGone(f"rank {b} ({builders[b]}) failed while preparing the data: {verdicts[b]['failed']}")
     # Every rank has every verdict within a poll of the others: a collective again, and the store's host
     # (rank 0) stays until all have read it.
     dist.all_gather_object([None] * len(local_ranks), None)
     for b in sorted(verdicts):
         if "refused" in verdicts[b]:
             raise RunRefused("data", verdicts[b]["refused"])
-        if "failed" in verdicts[b]:
-            raise PeerGone(f"rank {b} ({builders[b]}) failed while preparing the data: {verdicts[b]['failed']}")
     prints = {v["fingerprint"] for v in verdicts.values()}
     if len(prints) > 1:
         raise RunRefused("data", f"the nodes prepared different tokenizers at [tokenizer].model_path = "

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from torch.distributed import TCPStore
@@ -57,6 +58,7 @@ def test_a_lost_store_ends_the_wait():
     host = subprocess.Popen([sys.executable, "-c", f"""
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 from torch.distributed import TCPStore
 s = TCPStore("127.0.0.1", {port}, is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False)
 s.set("p/0/status", "training the tokenizer")
@@ -110,3 +112,49 @@ def test_a_live_holders_lock_is_waited_for(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def _ranks(rank: int, port: int, mode: str, out) -> None:
+    import torch.distributed as dist
+
+    import plsh_dist.train.data_wait as data_wait
+    from plsh_dist.data import DataConfig, TokenizerConfig
+
+    def builder(*args, **kwargs):
+        if mode == "crash":
+            raise RuntimeError("injected crash while tokenizing")
+        kwargs["status"]("tokenizing train: 1.0MB/4.0MB")
+        time.sleep(4)  # twice the process group's timeout
+        return SimpleNamespace(tokenizer=SimpleNamespace(fingerprint="f"), built="built")
+
+    data_wait.prepare_locked = builder
+    data_wait.prepare_data = lambda *args, **kwargs: "opened"  # what a waiting rank does once the data is ready
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=2))
+    try:
+        prepared = data_wait.prepare_collectively(DataConfig(), TokenizerConfig(), rank=rank, local_rank=rank,
+                                                  threads=1)
+        out[rank] = getattr(prepared, "built", prepared)
+    except Exception as exc:  # noqa: BLE001 - the test reads what each rank raised
+        out[rank] = f"{type(exc).__name__}: {exc}"
+    if mode != "crash" or rank != 0:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("mode", ["slow", "crash"])
+def test_ranks_wait_past_the_collective_timeout_and_stop_at_a_crash(mode):
+    """A build twice as long as the process group's timeout is waited for; a builder that crashes
+    stops the waiting rank at once with PeerGone (it never joins the last collective)."""
+    import torch.multiprocessing as mp
+
+    with mp.Manager() as manager:
+        out = manager.dict()
+        start = time.monotonic()
+        mp.spawn(_ranks, args=(free_port(), mode, out), nprocs=2)
+        results = dict(out)
+    if mode == "slow":
+        assert results == {0: "built", 1: "opened"}
+    else:
+        assert results[0] == "RuntimeError: injected crash while tokenizing"
+        assert results[1].startswith("PeerGone: rank 0 (host ") and "failed while preparing the data" in results[1]
+        assert time.monotonic() - start < 30
