@@ -6,6 +6,8 @@ the master weights' dtype; with the SP size, which splits the world into data-pa
 trained function does not depend on it (resume_check.py holds what does), and the data order does
 not either (one global stream, data/sampler.py). A resume at another shape:
 
+- the same world size, stage, precision and master weights, at another SP size: the checkpoint's
+  own files (DeepSpeed's layout does not see the SP split);
 - at ZeRO 1-3 on both sides: through DeepSpeed's universal checkpoint (universal.py): any world
   size, SP size, stage, precision or master-weights dtype;
 - at ZeRO 0 on both sides, with the same precision: the checkpoint's own files (nothing is
@@ -45,6 +47,11 @@ class RunShape:
     @property
     def dp_size(self) -> int:
         return self.world_size // self.sp_size
+
+    def engine_layout(self) -> tuple:
+        """What DeepSpeed's files depend on: all but the SP size (DeepSpeed sees the world as one
+        data-parallel group)."""
+        return self.world_size, self.zero_stage, self.precision, self.master_weights
 
     def describe(self) -> str:
         weights = self.precision if self.precision == "fp32" else f"bf16 with {self.master_weights} master weights"
@@ -89,8 +96,8 @@ def saved_shape(tag_dir: str | Path, device_type: str) -> RunShape | None:
 def resume_route(saved: RunShape, now: RunShape, tag_dir: str | Path) -> str:
     """How a run at shape ``now`` loads checkpoint ``tag_dir`` written at ``saved``: ``SAME_FILES`` or
     ``UNIVERSAL``; ValueError (one line: the field, both values, the way out) where no route exists."""
-    if saved == now:
-        return SAME_FILES
+    if saved.engine_layout() == now.engine_layout():
+        return SAME_FILES  # another SP size over the same world: DeepSpeed's files are laid out alike
     if saved.zero_stage >= 1 and now.zero_stage >= 1:
         return UNIVERSAL
     if saved.zero_stage == now.zero_stage == 0 and saved.precision == now.precision:

@@ -87,7 +87,8 @@ def _same_state(own: dict, moved: dict, rounded_to=None) -> None:
     ((2, _shape(3, 2)), (1, _shape(1, 4))),    # ZeRO-3 -> ZeRO-1, and DP 2 -> 1
     ((2, _shape(2, 2)), (4, _shape(2, 1))),    # DP 2 -> 4
     ((2, _shape(0, 2)), (1, _shape(0, 4))),    # ZeRO 0: the checkpoint's own files at another DP size
-], ids=["zero1-to-zero3", "zero3-to-zero1-dp1", "dp2-to-dp4", "zero0-dp2-to-dp1"])
+    ((2, _shape(1, 2)), (2, [*_shape(1, 4), "--parallel.sp_size=2"])),  # DP 2 -> SP 2: the same files
+], ids=["zero1-to-zero3", "zero3-to-zero1-dp1", "dp2-to-dp4", "zero0-dp2-to-dp1", "dp2-to-sp2"])
 def test_resume_across_zero_stages_and_dp_sizes(tiny_data, tmp_path, before, after):
     full, resumed, cut_dir = _resume_at(tiny_data, tmp_path, before, after)
     _check_continues(full, resumed, cut_dir, rel=2e-5)

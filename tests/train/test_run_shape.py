@@ -23,7 +23,7 @@ def _shape(world=2, sp=1, zero=1, precision="fp32", masters="fp32") -> RunShape:
 
 
 @pytest.mark.parametrize("now", [
-    _shape(world=1), _shape(world=4), _shape(world=2, sp=2), _shape(zero=3), _shape(zero=2, world=8),
+    _shape(world=1), _shape(world=4), _shape(world=4, sp=2), _shape(zero=3), _shape(zero=2, world=8),
     _shape(precision="bf16"), _shape(precision="bf16", masters="bf16"), _shape(zero=3, precision="bf16"),
 ])
 def test_any_change_between_zero_1_and_3_goes_through_the_universal_checkpoint(now):
@@ -31,8 +31,9 @@ def test_any_change_between_zero_1_and_3_goes_through_the_universal_checkpoint(n
     assert resume_route(now, _shape(), "ckpt") == UNIVERSAL  # and back
 
 
-def test_the_same_shape_and_zero_0_at_any_world_read_the_checkpoints_own_files():
+def test_the_same_engine_layout_and_zero_0_at_any_world_read_the_checkpoints_own_files():
     assert resume_route(_shape(), _shape(), "ckpt") == SAME_FILES
+    assert resume_route(_shape(world=2, sp=1), _shape(world=2, sp=2), "ckpt") == SAME_FILES  # DP 2 -> SP 2
     assert resume_route(_shape(zero=0, world=2), _shape(zero=0, world=4, sp=2), "ckpt") == SAME_FILES
     assert resume_route(_shape(zero=0, precision="bf16"), _shape(zero=0, world=1, precision="bf16"), "c") == SAME_FILES
 
