@@ -17,8 +17,8 @@ section (the attention mode and the seed rule, kept current by
 ``set_attention_mode``), so ``state_dict`` / ``save_pretrained`` / DeepSpeed
 see an ordinary HF model.
 
-``model_with_weights`` is the one saved-weights -> model step (exports,
-DeepSpeed tags, ``AutoModelForCausalLM.from_pretrained``).
+``model_with_weights`` is the checkpoint loader's saved-weights -> model step (exports,
+DeepSpeed tags).
 """
 
 from __future__ import annotations
@@ -110,10 +110,10 @@ def model_with_weights(
 ) -> nn.Module:
     """``build_model(model_cfg, attn_cfg, runtime)`` holding the weights ``state``, in eval mode.
 
-    The one saved-weights -> model step: ``plsh_dist.checkpoint.loading.load_model``
-    (exports, DeepSpeed tags, run directories) and ``from_pretrained`` of the
-    registered classes (:func:`plsh_dist.models.hf_config.load_pretrained`)
-    both call it. ``state`` may lack ``lm_head.weight`` when the LM head is
+    The saved-weights -> model step of ``plsh_dist.checkpoint.loading.load_model``
+    (exports, DeepSpeed tags, run directories); transformers' ``from_pretrained``
+    of the registered classes loads through its own loader and gives the same
+    logits (tests/models/test_hf_export.py). ``state`` may lack ``lm_head.weight`` when the LM head is
     tied to the embedding (``save_pretrained`` drops it). ``source`` names the
     weights in errors. Raises ValueError when the weights do not fit ``model_cfg``.
     """

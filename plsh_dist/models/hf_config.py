@@ -5,9 +5,9 @@ be rebuilt by ``AutoModelForCausalLM.from_pretrained`` with RoPE and SDPA and no
 different model. So ``build_model`` builds subclasses with a distinct ``model_type``
 (``qwen3_plsh``, ``llama_plsh``, ``mistral_plsh``), ``config.json`` gets a ``"plsh_dist"`` section
 (``SECTION``: the attention and the hash seed), importing ``plsh_dist.models`` registers the types,
-and their ``from_pretrained`` is :func:`load_pretrained`. The types, the section's format, the
-loading path and the seed rule: docs/training.md, "Loading an export with transformers",
-"The model types".
+and their ``from_pretrained`` is transformers' own, with the package's checks (:func:`check_export`)
+and the ``attention`` keyword added around it. The types, the section's format, the loading path
+and the seed rule: docs/training.md, "Loading an export with transformers", "The model types".
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import transformers
 
-from plsh_dist.models.build import model_with_weights, register_model_types, set_attention_mode
+from plsh_dist.models.build import register_model_types, set_attention_mode
 from plsh_dist.models.config import AttentionConfig, ModelConfig
 from plsh_dist.biases import BIASES
 from plsh_dist.models.remote_code import MODEL_MODULES, auto_map, write_remote_code
@@ -59,22 +59,44 @@ PLSH_CONFIG_TYPES = tuple(CONFIG_CLASSES.values())
 MODEL_TYPES = {cls.model_type: family for family, cls in CONFIG_CLASSES.items()}
 
 
+def _refuse_output_attentions(module, args, kwargs):
+    """Forward pre-hook: ``model(..., output_attentions=True)`` would return an empty tuple of weights."""
+    if kwargs.get("output_attentions"):
+        raise ValueError(_NO_ATTENTION_WEIGHTS)
+
+
 class _PlshCausalLM:
-    """Mixin of the registered model classes: loading goes through :func:`load_pretrained`;
-    a model built from a config that carries the section (``from_config``) gets its attention mode."""
+    """Mixin of the registered model classes: a model built from a config that carries the section
+    (``from_config``, and transformers' ``from_pretrained``, which builds it from config.json) gets its
+    attention mode; ``from_pretrained`` adds the package's checks and the ``attention`` keyword."""
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
         if isinstance(getattr(config, SECTION, None), dict):
             attn, seed = read_section(config)
             set_attention_mode(self, attn, AttentionRuntime(**seed))
+        # A hook, not a forward override: Trainer and PEFT read forward's signature.
+        self.register_forward_pre_hook(_refuse_output_attentions, with_kwargs=True)
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """Load a plsh_dist export (see :func:`load_pretrained` for the accepted arguments)."""
-        if model_args:
-            raise ValueError(f"{cls.__name__}.from_pretrained takes no positional model arguments, got {model_args}")
-        return load_pretrained(pretrained_model_name_or_path, **kwargs)
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, attention=None, **kwargs):
+        """transformers' ``PreTrainedModel.from_pretrained``, every keyword of it, with the package's
+        additions around it: :func:`check_export` first (the trained mode is stated and consistent;
+        no ``attn_implementation`` that would drop the bias; no ``output_attentions``), a weight that
+        does not match the config is an error (not a random init), and ``attention``: run the weights
+        under another attention mode, a dict of ``AttentionConfig`` fields replacing the trained ones
+        (``{"bias": "alibi"}``, ``{"num_samples": 16}``) or a whole ``AttentionConfig`` (the hash
+        seed stays the export's). The model's ``__init__`` binds the trained mode from the config's
+        section. ``dtype`` is transformers' default (``"auto"`` since transformers 5: the saved dtype)."""
+        check_export(pretrained_model_name_or_path, **kwargs)
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args, output_loading_info=True,
+                                              **kwargs)
+        _check_loaded(info, pretrained_model_name_or_path)
+        if attention is not None:
+            trained, _ = read_section(model.config)
+            set_attention_mode(model, _chosen_attention(trained, attention))
+        return (model, info) if want_info else model
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' ``save_pretrained``, plus ``auto_map`` in ``config.json`` and the
@@ -280,36 +302,6 @@ def read_safetensors_dir(directory: str | Path, *, what: str = "weights") -> dic
 
 # --- from_pretrained ------------------------------------------------------------------
 
-# Keyword arguments transformers' Auto classes forward (hub and remote-code
-# settings): meaningless for a local directory, accepted and ignored.
-_IGNORED = {"cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies",
-            "trust_remote_code", "code_revision", "adapter_kwargs", "_from_auto", "_from_pipeline", "_commit_hash",
-            "resume_download", "low_cpu_mem_usage", "use_auth_token", "user_agent"}
-
-
-def _resolve_dtype(dtype, config) -> torch.dtype:
-    if dtype is None:
-        return torch.float32
-    if dtype == "auto":
-        dtype = getattr(config, "dtype", None) or torch.float32
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating torch dtype (torch.float32, torch.bfloat16, ...) or 'auto', "
-                         f"got {dtype!r}")
-    return dtype
-
-
-def _resolve_device(device_map) -> torch.device:
-    if device_map is None:
-        return torch.device("cpu")
-    if device_map == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if isinstance(device_map, (str, torch.device, int)):
-        return torch.device(device_map)
-    raise ValueError(f"device_map must be a single device ('cpu', 'cuda', 'cuda:0' or 'auto'), got {device_map!r}; "
-                     "plsh_dist models are not split across devices at load time")
-
 
 def _mode_spec(run_attn: dict, attn: AttentionConfig) -> str:
     """The launchers' ``--mode`` spec of ``attn``'s bias with the fields that differ from the run's
@@ -413,62 +405,82 @@ def _chosen_attention(trained: AttentionConfig, attention) -> AttentionConfig:
                      f"a plsh_dist.models.AttentionConfig, got {type(attention).__name__}")
 
 
-def load_pretrained(path: str | Path, *, config=None, dtype=None, torch_dtype=None, device_map=None, device=None,
-                    attn_implementation: str | None = None, use_safetensors: bool | None = None,
-                    attention: AttentionConfig | dict | None = None, **kwargs):
-    """A plsh_dist export directory -> the model training-time evaluation builds (eval mode).
+#: from_pretrained's keywords that say where the files are (a local directory or a Hub repo at a
+#: revision): the package's checks read config.json, config.resolved.json and tokenizer.model from
+#: the place transformers' loader reads the weights from. Forwarded, never consumed.
+_WHERE = ("cache_dir", "force_download", "local_files_only", "proxies", "revision", "subfolder", "token")
 
-    What ``AutoModelForCausalLM.from_pretrained(dir)`` runs after ``import plsh_dist.models``
-    (or with ``trust_remote_code=True``). ``attention``: run the weights under another
-    attention mode, a dict of ``AttentionConfig`` fields replacing the trained ones
-    (``{"bias": "alibi"}``, ``{"num_samples": 16}``) or a whole ``AttentionConfig``; the
-    hash seed stays the export's, and ``config.json`` must still state the trained mode
-    (an edited one is refused, naming this keyword). ``dtype``/``torch_dtype``: default
-    float32 (``"auto"``: the saved dtype); ``device_map``/``device``: one device (default
-    CPU); ``attn_implementation`` may only be ``"plsh_dist"`` (another would drop the
-    trained positional bias: choose the mode with ``attention`` instead). Hub arguments
-    are ignored (local directories only). Raises ValueError naming the file and field.
-    """
-    unknown = sorted(set(kwargs) - _IGNORED)
-    if unknown:
-        raise ValueError(f"from_pretrained of a plsh_dist model does not support {unknown}; supported: dtype, "
-                         f"device_map (one device), attention (a dict of attention fields or an AttentionConfig), "
-                         f"attn_implementation='plsh_dist'")
-    if use_safetensors is False:
-        raise ValueError("plsh_dist exports are safetensors only; drop use_safetensors=False")
-    directory = Path(path)
-    if not directory.is_dir():
-        raise ValueError(f"{str(path)!r} is not a local directory; plsh_dist models load from an export "
-                         f"directory (config.json + model.safetensors, e.g. runs/<name>/final)")
+#: Why output_attentions=True is refused (transformers' own message names attn_implementation='eager').
+_NO_ATTENTION_WEIGHTS = (
+    "output_attentions=True: plsh_dist attention returns no attention weights. Its kernels never form the "
+    "(T x T) probabilities, and a sampled mode has no single matrix to return: a PLSH output is the mean over "
+    "num_samples block-masked softmaxes, each with its own weights. Load without output_attentions "
+    "(output_hidden_states=True works); to run the weights under transformers' eager attention, which returns "
+    "weights but drops the trained positional bias, load them as the plain family's model yourself")
+
+
+def _export_dir(path, kwargs: dict) -> Path | None:
+    """The directory that holds ``path``'s ``config.json`` (a local export, or the Hub cache's copy at
+    ``revision``) with ``tokenizer.model`` and ``config.resolved.json`` fetched beside it when the repo
+    has them; None when transformers' loader will not find a config.json there either (it then raises
+    its own error)."""
+    from transformers.utils import cached_file
+
+    where = {k: kwargs[k] for k in _WHERE if kwargs.get(k) is not None}
+    found = {}
+    for name in ("config.json", "config.resolved.json", "tokenizer.model"):
+        try:
+            found[name] = cached_file(str(path), name, _raise_exceptions_for_missing_entries=False,
+                                      _raise_exceptions_for_connection_errors=False, **where)
+        except OSError:
+            found[name] = None
+        if found["config.json"] is None:
+            return None  # and the files beside it are not looked up
+    return Path(found["config.json"]).parent
+
+
+def check_export(path, config=None, **kwargs) -> None:
+    """The package's checks of an export before transformers' loader reads a weight: ``config.json``
+    (or the ``config`` object an Auto class loaded from it) is a plsh_dist type whose ``plsh_dist``
+    section is valid, agrees with the run config saved beside it (``config.resolved.json``) and with
+    ``tokenizer.model``'s size; ``attn_implementation`` (keyword or config) is ``plsh_dist`` or unset;
+    ``output_attentions`` is off. ValueError naming the file and field."""
+    directory = _export_dir(path, kwargs)
+    if directory is None:
+        return
     source = directory / "config.json"
-    if config is None:
-        config = transformers.AutoConfig.from_pretrained(str(directory))
-    if not isinstance(config, PLSH_CONFIG_TYPES):
-        raise ValueError(f"{source}: model_type {getattr(config, 'model_type', None)!r} is not a plsh_dist type "
-                         f"({sorted(MODEL_TYPES)}); {_CONVERT}")
+    if not isinstance(config, transformers.PreTrainedConfig):
+        try:
+            config = json.loads(source.read_text())
+        except ValueError:
+            return  # transformers' loader names the broken file
+    model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"{source}: model_type {model_type!r} is not a plsh_dist type ({sorted(MODEL_TYPES)}); "
+                         f"{_CONVERT}")
     attn, seed = read_section(config, str(source))
     model_cfg = ModelConfig.from_hf_config(config, source=str(source))
-    if attn_implementation is None:  # AutoModelForCausalLM hands it to the config
-        attn_implementation = getattr(config, "_attn_implementation", None)
-    if attn_implementation not in (None, "plsh_dist"):
+    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+    if kwargs.get("output_attentions") or get("output_attentions") or get("_output_attentions"):
+        raise ValueError(f"{source}: {_NO_ATTENTION_WEIGHTS}")
+    implementation = kwargs.get("attn_implementation") or get("_attn_implementation")
+    if implementation not in (None, "plsh_dist"):
         raise ValueError(
             f"{source}: this model was trained with plsh_dist attention (bias={attn.bias}, rope={attn.rope}); "
-            f"attn_implementation={attn_implementation!r} would run it without that positional bias. Load it "
+            f"attn_implementation={implementation!r} would run it without that positional bias. Load it "
             f"with attention={{'bias': 'alibi'}} (or another mode) instead to run it under another attention")
     _check_resolved(directory, model_cfg, attn, seed)
-    attn = _chosen_attention(attn, attention)
     _check_tokenizer(directory, model_cfg)
-    state = read_safetensors_dir(directory, what="export")
-    dtype = _resolve_dtype(dtype if dtype is not None else torch_dtype, config)
-    dev = _resolve_device(device_map if device_map is not None else device)
-    model = model_with_weights(model_cfg, attn, AttentionRuntime(**seed), state, source=directory,
-                               device=dev, dtype=dtype)
-    if (directory / "generation_config.json").is_file():
-        # As transformers' own from_pretrained: the export's special ids reach generate(), whose
-        # right-padding warning needs the pad id.
-        model.generation_config = transformers.GenerationConfig.from_pretrained(str(directory))
-    return model
 
+
+def _check_loaded(info: dict, path) -> None:
+    """transformers' loading report of an export -> ValueError when a weight is missing, extra or of
+    another shape (transformers would initialise a missing one at random and only log it)."""
+    missing, unexpected = sorted(info.get("missing_keys") or ()), sorted(info.get("unexpected_keys") or ())
+    mismatched = sorted(str(m) for m in info.get("mismatched_keys") or ())
+    if missing or unexpected or mismatched:
+        raise ValueError(f"{path}: weights do not match its config: missing {missing[:5]}, unexpected "
+                         f"{unexpected[:5]}, other shapes {mismatched[:5]}")
 
 # --- registration ---------------------------------------------------------------------
 

@@ -243,8 +243,8 @@ def test_bad_exports_fail_naming_file_and_field(corpus, tmp_path):
                 load_model(bad)
     with pytest.raises(ValueError, match="without that positional bias"):
         load(str(out), attn_implementation="sdpa")
-    with pytest.raises(ValueError, match="not a local directory"):
-        hf_config.load_pretrained(tmp_path / "missing")
+    with pytest.raises(OSError):  # transformers' own loader: neither a directory nor a Hub id
+        hf_config.Qwen3PlshForCausalLM.from_pretrained(str(tmp_path / "missing"))
     # A tokenizer with more pieces than the embedding has rows.
     small = _export(corpus, tmp_path / "small", vocab=VOCAB - 40)
     with pytest.raises(ValueError, match="tokenizer.model has 384 pieces but the model.s embedding has 344 rows"):
@@ -429,3 +429,50 @@ def test_the_printed_fix_for_pickle_weights_works_as_written(corpus, tmp_path):
     assert sorted(p.name for p in converted.iterdir()) == sorted(p.name for p in out.iterdir())
     got, want = (transformers.AutoModelForCausalLM.from_pretrained(str(d)).state_dict() for d in (converted, out))
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_transformers_own_loader_takes_its_keywords(corpus, tmp_path):
+    """from_pretrained is transformers' PreTrainedModel.from_pretrained with the package's checks and
+    ``attention`` on top: the keywords tools pass (lm-evaluation-harness passes gguf_file, max_memory and
+    quantization_config as None) load the same model, a keyword transformers refuses gets transformers'
+    own error, and output_attentions is refused in a message about attention weights (before: every
+    keyword outside an allow-list was refused, output_attentions with one about attn_implementation='eager')."""
+    out = _export(corpus, tmp_path / "final")
+    ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(5))
+    ref = load_model(out).model
+    with torch.no_grad():
+        want = ref(input_ids=ids).logits
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    same = [dict(device_map="auto"), dict(device_map="auto", max_memory={"cpu": "2GiB"}), dict(device_map="cpu"),
+            dict(low_cpu_mem_usage=True), dict(quantization_config=None, gguf_file=None, max_memory=None),
+            dict(revision="main"), dict(dtype=torch.float32), dict(dtype="auto"), dict(output_attentions=False)]
+    for kw in same:
+        model = load(str(out), trust_remote_code=True, **kw)
+        assert type(model).__name__ == "Qwen3PlshForCausalLM" and not model.training, kw
+        assert model.config._attn_implementation == "plsh_dist", kw
+        with torch.no_grad():
+            assert torch.equal(model(input_ids=ids).logits, want), kw
+    bf16 = load(str(out), dtype=torch.bfloat16)
+    assert bf16.dtype == torch.bfloat16
+    with torch.no_grad():
+        torch.testing.assert_close(bf16(input_ids=ids).logits.float(), ref.to(torch.bfloat16)(
+            input_ids=ids).logits.float(), atol=0, rtol=0)  # the same bf16 weights, the same computation
+    hidden = load(str(out), output_hidden_states=True)
+    with torch.no_grad():
+        res = hidden(input_ids=ids)
+    assert len(res.hidden_states) == 3 and torch.equal(res.logits, want)  # embeddings + 2 layers
+    model, info = load(str(out), output_loading_info=True)
+    assert info["missing_keys"] == set() and info["unexpected_keys"] == set()
+    # transformers' own refusals
+    with pytest.raises(TypeError, match="unexpected keyword argument 'not_a_keyword'"):
+        load(str(out), not_a_keyword=1)
+    with pytest.raises(ValueError, match="device_map as a string"):
+        load(str(out), device_map="nowhere")
+    with pytest.raises(OSError, match="missing.gguf"):
+        load(str(out), gguf_file="missing.gguf")
+    # attention weights: refused when loading and in a forward
+    for loader in (lambda: load(str(out), output_attentions=True),
+                   lambda: hf_config.Qwen3PlshForCausalLM.from_pretrained(str(out), output_attentions=True),
+                   lambda: model(input_ids=ids, output_attentions=True)):
+        with pytest.raises(ValueError, match="returns no attention weights.*mean over num_samples"):
+            loader()
