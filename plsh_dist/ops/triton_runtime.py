@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 
 import torch
 
@@ -20,6 +21,9 @@ def triton_status() -> str | None:
         import triton  # noqa: F401, PLC0415 (optional: pip install triton)
     except Exception as err:  # ImportError, or a broken install raising at import
         return f"triton is not importable ({type(err).__name__}: {err}); pip install 'triton>=3.6'"
+    if importlib.util.find_spec(f"{__package__}.triton_onepass_kernels") is None:
+        # a copy of the ops without the kernels: an export's bundled code (plsh_dist.models.remote_code)
+        return "the Triton kernels are not part of this copy of plsh_dist's code; install plsh_dist"
     return None
 
 
@@ -46,7 +50,7 @@ def kernels_module(name: str):
     why = triton_status()
     if why is not None:
         raise RuntimeError(f"the Triton kernel needs Triton: {why}")
-    module = importlib.import_module(f"plsh_dist.ops.{name}")
+    module = importlib.import_module(f"{__package__}.{name}")  # beside this module (plsh_dist.ops)
     prepare_interpreter()
     return module
 
