@@ -289,6 +289,11 @@ def plsh_dist_attention(
             f"the HF config asks for sliding_window={sliding_window}; use AttentionConfig(bias='window', "
             "window=...) and build the HF config with sliding_window=None"
         )
+    if torch.is_autocast_enabled(query.device.type):
+        # As SDPA under autocast (HF Trainer / TRL with bf16=True): q, k, v in the autocast dtype.
+        # Qwen3's q/k norms return fp32 (an fp32 weight times a bf16 input) while v stays bf16.
+        low = torch.get_autocast_dtype(query.device.type)
+        query, key, value = query.to(low), key.to(low), value.to(low)
     B, Hq, T, D = query.shape
     q = query.transpose(1, 2)  # (B, T, Hq, D)
     k = key.transpose(1, 2)  # (B, T, Hkv, D); with a KV cache (B, K, Hkv, D), K > T

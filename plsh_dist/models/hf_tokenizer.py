@@ -79,11 +79,23 @@ class PlshTokenizer(PreTrainedTokenizer):
 
     def _decode(self, token_ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces=None,
                 **kwargs) -> str:
-        ids = [token_ids] if isinstance(token_ids, int) else list(token_ids)
+        ids = [int(i) for i in ([token_ids] if isinstance(token_ids, int) else token_ids)]
+        special = set(self.all_special_ids)
         if skip_special_tokens:
-            special = set(self.all_special_ids)
-            ids = [i for i in ids if i not in special]
-        return self.plsh.decode(ids)  # control pieces (bos/eos/pad) decode to nothing, as in training's decode
+            return self.plsh.decode([i for i in ids if i not in special])
+        # As transformers' own tokenizers: a special token decodes to its text ("</s>"), which tools
+        # rely on (lm-evaluation-harness stops generate_until at decode(eos); an empty string would stop
+        # every row after one token). SentencePiece alone decodes control pieces to nothing.
+        text, run = [], []
+        for i in ids + [None]:
+            if i is None or i in special:
+                text.append(self.plsh.decode(run))
+                run = []
+                if i is not None:
+                    text.append(self._sp.id_to_piece(i))
+            else:
+                run.append(i)
+        return "".join(text)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' ``save_pretrained``, plus ``auto_map`` in ``tokenizer_config.json`` and
