@@ -11,11 +11,12 @@ and the hash-seed rule (:mod:`plsh_dist.models.hf_config`), so after
     AutoModelForCausalLM.from_pretrained(out_dir / "final")   # == plsh_dist.checkpoint.loading.load_model
     AutoTokenizer.from_pretrained(out_dir / "final")          # the run's SentencePiece ids
 
-and, with no import, the same with ``trust_remote_code=True``: the export
-carries transformers' ``auto_map`` and three small modules that name the
-installed package's classes (:mod:`plsh_dist.models.remote_code`), written by the
-model's and tokenizer's own ``save_pretrained``, so a re-saved export carries them
-too. Without either, transformers asks for ``trust_remote_code=True`` instead of loading
+and, with no import, the same with ``trust_remote_code=True``, also where plsh_dist is not
+installed: the export carries transformers' ``auto_map``, three entry modules and the
+package's modelling code bundled with them (:mod:`plsh_dist.models.remote_code`), written by
+the model's and tokenizer's own ``save_pretrained``, so a re-saved export carries them
+too. ``README.md`` is the Hub's model card (:mod:`plsh_dist.checkpoint.model_card`): the
+directory can be published as it is. Without either, transformers asks for ``trust_remote_code=True`` instead of loading
 another model. ``save_export`` writes that layout (``export_final`` after training,
 ``convert_to_export`` / ``launchers/convert_checkpoint.py`` from any checkpoint
 the loader reads: :mod:`plsh_dist.checkpoint.loading`, which also reads exports back).
@@ -30,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from plsh_dist.checkpoint.loading import LoadedCheckpoint, load_model
+from plsh_dist.checkpoint.model_card import model_card
 from plsh_dist.config.schema import RunConfig, write_resolved
 from plsh_dist.data import EOS_ID, PAD_ID
 from plsh_dist.data.tokenizer import BOS_ID
@@ -46,20 +48,22 @@ def _full_state_dict(engine) -> dict[str, torch.Tensor] | None:
     return engine.module.state_dict() if rank == 0 else None
 
 
-def export_final(engine, cfg: RunConfig, tokenizer_path: str | Path, directory: str | Path) -> Path:
-    """Collective: write the trained weights to ``directory`` (rank 0 writes)."""
+def export_final(engine, cfg: RunConfig, tokenizer_path: str | Path, directory: str | Path,
+                 training: dict | None = None) -> Path:
+    """Collective: write the trained weights to ``directory`` (rank 0 writes); ``training``: the
+    run's steps, tokens seen and evaluation, for the model card (:func:`save_export`)."""
     directory = Path(directory)
     state = _full_state_dict(engine)
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0:
-        save_export(engine.module, cfg, tokenizer_path, directory, state_dict=state)
+        save_export(engine.module, cfg, tokenizer_path, directory, state_dict=state, training=training)
     if dist.is_initialized():
         dist.barrier()
     return directory
 
 
 def save_export(model, cfg: RunConfig, tokenizer_path: str | Path | None, directory: str | Path, *,
-                state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+                state_dict: dict[str, torch.Tensor] | None = None, training: dict | None = None) -> Path:
     """Write the self-describing export of ``model`` (module doc) into ``directory`` (one process).
 
     ``model``: built by ``build_model`` (a registered plsh_dist class); its
@@ -67,7 +71,9 @@ def save_export(model, cfg: RunConfig, tokenizer_path: str | Path | None, direct
     run seed, whatever mode it was last switched to. ``state_dict``: the
     weights to write (default the model's own; ZeRO-3 passes the gathered ones).
     ``tokenizer_path``: the run's ``.model`` file (copied with its
-    ``tokenizer_config.json``); None or missing: no tokenizer is written.
+    ``tokenizer_config.json``); None or missing: no tokenizer is written. ``README.md`` is the
+    Hub's model card (:mod:`plsh_dist.checkpoint.model_card`; ``training``: the run's ``steps``,
+    ``tokens_seen`` and ``evaluation``, None when unknown).
     """
     if not isinstance(model.config, PLSH_CONFIG_TYPES):
         raise ValueError(f"{type(model).__name__} was not built by plsh_dist.models.build_model: its config.json "
@@ -90,6 +96,7 @@ def save_export(model, cfg: RunConfig, tokenizer_path: str | Path | None, direct
     finally:
         model.config.use_cache = training_use_cache  # the live model keeps training's setting (no cache)
     write_resolved(cfg, directory)
+    (directory / "README.md").write_text(model_card(cfg, model.config, training))
     if tokenizer_path is not None and Path(tokenizer_path).is_file():
         if Path(tokenizer_path).resolve() != (directory / "tokenizer.model").resolve():
             shutil.copy2(tokenizer_path, directory / "tokenizer.model")

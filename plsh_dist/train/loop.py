@@ -538,25 +538,29 @@ def _stop_ranks(s: TrainSession) -> int:
     return int(flag.item())
 
 
-def _export(s: TrainSession) -> Path:
-    """safetensors weights + resolved config + tokenizer in ``out_dir/final``; collective."""
-    return export_final(s.engine, s.cfg, s.cfg.tokenizer.model_path, s.out_dir / "final")
+def _export(s: TrainSession, evaluation: dict) -> Path:
+    """safetensors weights + resolved config + tokenizer + model card in ``out_dir/final``; collective."""
+    training = {"steps": s.cfg.run.max_steps, "tokens_seen": s.data.global_position * s.cfg.data.seq_len,
+                "evaluation": evaluation}
+    return export_final(s.engine, s.cfg, s.cfg.tokenizer.model_path, s.out_dir / "final", training)
 
 
 def _finish(s: TrainSession, result: TrainResult) -> None:
     """After the last step: final validation, final checkpoint and the export."""
     cfg = s.cfg
     done = cfg.run.max_steps
+    evaluation = {}
     if cfg.logging.eval_batches:
         losses = _validate(s)
         result.val_loss = losses["val_loss"]
         ppl = perplexity(result.val_loss)
+        evaluation = {**losses, "val_ppl": ppl}
         s.log.log(done, {**losses, "val_ppl": ppl})
         s.log.print(f"validation: loss {result.val_loss:.4f}  ppl {ppl:.2f}"
                     + "".join(f"; {k.split('/', 1)[1]} {v:.4f}" for k, v in losses.items() if "/" in k))
     _save_checkpoint(s, done, result.losses[-1] if result.losses else None)
     if cfg.checkpoint.export_safetensors:
-        result.final_dir = str(_export(s))
+        result.final_dir = str(_export(s, evaluation))
 
 
 def _outputs_line(s: TrainSession, result: TrainResult) -> str:

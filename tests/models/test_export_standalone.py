@@ -192,3 +192,38 @@ def test_transformers_copies_the_whole_bundle_and_accepts_its_imports(standalone
     for name in sorted(code):
         outside = set(get_imports(str(export / name))) - set(remote_code.REQUIRED) - set(sys.stdlib_module_names)
         assert not outside, (name, outside)
+
+
+def test_the_export_is_ready_to_publish(standalone, tmp_path):
+    """README.md is a Hub model card whose metadata block parses (huggingface_hub's own parser), stating
+    the attention mode and its parameters, the training run with its tokens seen and the evaluation
+    figures given, and both ways to load; the folder holds only regular files that parse, no pickle."""
+    import huggingface_hub
+
+    _, _, inputs = standalone
+    root = Path(inputs["exports"]["plsh-onepass"]).parent
+    cfg = _run_config(root, "qwen3", {"bias": "truncated", "num_samples": 4, "truncate_c": 2.5}, seed=5)
+    model = build_model(cfg.model, cfg.attention, AttentionRuntime(run_seed=5))
+    training = {"steps": 4, "tokens_seen": 4 * 2 * 128, "evaluation": {"val_loss": 5.25, "val_ppl": 190.57}}
+    out = save_export(model, cfg, cfg.tokenizer.model_path, tmp_path / "final", training=training)
+    card = huggingface_hub.ModelCard.load(out / "README.md")
+    meta = card.data.to_dict()
+    assert meta["library_name"] == "transformers" and meta["pipeline_tag"] == "text-generation"
+    assert {"plsh_dist", "custom_code", "attention-truncated"} <= set(meta["tags"])
+    assert {(r.metric_type, r.metric_value) for r in card.data.eval_results} == {("val_loss", 5.25),
+                                                                                  ("val_ppl", 190.57)}
+    for text in ('| `bias` | `"truncated"` |', "| `truncate_c` | `2.5` |", "| `num_samples` | `4` |",
+                 "tokens seen: 1,024", "optimizer steps: 4", "| val_ppl | 190.5700 |", "trust_remote_code=True",
+                 "import plsh_dist.models"):
+        assert text in card.text, text
+    converted = huggingface_hub.ModelCard.load(Path(inputs["exports"]["alibi"]) / "README.md")
+    assert "not recorded" in converted.text and "no evaluation figures" in converted.text
+    assert not converted.data.to_dict().get("model-index")
+    for directory in (out, Path(inputs["exports"]["alibi"])):
+        files = {p.name for p in directory.iterdir()}
+        assert {"README.md", "config.json", "generation_config.json", "model.safetensors", "tokenizer.model",
+                "tokenizer_config.json", "config.resolved.json", *remote_code.ENTRY_MODULES} <= files
+        for path in directory.iterdir():
+            assert path.is_file() and not path.is_symlink() and path.suffix not in (".bin", ".pt", ".pkl"), path
+            if path.suffix == ".json":
+                json.loads(path.read_text())
