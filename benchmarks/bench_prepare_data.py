@@ -153,21 +153,32 @@ def throughput(work: Path, corpus: Path, text_mb: float, tok: Path, vocab: int, 
             res["mb_s"] = text_mb / res["seconds"]
             runs[f"{kind}/{n}"].append(res)
             print(f"  repeat {rep + 1}/{repeats} {kind:7s} {n} core(s): {res['seconds']:6.2f} s "
-                  f"{res['mb_s']:6.2f} MB/s  {res['cpu_s'] / res['seconds']:4.2f} cores  peak {res['peak_mib']:5.0f} MiB  load {os.getloadavg()[0]:.1f}",
-                  flush=True)
+                  f"{res['mb_s']:6.2f} MB/s  {res['cpu_s'] / res['seconds']:4.2f} cores  "
+                  f"peak {res['peak_mib']:5.0f} MiB  load {os.getloadavg()[0]:.1f}", flush=True)
+    return {"text_mb": text_mb, "runs": runs, **summarize_throughput(runs)}
+
+
+def summarize_throughput(runs: dict[str, list[dict]]) -> dict:
+    """Medians of MB/s, of MB per CPU second (every thread's; what a case costs whatever cores it
+    got) and of the per-repetition ratios: the build over the limit, 2 over 1 thread."""
     med = {name: statistics.median(r["mb_s"] for r in rs) for name, rs in runs.items()}
+    per_cpu = {name: statistics.median(r["mb_s"] * r["seconds"] / r["cpu_s"] for r in rs)
+               for name, rs in runs.items() if all(r.get("cpu_s") for r in rs)}
     ratios = {}
     for n in (1, 2):
         if f"prepare/{n}" in med:
             # per repetition, then the median: the two ran minutes apart at most
             per_rep = [p["mb_s"] / s["mb_s"] for p, s in zip(runs[f"prepare/{n}"], runs[f"spm/{n}"])]
             ratios[f"prepare_over_limit_{n}"] = statistics.median(per_rep)
+            if f"prepare/{n}" in per_cpu and f"spm/{n}" in per_cpu:  # CPU seconds the limit took / the build's
+                ratios[f"prepare_over_limit_{n}_per_cpu_s"] = statistics.median(
+                    s["cpu_s"] / p["cpu_s"] for p, s in zip(runs[f"prepare/{n}"], runs[f"spm/{n}"]))
     if "prepare/2" in med:
         ratios["prepare_2_over_1"] = statistics.median(
             b["mb_s"] / a["mb_s"] for a, b in zip(runs["prepare/1"], runs["prepare/2"]))
         ratios["spm_2_over_1"] = statistics.median(
             b["mb_s"] / a["mb_s"] for a, b in zip(runs["spm/1"], runs["spm/2"]))
-    return {"text_mb": text_mb, "median_mb_s": med, "ratios": ratios, "runs": runs}
+    return {"median_mb_s": med, "median_mb_per_cpu_s": per_cpu, "ratios": ratios}
 
 
 def rss(work: Path, docs: list[str], tok: Path, vocab: int, sizes: list[int], txt_mb: list[int]) -> list[dict]:
@@ -255,8 +266,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--launch-mb", type=int, default=1000)
     parser.add_argument("--dir", default=None, help="where the data goes (default: a new temporary directory)")
     parser.add_argument("--out", default=None, help="write results.json here")
+    parser.add_argument("--summarize", metavar="RESULTS_JSON", help="print the throughput summary of a saved run")
     parser.add_argument("--case", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.summarize:
+        saved = json.loads(Path(args.summarize).read_text())
+        summary = summarize_throughput(saved["throughput"]["runs"])
+        print(json.dumps(summary, indent=1))
+        return summary
     if args.case:
         kind, threads, corpus, tok, cache, vocab = args.case
         print(json.dumps(run_case(kind, int(threads), corpus, tok, cache, int(vocab))))
@@ -290,7 +307,7 @@ def main(argv: list[str] | None = None) -> dict:
         t = result["throughput"] = throughput(work, corpus, text / 1e6, tok, args.vocab_size, args.repeats)
         corpus.unlink()
         for name, v in t["median_mb_s"].items():
-            print(f"  median {name:10s} {v:6.2f} MB/s")
+            print(f"  median {name:10s} {v:6.2f} MB/s, {t['median_mb_per_cpu_s'].get(name, 0):6.2f} MB per CPU s")
         for name, v in t["ratios"].items():
             print(f"  {name:24s} {v:5.2f}x")
         save()
