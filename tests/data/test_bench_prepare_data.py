@@ -13,6 +13,7 @@ from tests.launchers import load_launcher
 TINY = ["--size-mb", "1", "--repeats", "1", "--vocab-size", "400"]
 
 
+@pytest.mark.slow  # 8 fresh processes, each importing torch: 40 s on 2 idle cores, minutes on busy ones
 def test_throughput_and_peak_rss_at_a_tiny_size(tmp_path):
     result = load_launcher("bench_prepare_data").main(
         [*TINY, "--rss", "--rss-sizes-mb", "1", "2", "--txt-mb", "1", "--dir", str(tmp_path),
