@@ -325,9 +325,10 @@ def main(argv: list[str] | None = None) -> dict:
             result["launch"] = launch(work, docs, tok, args.vocab_size, args.launch_mb)
             result["extrapolation"] = extrapolate(result["launch"], result.get("rss", []), cores)
             for e in result["extrapolation"]:
+                peak = (f"{e['peak_mib']:.0f} MiB (flat)" if e["peak_mib"] is not None else
+                        "not measured (add --rss)")
                 print(f"  {e['text_gb']:4d} GB of text: {e['hours']:6.1f} h on {cores} cores "
-                      f"({e['core_hours']:6.1f} core-hours), cache {e['cache_gb']:6.1f} GB, peak RSS "
-                      f"{e['peak_mib']:.0f} MiB (flat)")
+                      f"({e['core_hours']:6.1f} core-hours), cache {e['cache_gb']:6.1f} GB, peak RSS {peak}")
         result["load_at_end"] = os.getloadavg()
         save()
         return result
