@@ -39,7 +39,7 @@ from typing import Callable, Iterator
 from plsh_dist.data import DataConfig, PreparedData, TokenizerConfig, prepare_data
 from plsh_dist.train.failure import PeerGone
 from plsh_dist.train.refusal import RunRefused, refusing
-from plsh_dist.train.run_lock import Holder, _break_stale, _link_new, _read_lock, _stale_reason
+from plsh_dist.train.run_lock import HeldLock, Holder, take_or_see_holder
 
 LOCK_NAME = "prepare.lock"
 HEARTBEAT_S = 5.0
@@ -57,14 +57,8 @@ def _notice(text: str) -> None:
     print(f"plsh_dist: {text}", file=sys.stderr, flush=True)
 
 
-class PrepareLock:
+class PrepareLock(HeldLock):
     """The lock of a cache directory, held by this process from ``acquire`` to ``release``."""
-
-    def __init__(self, path: Path, holder: Holder):
-        self.path, self.holder = path, holder
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="prepare-lock-heartbeat", daemon=True)
-        self._thread.start()
 
     @classmethod
     def acquire(cls, cache_dir: str | Path, say: Callable[[str], None] = _notice) -> PrepareLock | None:
@@ -76,44 +70,18 @@ class PrepareLock:
         while True:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                _link_new(path, me)
-                return cls(path, me)
-            except FileExistsError:
-                pass
+                taken, holder, age = take_or_see_holder(path, me)
             except OSError:
                 return None
-            try:
-                holder, age = _read_lock(path)
-            except FileNotFoundError:
-                continue  # released in between
-            reason = _stale_reason(holder, age, me) if holder is not None else "its record is unreadable"
-            if reason is not None:
-                if _break_stale(path, holder):
-                    who = holder.describe() if holder is not None else "of unknown holder"
-                    _notice(f"{path}: the lock {who} is stale ({reason}); taking it over")
-                continue
+            if taken:
+                return cls(path, me, HEARTBEAT_S)
+            if holder is None:
+                continue  # released, or a stale one taken over: try again
             if time.monotonic() - said >= REPORT_S:
                 say(f"waiting for {holder.describe()}, which prepares data in {path.parent} (lock {path}, "
                     f"heartbeat {max(age, 0):.0f} s ago)")
                 said = time.monotonic()
             time.sleep(1.0)
-
-    def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            try:
-                os.utime(self.path)
-            except OSError:
-                pass
-
-    def release(self) -> None:
-        """Stop the heartbeat and remove the lock if it is still this one. Idempotent."""
-        self._stop.set()
-        try:
-            current, _ = _read_lock(self.path)
-            if current == self.holder:
-                self.path.unlink()
-        except FileNotFoundError:
-            pass
 
 
 def prepare_locked(data: DataConfig, tokenizer: TokenizerConfig, *, threads: int, log_reports: bool = True,

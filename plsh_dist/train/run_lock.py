@@ -186,18 +186,67 @@ def _notice(text: str) -> None:
     print(f"plsh_dist: {text}", file=sys.stderr, flush=True)
 
 
-class RunDirLock:
+def take_or_see_holder(path: Path, me: Holder) -> tuple[bool, Holder | None, float]:
+    """One try at the lock file ``path``: ``(True, me, 0)`` when this process took it; ``(False,
+    holder, heartbeat age)`` when a live process holds it; ``(False, None, 0.0)`` when it was
+    released meanwhile or was stale and taken over (a notice on stderr): try again."""
+    try:
+        _link_new(path, me)
+        return True, me, 0.0
+    except FileExistsError:
+        pass
+    try:
+        holder, age = _read_lock(path)
+    except FileNotFoundError:
+        return False, None, 0.0  # released between the two calls
+    # The record is linked in whole (_link_new): one that does not parse was damaged.
+    reason = _stale_reason(holder, age, me) if holder is not None else "its record is unreadable"
+    if reason is None:
+        return False, holder, age
+    if _break_stale(path, holder):
+        who = holder.describe() if holder is not None else "of unknown holder"
+        _notice(f"{path}: the lock {who} is stale ({reason}); taking it over")
+    else:
+        time.sleep(0.1)
+    return False, None, 0.0
+
+
+class HeldLock:
+    """A lock file ``path`` this process holds as ``holder``: a heartbeat thread touches it every
+    ``heartbeat_s`` until ``release``, which removes it if it is still this one."""
+
+    def __init__(self, path: Path, holder: Holder, heartbeat_s: float):
+        self.path, self.holder, self._heartbeat_s = path, holder, heartbeat_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"{path.name}-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._heartbeat_s):
+            try:
+                os.utime(self.path)
+            except OSError:
+                pass  # its directory being moved aside (RunDirLock.set_aside_run), or gone: nothing to touch now
+
+    def release(self) -> None:
+        """Stop the heartbeat and remove the lock if it is still this one. Idempotent."""
+        self._stop.set()
+        try:
+            current, _ = _read_lock(self.path)
+            if current == self.holder:
+                self.path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # a vanished or read-only directory must not hide the caller's own result
+            _notice(f"could not remove the lock {self.path}: {exc}")
+
+
+class RunDirLock(HeldLock):
     """The lock of one run directory, held by this process (``acquire``), until ``release``."""
 
     def __init__(self, out_dir: Path, holder: Holder, created: list[Path]):
-        self.out_dir, self.holder, self._created = out_dir, holder, created
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="run-dir-lock-heartbeat", daemon=True)
-        self._thread.start()
-
-    @property
-    def path(self) -> Path:
-        return self.out_dir / LOCK_NAME
+        self.out_dir, self._created = out_dir, created
+        super().__init__(out_dir / LOCK_NAME, holder, HEARTBEAT_S)
 
     @classmethod
     def acquire(cls, out_dir: str | Path) -> RunDirLock:
@@ -214,24 +263,11 @@ class RunDirLock:
         path = out_dir / LOCK_NAME
         try:
             for _ in range(50):
-                try:
-                    _link_new(path, me)
+                taken, holder, age = take_or_see_holder(path, me)
+                if taken:
                     return cls(out_dir, me, created)
-                except FileExistsError:
-                    pass
-                try:
-                    holder, age = _read_lock(path)
-                except FileNotFoundError:
-                    continue  # released between the two calls: try again
-                # The record is linked in whole (_link_new): one that does not parse was damaged.
-                reason = _stale_reason(holder, age, me) if holder is not None else "its record is unreadable"
-                if reason is None:
+                if holder is not None:
                     raise OutDirBusy(_busy_message(out_dir, holder, age))
-                if _break_stale(path, holder):
-                    who = holder.describe() if holder is not None else "of unknown holder"
-                    _notice(f"{path}: the lock {who} is stale ({reason}); taking it over")
-                else:
-                    time.sleep(0.1)
             raise OutDirBusy(f"could not take the lock {path}: other jobs keep taking it; "
                              "only one run may use a [run].out_dir at a time")
         except OSError as exc:
@@ -241,13 +277,6 @@ class RunDirLock:
         except OutDirBusy:
             _remove_if_empty(created)
             raise
-
-    def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            try:
-                os.utime(self.path)
-            except OSError:
-                pass  # out_dir being moved aside (set_aside_run), or gone: nothing to touch now
 
     def set_aside_run(self, target: Path) -> None:
         """Rename the whole out_dir (a previous run in it) to ``target`` and hold the lock of a new,
@@ -267,15 +296,7 @@ class RunDirLock:
     def release(self) -> None:
         """Stop the heartbeat; remove the lock if it is still this one; remove an out_dir the
         lock created if nothing else was written there. Idempotent."""
-        self._stop.set()
-        try:
-            current, _ = _read_lock(self.path)
-            if current == self.holder:
-                self.path.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:  # a vanished or read-only out_dir must not hide the run's own result
-            _notice(f"could not remove the lock {self.path}: {exc}")
+        super().release()
         _remove_if_empty(self._created)
         self._created = []
 
