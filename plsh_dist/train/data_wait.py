@@ -49,6 +49,8 @@ STALE_AFTER_S = 120.0
 REPORT_S = 30.0
 """Seconds between two status lines of a waiting node."""
 POLL_S = 0.5
+READ_WAIT_S = 10.0
+"""How long a builder that failed waits for the other ranks to read its verdict before it exits."""
 
 _calls = itertools.count()  # every rank prepares the same number of times: the n-th call's keys are its own
 
@@ -168,6 +170,7 @@ def await_builders(store, prefix: str, builders: dict[int, str], *, report: bool
             for b in builders:
                 if b not in verdicts and store.check([f"{prefix}/{b}/verdict"]):
                     verdicts[b] = json.loads(store.get(f"{prefix}/{b}/verdict"))
+                    store.add(f"{prefix}/{b}/read", 1)  # a crashed builder waits for this (prepare_collectively)
             if len(verdicts) == len(builders):
                 return verdicts
             now = clock()
@@ -223,6 +226,11 @@ def prepare_collectively(data: DataConfig, tokenizer: TokenizerConfig, *, rank: 
         except BaseException as exc:  # a crash or Ctrl-C: the waiting ranks stop at once, not at a stale heartbeat
             try:
                 beacon.finish({"failed": f"{type(exc).__name__}: {exc}"})
+                # The store lives in rank 0: were it to exit first, the others would see the store gone
+                # and report that, not this error. Wait (briefly: they may be dead) until they have read it.
+                deadline = time.monotonic() + READ_WAIT_S
+                while store.add(f"{prefix}/{rank}/read", 0) < len(local_ranks) - 1 and time.monotonic() < deadline:
+                    time.sleep(POLL_S / 5)
             except Exception:  # noqa: BLE001 - the store is gone too; this rank's own error is the story
                 pass
             raise
