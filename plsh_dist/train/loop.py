@@ -518,9 +518,8 @@ def _log_step(s: TrainSession, done: int, stats: StepStats, tokens_per_s: float)
 def _save_checkpoint(s: TrainSession, step: int, loss: float | None) -> Path:
     """Checkpoint after optimizer step ``step``; collective. Returns the published tag directory.
     Rank 0 says how long the save took (every rank's shards written, hashed and published) and its size."""
-    trainer_state = {"step": step, "consumed_micro_batches": step * s.cfg.optim.grad_accum_steps,
-                     "consumed_sequences": s.data.global_position, "sources": s.data.source_progress(), "loss": loss,
-                     "shape": run_shape(s.cfg, s.world, s.device.type).to_dict()}
+    trainer_state = {"step": step, "consumed_sequences": s.data.global_position, "sources": s.data.source_progress(),
+                     "loss": loss, "shape": run_shape(s.cfg, s.world, s.device.type).to_dict()}
     s.progress.checkpoints_written += 1
     t0 = time.time()
     tag_dir = save_checkpoint(s.engine, s.cfg, step, trainer_state, s.cfg.tokenizer.model_path, s.progress.valid_tags)
