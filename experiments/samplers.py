@@ -12,7 +12,8 @@ further from exact ALiBi's than i.i.d.'s from s = 20 on
 (``experiments/sampler_ratio.py``, ``results/sampler``). Importing the
 ``experiments`` package imports this module; a run config that names one of them
 sets ``[attention].sampler_module = "experiments.samplers"``, which the config
-imports before it checks the sampler.
+imports before it checks the sampler. Each has a device form (:func:`ramp_device_draws`), so the
+fused kernel draws its masks on the GPU.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ import functools
 import math
 
 import numpy as np
+import torch
 
 from plsh_dist.hashing import PositionalLSH, counter_uniform, gamma2_ppf, register_sampler
+from plsh_dist.ops import device_draws
 
-__all__ = ["ramp_draws", "ramp_sizes", "RAMP_GROUPS", "NAMES"]
+__all__ = ["ramp_draws", "ramp_device_draws", "ramp_sizes", "RAMP_GROUPS", "NAMES"]
 
 #: Groups per ``sqrt(s)`` of the ramp samplers: ``G = round(0.75 sqrt(s))``.
 RAMP_GROUPS = 0.75
@@ -106,9 +109,54 @@ def ramp_draws(lsh: PositionalLSH, t: np.ndarray, h: np.ndarray,
     return gamma2_ppf(quantile)[group, h], unit_shift
 
 
+def _ramp_constants(s: int, H: int, jitter: str) -> tuple[np.ndarray, ...]:
+    """The host's arrays of :func:`ramp_draws` for ``s`` samples and ``H`` heads: the (G, H) grid's
+    index of stream 6 (the jitter's), its heads, group indices, which jitters flip to ``1 - v``, the
+    groups' first quantile slot and size (float64), ``s`` (float64 [1]: a divisor); and per slot
+    ``< s`` its group and shift offset ``member / size``."""
+    num_groups = max(1, round(RAMP_GROUPS * math.sqrt(s)))
+    sizes = ramp_sizes(s, num_groups)
+    first = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    g, hg = np.meshgrid(np.arange(num_groups), np.arange(H), indexing="ij")
+    if jitter == "alternate":
+        jitter_index, flip = np.zeros_like(g), g % 2 == 1
+    else:
+        mirror = num_groups - 1 - g
+        jitter_index, flip = np.minimum(g, mirror), g > mirror
+    slot = np.arange(s)
+    group = np.searchsorted(first, slot, side="right") - 1
+    return (jitter_index, hg, g, flip, first[g].astype(np.float64), sizes[g].astype(np.float64),
+            np.array([s], dtype=np.float64), group, (slot - first[group]) / sizes[group])
+
+
+def ramp_device_draws(lsh: PositionalLSH, device: torch.device,
+                      jitter: str = "mirror") -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`ramp_draws` on ``device`` (its device form, :data:`plsh_dist.hashing.SamplerDeviceDraw`):
+    float64 Tensor[s, H] unit pitches and shifts from the seed there, equal to the host's under Triton's
+    interpreter; the host arrays are copied to the device by the first call only."""
+    if jitter not in ("mirror", "alternate"):
+        raise ValueError(f"jitter must be 'mirror' or 'alternate', got {jitter!r}")
+    s, H = lsh.num_samples, lsh.num_heads
+    (jitter_index, hg, g, flip, first, sizes, total, slot_group, slot_offset) = device_draws.constants(
+        ("stratified_ramp", jitter, s, H), lambda: _ramp_constants(s, H, jitter), device)
+    seed = device_draws.seed_on(lsh, device)
+    t, h = device_draws.grid(s, H, device)
+    v = device_draws.uniforms(seed, jitter_index, hg, 6)[0]
+    v = torch.where(flip, 1.0 - v, v)
+    quantile = (first + sizes * v) / total
+    base_shift = device_draws.uniforms(seed, g, hg, 7)[0]
+    # slot[t, h]: rank of sample t among the head's s uniforms (stable argsorts, as the host's)
+    slot = torch.argsort(torch.argsort(device_draws.uniforms(seed, t, h, 8)[0], dim=0, stable=True), dim=0,
+                         stable=True)
+    group = slot_group[slot]
+    unit_shift = torch.remainder(torch.gather(base_shift, 0, group) + slot_offset[slot], 1.0)
+    return torch.gather(device_draws.gamma2_ppf(quantile), 0, group), unit_shift
+
+
 #: The samplers this module registers: a run config naming one sets ``[attention].sampler_module``
 #: to this module's name.
 NAMES = ("stratified_ramp", "stratified_ramp_alt")
 
-register_sampler(NAMES[0], ramp_draws)
-register_sampler(NAMES[1], functools.partial(ramp_draws, jitter="alternate"))
+register_sampler(NAMES[0], ramp_draws, ramp_device_draws)
+register_sampler(NAMES[1], functools.partial(ramp_draws, jitter="alternate"),
+                 functools.partial(ramp_device_draws, jitter="alternate"))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -37,24 +37,51 @@ from plsh_dist.splitmix import MASK64, splitmix64
 #: pure function of (seed, sample, head); streams 0-8 are taken.
 SamplerDraw = Callable[["PositionalLSH", np.ndarray, np.ndarray], "tuple[np.ndarray, np.ndarray]"]
 
+#: A sampler's device form: ``device_draw(lsh, device) -> (gamma, unit_shift)``, float64 Tensor[s, H]
+#: each on ``device``, equal to its :data:`SamplerDraw` over the full grid of (sample, head). It
+#: reads ``lsh.num_samples``, ``lsh.num_heads`` and the seed as a tensor
+#: (:func:`plsh_dist.ops.device_draws.seed_on`), never ``lsh.seed``, ``lsh.sigma`` or
+#: ``lsh.pitch`` (host reads), and draws with the kernels and rules of :mod:`plsh_dist.ops.device_draws`.
+SamplerDeviceDraw = Callable[["PositionalLSH", torch.device], "tuple[torch.Tensor, torch.Tensor]"]
+
+
+class Sampler(NamedTuple):
+    """A registered sampler: its numpy form and its device form (None: drawn on the host only)."""
+
+    draw: SamplerDraw
+    device_draw: SamplerDeviceDraw | None
+
+
 #: Samplers of :class:`PositionalLSH` (``sampler=``) by name: this module's own (``"iid"``,
 #: ``"stratified"``), and any that a module outside the package registers when it is imported
 #: (:func:`register_sampler`). The registry imports no module by itself: a run config names the
 #: module that defines its sampler (``[attention].sampler_module``, :func:`import_sampler_module`).
-_SAMPLERS: dict[str, SamplerDraw] = {}
+_SAMPLERS: dict[str, Sampler] = {}
 
 
-def register_sampler(name: str, draw: SamplerDraw) -> None:
-    """Make ``sampler=name`` draw its pitches and shifts with ``draw`` (see :data:`SamplerDraw`).
+def register_sampler(name: str, draw: SamplerDraw, device_draw: SamplerDeviceDraw | None = None) -> None:
+    """Make ``sampler=name`` draw its pitches and shifts with ``draw`` (see :data:`SamplerDraw`) on the
+    host, and with ``device_draw`` (see :data:`SamplerDeviceDraw`) where the fused kernel draws them on
+    its device (a GPU: the default there).
 
-    Registering a name twice with the same function is a no-op (a module imported twice);
-    with another function it is an error, so a name always means one set of masks.
+    The device form draws what ``draw`` draws with no host read or copy once its constants are on the
+    device, so a compiled step (a CUDA graph) draws each step's masks from the step's seed. Write it
+    with :mod:`plsh_dist.ops.device_draws` (``uniforms``, ``log``, ``gamma2_ppf``, ``constants``,
+    ``seed_on``) and correctly rounded torch ops, mirroring ``draw`` line by line; the package's
+    samplers and the lab's (``experiments/samplers.py``) are examples. A sampler registered without
+    one is refused on a GPU with a ValueError saying so (a host draw there would be copied at every
+    call, and replayed stale by a captured graph); on a CPU its host draws serve.
+
+    Registering a name twice with the same functions is a no-op (a module imported twice);
+    with others it is an error, so a name always means one set of masks.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"sampler name must be a non-empty str, got {name!r}")
-    if _SAMPLERS.get(name, draw) is not draw:
-        raise ValueError(f"sampler {name!r} is already registered with another draw function")
-    _SAMPLERS[name] = draw
+    entry = Sampler(draw, device_draw)
+    known = _SAMPLERS.get(name, entry)
+    if known.draw is not draw or known.device_draw is not device_draw:
+        raise ValueError(f"sampler {name!r} is already registered with other draw functions")
+    _SAMPLERS[name] = entry
 
 
 def import_sampler_module(module: str, setting: str = "sampler_module") -> None:
@@ -92,7 +119,14 @@ def get_sampler(name: str, field: str = "sampler") -> SamplerDraw:
                          f"plsh_dist registers itself when its module is imported (register_sampler): name that "
                          f"module in [attention].sampler_module (e.g. sampler_module = \"mylab.samplers\"), or "
                          f"import it before this call")
-    return _SAMPLERS[name]
+    return _SAMPLERS[name].draw
+
+
+def get_device_draw(name: str) -> SamplerDeviceDraw | None:
+    """The device form of sampler ``name`` (None where it registered none); a ValueError as
+    :func:`get_sampler`'s when no imported module has registered it."""
+    get_sampler(name)
+    return _SAMPLERS[name].device_draw
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -513,5 +547,17 @@ def _stratified_draws(lsh: PositionalLSH, t: np.ndarray, h: np.ndarray) -> tuple
     return gamma2_ppf(quantile)[group, h], unit_shift
 
 
-register_sampler("iid", _iid_draws)
-register_sampler("stratified", _stratified_draws)
+def _iid_device_draws(lsh: PositionalLSH, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    from plsh_dist.ops.device_draws import iid_draws  # noqa: PLC0415 (the ops and Triton load when a device draws)
+
+    return iid_draws(lsh, device)
+
+
+def _stratified_device_draws(lsh: PositionalLSH, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    from plsh_dist.ops.device_draws import stratified_draws  # noqa: PLC0415
+
+    return stratified_draws(lsh, device)
+
+
+register_sampler("iid", _iid_draws, _iid_device_draws)
+register_sampler("stratified", _stratified_draws, _stratified_device_draws)

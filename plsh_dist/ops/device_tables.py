@@ -1,7 +1,8 @@
 """The fused kernel's tables built on the device in a few launches, with no host read.
 
 :func:`draw_on_device` gives a hash's pitch and shift on the attention's device from a
-seed that may itself live there (a graph input); :func:`device_kernel_bias` gives the
+seed that may itself live there (a graph input), for every sampler with a device form
+(:mod:`plsh_dist.ops.device_draws`); :func:`device_kernel_bias` gives the
 :class:`~plsh_dist.ops.kernel_bias.KernelBias` of a count bias (block bounds, row and key
 spans, band limits of the forward, dK/dV and dQ kernels), or of an ALiBi window bias (key
 spans and band limits), in three launches of
@@ -20,15 +21,13 @@ from __future__ import annotations
 
 import torch
 
-from plsh_dist.hashing import FixedBlocks, PositionalLSH
+from plsh_dist.hashing import FixedBlocks, PositionalLSH, get_device_draw
 from plsh_dist.ops.device_constants import on_device
 from plsh_dist.ops.kernel_bias import NEAR_ANCHOR, KernelBias, KernelTables, padded_samples
 from plsh_dist.ops.near_runs import NearBlocks, run_slots
 from plsh_dist.ops.tile_bands import CountBias, TileConfig, TokenLayout, WindowBias, num_tiles
 from plsh_dist.ops.triton_runtime import launcher
 
-#: samplers whose draws the device computes (others are drawn on the host and copied)
-DEVICE_SAMPLERS = ("iid",)
 _HASH_BLOCK = 256
 _SCAN_CHUNK = 1024
 _DOC_BLOCK = 1024
@@ -41,25 +40,32 @@ def launch(device: torch.device):
     return launcher("table_kernels", device)
 
 
-def drawn_on_device(lsh: PositionalLSH) -> bool:
-    """Whether :func:`draw_on_device` computes ``lsh``'s draws on the device (fixed blocks, the "iid"
-    sampler) rather than on the host."""
-    return isinstance(lsh, FixedBlocks) or lsh.sampler in DEVICE_SAMPLERS
-
-
 def draw_on_device(lsh: PositionalLSH, device: torch.device) -> CountBias:
-    """``lsh``'s pitch and shift, float64 (s, Hh) on ``device``, as a :class:`CountBias`.
+    """``lsh``'s pitch and shift, float64 (s, Hh) on ``device``, as a :class:`CountBias`, reading the seed
+    (:attr:`PositionalLSH.seed_tensor`) and sigma on the device, nothing read back; a host sigma is copied
+    by the first call only, so a later call (a CUDA graph's capture) copies nothing.
 
-    Fixed blocks and the "iid" sampler: one launch of ``hash_draw_kernel`` reading the seed
-    (:attr:`PositionalLSH.seed_tensor`) and sigma on the device, nothing read back. Other samplers:
-    the host's draws, copied (reading a device seed syncs)."""
-    if not drawn_on_device(lsh):
-        return CountBias.of(lsh, device)
+    Fixed blocks and the "iid" sampler: one launch of ``hash_draw_kernel``. Other samplers: their device
+    form's unit draws (:func:`plsh_dist.hashing.register_sampler`) times sigma, the host's products.
+    A sampler registered without a device form: its host draws on a CPU; elsewhere a ValueError."""
+    device = torch.device(device)
     fixed = isinstance(lsh, FixedBlocks)
-    s, H = lsh.num_samples, lsh.num_heads
-    draws = torch.empty(2, s, H, dtype=torch.float64, device=device)
     # a host sigma is copied once, so a later call (a CUDA graph's capture) copies nothing
     sigma = on_device(lsh.given[1], device).reshape(-1).to(torch.float64)
+    if not fixed and lsh.sampler != "iid":
+        device_draw = get_device_draw(lsh.sampler)
+        if device_draw is None:
+            if device.type == "cpu":
+                return CountBias.of(lsh, device)
+            raise ValueError(
+                f"sampler {lsh.sampler!r} has no device form, and the fused kernel draws its masks on {device}: "
+                f"register one with it (register_sampler(name, draw, device_draw), see "
+                f"plsh_dist.hashing.SamplerDeviceDraw), or run another backend than the fused kernel")
+        gamma, unit_shift = device_draw(lsh, device)
+        pitch = gamma * sigma  # the host's products (PositionalLSH._draw), exact on every device
+        return CountBias(pitch, unit_shift * pitch)
+    s, H = lsh.num_samples, lsh.num_heads
+    draws = torch.empty(2, s, H, dtype=torch.float64, device=device)
     seed = sigma if fixed else lsh.seed_tensor.to(device, non_blocking=True)  # FIXED reads no seed
     launch(device).hash_draw_kernel[(num_tiles(s * H, _HASH_BLOCK),)](
         seed, sigma, draws[0], draws[1], s, H, FIXED=fixed, BLOCK=_HASH_BLOCK)

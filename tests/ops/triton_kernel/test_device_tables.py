@@ -7,14 +7,17 @@ of their data fails, as ``FakeTensorMode`` would; its fake CUDA tensors need CUD
 for Python indexing), with the kernel launches recorded, not run and the strategy the table gives
 CUDA: it must read nothing back to the host, and issue few eager ops."""
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("triton")
 
-from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes  # noqa: E402
-from plsh_dist.ops import alibi, device_constants, device_tables, kernel_bias_cache, plsh, triton_onepass  # noqa: E402
+from plsh_dist.hashing import (FixedBlocks, PositionalLSH, alibi_slopes, gamma2_ppf, get_device_draw,  # noqa: E402
+                               get_sampler, sampler_names)
+from plsh_dist.ops import (alibi, device_constants, device_draws, device_tables, kernel_bias_cache, plsh,  # noqa: E402
+                           triton_onepass)
 from plsh_dist.ops.custom_ops import layer_seed, signed64  # noqa: E402
 from plsh_dist.ops.device_tables import (device_documents, device_kernel_bias, device_near_blocks,  # noqa: E402
                                          draw_on_device)
@@ -49,13 +52,38 @@ def test_hash_draws_equal_the_hosts(seed, samples):
     assert torch.equal(drawn.pitch, shared.pitch) and torch.equal(drawn.shift, shared.shift)
 
 
-def test_fixed_blocks_and_other_samplers_draw_as_the_host():
+def test_fixed_blocks_draw_as_the_host():
     fixed = FixedBlocks(SIGMA)
     drawn = draw_on_device(fixed, CPU)
     assert torch.equal(drawn.pitch, fixed.pitch) and torch.equal(drawn.shift, fixed.shift)
-    stratified = PositionalLSH(SIGMA, 9, 3, sampler="stratified")  # drawn on the host, copied
-    drawn = draw_on_device(stratified, CPU)
-    assert torch.equal(drawn.pitch, stratified.pitch) and torch.equal(drawn.shift, stratified.shift)
+
+
+@pytest.mark.parametrize("samples", [1, 2, 9, 100])
+def test_every_samplers_device_form_draws_as_its_host_form(samples):
+    """The package's samplers and the lab's (the suite's conftest imports them): the device form's unit
+    draws, and the hash drawn on the device, equal the host's bit for bit under the interpreter."""
+    names = sampler_names()
+    assert {"iid", "stratified", "stratified_ramp", "stratified_ramp_alt"} <= set(names)
+    for name in names:
+        for seed in (0, -5, 2**63 + 7):
+            host = PositionalLSH(SIGMA, samples, seed, sampler=name)
+            t, h = np.meshgrid(np.arange(samples), np.arange(SIGMA.numel()), indexing="ij")
+            gamma, unit_shift = get_sampler(name)(host, t, h)
+            device_gamma, device_shift = get_device_draw(name)(PositionalLSH(SIGMA, samples, seed, name), CPU)
+            assert np.array_equal(device_gamma.numpy(), gamma) and np.array_equal(device_shift.numpy(), unit_shift)
+            for given in (seed, host.seed_tensor.clone()):
+                drawn = draw_on_device(PositionalLSH(SIGMA, samples, given, sampler=name), CPU)
+                assert torch.equal(drawn.pitch, host.pitch) and torch.equal(drawn.shift, host.shift), (name, seed)
+
+
+def test_gamma2_ppf_on_the_device_is_the_hosts():
+    """Over more than one block of the kernel's one program, with the clipped ends and both starting
+    guesses: the same Newton steps, stopped when every element has converged."""
+    q = np.random.default_rng(0).random(3000)
+    q[:8] = [0.0, 1e-320, 1e-300, 1e-12, 0.5, 1.0 - 1e-16, 1.0 - 1e-17, 1.0]
+    drawn = device_draws.gamma2_ppf(torch.from_numpy(q))
+    assert np.array_equal(drawn.numpy(), gamma2_ppf(q))
+    assert np.array_equal(device_draws.gamma2_ppf(torch.from_numpy(q[8:20])).numpy(), gamma2_ppf(q[8:20]))
 
 
 def _documents(n: int) -> Documents:
@@ -314,6 +342,77 @@ def test_the_op_reads_nothing_back_on_a_device(monkeypatch, fixed, shape, docs):
     assert launches == tables + ["onepass_fwd_kernel"] + tables + ["onepass_bwd_dkdv_kernel", "onepass_bwd_dq_kernel"]
 
 
+#: the kernels each sampler's draws launch, and the eager ops of a warm call (the iid kernel's allocation;
+#: the device forms' allocations and torch ops between their launches)
+SAMPLER_DRAWS = {
+    "iid": (["hash_draw_kernel"], 1),
+    "stratified": (["uniform_kernel", "gamma2_ppf_kernel"], 11),
+    "stratified_ramp": (["uniform_kernel"] * 3 + ["gamma2_ppf_kernel"], 19),
+    "stratified_ramp_alt": (["uniform_kernel"] * 3 + ["gamma2_ppf_kernel"], 19),
+}
+
+
+def recorded_draws(monkeypatch, lsh_of, calls=("cold", "warm")) -> list[tuple[int, list, list]]:
+    """``(eager ops, host copies, launches)`` of ``draw_on_device(lsh_of(seed), meta)`` at each call, with a
+    seed on the meta device and the device constants made afresh."""
+    launches: list = []
+    monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(device_draws, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(device_constants, "_made", {})
+    meta = torch.device("meta")
+    seed = torch.empty((), dtype=torch.int64, device=meta)
+    recorded = []
+    for _ in calls:
+        launches.clear()
+        with _HostReads() as reads:
+            drawn = draw_on_device(lsh_of(seed), meta)
+        assert drawn.pitch.device == meta and drawn.shift.shape == drawn.pitch.shape
+        recorded.append((reads.count, reads.uploads, list(launches)))
+    return recorded
+
+
+@pytest.mark.parametrize("sampler", list(SAMPLER_DRAWS))
+def test_every_sampler_draws_on_a_device_and_copies_nothing_after_its_first_call(monkeypatch, sampler):
+    """A seed on the device (a compiled model's): no host read, and only the first call copies host data
+    there (sigma; the device form's index grids and group sizes), so a CUDA graph's capture copies
+    nothing and a replay draws the new seed's masks."""
+    sigma = torch.linspace(1.0, 900.0, 4, dtype=torch.float64)
+    (_, cold, _), (ops, warm, launches) = recorded_draws(monkeypatch, lambda seed: PositionalLSH(sigma, 16, seed,
+                                                                                                 sampler))
+    assert (4,) in cold and warm == []
+    assert (launches, ops) == SAMPLER_DRAWS[sampler]
+
+
+@pytest.mark.parametrize("sampler", ["stratified", "stratified_ramp"])
+def test_the_op_with_another_sampler_reads_nothing_back_on_a_device(monkeypatch, sampler):
+    """``plsh_dist::block_attention``'s forward and backward with a sampler other than "iid", as a compiled
+    model calls it on a GPU: no host read, the draws' kernels in each, and no host copy after the first
+    call."""
+    launches: list = []
+    monkeypatch.setattr(triton_onepass, "_launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(device_draws, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(triton_onepass, "_arch", lambda device: 9)
+    monkeypatch.setattr(plsh, "choose_strategy", lambda *args, **kwargs: triton_onepass.TritonOnePass())
+    monkeypatch.setattr(device_constants, "_made", {})
+    B, T, H, D, s = 1, 300, 4, 64, 16
+    meta = torch.device("meta")
+    q, k, v = (torch.empty(B, T, H, D, dtype=torch.bfloat16, device=meta) for _ in range(3))
+    seed = torch.empty((), dtype=torch.int64, device=meta)
+    args = (torch.empty(B, T, dtype=torch.int64, device=meta), None, seed, torch.linspace(1.0, 900.0, H,
+            dtype=torch.float64), s, sampler, False, True, None, "auto", "auto", True)
+    for call in ("cold", "warm"):
+        kernel_bias_cache.clear()
+        launches.clear()
+        with _HostReads() as reads:
+            out, lse = block_attention_op._init_fn(q, k, v, *args)
+            block_attention_op_backward._init_fn(torch.empty_like(out), q, k, v, out, lse, *args)
+        assert (reads.uploads == []) == (call == "warm"), (call, reads.uploads)
+    draws = SAMPLER_DRAWS[sampler][0]
+    tables = draws + ["band_tables_kernel"] * 3
+    assert launches == tables + ["onepass_fwd_kernel"] + tables + ["onepass_bwd_dkdv_kernel", "onepass_bwd_dq_kernel"]
+
+
 @pytest.mark.parametrize("shape", [(2, 4096, 16, 8, 128), (1, 300, 4, 4, 64)], ids=["4096", "300"])
 @pytest.mark.parametrize("window", ["exact", "window", "truncated"])
 @pytest.mark.parametrize("docs", [False, True], ids=["row", "documents"])
@@ -382,6 +481,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from plsh_dist.ops import sampler_kernels as sk
 from plsh_dist.ops import table_kernels as tk
 
 TABLES = {"Pos": "*i64", "Virtual": "*i64", "DocFirst": "*i64", "DocEnd": "*i64", "KPos": "*i32", "Pitch": "*fp64",
@@ -396,7 +496,11 @@ for arch in (90, 80):
     target = GPUTarget("cuda", arch, 32)
     builds = [(tk.hash_draw_kernel, {"Seed": "*i64", "Sigma": "*fp64", "Pitch": "*fp64", "Shift": "*fp64",
                                      "num_samples": "i32", "num_heads": "i32"}, dict(FIXED=False, BLOCK=256)),
-              (tk.layer_seed_kernel, {"Steps": "*i64", "Out": "*i64", "run_key": "i64", "layer": "i32"}, {})]
+              (tk.layer_seed_kernel, {"Steps": "*i64", "Out": "*i64", "run_key": "i64", "layer": "i32"}, {}),
+              (sk.uniform_kernel, {"Seed": "*i64", "T": "*i64", "H": "*i64", "Out": "*fp64", "n": "i32",
+                                   "first_stream": "i32"}, dict(NUM_STREAMS=3, BLOCK=256)),
+              (sk.log_kernel, {"X": "*fp64", "Y": "*fp64", "n": "i32"}, dict(BLOCK=256)),
+              (sk.gamma2_ppf_kernel, {"Q": "*fp64", "X": "*fp64", "n": "i32"}, dict(BLOCK=1024))]
     for query_side in (True, False):
         for causal in (True, False):
             builds.append((tk.band_tables_kernel, TABLES, dict(ROW_TILE=64, KEY_TILE=32, CAUSAL=causal,
@@ -429,7 +533,7 @@ INTEGER_KERNELS = ("block_ends_kernel", "near_runs_kernel", "run_offsets_kernel"
 
 
 def test_table_kernels_compile_for_hopper_and_ampere():
-    """The table kernels build for sm_90 and sm_80 as the JIT builds them (no GPU needed): SplitMix64's
+    """The table and sampler kernels build for sm_90 and sm_80 as the JIT builds them (no GPU needed): SplitMix64's
     shifts logical, every float64 division the correctly rounded one (the hash's own rule)."""
     import os
     import subprocess
@@ -442,9 +546,10 @@ def test_table_kernels_compile_for_hopper_and_ampere():
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [line.split() for line in proc.stdout.splitlines()]
-    assert len(rows) == 2 * 13
+    assert len(rows) == 2 * 16
     for arch, name, arithmetic_shift, div_rn, approximate in rows:
         # signed halvings in the tables' search: arithmetic shifts are right there; the window's has no hash
         tables = name.startswith("band_tables_kernel")
-        assert approximate == "False" and div_rn == str(name == "band_tables_kernel"), (arch, name)
+        divides = name in ("band_tables_kernel", "gamma2_ppf_kernel")  # gamma2_ppf's series and Newton steps
+        assert approximate == "False" and div_rn == str(divides), (arch, name)
         assert tables or name in INTEGER_KERNELS or arithmetic_shift == "False", (arch, name)
