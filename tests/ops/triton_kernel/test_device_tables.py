@@ -383,6 +383,78 @@ def test_every_sampler_draws_on_a_device_and_copies_nothing_after_its_first_call
     assert (launches, ops) == SAMPLER_DRAWS[sampler]
 
 
+#: A lab's module, outside the package: one sampler with a device form, one without.
+LAB = """
+import numpy as np
+import torch
+
+from plsh_dist.hashing import counter_uniform, gamma2_ppf, register_sampler
+from plsh_dist.ops import device_draws
+
+
+def draw(lsh, t, h):  # Gamma(2, 1) by inversion, antithetic shifts in pairs of samples
+    c = counter_uniform(lsh.seed, t // 2, h, 2)
+    return gamma2_ppf(counter_uniform(lsh.seed, t, h, 0)), np.where(t % 2 == 1, 1.0 - c, c)
+
+
+def pairs(s, H):
+    t, _ = np.meshgrid(np.arange(s), np.arange(H), indexing="ij")
+    return t // 2, t % 2 == 1
+
+
+def device_draw(lsh, device):
+    s, H = lsh.num_samples, lsh.num_heads
+    t, h = device_draws.grid(s, H, device)
+    pair, odd = device_draws.constants(("lab_inverse", s, H), lambda: pairs(s, H), device)
+    seed = device_draws.seed_on(lsh, device)
+    c = device_draws.uniforms(seed, pair, h, 2)[0]
+    return device_draws.gamma2_ppf(device_draws.uniforms(seed, t, h, 0)[0]), torch.where(odd, 1.0 - c, c)
+
+
+register_sampler("lab_inverse", draw, device_draw)
+register_sampler("lab_host_only", draw)
+"""
+
+
+@pytest.fixture
+def lab_samplers(tmp_path, monkeypatch):
+    """``LAB`` registered the documented way: a config naming it in ``sampler_module`` (the registry and
+    ``sys.modules`` restored after the test)."""
+    import sys
+
+    from plsh_dist import hashing
+    from plsh_dist.models import AttentionConfig
+
+    (tmp_path / "lab_device_samplers.py").write_text(LAB)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(hashing, "_SAMPLERS", dict(hashing._SAMPLERS))
+    monkeypatch.delitem(sys.modules, "lab_device_samplers", raising=False)
+    AttentionConfig(sampler="lab_inverse", sampler_module="lab_device_samplers")
+
+
+def test_a_lab_sampler_named_by_its_setting_draws_on_the_device(lab_samplers, monkeypatch):
+    for samples in (1, 7, 40):
+        host = PositionalLSH(SIGMA, samples, 3, "lab_inverse")
+        drawn = draw_on_device(PositionalLSH(SIGMA, samples, host.seed_tensor.clone(), "lab_inverse"), CPU)
+        assert torch.equal(drawn.pitch, host.pitch) and torch.equal(drawn.shift, host.shift)
+    sigma = torch.linspace(1.0, 900.0, 4, dtype=torch.float64)
+    (_, cold, _), (ops, warm, launches) = recorded_draws(monkeypatch, lambda seed: PositionalLSH(sigma, 16, seed,
+                                                                                                 "lab_inverse"))
+    assert (4,) in cold and warm == []
+    assert launches == ["uniform_kernel", "uniform_kernel", "gamma2_ppf_kernel"] and ops <= 10
+
+
+def test_a_sampler_without_a_device_form_is_refused_on_a_device(lab_samplers, monkeypatch):
+    """Its host draws serve on a CPU; on a device the op says how to give it a device form (a host copy
+    at every call would be replayed stale by a captured graph)."""
+    host = PositionalLSH(SIGMA, 4, 3, "lab_host_only")
+    drawn = draw_on_device(host, CPU)
+    assert torch.equal(drawn.pitch, host.pitch) and torch.equal(drawn.shift, host.shift)
+    with pytest.raises(ValueError, match=r"'lab_host_only' has no device form.*register_sampler\(name, draw, "
+                                         r"device_draw\)"):
+        recorded_draws(monkeypatch, lambda seed: PositionalLSH(SIGMA, 4, seed, "lab_host_only"))
+
+
 @pytest.mark.parametrize("sampler", ["stratified", "stratified_ramp"])
 def test_the_op_with_another_sampler_reads_nothing_back_on_a_device(monkeypatch, sampler):
     """``plsh_dist::block_attention``'s forward and backward with a sampler other than "iid", as a compiled
