@@ -107,10 +107,7 @@ def check_window(window, num_heads: int):
             raise ValueError(f"window must be a positive int or None, got {window!r}")
         return window
     if isinstance(window, torch.Tensor):
-        if window.dim() != 1 or window.is_floating_point() or window.is_complex():
-            raise ValueError(f"window as a tensor must be a 1-D integer LongTensor[Hq], got {window.dtype} "
-                             f"of shape {tuple(window.shape)}")
-        window = window.tolist()
+        window = check_window_tensor(window, None).tolist()
     try:
         per_head = tuple(int(w) for w in window)
         if any(w != x for w, x in zip(per_head, window)):
@@ -120,6 +117,25 @@ def check_window(window, num_heads: int):
     if len(per_head) != num_heads or min(per_head) < 1:
         raise ValueError(f"window must hold one int >= 1 per query head ({num_heads}), got {list(per_head)}")
     return per_head[0] if len(set(per_head)) == 1 else per_head
+
+
+def check_window_tensor(window: torch.Tensor, num_heads: int | None) -> torch.Tensor:
+    """A window given as a tensor, its dtype and shape checked (not its values: no read of its data, so a
+    compiled call carries it as a graph input into the op, which checks them with :func:`check_window`):
+    a 1-D integer tensor, of ``num_heads`` entries unless None."""
+    if window.dim() != 1 or window.is_floating_point() or window.is_complex():
+        raise ValueError(f"window as a tensor must be a 1-D integer LongTensor[Hq], got {window.dtype} "
+                         f"of shape {tuple(window.shape)}")
+    if num_heads is not None and window.numel() != num_heads:
+        raise ValueError(f"window must hold one int >= 1 per query head ({num_heads}), got a tensor of "
+                         f"{window.numel()}")
+    return window
+
+
+def op_window(window: list[int], window_tensor: torch.Tensor | None, num_heads: int) -> list[int]:
+    """The op's window as a list (:func:`window_list`): ``window``, or the values of ``window_tensor``
+    checked (a CPU tensor's read on the host; a device tensor's read back, a sync)."""
+    return window if window_tensor is None else window_list(check_window(window_tensor, num_heads))
 
 
 def window_groups(window, num_heads: int) -> list[tuple[int | None, torch.Tensor]]:
@@ -397,6 +413,8 @@ def alibi_attention(
         window: sliding window: keys with ``|p_i - p_j| >= window_h`` are hidden; an
             int for every head, or a LongTensor[Hq] (or sequence) with one per head
             (truncated ALiBi, e.g. ``ceil(c / slopes)``: weights below ``e^-c`` dropped).
+            A tensor's values are read and checked inside the op, so a compiled call
+            (``fullgraph``) may take it as an input.
         chunk_size: queries per chunk (default: bias of a chunk under 64 MiB; per-head
             windows: sized by each head's window, :func:`window_chunk_size`). On CUDA with
             Triton (sm >= 80), a call without ``chunk_size`` runs on the fused
@@ -411,11 +429,14 @@ def alibi_attention(
         out (B, T, Hq, D) in q's dtype; with ``return_lse`` also lse (B, Hq, T)
         fp32 (fp64 for fp64), not differentiable.
     """
-    window = check_window(window, q.shape[2])  # a tensor's values are read here (pass a tuple to compile)
+    if isinstance(window, torch.Tensor):  # its values are checked inside the op: compiled, they are graph data
+        window_tensor, window = check_window_tensor(window, q.shape[2]), []
+    else:
+        window_tensor, window = None, window_list(check_window(window, q.shape[2]))
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
-    out, lse = alibi_attention_op(q, k, v, positions, cu_seqlens, _slopes_tensor(slopes), window_list(window), causal,
-                                  softmax_scale, chunk_size, False)
+    out, lse = alibi_attention_op(q, k, v, positions, cu_seqlens, _slopes_tensor(slopes), window, causal,
+                                  softmax_scale, chunk_size, False, window_tensor)
     return (out, lse) if return_lse else out
 
 
@@ -542,9 +563,12 @@ def kernel_call(q, k, v, positions, cu_seqlens, slopes, window: list[int], causa
 @torch.library.custom_op(f"{NAMESPACE}::alibi_attention", mutates_args=())
 def alibi_attention_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None, cu_seqlens: Tensor | None,
                     slopes: Tensor, window: list[int], causal: bool, softmax_scale: float | None,
-                    chunk_size: int | None, from_position_ids: bool) -> tuple[Tensor, Tensor]:
-    """Exact ALiBi (``window``: [] none, [w] one for every head, or one per head): ``(out, lse)`` of
-    :func:`plsh_dist.ops.alibi_attention`, on the fused kernel (:func:`kernel_call`) or in chunks."""
+                    chunk_size: int | None, from_position_ids: bool,
+                    window_tensor: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Exact ALiBi (``window``: [] none, [w] one for every head, or one per head; or ``window_tensor``,
+    LongTensor[Hq] with ``window`` [], checked here): ``(out, lse)`` of :func:`plsh_dist.ops.alibi_attention`,
+    on the fused kernel (:func:`kernel_call`) or in chunks."""
+    window = op_window(window, window_tensor, q.shape[2])
     kernel = kernel_call(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_scale, chunk_size,
                          from_position_ids)
     if kernel is not None:
@@ -569,9 +593,11 @@ def _(q, k, v, *_params):
 def alibi_attention_op_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                              positions: Tensor | None, cu_seqlens: Tensor | None, slopes: Tensor,
                              window: list[int], causal: bool, softmax_scale: float | None, chunk_size: int | None,
-                             from_position_ids: bool) -> tuple[Tensor, Tensor, Tensor]:
+                             from_position_ids: bool, window_tensor: Tensor | None = None
+                             ) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` of :func:`alibi_attention_op`: the fused kernel's backward, or each query chunk
     recomputed."""
+    window = op_window(window, window_tensor, q.shape[2])
     kernel = kernel_call(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_scale, chunk_size,
                          from_position_ids)
     if kernel is not None:

@@ -120,7 +120,8 @@ def test_inductor_compiles_a_plsh_layer():
 
 
 def test_public_ops_compile_with_fullgraph():
-    """The issue's reproducers: plsh_attention and truncated alibi_attention under fullgraph."""
+    """The issue's reproducers: plsh_attention and truncated alibi_attention under fullgraph, its window as
+    ints or as a tensor."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 40, H, 16, generator=g, requires_grad=True) for H in (4, 2, 2))
     slopes = alibi_slopes(4)
@@ -132,6 +133,8 @@ def test_public_ops_compile_with_fullgraph():
                                                             method="per_sample", cu_seqlens=cu, return_lse=True),
         "truncated": lambda q, k, v: ops.alibi_attention(q, k, v, slopes=slopes, window=(2, 4, 8, 16),
                                                         return_lse=True),
+        "truncated_tensor": lambda q, k, v: ops.alibi_attention(q, k, v, slopes=slopes,
+                                                               window=torch.tensor([2, 4, 8, 16]), return_lse=True),
         "fixed_blocks": lambda q, k, v: ops.fixed_blocks_attention(q, k, v, sigma=slopes.reciprocal(),
                                                                   return_lse=True),
     }
@@ -147,6 +150,25 @@ def test_public_ops_compile_with_fullgraph():
             out.pow(2).sum().backward()
             results.append([out.detach(), lse, q.grad, k.grad, v.grad])
         _assert_close(results[1], results[0])
+
+
+def test_alibi_window_as_a_tensor_input_compiles_with_fullgraph():
+    """A window tensor that is an input of the compiled function: its values are graph data, checked inside
+    the op (no guard on them, no graph break), and the result is the ints' (a window, and one per head)."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 48, H, 16, generator=g) for H in (4, 2, 2))
+    slopes = alibi_slopes(4)
+
+    def fn(q, k, v, window):
+        return ops.alibi_attention(q, k, v, slopes=slopes, window=window, return_lse=True)
+
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    for ints in ((3, 5, 9, 17), (6, 6, 6, 6)):
+        want = fn(q, k, v, ints)
+        for got in (fn(q, k, v, torch.tensor(ints)), compiled(q, k, v, torch.tensor(ints))):
+            _assert_close(list(got), list(want))
+    with pytest.raises(ValueError, match="one int >= 1 per query head"):
+        fn(q, k, v, torch.tensor([3, 0, 9, 17]))
 
 
 def test_compiled_layers_share_one_graph():
