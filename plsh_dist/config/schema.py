@@ -41,6 +41,7 @@ from plsh_dist.config_check import check_field_types, did_you_mean, toml_literal
 from plsh_dist.data.config import DataConfig, TokenizerConfig
 from plsh_dist.distributed import ParallelDims
 from plsh_dist.distributed.sp_chunks import check_sp_divisible
+from plsh_dist.models.activation_checkpoint import AC_MODES
 from plsh_dist.models.config import AttentionConfig, ModelConfig, presets
 
 
@@ -144,7 +145,10 @@ class MemorySection:
     """How training trades compute for memory (the same numbers either way)."""
 
     activation_checkpointing: bool = False
-    """Recompute decoder layers in backward (HF gradient checkpointing) to save memory."""
+    """Checkpoint each decoder layer (``plsh_dist.models.apply_activation_checkpointing``): backward
+    recomputes what the layer did not keep, to save memory; the gradients are the same. Works with
+    [run].compile (the checkpoint inside the compiled layer). How much is recomputed:
+    activation_checkpointing_mode."""
     loss_chunk_tokens: int = 2048
     """LM head + cross-entropy over chunks of this many tokens, each chunk's
     logits recomputed in backward (``plsh_dist.train.chunked_ce``): the loss
@@ -157,9 +161,19 @@ class MemorySection:
     the cost is one extra LM-head matmul per step (the recompute). The two
     paths give the same loss to fp32 rounding (the golden losses pass under
     either)."""
+    activation_checkpointing_mode: str = "full"
+    """With activation_checkpointing: "full" (a layer keeps its input only and backward reruns its
+    whole forward: the least memory, one extra forward) | "selective" (a layer keeps its matmuls' and
+    the attention op's outputs and recomputes only the cheap ops between them: norms, rotary
+    embedding, the MLP's activation; more memory than "full", no matmul or attention run twice)."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "memory")
+        _choice("memory", "activation_checkpointing_mode", self.activation_checkpointing_mode, AC_MODES)
+        if self.activation_checkpointing_mode != "full" and not self.activation_checkpointing:
+            raise ValueError(
+                f'[memory].activation_checkpointing_mode = "{self.activation_checkpointing_mode}" needs '
+                "activation_checkpointing = true; set it, or leave the mode out")
         if self.loss_chunk_tokens < 0:
             raise ValueError(
                 f"[memory].loss_chunk_tokens must be an integer >= 0 (0 = plain loss over the full logits), "
@@ -350,12 +364,6 @@ class RunConfig:
                 '[attention].backend = "flex" computes the attention output only (PyTorch\'s FlexAttention has no '
                 'CPU backward): training cannot use it; set backend = "auto" (flex is for evaluation and '
                 'generation, where no gradient is taken)')
-        if self.run.compile != "off" and self.memory.activation_checkpointing:
-            raise ValueError(
-                f'[run].compile = "{self.run.compile}" and [memory].activation_checkpointing = true: a compiled '
-                "layer cannot run inside transformers' checkpointing (dynamo refuses the side effect of its "
-                'kernel hub inside torch.utils.checkpoint); set one of them off (compile = "off", or '
-                "activation_checkpointing = false)")
         if self.run.compile != "off" and sp > 1:
             raise ValueError(
                 f'[run].compile = "{self.run.compile}" with [parallel].sp_size = {sp}: the sequence-parallel '

@@ -12,6 +12,8 @@ with transformers, and plsh_dist's model types (:mod:`plsh_dist.models.hf_config
   on import with ``AutoConfig`` / ``AutoModelForCausalLM`` / ``AutoTokenizer``, so
   ``AutoModelForCausalLM.from_pretrained(export_dir)`` rebuilds the trained attention;
 - ``set_attention_mode(model, attn_cfg, runtime=None)``: same weights, other attention;
+- ``apply_activation_checkpointing(model, mode)``: per-layer activation checkpointing ("full" or
+  "selective"), in place (parameter names unchanged), composing with ``compile_layers``;
 - ``apply_sequence_parallel(model, group)``: every attention module attends over the
   sequence-parallel ``group``, once (the model side applies parallelism);
 - ``AttentionRuntime`` (run seed, step, micro-step), ``get_runtime(model)``,
@@ -21,6 +23,7 @@ with transformers, and plsh_dist's model types (:mod:`plsh_dist.models.hf_config
   ``"truncated"`` mode reads.
 """
 
+from plsh_dist.models.activation_checkpoint import AC_MODES, apply_activation_checkpointing
 from plsh_dist.models.attention import IMPLEMENTATION
 from plsh_dist.models.build import (
     attention_modules,
@@ -49,6 +52,8 @@ __all__ = [
     "hf_config",
     "set_attention_mode",
     "apply_sequence_parallel",
+    "apply_activation_checkpointing",
+    "AC_MODES",
     "compile_layers",
     "get_runtime",
     "attention_modules",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from plsh_dist.models.activation_checkpoint import allow_recompute_side_effects
 from plsh_dist.models.build import set_attention_group
 
 
@@ -40,4 +41,6 @@ def compile_layers(model: nn.Module, backend: str = "inductor") -> nn.Module:
             raise ValueError("[run].compile needs one process's attention; this model's runs under sequence "
                              "parallelism: set [run].compile = \"off\"")
         layer.compile(backend=backend, fullgraph=True)
+        # activation checkpointing (before or after this) runs inside the compiled layer: activation_checkpoint.py
+        allow_recompute_side_effects(layer)
     return model

@@ -82,6 +82,19 @@ class AttentionRuntime:
         finally:
             self.set_step(*saved)
 
+    @contextlib.contextmanager
+    def replaying(self, step: int, micro_step: int) -> Iterator["AttentionRuntime"]:
+        """The eager recompute of a checkpointed layer (``plsh_dist.models.activation_checkpoint``) run
+        in a backward at another step: :meth:`layer_seed` reads (``step``, ``micro_step``) inside. Unlike
+        :meth:`at` it leaves :attr:`steps` alone: no tensor op may run there that the forward did not
+        (selective checkpointing replays the forward's ops), and only a compiled graph reads it."""
+        saved = (self.step, self.micro_step)
+        self.step, self.micro_step = step, micro_step
+        try:
+            yield self
+        finally:
+            self.step, self.micro_step = saved
+
     def layer_seed(self, layer: int, fixed_masks: bool = False) -> int:
         """Hash seed of ``layer`` for the current (step, micro_step); with
         ``fixed_masks`` the seed of (step 0, micro-step 0) whatever the step."""

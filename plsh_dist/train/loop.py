@@ -42,8 +42,8 @@ from plsh_dist.distributed.cpu_shm import unlink_cpu_allreduce_buffer
 from plsh_dist.distributed.ports import free_port
 from plsh_dist.distributed.rendezvous import check_rendezvous, rendezvous_from_env
 from plsh_dist.faults import maybe_fail
-from plsh_dist.models import (AttentionConfig, AttentionRuntime, ModelConfig, apply_sequence_parallel, compile_layers,
-                              count_parameters)
+from plsh_dist.models import (AttentionConfig, AttentionRuntime, ModelConfig, apply_activation_checkpointing,
+                              apply_sequence_parallel, compile_layers, count_parameters)
 from plsh_dist.models.pretrained import initial_model
 from plsh_dist.perplexity import perplexity
 from plsh_dist.train.curves import CURVES_FILE, write_training_curves
@@ -287,10 +287,10 @@ def _build_engine(cfg: RunConfig, model_cfg: ModelConfig, attn_cfg: AttentionCon
     n_params = count_parameters(model)
     if cfg.memory.loss_chunk_tokens:
         install_chunked_loss(model, cfg.memory.loss_chunk_tokens)  # before DeepSpeed wraps it (loss_head.py)
-    if cfg.memory.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.memory.activation_checkpointing:  # per layer, in place: parameter names unchanged
+        apply_activation_checkpointing(model, cfg.memory.activation_checkpointing_mode)
     if cfg.run.compile != "off":
-        compile_layers(model, cfg.run.compile)  # per block, in place: parameter names unchanged
+        compile_layers(model, cfg.run.compile)  # per block, in place, the checkpoint inside the compiled layer
     optimizer = build_optimizer(model, cfg.optim, device.type)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.run.max_steps)
     ds_config = deepspeed_config(cfg.deepspeed, cfg.optim, micro_batch_size=cfg.data.micro_batch_size,
@@ -376,6 +376,7 @@ def _accept(cfg: RunConfig, rank: int, start_step: int, resume: tuple[Path, str]
 def _summary(s: TrainSession) -> dict[str, str]:
     cfg, m, a, dims = s.cfg, s.model_cfg, s.attn_cfg, s.dims
     gas = cfg.optim.grad_accum_steps
+    ac = cfg.memory.activation_checkpointing_mode if cfg.memory.activation_checkpointing else "off"
     return {
         "run": f"{cfg.run.name} -> {s.out_dir}",
         "model": f"{m.family} L={m.num_layers} H={m.hidden_size} "
@@ -393,7 +394,7 @@ def _summary(s: TrainSession) -> dict[str, str]:
         "tokens/step": f"{s.tokens_per_step:,} = micro {cfg.data.micro_batch_size} x accum {gas} x dp "
                        f"{dims.dp_size} x seq {cfg.data.seq_len} (each rank {cfg.data.seq_len // dims.sp_size} tokens)",
         "engine": f"DeepSpeed ZeRO-{cfg.deepspeed.zero_stage}, {s.precision}, device {s.device}, "
-                  f"act-ckpt {cfg.memory.activation_checkpointing}, compile {cfg.run.compile}, loss "
+                  f"act-ckpt {ac}, compile {cfg.run.compile}, loss "
                   + (f"chunked ({cfg.memory.loss_chunk_tokens} tokens)" if cfg.memory.loss_chunk_tokens
                      else "plain (full logits)"),
         "flops/step": f"{s.flops.total / 1e9:,.3f} GFLOP model FLOPs (attention {s.flops.attention / s.flops.total:.1%}: "

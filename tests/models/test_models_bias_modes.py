@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers.masking_utils import create_causal_mask
 
-from plsh_dist.models import AttentionConfig, AttentionRuntime, build_model, get_runtime, presets, set_attention_mode
+from plsh_dist.models import (AttentionConfig, AttentionRuntime, apply_activation_checkpointing, build_model, get_runtime,
+                              presets, set_attention_mode)
 
 from tests.models.model_refs import DENSE_REF
 from tests.tolerances import FP64
@@ -111,7 +112,7 @@ def test_activation_checkpointing_replays_the_masks():
     get_runtime(model).set_step(3, 0)
     ids = torch.randint(0, 512, (1, T))
     plain = _run(model, ids, None)
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    apply_activation_checkpointing(model, "full")
     ckpt = _run(model, ids, None)
     torch.testing.assert_close(plain[0], ckpt[0], atol=0, rtol=0)
     for name, grad in plain[1].items():

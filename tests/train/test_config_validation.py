@@ -253,11 +253,27 @@ def test_flex_backend_cannot_train_and_fails_in_load_config():
 
 
 @pytest.mark.parametrize("overrides,expected", [
-    (["--run.compile=inductor", "--memory.activation_checkpointing=true"], "activation_checkpointing = false"),
     (["--run.compile=aot_eager", "--parallel.sp_size=2"], "sequence-parallel attention is not a custom op"),
     (["--run.compile=yes"], "[run].compile = 'yes' is invalid"),
-], ids=["checkpointing", "sp", "unknown"])
+], ids=["sp", "unknown"])
 def test_compile_refuses_what_it_cannot_compile(overrides, expected):
+    assert expected in _error(overrides)
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_compile_takes_activation_checkpointing(mode):
+    cfg = load_config(None, ["--run.compile=inductor", "--memory.activation_checkpointing=true",
+                             f"--memory.activation_checkpointing_mode={mode}"])
+    assert cfg.memory.activation_checkpointing and cfg.memory.activation_checkpointing_mode == mode
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    (["--memory.activation_checkpointing=true", "--memory.activation_checkpointing_mode=partial"],
+     "[memory].activation_checkpointing_mode = 'partial' is invalid; choose one of ['full', 'selective']"),
+    (["--memory.activation_checkpointing_mode=selective"],
+     '[memory].activation_checkpointing_mode = "selective" needs activation_checkpointing = true'),
+], ids=["unknown", "without-checkpointing"])
+def test_activation_checkpointing_mode_is_checked(overrides, expected):
     assert expected in _error(overrides)
 
 

@@ -9,6 +9,7 @@ accepted with a one-line notice naming the new one (``RENAMED``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import shutil
@@ -31,6 +32,9 @@ def old_layout(table: dict) -> dict:
     out = {k: dict(v) for k, v in table.items()}
     for (old_sec, key), (new_sec, new_key) in RENAMED.items():
         out[old_sec][key] = out[new_sec].pop(new_key)
+    # [memory] did not exist: its other keys were added since, and the old code ran at their defaults
+    added = out.pop("memory", {})
+    assert added == {k: v for k, v in dataclasses.asdict(MemorySection()).items() if k in added}, added
     return {k: v for k, v in out.items() if v}
 
 
