@@ -3,7 +3,7 @@
 Counted from what autograd saves in transformers' decoder layer with our attention (checked tensor
 by tensor with ``saved_tensors_hooks`` in tests/plan/test_plan_memory.py): the norms, the attention
 op's q, k, v, out and lse, the MLP, the model's inputs and rotary tables, a checkpointed layer's
-input alone; and the loss, plain (full logits) or chunked (``[memory].loss_chunk_tokens``). The
+input alone (full) or with its matmuls' and attention's outputs (selective); and the loss, plain (full logits) or chunked (``[memory].loss_chunk_tokens``). The
 tensor by tensor account: docs/memory.md, "What autograd saves per token".
 """
 
@@ -31,7 +31,11 @@ class ActivationBytes:
     attention_saved: int
     """The attention op's own saves (q, k, v, out, lse), part of ``layer``."""
     checkpointed_layer: int
-    """One layer under activation checkpointing: its input."""
+    """One layer under full activation checkpointing: its input."""
+    selective_layer: int
+    """One layer under selective activation checkpointing: its input, its seven matmuls' outputs
+    (q, k, v, o, gate, up, down: eagerly every one is kept; compiled, the partitioner drops down's,
+    which backward does not need) and the attention op's out and lse."""
     model_inputs: int
     """Outside the layers: input ids, position ids and labels (int64), the shared rotary cos/sin."""
     final_norm: int
@@ -49,8 +53,10 @@ def activation_bytes(shapes: ModelShapes, b: int) -> ActivationBytes:
     qk_norms = _norm(q, shapes.q_heads, b) + _norm(kv, shapes.kv_heads, b) if shapes.qk_norm else 0
     after = _norm(h, 1, b) + b * h + 4 * b * i
     layer = _norm(h, 1, b) + b * h + qk_norms + attention + after
+    selective = b * (3 * h + 2 * q + 2 * kv + 2 * i) + 4 * shapes.q_heads
     return ActivationBytes(layer=layer, layer_after_attention=after, attention_saved=attention,
-                           checkpointed_layer=b * h, model_inputs=24 + 2 * b * shapes.head_dim,
+                           checkpointed_layer=b * h, selective_layer=selective,
+                           model_inputs=24 + 2 * b * shapes.head_dim,
                            final_norm=_norm(h, 1, b) + b * h)
 
 

@@ -7,7 +7,7 @@ share of the rest.
 
 Changes are tried cumulatively, cheapest first, each kept only when it
 lowers the peak: the chunked loss (one extra LM-head matmul), activation
-checkpointing (one extra forward of the layers), the next ZeRO stage (more
+checkpointing (one extra forward of the layers; from selective, full), the next ZeRO stage (more
 communication), doubling sp_size while it divides the world and seq_len
 (more ranks per sequence), halving micro_batch_size while doubling
 grad_accum_steps (same tokens per step, more, smaller steps), and
@@ -49,6 +49,8 @@ def _candidates(cfg, world: int):
         yield "--memory.loss_chunk_tokens=2048"
     if not mem.activation_checkpointing:
         yield "--memory.activation_checkpointing=true"
+    elif mem.activation_checkpointing_mode != "full":
+        yield "--memory.activation_checkpointing_mode=full"
     if ds.zero_stage < 3:
         yield f"--deepspeed.zero_stage={ds.zero_stage + 1}"
     sp = par.sp_size * 2

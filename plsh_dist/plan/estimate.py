@@ -5,7 +5,8 @@ the trainer does (``RunConfig.validate``: the same messages), then adds:
 
 - states (``zero_states``): weights, gradients, optimizer states and DeepSpeed's buffers;
 - activations (``activations``): every layer's saved tensors (or, with
-  activation checkpointing, its input) for this rank's ``B x seq_len / sp``
+  activation checkpointing, its input; selective: also its matmuls' and
+  attention's outputs) for this rank's ``B x seq_len / sp``
   tokens, the model's own, the loss's, and under SP the halo keys/values;
 - transients at the moments memory peaks, the largest of which is the estimate
   (forward moments without the gradient buffers DeepSpeed sets up when
@@ -16,7 +17,7 @@ the trainer does (``RunConfig.validate``: the same messages), then adds:
   optimizer step.
 
 FLOPs per optimizer step: matmuls (6 x the matmul weights per token; +2 x
-the layers' with checkpointing, +2 x the LM head's with the chunked loss's
+the layers' with full checkpointing, +2 x the LM head's with the chunked loss's
 recompute) and attention (``attention_cost``), for the whole job and per rank.
 """
 
@@ -98,6 +99,7 @@ class Plan:
     dp: int
     zero_stage: int
     checkpointing: bool
+    checkpointing_mode: str
     loss_chunk_tokens: int
     rank_batch: RankBatch
     shapes: ModelShapes
@@ -119,7 +121,8 @@ def _memory(cfg, shapes: ModelShapes, rb: RankBatch, setup: AttentionSetup, stat
                                  kv_heads=shapes.kv_heads, head_dim=shapes.head_dim)
     else:
         ws = workspace_cuda(setup, rb.batch, rb.tokens, keys, shapes.q_heads, shapes.kv_heads, shapes.head_dim, b)
-    layer_saved = per.checkpointed_layer if ckpt else per.layer + halo // n
+    kept = per.selective_layer if mem.activation_checkpointing_mode == "selective" else per.checkpointed_layer
+    layer_saved = kept if ckpt else per.layer + halo // n
     acts = n * (L * layer_saved + per.model)
 
     loss = loss_peak_bytes(n, shapes.vocab, shapes.hidden, b, chunk)
@@ -128,7 +131,7 @@ def _memory(cfg, shapes: ModelShapes, rb: RankBatch, setup: AttentionSetup, stat
     last_grads = b * (shapes.layer_params + (0 if shapes.tied else shapes.head_params))  # grads so far
     # The last layer up to its attention: all of it without checkpointing, rebuilt under checkpointing.
     upto_attention = n * (per.layer - per.layer_after_attention) + (halo if ckpt else 0)
-    before_last = acts - n * (per.final_norm + (per.checkpointed_layer if ckpt else per.layer))
+    before_last = acts - n * (per.final_norm + (kept if ckpt else per.layer))
     grad_in = 2 * n * b * shapes.hidden  # gradients of the layer output and of the attention output
     candidates = {
         "loss forward": fwd + acts + loss.forward,
@@ -153,11 +156,13 @@ def _flops(cfg, shapes: ModelShapes, setup: AttentionSetup, world: int, dp: int)
     seq = cfg.data.seq_len
     sequences = cfg.data.micro_batch_size * cfg.optim.grad_accum_steps * dp
     per_token = 6 * (shapes.layers * shapes.matmul_params_per_layer + shapes.head_params)
-    if mem.activation_checkpointing:
+    # selective checkpointing recomputes no matmul and no attention (only the cheap ops, not counted)
+    full = mem.activation_checkpointing and mem.activation_checkpointing_mode == "full"
+    if full:
         per_token += 2 * shapes.layers * shapes.matmul_params_per_layer
     if mem.loss_chunk_tokens:
         per_token += 2 * shapes.head_params
-    attn = shapes.layers * attention_flops(setup, seq, shapes.head_dim, mem.activation_checkpointing)
+    attn = shapes.layers * attention_flops(setup, seq, shapes.head_dim, full)
     return FlopsPlan(attention=attn * sequences, rest=float(per_token) * seq * sequences, ranks=world)
 
 
@@ -212,5 +217,6 @@ def plan_run(cfg, *, world_size: int, device: str = "cuda") -> Plan:
     memory = _memory(cfg, shapes, rb, setup, states, b, device, traffic)
     return Plan(name=cfg.run.name, device=device, precision=precision, world=world_size, dp=dp,
                 zero_stage=ds.zero_stage, checkpointing=cfg.memory.activation_checkpointing,
+                checkpointing_mode=cfg.memory.activation_checkpointing_mode,
                 loss_chunk_tokens=cfg.memory.loss_chunk_tokens, rank_batch=rb, shapes=shapes, attention=setup,
                 memory=memory, flops=_flops(cfg, shapes, setup, world_size, dp), traffic=traffic)

@@ -37,6 +37,12 @@ def _path_name(attention) -> str:
     return "fused Triton kernel" if attention.fused else "varlen" if attention.varlen else "padded"
 
 
+def _kept(plan: Plan) -> int:
+    """Bytes per token a checkpointed layer keeps."""
+    per = plan.memory.per_token
+    return per.selective_layer if plan.checkpointing_mode == "selective" else per.checkpointed_layer
+
+
 def format_plan(plan: Plan, device_bytes: int, advice: Advice, *, per_layer: bool = False) -> str:
     """The detailed report ``launchers/plan.py`` prints for one config and length."""
     m, st, rb, sh = plan.memory, plan.memory.states, plan.rank_batch, plan.shapes
@@ -46,7 +52,8 @@ def format_plan(plan: Plan, device_bytes: int, advice: Advice, *, per_layer: boo
         f"  model: {sh.family} L={sh.layers} H={sh.hidden} heads {sh.q_heads}/{sh.kv_heads} D={sh.head_dim} "
         f"I={sh.intermediate} V={sh.vocab} tied={sh.tied}: {sh.params:,} parameters",
         f"  rank micro-batch: {rb.batch} x {rb.tokens:,} tokens; ZeRO {plan.zero_stage} ({st.wrapper}), "
-        f"activation checkpointing {plan.checkpointing}, loss {_loss_name(plan.loss_chunk_tokens)}",
+        f"activation checkpointing {plan.checkpointing_mode if plan.checkpointing else 'off'}, "
+        f"loss {_loss_name(plan.loss_chunk_tokens)}",
         f"  attention: {plan.attention.bias}, s={plan.attention.num_samples}, "
         f"{'one pass' if plan.attention.onepass else 'per sample'}, {_path_name(plan.attention)} path",
         "memory per rank:",
@@ -54,8 +61,9 @@ def format_plan(plan: Plan, device_bytes: int, advice: Advice, *, per_layer: boo
         f"AdamW states {gib(st.optimizer)}  DeepSpeed buckets {gib(st.buckets)}  step temporaries {gib(st.step_temp)}"
         + (f"  (CPU: {gib(st.cpu)})" if st.cpu else ""),
         f"  activations {gib(m.activations)} ("
-        + (f"{m.per_token.checkpointed_layer} B/token/layer checkpointed, a full layer {m.per_token.layer} B/token "
-           "rebuilt in its backward)" if plan.checkpointing else f"{m.per_token.layer} B/token/layer)"),
+        + (f"{_kept(plan)} B/token/layer checkpointed ({plan.checkpointing_mode}), a full layer "
+           f"{m.per_token.layer} B/token rebuilt in its backward)" if plan.checkpointing
+           else f"{m.per_token.layer} B/token/layer)"),
         f"  loss peak {gib(m.loss_peak)} (plain {gib(m.loss_peak_plain)}, chunked {gib(m.loss_peak_chunked)})",
         f"  attention workspace fwd {gib(m.attention.forward)} / bwd {gib(m.attention.backward)} ({m.attention.how})"
         + (f"; halo K/V kept {gib(m.halo_buffers)}" if m.halo_buffers else ""),
@@ -70,7 +78,8 @@ def format_plan(plan: Plan, device_bytes: int, advice: Advice, *, per_layer: boo
             f"SP traffic per layer (worst rank, forward K/V; backward returns as much): "
             f"min {fwd and min(fwd) / 2**20:.2f} / mean {sum(fwd) / len(fwd) / 2**20:.2f} / "
             f"max {max(fwd) / 2**20:.2f} MiB; all layers, fwd + bwd: {2 * sum(fwd) / 2**20:.1f} MiB per micro-step"
-            + (" (+ the forward again under activation checkpointing)" if plan.checkpointing else ""))
+            + (" (+ the forward again under full activation checkpointing)"
+               if plan.checkpointing and plan.checkpointing_mode == "full" else ""))
         if per_layer:
             lines += [f"  layer {t.layer:>3}: worst rank receives {t.recv_tokens_max:,} (head, position) pairs = "
                       f"{t.forward_bytes_max / 2**20:.3f} MiB (mean {t.forward_bytes_mean / 2**20:.3f})"

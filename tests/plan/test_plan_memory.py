@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from plsh_dist.models import AttentionConfig, build_model, presets
+from plsh_dist.models import AttentionConfig, apply_activation_checkpointing, build_model, compile_layers, presets
 from plsh_dist.plan.activations import activation_bytes, loss_peak_bytes
 from plsh_dist.plan.memory_measure import peak_cpu_bytes
 from plsh_dist.plan.shapes import model_shapes
@@ -50,14 +50,16 @@ def _saved_bytes(model) -> int:
     return sum(seen.values())
 
 
-def _model(family: str, layers: int, dtype, checkpointing: bool = False):
+def _model(family: str, layers: int, dtype, checkpointing: bool | str = False, compile: str = "off"):
     torch.manual_seed(0)
     cfg = dataclasses.replace(presets["tiny"], family=family, num_layers=layers, vocab_size=1024)
     model = build_model(cfg, AttentionConfig(bias="plsh", num_samples=2), dtype=dtype)
     install_chunked_loss(model, chunk_tokens=B * T)
     if checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        apply_activation_checkpointing(model, "full" if checkpointing is True else checkpointing)
         model.train()
+    if compile != "off":
+        compile_layers(model, compile)
     return model, cfg
 
 
@@ -79,6 +81,19 @@ def test_checkpointed_layer_keeps_its_input_only():
     two, _ = _model("qwen3", 2, torch.float32, checkpointing=True)
     per = activation_bytes(model_shapes(cfg, AttentionConfig()), 4)
     assert _saved_bytes(two) - _saved_bytes(one) == B * T * per.checkpointed_layer
+
+
+def test_selective_layer_keeps_its_matmuls_and_attention_outputs():
+    """Compiled (aot_eager, where the kept tensors pass through autograd's saved-tensor hooks; eagerly
+    selective checkpointing holds them in its own cache): the estimate less down_proj's output, which
+    the partitioner drops (backward does not need it; eagerly it is kept), and the 8-byte seed."""
+    torch._dynamo.reset()
+    one, cfg = _model("qwen3", 1, torch.float32, checkpointing="selective", compile="aot_eager")
+    two, _ = _model("qwen3", 2, torch.float32, checkpointing="selective", compile="aot_eager")
+    per = activation_bytes(model_shapes(cfg, AttentionConfig()), 4)
+    assert _saved_bytes(two) - _saved_bytes(one) == B * T * (per.selective_layer - 4 * cfg.hidden_size) + 8
+    assert per.checkpointed_layer < per.selective_layer < per.layer
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("chunk", [0, 256])
