@@ -61,22 +61,23 @@ class PLSH(Bias):
 
     def forward(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
         cfg, q, k, v, H = self.cfg, call.q, call.k, call.v, call.num_heads
+        if call.group is not None:  # compiled, a custom op too (it reads the seed as a tensor)
+            return self.sp_forward(call, head_scales(cfg.sigma, H)[0], seeds)
         if call.compiled:  # the custom op lays the raw position_ids out itself, and reads the seed as a tensor
             num_samples, seed, sampler, fixed = self.hash_args(seeds, as_tensor=True)
             return block_attention_op(q, k, v, call.positions, call.cu_seqlens, seed,
                                       hash_sigma(cfg.sigma, H, q.device), num_samples, sampler, fixed, True,
                                       call.scale, cfg.backend, cfg.method, True)[0]
         sigma = head_scales(cfg.sigma, H)[0]
-        if call.group is not None:
-            return self.sp_forward(call, sigma, seeds)
         return block_attention(q, k, v, sigma, self.hash_args(seeds, as_tensor=False), call.positions, True,
                                call.scale, cfg.backend, cfg.method, False, call.cu_seqlens)
 
     def sp_forward(self, call: AttentionCall, sigma, seeds: LayerSeeds) -> torch.Tensor:
         """This rank's chunk under sequence parallelism: a halo of keys/values."""
         cfg = self.cfg
+        seed = seeds.seed_tensor() if call.compiled else seeds.seed()
         return sp_attention.plsh_attention(call.q, call.k, call.v, group=call.group, sigma=sigma,
-                                           num_samples=cfg.num_samples, seed=seeds.seed(), backend=cfg.backend,
+                                           num_samples=cfg.num_samples, seed=seed, backend=cfg.backend,
                                            sampler=cfg.sampler, method=cfg.method, **call.common())
 
     def layer_hash(self, num_heads: int, seeds: LayerSeeds) -> PositionalLSH:

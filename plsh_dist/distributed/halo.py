@@ -35,7 +35,8 @@ import torch.distributed as dist
 from plsh_dist.distributed.comm_stats import record_bytes
 from plsh_dist.distributed.sp_layout import SPLayout
 
-_TAG = {"fwd": 71, "bwd": 72}
+#: Point-to-point tags: keys/values, and their gradients going home.
+_TAG = {"kv": 71, "grads": 72}
 
 
 # ---------------------------------------------------------------------------
@@ -298,20 +299,20 @@ def _unpack_into(buf: torch.Tensor, tensors: list[torch.Tensor], pieces: list[Pi
             off += n
 
 
-def _isend(layout: SPLayout, buf: torch.Tensor, peer: int, phase: str):
+def _isend(layout: SPLayout, buf: torch.Tensor, peer: int, phase: str, what: str):
     record_bytes(phase, sent=buf.numel() * buf.element_size())
-    return dist.isend(buf, dst=layout.global_ranks[peer], group=layout.group, tag=_TAG[phase])
+    return dist.isend(buf, dst=layout.global_ranks[peer], group=layout.group, tag=_TAG[what])
 
 
-def _irecv(layout: SPLayout, buf: torch.Tensor, peer: int, phase: str):
+def _irecv(layout: SPLayout, buf: torch.Tensor, peer: int, phase: str, what: str):
     record_bytes(phase, recv=buf.numel() * buf.element_size())
-    return dist.irecv(buf, src=layout.global_ranks[peer], group=layout.group, tag=_TAG[phase])
+    return dist.irecv(buf, src=layout.global_ranks[peer], group=layout.group, tag=_TAG[what])
 
 
 class PendingHalo:
-    """Posted forward halo messages; :meth:`wait` returns the filled halo buffers."""
+    """Posted halo messages of keys/values; :meth:`wait` returns the filled halo buffers."""
 
-    def __init__(self, layout: SPLayout, exchange: HaloExchange, k: torch.Tensor, v: torch.Tensor):
+    def __init__(self, layout: SPLayout, exchange: HaloExchange, k: torch.Tensor, v: torch.Tensor, phase: str):
         self.exchange = exchange
         B, _, Hkv, D = k.shape
         self.shapes = {"left": (B, exchange.left_pos.numel(), Hkv, D), "right": (B, exchange.right_pos.numel(), Hkv, D)}
@@ -320,9 +321,9 @@ class PendingHalo:
         for t in exchange.recv:  # receives first, so a sender never waits on an unposted receive
             buf = k.new_empty(2 * t.tokens(B) * D)
             self.bufs.append((t, buf))
-            self.works.append(_irecv(layout, buf, t.peer, "fwd"))
+            self.works.append(_irecv(layout, buf, t.peer, phase, "kv"))
         for t in exchange.send:
-            self.works.append(_isend(layout, _pack([k, v], t.pieces, "src").contiguous(), t.peer, "fwd"))
+            self.works.append(_isend(layout, _pack([k, v], t.pieces, "src").contiguous(), t.peer, phase, "kv"))
 
     def wait(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """side -> (halo_k, halo_v), each (B, L_side, Hkv, D), zero where no head needs a slot."""
@@ -334,9 +335,11 @@ class PendingHalo:
         return halos
 
 
-def post_kv(layout: SPLayout, exchange: HaloExchange, k: torch.Tensor, v: torch.Tensor) -> PendingHalo:
-    """Post the forward halo messages of ``k``, ``v`` (B, T, Hkv, D); returns before they complete."""
-    return PendingHalo(layout, exchange, k, v)
+def post_kv(layout: SPLayout, exchange: HaloExchange, k: torch.Tensor, v: torch.Tensor,
+            phase: str = "fwd") -> PendingHalo:
+    """Post the halo messages of ``k``, ``v`` (B, T, Hkv, D); returns before they complete. ``phase``
+    ("fwd", or "bwd" for a backward that fetches the halo again) is where :mod:`comm_stats` counts them."""
+    return PendingHalo(layout, exchange, k, v, phase)
 
 
 class PendingGrads:
@@ -348,10 +351,10 @@ class PendingGrads:
         for t in exchange.send:  # gradients for the tokens this rank sent in forward
             buf = like.new_empty(2 * t.tokens(B) * D)
             self.bufs.append((t, buf))
-            self.works.append(_irecv(layout, buf, t.peer, "bwd"))
+            self.works.append(_irecv(layout, buf, t.peer, "bwd", "grads"))
         for t in exchange.recv:
             buf = _pack(list(halo_grads[t.side]), t.pieces, "dst").to(like.dtype).contiguous()
-            self.works.append(_isend(layout, buf, t.peer, "bwd"))
+            self.works.append(_isend(layout, buf, t.peer, "bwd", "grads"))
 
     def wait_add(self, dk: torch.Tensor, dv: torch.Tensor) -> None:
         """Wait, then add the received gradients into this rank's ``dk``, ``dv`` (B, T, Hkv, D)."""

@@ -300,9 +300,10 @@ def plsh_dist_attention(
     v = value.transpose(1, 2)
     if attention_mask is not None:
         return _padded(binding, q, k, v, attention_mask, scaling, kwargs), None
-    if torch.compiler.is_compiling() and key.shape[2] == T and binding.group is None:
+    if torch.compiler.is_compiling() and key.shape[2] == T:
         # compiled: the layout (host integers read from the positions) is made inside the op
-        call = AttentionCall(q, k, v, position_ids, _packed_offsets(kwargs), scaling, compiled=True)
+        call = AttentionCall(q, k, v, position_ids, _packed_offsets(kwargs), scaling, compiled=True,
+                             group=binding.group)
         return binding.bias.forward(call, binding), None
     positions, cu_seqlens = _layout(position_ids, _packed_offsets(kwargs), B, T, binding.positions)
     if key.shape[2] != T:

@@ -235,9 +235,16 @@ def block_attention(q, k, v, sigma, hash_args, positions, causal, softmax_scale,
 # --- the custom op (layer 2; registrations shared with ALiBi's: plsh_dist.ops.custom_ops) --------------------------------------------------------
 
 
-def _hash(sigma: Tensor, num_samples: int, seed: Tensor, sampler: str, fixed: bool) -> PositionalLSH:
-    """The op's hash: the seed stays a tensor (read on the host only by a strategy that draws there)."""
+def op_hash(sigma: Tensor, num_samples: int, seed: Tensor, sampler: str, fixed: bool) -> PositionalLSH:
+    """The hash an op's arguments describe: the seed stays a tensor (read on the host only by a strategy
+    that draws there)."""
     return FixedBlocks(sigma) if fixed else PositionalLSH(sigma, num_samples, seed, sampler)
+
+
+def backward_takes_saved(strategy) -> bool:
+    """Whether ``strategy``'s backward takes what its forward saved: host state an op cannot keep from
+    forward to backward (the CUDA varlen calls), so an op's backward runs the forward again to remake it."""
+    return isinstance(strategy, VarlenPerSample)
 
 
 def _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, backend, method, from_position_ids):
@@ -264,7 +271,7 @@ def block_attention_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None
                     softmax_scale: float | None, backend: str, method: str,
                     from_position_ids: bool) -> tuple[Tensor, Tensor]:
     """PLSH (``fixed``: fixed blocks) attention: ``(out, lse)`` of :func:`plsh_dist.ops.plsh_attention`."""
-    lsh = _hash(sigma, num_samples, seed, sampler, fixed)
+    lsh = op_hash(sigma, num_samples, seed, sampler, fixed)
     pos, scale, strategy, docs = _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, backend, method,
                                           from_position_ids)
     rows = BatchRows.of(q, docs is not None)  # documents: one flat row whose row boundaries are theirs
@@ -286,14 +293,12 @@ def block_attention_op_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
                              from_position_ids: bool) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` of :func:`block_attention_op`: the hash and the layouts rebuilt, the strategy's backward
     with the merged ``out`` / ``lse``."""
-    lsh = _hash(sigma, num_samples, seed, sampler, fixed)
+    lsh = op_hash(sigma, num_samples, seed, sampler, fixed)
     pos, scale, strategy, docs = _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, backend, method,
                                           from_position_ids)
     rows = BatchRows.of(q, docs is not None)
     kw = dict(causal=causal, scale=scale, docs=docs)
-    if isinstance(strategy, VarlenPerSample):
-        # its backward takes the forward's varlen calls (host integers), which an op cannot keep: they are
-        # remade by running the forward again (compiled CUDA per-sample only; eager keeps them)
+    if backward_takes_saved(strategy):  # compiled CUDA per-sample only; eager keeps them
         kw["saved"] = strategy.forward(*rows.inputs(q, k, v), lsh, pos, **kw)[2]
     grads = strategy.backward(*rows.inputs(dout, q, k, v, out), rows.lse_input(lse), lsh, pos, **kw)
     return tuple(g.contiguous() for g in rows.grads(grads))

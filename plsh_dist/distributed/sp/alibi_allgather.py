@@ -12,6 +12,8 @@ Legend: B batch, T local tokens, P ranks, Hq / Hkv query / key-value heads, D he
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
@@ -22,14 +24,15 @@ from plsh_dist.distributed.sp_layout import SPLayout, exchange_layout
 from plsh_dist.ops.alibi import default_chunk_size
 
 
-def all_gather_kv(layout: SPLayout, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Every rank's k, v (B, T, Hkv, D) -> (2, B, P*T, Hkv, D) in rank order; one collective."""
+def all_gather_kv(layout: SPLayout, k: torch.Tensor, v: torch.Tensor, phase: str = "fwd") -> torch.Tensor:
+    """Every rank's k, v (B, T, Hkv, D) -> (2, B, P*T, Hkv, D) in rank order; one collective (counted
+    in ``phase``: "bwd" for a backward that gathers again)."""
     P = layout.size
     kv = torch.stack([k, v]).contiguous()
     parts = [torch.empty_like(kv) for _ in range(P)]
     dist.all_gather(parts, kv, group=layout.group)
     nbytes = kv.numel() * kv.element_size()
-    record_bytes("fwd", sent=(P - 1) * nbytes, recv=(P - 1) * nbytes)
+    record_bytes(phase, sent=(P - 1) * nbytes, recv=(P - 1) * nbytes)
     return torch.cat(parts, dim=2)
 
 
@@ -44,33 +47,62 @@ def reduce_scatter_kv(layout: SPLayout, dk_all: torch.Tensor, dv_all: torch.Tens
     return mine[0], mine[1]
 
 
+@dataclass(frozen=True)
+class GatherPlan:
+    """One call's plan, the same on every rank: the chunk table, every key's position and the documents."""
+
+    layout: SPLayout
+    pos: torch.Tensor
+    k_pos: torch.Tensor
+    slopes: torch.Tensor
+    docs: SPDocuments | None
+    kw: dict
+
+    @classmethod
+    def make(cls, q, k, pos, slopes, causal: bool, scale: float, chunk: int | None, group, cu_seqlens,
+             needs_grad: bool) -> "GatherPlan":
+        """Validate the call across the group (one small all-gather) and plan it."""
+        sig = call_signature("alibi_gather", q, k, causal, scale, needs_grad, slopes=slopes_crc(slopes),
+                             documents=documents_crc(cu_seqlens))
+        layout = exchange_layout(group, pos, sig)
+        P, T = layout.size, layout.length
+        docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, layout, q.shape[0])
+        k_pos = torch.cat([torch.arange(f, f + T) for f in layout.firsts])
+        chunk = chunk or default_chunk_size(q.shape[2], P * T)
+        return cls(layout, pos, k_pos, slopes, docs, dict(causal=causal, window=None, scale=scale, chunk=chunk))
+
+    def gather(self, k, v, phase: str = "fwd") -> torch.Tensor:
+        """Every rank's keys and values, (2, B, P*T, Hkv, D)."""
+        return all_gather_kv(self.layout, k, v, phase)
+
+    def forward(self, q, kv_all):
+        """``(out, lse)`` of this rank's queries against every key."""
+        return alibi_rows_forward(q, kv_all[0], kv_all[1], self.pos, self.k_pos, self.slopes, self.docs, **self.kw)
+
+    def backward(self, dout, q, kv_all, out, lse):
+        """``(dq, dk, dv)``: dk, dv of every key reduce-scattered to their ranks."""
+        dq, dk_all, dv_all = alibi_rows_backward(dout.contiguous(), q, kv_all[0], kv_all[1], out, lse, self.pos,
+                                                 self.k_pos, self.slopes, self.docs, **self.kw)
+        dk, dv = reduce_scatter_kv(self.layout, dk_all, dv_all)
+        return dq, dk, dv
+
+
 class SPAlibiGather(torch.autograd.Function):
-    """Exact ALiBi: all-gather K/V forward, reduce-scatter dK/dV backward (O(T) per rank)."""
+    """Exact ALiBi, eagerly: all-gather K/V forward, reduce-scatter dK/dV backward (O(T) per rank)."""
 
     @staticmethod
     def forward(ctx, q, k, v, pos, slopes, causal, scale, chunk, group, cu_seqlens=None):
         needs_grad = any(ctx.needs_input_grad[:3])
-        sig = call_signature("alibi_gather", q, k, causal, scale, needs_grad, slopes=slopes_crc(slopes),
-                             documents=documents_crc(cu_seqlens))
-        layout = exchange_layout(group, pos, sig)
+        plan = GatherPlan.make(q, k, pos, slopes, causal, scale, chunk, group, cu_seqlens, needs_grad)
         record_call()
-        P, T = layout.size, layout.length
-        docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, layout, q.shape[0])  # checked first
-        kv_all = all_gather_kv(layout, k, v)
-        k_pos = torch.cat([torch.arange(f, f + T) for f in layout.firsts])
-        chunk = chunk or default_chunk_size(q.shape[2], P * T)
-        kw = dict(causal=causal, window=None, scale=scale, chunk=chunk)
-        out, lse = alibi_rows_forward(q, kv_all[0], kv_all[1], pos, k_pos, slopes, docs, **kw)
+        kv_all = plan.gather(k, v)
+        out, lse = plan.forward(q, kv_all)
         if needs_grad:
             ctx.save_for_backward(q, kv_all, out, lse)
-            ctx.pos, ctx.k_pos, ctx.slopes, ctx.kw, ctx.layout, ctx.docs = pos, k_pos, slopes, kw, layout, docs
+            ctx.plan = plan
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, kv_all, out, lse = ctx.saved_tensors
-        dq, dk_all, dv_all = alibi_rows_backward(
-            dout.contiguous(), q, kv_all[0], kv_all[1], out, lse, ctx.pos, ctx.k_pos, ctx.slopes, ctx.docs, **ctx.kw
-        )
-        dk, dv = reduce_scatter_kv(ctx.layout, dk_all, dv_all)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return (*ctx.plan.backward(dout, q, kv_all, out, lse), None, None, None, None, None, None, None)

@@ -23,13 +23,15 @@ Legend: B batch, T local tokens, Hq / Hkv query / key-value heads, D head dim, L
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from plsh_dist.distributed.comm_stats import record_call
 from plsh_dist.distributed.halo import HaloExchange, post_grads, post_kv, window_needs
 from plsh_dist.distributed.sp.documents import SPDocuments, alibi_rows_backward, alibi_rows_forward, documents_crc
 from plsh_dist.distributed.sp.signature import call_signature, slopes_crc, window_code
-from plsh_dist.distributed.sp_layout import exchange_layout
+from plsh_dist.distributed.sp_layout import SPLayout, exchange_layout
 from plsh_dist.ops.alibi import default_chunk_size, head_windows, widest_window
 from plsh_dist.ops.kernel_bias import KernelBias
 from plsh_dist.ops.merge import accum_dtype
@@ -80,101 +82,140 @@ class _KernelWindow:
         return dq_e[:, L:L + q.shape[1]], dk_e, dv_e
 
 
-class SPAlibiWindow(torch.autograd.Function):
-    """Sliding-window exact ALiBi; the rows near the chunk edges read the halo."""
+@dataclass(frozen=True)
+class WindowPlan:
+    """One call's plan, the same on every rank: who sends what, which rows need the halo, and whether
+    the fused kernel runs it (one process's choice: no ``chunk_size``, no documents, CUDA with Triton)."""
 
-    @staticmethod
-    def forward(ctx, q, k, v, pos, slopes, causal, window, scale, chunk, group, cu_seqlens=None):
+    layout: SPLayout
+    exchange: HaloExchange
+    pos: torch.Tensor
+    slopes: torch.Tensor
+    docs: SPDocuments | None
+    kw: dict
+    on_kernel: bool
+
+    @classmethod
+    def make(cls, q, k, pos, slopes, causal: bool, window, scale: float, chunk: int | None, group, cu_seqlens,
+             needs_grad: bool) -> "WindowPlan":
+        """Validate the call across the group (one small all-gather) and plan it."""
         B, T, Hq, D = q.shape
-        needs_grad = any(ctx.needs_input_grad[:3])
         sig = call_signature("alibi_window", q, k, causal, scale, needs_grad, slopes=slopes_crc(slopes),
                              window=window_code(window), documents=documents_crc(cu_seqlens))
         layout = exchange_layout(group, pos, sig)
-        record_call()
         docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, layout, B)
-        widest = widest_window(window)
-        exchange = HaloExchange.build(layout, window_needs(widest, layout, k.shape[2], causal, docs))
-        on_kernel = chunk is None and docs is None and triton_cuda(q.device, q.dtype)  # one process's choice
+        exchange = HaloExchange.build(layout, window_needs(widest_window(window), layout, k.shape[2], causal, docs))
+        on_kernel = chunk is None and docs is None and triton_cuda(q.device, q.dtype)
         if not isinstance(window, tuple):  # per-head windows: each window group's own chunk (alibi_forward)
             chunk = chunk or default_chunk_size(Hq, min(T + exchange.left_pos.numel() + exchange.right_pos.numel(),
                                                          2 * window))
-        kw = dict(causal=causal, window=window, scale=scale, chunk=chunk)
-        i0, i1 = _window_rows(T, widest, causal)
+        return cls(layout, exchange, pos, slopes, docs, dict(causal=causal, window=window, scale=scale, chunk=chunk),
+                   on_kernel)
 
-        if on_kernel:
-            halos = post_kv(layout, exchange, k, v).wait()
-            (lk, lv), (rk, rv) = halos["left"], halos["right"]
-            pos_e = torch.cat([exchange.left_pos, pos, exchange.right_pos])
-            kernel = _KernelWindow(q, slopes, window, pos_e, causal, scale)
+    @property
+    def pos_e(self) -> torch.Tensor:
+        """Positions of the left halo slots, the chunk, the right slots."""
+        return torch.cat([self.exchange.left_pos, self.pos, self.exchange.right_pos])
+
+    def fetch(self, k, v, phase: str = "fwd"):
+        """The halo keys and values ``(lk, lv, rk, rv)``, each (B, L or R, Hkv, D) (blocking)."""
+        halos = post_kv(self.layout, self.exchange, k, v, phase).wait()
+        return (*halos["left"], *halos["right"])
+
+    def kernel(self, q) -> _KernelWindow:
+        return _KernelWindow(q, self.slopes, self.kw["window"], self.pos_e, self.kw["causal"], self.kw["scale"])
+
+    def forward(self, q, k, v):
+        """``(out, lse, halo, kernel)``: out (B, T, Hq, D), lse (B, Hq, T), the halo (:meth:`fetch`) and the
+        fused kernel's bias (None on the chunked path), for :meth:`backward`."""
+        B, T, Hq, D = q.shape
+        if self.on_kernel:
+            lk, lv, rk, rv = halo = self.fetch(k, v)
+            kernel = self.kernel(q)
             out, lse = kernel.forward(q, torch.cat([lk, k, rk], 1), torch.cat([lv, v, rv], 1), lk.shape[1],
                                       rk.shape[1])
-            if needs_grad:
-                ctx.save_for_backward(q, k, v, out, lse, lk, lv, rk, rv)
-                ctx.kernel, ctx.layout, ctx.exchange = kernel, layout, exchange
-            return out
+            return out, lse, halo, kernel
+        pos, slopes, docs, kw = self.pos, self.slopes, self.docs, self.kw
+        i0, i1 = _window_rows(T, widest_window(kw["window"]), kw["causal"])
         out = torch.empty_like(q)
         lse = torch.empty(B, Hq, T, dtype=accum_dtype(q.dtype), device=q.device)
-        pending = post_kv(layout, exchange, k, v)
+        pending = post_kv(self.layout, self.exchange, k, v)
         if i1 > i0:  # rows whose window is local, while the halo is in flight
             out[:, i0:i1], lse[:, :, i0:i1] = alibi_rows_forward(q[:, i0:i1], k, v, pos[i0:i1], pos, slopes, docs,
                                                                  **kw)
         halos = pending.wait()
-        (lk, lv), (rk, rv) = halos["left"], halos["right"]
-        k_e, v_e = torch.cat([lk, k, rk], dim=1), torch.cat([lv, v, rv], dim=1)
-        pos_e = torch.cat([exchange.left_pos, pos, exchange.right_pos])
+        lk, lv, rk, rv = halo = (*halos["left"], *halos["right"])
+        k_e, v_e, pos_e = torch.cat([lk, k, rk], dim=1), torch.cat([lv, v, rv], dim=1), self.pos_e
         for a, b in ((0, i0), (i1, T)):
             if b > a:
                 out[:, a:b], lse[:, :, a:b] = alibi_rows_forward(q[:, a:b], k_e, v_e, pos[a:b], pos_e, slopes, docs,
                                                                  **kw)
-        if needs_grad:
-            ctx.save_for_backward(q, k, v, out, lse, lk, lv, rk, rv)
-            ctx.pos, ctx.slopes, ctx.kw, ctx.layout, ctx.exchange, ctx.docs = pos, slopes, kw, layout, exchange, docs
-            ctx.kernel = None
-        return out
+        return out, lse, halo, None
 
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse, lk, lv, rk, rv = ctx.saved_tensors
+    def backward(self, dout, q, k, v, out, lse, halo, kernel=None):
+        """``(dq, dk, dv)``: the edge rows first (they yield the halo gradients, sent home while the inner
+        rows compute); ``kernel``: the forward's (remade when None on the kernel path)."""
         dout = dout.contiguous()
-        if ctx.kernel is not None:
-            return SPAlibiWindow._kernel_backward(ctx, dout, q, k, v, out, lse, lk, lv, rk, rv)
-        pos, slopes, kw = ctx.pos, ctx.slopes, ctx.kw
+        if self.on_kernel:
+            return self._kernel_backward(kernel or self.kernel(q), dout, q, k, v, out, lse, halo)
+        lk, lv, rk, rv = halo
+        pos, slopes, kw, docs = self.pos, self.slopes, self.kw, self.docs
         T, L = q.shape[1], lk.shape[1]
         i0, i1 = _window_rows(T, widest_window(kw["window"]), kw["causal"])
         acc = accum_dtype(q.dtype)
-        k_e, v_e = torch.cat([lk, k, rk], dim=1), torch.cat([lv, v, rv], dim=1)
-        pos_e = torch.cat([ctx.exchange.left_pos, pos, ctx.exchange.right_pos])
+        k_e, v_e, pos_e = torch.cat([lk, k, rk], dim=1), torch.cat([lv, v, rv], dim=1), self.pos_e
         dq = torch.empty_like(q)
         dk_e = torch.zeros(k_e.shape, dtype=acc, device=k.device)
         dv_e = torch.zeros(v_e.shape, dtype=acc, device=v.device)
-        for a, b in ((0, i0), (i1, T)):  # edge rows first: they yield the halo gradients
+        for a, b in ((0, i0), (i1, T)):
             if b > a:
                 dq[:, a:b], dk_c, dv_c = alibi_rows_backward(
-                    dout[:, a:b], q[:, a:b], k_e, v_e, out[:, a:b], lse[:, :, a:b], pos[a:b], pos_e, slopes,
-                    ctx.docs, **kw
+                    dout[:, a:b], q[:, a:b], k_e, v_e, out[:, a:b], lse[:, :, a:b], pos[a:b], pos_e, slopes, docs,
+                    **kw
                 )
                 dk_e += dk_c
                 dv_e += dv_c
         halo_grads = {"left": (dk_e[:, :L], dv_e[:, :L]), "right": (dk_e[:, L + T:], dv_e[:, L + T:])}
-        pending = post_grads(ctx.layout, ctx.exchange, halo_grads, like=k)
+        pending = post_grads(self.layout, self.exchange, halo_grads, like=k)
         dk, dv = dk_e[:, L:L + T].clone(), dv_e[:, L:L + T].clone()
         if i1 > i0:
             dq[:, i0:i1], dk_c, dv_c = alibi_rows_backward(
-                dout[:, i0:i1], q[:, i0:i1], k, v, out[:, i0:i1], lse[:, :, i0:i1], pos[i0:i1], pos, slopes,
-                ctx.docs, **kw
+                dout[:, i0:i1], q[:, i0:i1], k, v, out[:, i0:i1], lse[:, :, i0:i1], pos[i0:i1], pos, slopes, docs,
+                **kw
             )
             dk += dk_c
             dv += dv_c
         pending.wait_add(dk, dv)
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None, None
+        return dq, dk.to(k.dtype), dv.to(v.dtype)
 
-    @staticmethod
-    def _kernel_backward(ctx, dout, q, k, v, out, lse, lk, lv, rk, rv):
+    def _kernel_backward(self, kernel: _KernelWindow, dout, q, k, v, out, lse, halo):
+        lk, lv, rk, rv = halo
         L, R, T = lk.shape[1], rk.shape[1], q.shape[1]
-        dq, dk_e, dv_e = ctx.kernel.backward(dout, q, torch.cat([lk, k, rk], 1), torch.cat([lv, v, rv], 1), out,
-                                             lse, L, R)
+        dq, dk_e, dv_e = kernel.backward(dout, q, torch.cat([lk, k, rk], 1), torch.cat([lv, v, rv], 1), out, lse,
+                                         L, R)
         halo_grads = {"left": (dk_e[:, :L], dv_e[:, :L]), "right": (dk_e[:, L + T:], dv_e[:, L + T:])}
-        pending = post_grads(ctx.layout, ctx.exchange, halo_grads, like=k)
+        pending = post_grads(self.layout, self.exchange, halo_grads, like=k)
         dk, dv = dk_e[:, L:L + T].to(accum_dtype(k.dtype)), dv_e[:, L:L + T].to(accum_dtype(v.dtype))
         pending.wait_add(dk, dv)
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None, None
+        return dq, dk.to(k.dtype), dv.to(v.dtype)
+
+
+class SPAlibiWindow(torch.autograd.Function):
+    """Sliding-window exact ALiBi, eagerly; saves q, k, v, out, lse and the halo."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, pos, slopes, causal, window, scale, chunk, group, cu_seqlens=None):
+        needs_grad = any(ctx.needs_input_grad[:3])
+        plan = WindowPlan.make(q, k, pos, slopes, causal, window, scale, chunk, group, cu_seqlens, needs_grad)
+        record_call()
+        out, lse, halo, kernel = plan.forward(q, k, v)
+        if needs_grad:
+            ctx.save_for_backward(q, k, v, out, lse, *halo)
+            ctx.plan, ctx.kernel = plan, kernel
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, *halo = ctx.saved_tensors
+        grads = ctx.plan.backward(dout, q, k, v, out, lse, halo, ctx.kernel)
+        return (*grads, None, None, None, None, None, None, None, None)

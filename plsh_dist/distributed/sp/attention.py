@@ -25,6 +25,11 @@ Each bias's sequence-parallel form (:mod:`plsh_dist.biases`) calls its function;
 attends over a group once :func:`plsh_dist.models.parallelize.apply_sequence_parallel` set it.
 Every rank of the group must make the same calls in the same order (each call starts with one
 small all-gather that checks the ranks agree).
+
+Under ``torch.compile`` each function is one custom op of the graph
+(:mod:`plsh_dist.distributed.sp.custom_ops`), which checks its arguments inside: ``seed`` may then be
+an int64 scalar tensor (a graph input: a new step is not a new graph), and ``positions`` the raw
+``position_ids`` (B, T_local) of the chunk, laid out inside the op.
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ import torch
 
 from plsh_dist.distributed.sp.alibi_allgather import SPAlibiGather
 from plsh_dist.distributed.sp.alibi_window_halo import SPAlibiWindow
+from plsh_dist.distributed.sp.custom_ops import sp_alibi_attention_op, sp_block_attention_op
 from plsh_dist.distributed.sp.plsh_halo import SPBlockAttention
 from plsh_dist.hashing import FixedBlocks, PositionalLSH
-from plsh_dist.ops.alibi import check_alibi_attention
+from plsh_dist.ops.alibi import check_alibi_attention, check_window, window_list
 from plsh_dist.ops.input_checks import check_qkv, softmax_scale_for
 from plsh_dist.ops.plsh import check_block_attention
 
@@ -52,21 +58,46 @@ def plsh_attention(q, k, v, *, group, sigma, num_samples: int, seed: int, positi
 
     Both methods move the same halo: the one-pass band is the union of the samples' blocks.
     """
-    return block_attention(q, k, v, PositionalLSH(sigma, num_samples, seed, sampler), group=group,
-                           positions=positions, causal=causal, softmax_scale=softmax_scale, backend=backend,
-                           method=method, cu_seqlens=cu_seqlens)
+    return _blocks(q, k, v, sigma, (num_samples, seed, sampler, False), group, positions, causal, softmax_scale,
+                   backend, method, cu_seqlens)
 
 
 def fixed_blocks_attention(q, k, v, *, group, sigma, positions=None, causal: bool = True,
                            softmax_scale: float | None = None, backend: str = "auto", method: str = "auto",
                            cu_seqlens=None):
     """:func:`plsh_dist.ops.fixed_blocks_attention` of this rank's chunk over ``group``."""
-    return block_attention(q, k, v, FixedBlocks(sigma), group=group, positions=positions, causal=causal,
-                           softmax_scale=softmax_scale, backend=backend, method=method, cu_seqlens=cu_seqlens)
+    return _blocks(q, k, v, sigma, (1, 0, "iid", True), group, positions, causal, softmax_scale, backend, method,
+                   cu_seqlens)
+
+
+def _blocks(q, k, v, sigma, hash_args, group, positions, causal, softmax_scale, backend, method, cu_seqlens):
+    """The blocks ``hash_args`` = (num_samples, seed, sampler, fixed) describes: the custom op compiled,
+    :func:`block_attention` eagerly."""
+    _check_group(group)
+    num_samples, seed, sampler, fixed = hash_args
+    if torch.compiler.is_compiling():
+        seed = seed if isinstance(seed, torch.Tensor) else torch.tensor(seed, dtype=torch.int64)
+        sigma = sigma if isinstance(sigma, torch.Tensor) else torch.tensor(sigma, dtype=torch.float64).reshape(-1)
+        return sp_block_attention_op(q, k, v, positions, cu_seqlens, seed, sigma, num_samples, sampler, fixed,
+                                     causal, softmax_scale, _name(backend), _name(method), group.group_name,
+                                     _needs_grad(q, k, v))[0]
+    lsh = FixedBlocks(sigma) if fixed else PositionalLSH(sigma, num_samples, seed, sampler)
+    return block_attention(q, k, v, lsh, group=group, positions=positions, causal=causal, softmax_scale=softmax_scale,
+                           backend=backend, method=method, cu_seqlens=cu_seqlens)
+
+
+def _name(choice) -> str:
+    """A backend or method (a str, or its enum) as the op takes it."""
+    return str(getattr(choice, "value", choice))
+
+
+def _needs_grad(q, k, v) -> bool:
+    return torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
 
 
 def block_attention(q, k, v, lsh, *, group, positions, causal, softmax_scale, backend, method, cu_seqlens):
-    """The blocks of hash ``lsh`` (PLSH or fixed blocks) over ``group``: a halo of keys/values."""
+    """The blocks of hash ``lsh`` (PLSH or fixed blocks) over ``group``: a halo of keys/values (eager only:
+    compiled, :func:`plsh_attention` and :func:`fixed_blocks_attention` take the hash's arguments)."""
     _check_group(group)
     pos, scale, strategy, _ = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method)
     return SPBlockAttention.apply(q, k, v, lsh, pos, causal, scale, strategy, group, cu_seqlens)
@@ -77,6 +108,10 @@ def alibi_attention(q, k, v, *, group, slopes, positions=None, causal: bool = Tr
     """:func:`plsh_dist.ops.alibi_attention` of this rank's chunk over ``group`` (exact: all-gather;
     windowed, one window or one per head: a halo of the widest window)."""
     _check_group(group)
+    if torch.compiler.is_compiling():
+        return sp_alibi_attention_op(q, k, v, positions, cu_seqlens, torch.as_tensor(slopes, dtype=torch.float32),
+                                     window_list(check_window(window, q.shape[2])), causal, softmax_scale,
+                                     chunk_size, group.group_name, _needs_grad(q, k, v))[0]
     slopes, pos, scale, window = check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale,
                                                        chunk_size)
     if window is None:

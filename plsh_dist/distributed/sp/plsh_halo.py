@@ -82,87 +82,140 @@ def _split(lsh, layout: SPLayout, causal: bool) -> _Split:
     return _Split(s_abs - first, a_abs - first, s_abs - first)
 
 
-class SPBlockAttention(torch.autograd.Function):
-    """Positional LSH attention over an SP group; saves q, k, v, out, lse and the halo."""
+@dataclass(frozen=True)
+class HaloPlan:
+    """One call's plan, derived identically on every rank from the hash and the chunk table: who sends
+    what (``exchange``), the split into extended piece and suffix, and the pieces' documents."""
 
-    @staticmethod
-    def forward(ctx, q, k, v, lsh, pos, causal, scale, strategy, group, cu_seqlens=None):
+    lsh: object
+    pos: torch.Tensor
+    strategy: object
+    layout: SPLayout
+    exchange: HaloExchange
+    split: _Split
+    docs_e: Documents | None
+    docs_s: Documents | None
+    kw: dict
+
+    @classmethod
+    def make(cls, q, k, lsh, pos, causal: bool, scale: float, strategy, group, cu_seqlens,
+             needs_grad: bool) -> "HaloPlan":
+        """Validate the call across the group (one small all-gather) and plan it."""
         B, T, Hq, D = q.shape
-        needs_grad = any(ctx.needs_input_grad[:3])
         sig = call_signature("plsh", q, k, causal, scale, needs_grad, hash=hash_fingerprint(lsh),
                              hash_heads=lsh.num_heads, samples=lsh.num_samples, documents=documents_crc(cu_seqlens))
         layout = exchange_layout(group, pos, sig)
-        record_call()
         docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, layout, B)
         exchange = HaloExchange.build(layout, plsh_needs(lsh, layout, Hq, k.shape[2], causal, docs))
         sp = _split(lsh, layout, causal)
-        kw = dict(causal=causal, scale=scale)
+        pos_e = _cat(exchange.left_pos, pos[:sp.e], exchange.right_pos, dim=0)
+        docs_e = None if docs is None else docs.flat(pos_e)
+        docs_s = None if docs is None or sp.a >= T else docs.flat(pos[sp.a:])
+        return cls(lsh, pos, strategy, layout, exchange, sp, docs_e, docs_s, dict(causal=causal, scale=scale))
 
-        pending = post_kv(layout, exchange, k, v)
-        docs_s = saved_s = None
+    @property
+    def pos_e(self) -> torch.Tensor:
+        """Positions of the extended piece: left halo slots, the chunk's first e tokens, right slots."""
+        return _cat(self.exchange.left_pos, self.pos[:self.split.e], self.exchange.right_pos, dim=0)
+
+    def fetch(self, k, v, phase: str = "fwd"):
+        """The halo keys and values ``(lk, lv, rk, rv)``, each (B, L or R, Hkv, D) (blocking)."""
+        halos = post_kv(self.layout, self.exchange, k, v, phase).wait()
+        return (*halos["left"], *halos["right"])
+
+    def forward(self, q, k, v):
+        """``(out, lse, halo, saved)``: out (B, T, Hq, D), lse (B, Hq, T) contiguous, the halo
+        (:meth:`fetch`) and the strategy's saved state of both pieces (for :meth:`backward`)."""
+        T, sp, kw, lsh, pos = q.shape[1], self.split, self.kw, self.lsh, self.pos
+        pending = post_kv(self.layout, self.exchange, k, v)
+        saved_s = None
         if sp.a < T:  # blocks that need no halo, computed while it is in flight
             q_s = _zero_head_rows(q[:, sp.a:], sp.s - sp.a)
-            docs_s = None if docs is None else docs.flat(pos[sp.a:])  # kept for the backward
-            out_s, lse_s, saved_s = _forward(strategy, q_s, k[:, sp.a:], v[:, sp.a:], lsh, pos[sp.a:], docs_s, **kw)
+            out_s, lse_s, saved_s = _forward(self.strategy, q_s, k[:, sp.a:], v[:, sp.a:], lsh, pos[sp.a:],
+                                             self.docs_s, **kw)
         halos = pending.wait()
-        (lk, lv), (rk, rv) = halos["left"], halos["right"]
-        L, R, e = lk.shape[1], rk.shape[1], sp.e
-        q_e = _cat(_zeros_rows(q, L), q[:, :e], _zeros_rows(q, R))
-        pos_e = _cat(exchange.left_pos, pos[:e], exchange.right_pos, dim=0)
-        docs_e = None if docs is None else docs.flat(pos_e)
-        out_e, lse_e, saved_e = _forward(strategy, q_e, _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), lsh, pos_e,
-                                         docs_e, **kw)
+        lk, lv, rk, rv = halo = (*halos["left"], *halos["right"])
+        L, e = lk.shape[1], sp.e
+        q_e = _cat(_zeros_rows(q, L), q[:, :e], _zeros_rows(q, rk.shape[1]))
+        out_e, lse_e, saved_e = _forward(self.strategy, q_e, _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), lsh,
+                                         self.pos_e, self.docs_e, **kw)
         out, lse = out_e[:, L:L + e], lse_e[:, :, L:L + e]
         if sp.a < T:
             out = _cat(out, out_s[:, sp.s - sp.a:])
             lse = _cat(lse, lse_s[:, :, sp.s - sp.a:], dim=2)
-        out, lse = out.contiguous(), lse.contiguous()
-        if needs_grad:
-            ctx.save_for_backward(q, k, v, out, lse, lk, lv, rk, rv)
-            ctx.lsh, ctx.pos, ctx.layout, ctx.exchange, ctx.sp, ctx.kw = lsh, pos, layout, exchange, sp, kw
-            ctx.docs_e, ctx.docs_s = docs_e, docs_s
-            ctx.strategy, ctx.saved_e, ctx.saved_s = strategy, saved_e, saved_s
-        return out
+        return out.contiguous(), lse.contiguous(), halo, (saved_e, saved_s)
 
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse, lk, lv, rk, rv = ctx.saved_tensors
+    def forward_state(self, q, k, v, halo):
+        """The strategies' saved state of both pieces, remade by running their forwards again (what an op's
+        backward needs for a strategy whose backward takes it: :func:`~plsh_dist.ops.plsh.backward_takes_saved`)."""
+        T, sp, kw = q.shape[1], self.split, self.kw
+        lk, lv, rk, rv = halo
+        L, e = lk.shape[1], sp.e
+        q_e = _cat(_zeros_rows(q, L), q[:, :e], _zeros_rows(q, rk.shape[1]))
+        saved_e = _forward(self.strategy, q_e, _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), self.lsh, self.pos_e,
+                           self.docs_e, **kw)[2]
+        saved_s = None
+        if sp.a < T:
+            saved_s = _forward(self.strategy, _zero_head_rows(q[:, sp.a:], sp.s - sp.a), k[:, sp.a:], v[:, sp.a:],
+                               self.lsh, self.pos[sp.a:], self.docs_s, **kw)[2]
+        return saved_e, saved_s
+
+    def backward(self, dout, q, k, v, out, lse, halo, saved):
+        """``(dq, dk, dv)`` in the inputs' dtypes: the extended piece first (it yields the halo gradients,
+        sent home while the suffix computes), then the suffix; ``halo`` and ``saved`` as :meth:`forward`'s."""
+        lk, lv, rk, rv = halo
+        saved_e, saved_s = saved
         dout = dout.contiguous()
-        lsh, pos, sp, kw = ctx.lsh, ctx.pos, ctx.sp, ctx.kw
+        lsh, pos, sp, kw = self.lsh, self.pos, self.split, self.kw
         B, T, Hq, D = q.shape
         L, R, e = lk.shape[1], rk.shape[1], sp.e
         acc = accum_dtype(q.dtype)
 
-        # 1. extended piece first: it yields the halo gradients to send back.
         def pad(x, dim=1):  # zero halo rows around local rows [0, e)
             return _cat(_zeros_rows(x, L, dim), x.narrow(dim, 0, e), _zeros_rows(x, R, dim), dim=dim)
 
-        pos_e = _cat(ctx.exchange.left_pos, pos[:e], ctx.exchange.right_pos, dim=0)
         dq_e, dk_e, dv_e = _backward(
-            ctx.strategy, ctx.saved_e, pad(dout), pad(q), _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), pad(out),
-            pad(lse, 2), lsh, pos_e, ctx.docs_e, **kw,
+            self.strategy, saved_e, pad(dout), pad(q), _cat(lk, k[:, :e], rk), _cat(lv, v[:, :e], rv), pad(out),
+            pad(lse, 2), lsh, self.pos_e, self.docs_e, **kw,
         )
         halo_grads = {"left": (dk_e[:, :L], dv_e[:, :L]), "right": (dk_e[:, L + e:], dv_e[:, L + e:])}
-        pending = post_grads(ctx.layout, ctx.exchange, halo_grads, like=k)
+        pending = post_grads(self.layout, self.exchange, halo_grads, like=k)
 
-        # 2. suffix while the halo gradients travel.
-        dq = torch.empty_like(q)
+        dq = torch.empty_like(q)  # the suffix while the halo gradients travel
         dk = torch.zeros(k.shape, dtype=acc, device=k.device)
         dv = torch.zeros(v.shape, dtype=acc, device=v.device)
         dq[:, :e] = dq_e[:, L:L + e]
         dk[:, :e] += dk_e[:, L:L + e]
         dv[:, :e] += dv_e[:, L:L + e]
         if sp.a < T:
-            n = sp.s - sp.a
-            a = sp.a
+            n, a = sp.s - sp.a, sp.a
             dq_s, dk_s, dv_s = _backward(
-                ctx.strategy, ctx.saved_s, _zero_head_rows(dout[:, a:], n), _zero_head_rows(q[:, a:], n), k[:, a:],
-                v[:, a:],
-                _zero_head_rows(out[:, a:], n), _zero_head_rows(lse[:, :, a:], n, dim=2), lsh, pos[a:], ctx.docs_s,
-                **kw,
+                self.strategy, saved_s, _zero_head_rows(dout[:, a:], n), _zero_head_rows(q[:, a:], n), k[:, a:],
+                v[:, a:], _zero_head_rows(out[:, a:], n), _zero_head_rows(lse[:, :, a:], n, dim=2), lsh, pos[a:],
+                self.docs_s, **kw,
             )
             dq[:, sp.s:] = dq_s[:, n:]
             dk[:, a:] += dk_s
             dv[:, a:] += dv_s
         pending.wait_add(dk, dv)
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None
+        return dq, dk.to(k.dtype), dv.to(v.dtype)
+
+
+class SPBlockAttention(torch.autograd.Function):
+    """Positional LSH attention over an SP group, eagerly; saves q, k, v, out, lse and the halo."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, lsh, pos, causal, scale, strategy, group, cu_seqlens=None):
+        needs_grad = any(ctx.needs_input_grad[:3])
+        plan = HaloPlan.make(q, k, lsh, pos, causal, scale, strategy, group, cu_seqlens, needs_grad)
+        record_call()
+        out, lse, halo, saved = plan.forward(q, k, v)
+        if needs_grad:
+            ctx.save_for_backward(q, k, v, out, lse, *halo)
+            ctx.plan, ctx.saved = plan, saved
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, *halo = ctx.saved_tensors
+        return (*ctx.plan.backward(dout, q, k, v, out, lse, halo, ctx.saved), None, None, None, None, None, None, None)
