@@ -364,10 +364,6 @@ class RunConfig:
                 '[attention].backend = "flex" computes the attention output only (PyTorch\'s FlexAttention has no '
                 'CPU backward): training cannot use it; set backend = "auto" (flex is for evaluation and '
                 'generation, where no gradient is taken)')
-        if self.run.compile != "off" and sp > 1:
-            raise ValueError(
-                f'[run].compile = "{self.run.compile}" with [parallel].sp_size = {sp}: the sequence-parallel '
-                'attention is not a custom op yet, so a layer would not be one graph; set compile = "off"')
         if world_size is not None:
             check_world_size(world_size, sp)
 

@@ -31,15 +31,12 @@ def compile_layers(model: nn.Module, backend: str = "inductor") -> nn.Module:
     """Compile every decoder layer of ``model`` on its own, in place (``layer.compile(backend=,
     fullgraph=True)``), as torchtitan does: parameter names, ``state_dict`` and checkpoints are
     unchanged, and the layers share one compiled code (same shapes). The attention is one custom op
-    per layer (:mod:`plsh_dist.ops.custom_ops`), so each layer is one graph (``fullgraph``: a graph
-    break is an error, not a silent slowdown). Call it after sequence parallelism is applied (or
-    not) and before DeepSpeed wraps the model. The sequence-parallel forms are not custom ops yet:
-    with a group, compile is refused. Returns the model."""
+    per layer (:mod:`plsh_dist.ops.custom_ops`; under sequence parallelism
+    :mod:`plsh_dist.distributed.sp.custom_ops`, its collectives inside), so each layer is one graph
+    (``fullgraph``: a graph break is an error, not a silent slowdown). Call it after sequence parallelism
+    is applied (or not) and before DeepSpeed wraps the model. Returns the model."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
     for layer in decoder.layers:
-        if getattr(getattr(layer.self_attn, "plsh_binding", None), "group", None) is not None:
-            raise ValueError("[run].compile needs one process's attention; this model's runs under sequence "
-                             "parallelism: set [run].compile = \"off\"")
         layer.compile(backend=backend, fullgraph=True)
         # activation checkpointing (before or after this) runs inside the compiled layer: activation_checkpoint.py
         allow_recompute_side_effects(layer)

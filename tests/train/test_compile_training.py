@@ -49,3 +49,15 @@ def test_compiled_checkpointed_layers_train_as_eager(tiny_data, tmp_path):
         for key in ("losses", "grad_norms", "val_loss"):
             assert run[key] == pytest.approx(eager[key], rel=COMPILED_REL), key
     assert [checkpointed[-1][key] for key in ("losses", "grad_norms")] == [eager["losses"], eager["grad_norms"]]
+
+
+def test_compiled_sequence_parallel_layers_train_as_eager(tiny_data, tmp_path):
+    """``[run].compile`` under sequence parallelism (2 ranks, the attention's collectives inside its
+    custom op) with activation checkpointing and packed documents gives the eager SP run's losses."""
+    sp = ["--parallel.sp_size=2", "--memory.activation_checkpointing=true", "--data.document_masking=true"]
+    eager, compiled = run_training(
+        2, base_overrides(tiny_data, tmp_path / "eager", *sp),
+        base_overrides(tiny_data, tmp_path / "compiled", "--run.compile=aot_eager", *sp))
+    assert len(compiled["losses"]) == 4
+    for key in ("losses", "grad_norms", "val_loss"):
+        assert compiled[key] == pytest.approx(eager[key], rel=COMPILED_REL), key
