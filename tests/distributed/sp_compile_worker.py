@@ -142,3 +142,57 @@ def run(rank: int, world: int, init_file: str, names: list[str], dtype_name: str
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def run_public_ops(rank: int, world: int, init_file: str) -> None:
+    """The public SP functions under ``torch.compile(fullgraph=True)`` with every argument form their docs
+    allow (a seed as an int, windows as an int, ints per head or a LongTensor[Hq], documents): outputs and
+    q/k/v gradients equal to the eager calls'."""
+    from plsh_dist.distributed.sp import attention as sp_attention
+    from plsh_dist.hashing import alibi_slopes
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        group = dist.group.WORLD
+        g = torch.Generator().manual_seed(0)
+        full = [torch.randn(2, 40, H, 16, generator=g) for H in (4, 2, 2)]
+        q, k, v = (sp_chunk(x, rank, world).clone().requires_grad_(True) for x in full)
+        pos = sp_positions(40, rank, world, offset=5)
+        slopes = alibi_slopes(4)
+        cu = torch.tensor([0, 40, 57, 80], dtype=torch.int32)  # over the whole (2, 40) batch
+        calls = {
+            "plsh": lambda q, k, v: sp_attention.plsh_attention(q, k, v, group=group, sigma=slopes.reciprocal(),
+                                                                num_samples=3, seed=7, positions=pos),
+            "plsh_documents": lambda q, k, v: sp_attention.plsh_attention(
+                q, k, v, group=group, sigma=8.0, num_samples=2, seed=7, method="per_sample", positions=pos,
+                cu_seqlens=cu),
+            "fixed_blocks": lambda q, k, v: sp_attention.fixed_blocks_attention(q, k, v, group=group, sigma=6.0,
+                                                                                positions=pos),
+            "alibi": lambda q, k, v: sp_attention.alibi_attention(q, k, v, group=group, slopes=slopes, positions=pos),
+            "window": lambda q, k, v: sp_attention.alibi_attention(q, k, v, group=group, slopes=slopes, window=9,
+                                                                   positions=pos),
+            "truncated": lambda q, k, v: sp_attention.alibi_attention(q, k, v, group=group, slopes=slopes,
+                                                                      window=(2, 4, 8, 16), positions=pos),
+            "truncated_tensor": lambda q, k, v: sp_attention.alibi_attention(
+                q, k, v, group=group, slopes=slopes, window=torch.tensor([2, 4, 8, 16]), positions=pos),
+            "causal_documents": lambda q, k, v: sp_attention.causal_attention(q, k, v, group=group, positions=pos,
+                                                                              cu_seqlens=cu),
+        }
+        for name, fn in calls.items():
+            torch._dynamo.reset()
+            results = []
+            for call in (fn, torch.compile(fn, backend="aot_eager", fullgraph=True)):
+                for x in (q, k, v):
+                    x.grad = None
+                out = call(q, k, v)
+                out.pow(2).sum().backward()
+                results.append([out.detach(), q.grad, k.grad, v.grad])
+            for a, b in zip(*results):
+                torch.testing.assert_close(a, b, **FP32, msg=lambda m: f"{name}: {m}")
+    finally:
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -43,3 +43,7 @@ def test_bf16_and_documents_under_sp4(tmp_path):
 @pytest.mark.slow
 def test_inductor_compiles_an_sp_layer(tmp_path):
     _spawn(tmp_path, 2, ["plsh_onepass"], backend="inductor")
+
+
+def test_public_sp_ops_compile_with_every_argument_form(tmp_path):
+    mp.spawn(sp_compile_worker.run_public_ops, args=(2, str(tmp_path / "rendezvous")), nprocs=2, join=True)

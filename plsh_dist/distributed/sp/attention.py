@@ -41,7 +41,7 @@ from plsh_dist.distributed.sp.alibi_window_halo import SPAlibiWindow
 from plsh_dist.distributed.sp.custom_ops import sp_alibi_attention_op, sp_block_attention_op
 from plsh_dist.distributed.sp.plsh_halo import SPBlockAttention
 from plsh_dist.hashing import FixedBlocks, PositionalLSH
-from plsh_dist.ops.alibi import check_alibi_attention, check_window, window_list
+from plsh_dist.ops.alibi import check_alibi_attention, check_window, check_window_tensor, window_list
 from plsh_dist.ops.input_checks import check_qkv, softmax_scale_for
 from plsh_dist.ops.plsh import check_block_attention
 
@@ -108,10 +108,12 @@ def alibi_attention(q, k, v, *, group, slopes, positions=None, causal: bool = Tr
     """:func:`plsh_dist.ops.alibi_attention` of this rank's chunk over ``group`` (exact: all-gather;
     windowed, one window or one per head: a halo of the widest window)."""
     _check_group(group)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():  # a window tensor's values are checked inside the op (graph data)
+        window_tensor = check_window_tensor(window, q.shape[2]) if isinstance(window, torch.Tensor) else None
+        window = [] if window_tensor is not None else window_list(check_window(window, q.shape[2]))
         return sp_alibi_attention_op(q, k, v, positions, cu_seqlens, torch.as_tensor(slopes, dtype=torch.float32),
-                                     window_list(check_window(window, q.shape[2])), causal, softmax_scale,
-                                     chunk_size, group.group_name, _needs_grad(q, k, v))[0]
+                                     window, causal, softmax_scale, chunk_size, group.group_name,
+                                     _needs_grad(q, k, v), window_tensor)[0]
     slopes, pos, scale, window = check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale,
                                                        chunk_size)
     if window is None:

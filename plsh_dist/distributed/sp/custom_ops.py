@@ -34,7 +34,7 @@ from plsh_dist.distributed.comm_stats import record_call
 from plsh_dist.distributed.sp.alibi_allgather import GatherPlan
 from plsh_dist.distributed.sp.alibi_window_halo import WindowPlan
 from plsh_dist.distributed.sp.plsh_halo import HaloPlan
-from plsh_dist.ops.alibi import check_alibi_attention
+from plsh_dist.ops.alibi import check_alibi_attention, op_window
 from plsh_dist.ops.custom_ops import NAMESPACE, fake_backward, fake_forward, op_layout, register_autograd
 from plsh_dist.ops.plsh import backward_takes_saved, check_block_attention, op_hash
 
@@ -90,9 +90,10 @@ register_autograd(sp_block_attention_op, sp_block_attention_op_backward)
 
 
 def _alibi_plan(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_scale, chunk_size, group_name,
-                needs_grad) -> GatherPlan | WindowPlan:
-    """The all-gather's plan (``window`` []) or the halo's (``window`` [w] or one per head)."""
+                needs_grad, window_tensor) -> GatherPlan | WindowPlan:
+    """The all-gather's plan (no window) or the halo's (``window`` [w] or one per head, or ``window_tensor``)."""
     positions, cu_seqlens = op_layout(positions, cu_seqlens, q, True)
+    window = op_window(window, window_tensor, q.shape[2])
     win = None if not window else window[0] if len(window) == 1 else tuple(window)
     slopes, pos, scale, win = check_alibi_attention(q, k, v, slopes, positions, win, softmax_scale, chunk_size)
     group = _resolve_process_group(group_name)
@@ -104,11 +105,12 @@ def _alibi_plan(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_
 @torch.library.custom_op(f"{NAMESPACE}::sp_alibi_attention", mutates_args=())
 def sp_alibi_attention_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None, cu_seqlens: Tensor | None,
                           slopes: Tensor, window: list[int], causal: bool, softmax_scale: float | None,
-                          chunk_size: int | None, group_name: str, needs_grad: bool) -> tuple[Tensor, Tensor]:
-    """Exact ALiBi (``window``: [] none, [w] one for every head, or one per head) over the SP group
-    ``group_name``: ``(out, lse)`` of this rank's chunk."""
+                          chunk_size: int | None, group_name: str, needs_grad: bool,
+                          window_tensor: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Exact ALiBi (``window``: [] none, [w] one for every head, or one per head; or ``window_tensor``,
+    LongTensor[Hq], checked here) over the SP group ``group_name``: ``(out, lse)`` of this rank's chunk."""
     plan = _alibi_plan(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_scale, chunk_size, group_name,
-                       needs_grad)
+                       needs_grad, window_tensor)
     record_call()
     if isinstance(plan, GatherPlan):
         out, lse = plan.forward(q, plan.gather(k, v))
@@ -126,11 +128,11 @@ def _(q, k, v, *_params):
 def sp_alibi_attention_op_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                                    positions: Tensor | None, cu_seqlens: Tensor | None, slopes: Tensor,
                                    window: list[int], causal: bool, softmax_scale: float | None,
-                                   chunk_size: int | None, group_name: str,
-                                   needs_grad: bool) -> tuple[Tensor, Tensor, Tensor]:
+                                   chunk_size: int | None, group_name: str, needs_grad: bool,
+                                   window_tensor: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` of :func:`sp_alibi_attention_op`: the keys gathered (the halo fetched) again."""
     plan = _alibi_plan(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_scale, chunk_size, group_name,
-                       needs_grad)
+                       needs_grad, window_tensor)
     if isinstance(plan, GatherPlan):
         dq, dk, dv = plan.backward(dout, q, plan.gather(k, v, phase="bwd"), out, lse)
         return dq.contiguous(), dk.clone(), dv.clone()  # dk, dv: views of one reduce-scattered buffer
