@@ -82,7 +82,8 @@ class RunSection:
     (``layer.compile(fullgraph=True)``: one graph per layer, the attention one custom op in it,
     ``plsh_dist.ops.custom_ops``): ``"off"``, ``"inductor"`` (torch.compile's default backend,
     the speed-up) or ``"aot_eager"`` (traced through dynamo and AOTAutograd, run eagerly: no
-    code generation, for checking a model compiles). The first step pays the compile."""
+    code generation, for checking a model compiles). The first step pays the compile. Refused with
+    [deepspeed].zero_stage = 3 (its parameter-gathering hooks break each layer's graph)."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "run")
@@ -359,6 +360,12 @@ class RunConfig:
         resolved config runs only these (its data may live elsewhere now)."""
         sp = self.parallel.sp_size
         check_sp_divisible(self.data.seq_len, sp)
+        if self.run.compile != "off" and self.deepspeed.zero_stage == 3:
+            raise ValueError(
+                f'[run].compile = "{self.run.compile}" with [deepspeed].zero_stage = 3 cannot run: ZeRO-3 gathers a '
+                f"layer's parameters in module hooks that DeepSpeed keeps out of torch.compile "
+                f"(torch.compiler.disable), a graph break inside each compiled layer that fullgraph refuses; "
+                f'set zero_stage = 2 (or 1) to compile, or compile = "off" to keep ZeRO-3')
         if self.attention.backend == "flex":
             raise ValueError(
                 '[attention].backend = "flex" computes the attention output only (PyTorch\'s FlexAttention has no '

@@ -261,6 +261,18 @@ def test_compile_takes_sequence_parallelism():
     assert cfg.run.compile == "inductor" and cfg.parallel.sp_size == 2
 
 
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_compile_refuses_zero3_in_one_line(backend):
+    """ZeRO-3's parameter hooks are torch.compiler.disable'd: a graph break inside every compiled layer
+    (measured: dynamo's "Skip calling torch.compiler.disable()d function", with and without checkpointing)."""
+    msg = _error([f"--run.compile={backend}", "--deepspeed.zero_stage=3"])
+    assert "\n" not in msg
+    assert f'[run].compile = "{backend}" with [deepspeed].zero_stage = 3 cannot run' in msg
+    assert 'set zero_stage = 2 (or 1) to compile, or compile = "off" to keep ZeRO-3' in msg
+    assert load_config(None, [f"--run.compile={backend}", "--deepspeed.zero_stage=2"]).run.compile == backend
+    assert load_config(None, ["--run.compile=off", "--deepspeed.zero_stage=3"]).deepspeed.zero_stage == 3
+
+
 @pytest.mark.parametrize("mode", ["full", "selective"])
 def test_compile_takes_activation_checkpointing(mode):
     cfg = load_config(None, ["--run.compile=inductor", "--memory.activation_checkpointing=true",
