@@ -85,7 +85,11 @@ CONFIG = ROOT / "configs" / "qwen3_0.6b_8k_plsh_s10.toml"
 #: Seconds after which parts not yet started are skipped (gpu_check.py kills the process GRAPH_GRACE_S later).
 GRAPH_BUDGET_S = 170.0
 #: A part is started only with this many seconds of the budget left (the compile needs the most).
-NEEDS_S = {"eager": 20.0, "references": 15.0, "graphed": 25.0, "compiled": 60.0, "compiled+graphed": 15.0}
+NEEDS_S = {"eager": 20.0, "references": 15.0, "graphed": 25.0, "compiled": 60.0, "compiled+graphed": 15.0,
+           "sp_layer": 40.0}
+#: What the stage says of the SP layer's capture without CUDA (tools/gpu_graph_sp.py runs its CPU path).
+SP_NO_CUDA = ("sp_layer: the SP = 2 layer's CUDA graph (two ranks on one GPU over gloo, tools/gpu_graph_sp.py): "
+              "no CUDA, not attempted")
 #: The step whose masks are captured, and the one written into the step tensor after capture.
 STEPS = (0, 1)
 TIMED = {"eager": 5, "graphed": 10, "compiled": 5}
@@ -411,6 +415,18 @@ def compiled_part(s: Setup, weights: list[torch.Tensor], refs: dict, backend: st
         result["checks"]["compiled"] = judge(got, refs, s.dtype)
 
 
+def sp_part(out: Path, budget_s: float, backend: str, result: dict) -> None:
+    """The SP = 2 layer's capture (``tools/gpu_graph_sp.py``: two ranks on this GPU over gloo): its record
+    under ``result["sp_layer"]``; a failure there (a capture that cannot be made, a stale replay) makes
+    the stage fail, with its message."""
+    try:
+        from tools import gpu_graph_sp
+
+        result["sp_layer"] = gpu_graph_sp.run_sp_layer(out, budget_s, backend=backend)
+    except Exception as exc:  # noqa: BLE001
+        result["failures"]["sp_layer"] = failure(exc)
+
+
 def run_graph(out: Path, budget_s: float = GRAPH_BUDGET_S, compile_backend: str | None = None) -> dict:
     """Every part that the device and the budget allow; ``graph.json`` under ``out`` after each."""
     t0 = time.time()
@@ -424,7 +440,8 @@ def run_graph(out: Path, budget_s: float = GRAPH_BUDGET_S, compile_backend: str 
     def write():
         result["wall_s"] = round(time.time() - t0, 1)
         result["ratios"] = ratios(result["times"])
-        result["ok"] = not result["failures"] and all(c["ok"] for c in result["checks"].values())
+        result["ok"] = (not result["failures"] and all(c["ok"] for c in result["checks"].values())
+                        and result.get("sp_layer", {}).get("ok", True))
         result["summary"] = summary_lines(result)
         (out / "graph.json").write_text(json.dumps(result, indent=1) + "\n")
 
@@ -432,7 +449,8 @@ def run_graph(out: Path, budget_s: float = GRAPH_BUDGET_S, compile_backend: str 
         result["skipped"].append("the CUDA graph (capture, replay, set_sync_debug_mode) and the 0.6B model at 8k in "
                                  "bf16: no CUDA (nothing here is measured on a GPU); ran the eager and compiled steps "
                                  f"of the {CPU_TOY['preset']} preset at {CPU_TOY['seq_len']} tokens in fp32 instead")
-    parts = ["eager", "references", "graphed", "compiled", "compiled+graphed"] if cuda else \
+        result["skipped"].append(SP_NO_CUDA)
+    parts = ["eager", "references", "graphed", "compiled", "compiled+graphed", "sp_layer"] if cuda else \
         ["eager", "references", "compiled"]
     try:
         s = build(cuda)
@@ -448,6 +466,11 @@ def run_graph(out: Path, budget_s: float = GRAPH_BUDGET_S, compile_backend: str 
         if left < NEEDS_S[part]:
             result["skipped"].append(f"{part}: {left:.0f} s of the {budget_s:.0f} s budget left, it needs "
                                      f"{NEEDS_S[part]:.0f}")
+            continue
+        if part == "sp_layer":  # its own processes (two ranks on this GPU), what the budget leaves them
+            sp_part(out, left - 5.0, backend, result)
+            print(f"graph stage: {part} done at {time.time() - t0:.0f} s", flush=True)
+            write()
             continue
         try:
             if part == "eager":
@@ -527,6 +550,8 @@ def summary_lines(result: dict) -> list[str]:
         for c in f["chain"]:
             lines.append(f"    {c['error'][:400]}")
             lines += [f"      at {w}" for w in c["where"][-2:]]
+    if "sp_layer" in result:
+        lines += result["sp_layer"]["summary"]
     for name, sites in result["sync_sites"].items():
         lines.append(f"  host syncs in one {name} step (seen from Python): {sum(x['calls'] for x in sites)} at "
                      f"{len(sites)} sites")
