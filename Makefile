@@ -143,8 +143,9 @@ bench-sp: $(STAMP)
 bench-training: $(STAMP)
 	$(PY) benchmarks/bench_training.py --lengths 8192,16384
 
-# one decoder layer's graph breaks and compile time per bias, training tokens/s
-# with [run].compile off / aot_eager / inductor (~10 min on 2 cores)
+# one decoder layer's graph breaks and compile time per bias (one process, and SP = 2 over gloo),
+# training tokens/s with [run].compile off / aot_eager / inductor (one process, and SP = 2 with
+# activation checkpointing) (~30 min on 2 cores)
 bench-compile: $(STAMP)
 	$(PY) benchmarks/bench_compile.py --out bench_results/compile
 

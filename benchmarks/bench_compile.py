@@ -1,30 +1,49 @@
-"""torch.compile of the models: graph breaks and compile time of one decoder layer per bias, and
-CPU training tokens/s with and without compile.
+"""torch.compile of the models: graph breaks and compile time of one decoder layer per bias, alone and
+under sequence parallelism (SP), and CPU training tokens/s with and without compile, alone and at SP = 2
+with activation checkpointing.
 
-    python benchmarks/bench_compile.py --out bench_results/compile             # everything (~10 min, 2 cores)
+    python benchmarks/bench_compile.py --out bench_results/compile             # everything (~30 min, 2 cores)
     python benchmarks/bench_compile.py --biases plsh_onepass --backends aot_eager --rounds 1   # quick
+    python benchmarks/bench_compile.py --sections sp_layer,sp_training --biases plsh_onepass \
+        --backends aot_eager --rounds 1 --steps 4 --skip 1 --batch 2 --seq-len 64           # quick, SP only
 
-Three measurements, one thread per process (``--threads``):
+Four sections (``--sections``, comma-separated; all by default, in this order), one thread per
+process (``--threads``):
 
-1. **Graph breaks**: ``torch._dynamo.explain`` of layer 1 of the tiny Qwen3 (``--batch`` x
+1. ``layer``: one decoder layer, one process.
+   **Graph breaks**: ``torch._dynamo.explain`` of layer 1 of the tiny Qwen3 (``--batch`` x
    ``--seq-len`` tokens) for every bias the models take.
-2. **Compile time** of that layer's first forward+backward under ``torch.compile(fullgraph=True)``
+   **Compile time** of that layer's first forward+backward under ``torch.compile(fullgraph=True)``
    with ``aot_eager`` and with inductor: the first compiled call's time minus an eager call's.
    Each measurement runs in a fresh process (dynamo's and inductor's in-memory caches empty)
    with a private ``TORCHINDUCTOR_CACHE_DIR``: first a new directory (cold), then the same one
    again (warm: inductor's FX graph and AOTAutograd caches on disk, what a second run of the
    same model meets).
-3. **Training tokens/s**: ``launchers/pretrain.py`` (DeepSpeed on CPU, one process) on
-   ``--config`` (configs/debug.toml: tiny preset, PLSH s = 4) with ``[run].compile`` = off and
-   each backend, ``--steps`` steps; a run's figure is the median tokens/s of its steps after the
-   first ``--skip`` (the compile is paid in the first step). The variants are interleaved
-   (round r starts at variant r) and repeated ``--rounds`` times, and each compiled run is
-   compared with the eager run of its round: the ratios, not the absolute tokens/s, compare
-   across machines. The runs share one inductor cache: round 0's first step compiles cold,
-   the later rounds' warm.
+2. ``sp_layer``: the same layer under sequence parallelism, ``--sp`` ranks (2: SP = 2), each a
+   process on the CPU joined by a gloo group, each on its contiguous chunk of the ``--seq-len``
+   tokens (global positions; the attention's halo exchange or all-gather inside its custom op).
+   Each measurement is a fresh process that spawns the ranks (so fresh ranks and caches, cold then
+   warm as above, the ranks sharing one cache directory); every timed call starts at a barrier.
+   The graphs and breaks are the most any rank saw, the times the slowest rank's (a step ends when
+   the last halo has arrived); each rank's own are in ``per_rank``.
+3. ``training``: ``launchers/pretrain.py`` (DeepSpeed on CPU, one process) on ``--config``
+   (configs/debug.toml: tiny preset, PLSH s = 4) with ``[run].compile`` = off and each backend,
+   ``--steps`` steps; a run's figure is the median tokens/s of its steps after the first
+   ``--skip`` (the compile is paid in the first step). The variants are interleaved (round r
+   starts at variant r) and repeated ``--rounds`` times, and each compiled run is compared with
+   the eager run of its round: the ratios, not the absolute tokens/s, compare across machines.
+   The runs share one inductor cache: round 0's first step compiles cold, the later rounds' warm.
+4. ``sp_training``: the same runs with ``--sp`` processes through the ``deepspeed`` launcher
+   (``DS_ACCELERATOR=cpu deepspeed --num_gpus 2``: two local ranks), ``[parallel].sp_size = --sp``
+   and per-layer activation checkpointing (``[memory].activation_checkpointing_mode =
+   --checkpointing``, full by default: the checkpoint inside each compiled layer), interleaved
+   rounds and per-round ratios as in 3. Tokens/s counts the step's tokens (batch x seq_len: the
+   ranks share each sequence), as the trainer logs them.
 
-``--allow-breaks`` compiles the layer without ``fullgraph``, to time a model that breaks (an
-older commit's: copy the script into its checkout).
+``--no-layers`` leaves out 1 and 2, ``--rounds 0`` 3 and 4. ``--allow-breaks`` compiles the layer
+without ``fullgraph``, to time a model that breaks (an older commit's: copy the script into its
+checkout). The SP sections run ``--sp`` processes at once: on 2 cores, with one thread each, they
+use both.
 
 Arguments the script does not know (``--section.key=value``) go to the training runs, after
 the script's own (e.g. ``--data.cache_dir=...``). Writes ``compile.json`` and ``table.md``
@@ -180,7 +199,7 @@ def _layer_subprocess(bias: str, backend: str, cache_dir: str, explain: bool, ar
     process spawns the ``sp`` ranks)."""
     cmd = [sys.executable, __file__, "--one-sp-layer" if sp > 1 else "--one-layer", bias, "--backends", backend,
            "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--threads", str(args.threads),
-           "--sp", str(sp), "--timeout", str(args.timeout)]
+           "--timeout", str(args.timeout)] + (["--sp", str(sp)] if sp > 1 else [])
     cmd += (["--explain"] if explain else []) + (["--allow-breaks"] if args.allow_breaks else [])
     try:
         proc = _run(cmd, _env(args.threads, cache_dir), args.timeout)
@@ -486,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps <= args.skip:
         p.error(f"--steps ({args.steps}) must exceed --skip ({args.skip})")
     sp_sections = [x for x in args.sections if x.startswith("sp_")]
-    if sp_sections and (args.sp < 2 or args.seq_len % args.sp):
+    if ((sp_sections and not args.one_layer) or args.one_sp_layer) and (args.sp < 2 or args.seq_len % args.sp):
         p.error(f"{sp_sections} need --sp >= 2 dividing --seq-len ({args.seq_len}); got --sp {args.sp}")
     if args.one_sp_layer:
         print(json.dumps(measure_sp_layer(args)))

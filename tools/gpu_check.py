@@ -20,9 +20,10 @@ there, and needs neither make, flash-attn, DeepSpeed nor datasets.
    with compiled layers, and captured in a CUDA graph replayed under
    ``torch.cuda.set_sync_debug_mode("error")``; the replay's loss and gradients
    against eager's, before and after a new step is written into the seed context's
-   step tensor; every host sync of one eager step, by source line. Writes
-   ``graph.json``; a failure (capture, sync, out of memory, a crash) is recorded there,
-   and the full stage still runs.
+   step tensor; every host sync of one eager step, by source line; then one decoder layer
+   under SP = 2 (two ranks on the one GPU over gloo, ``tools/gpu_graph_sp.py``) captured
+   the same way, or the reason it cannot be. Writes ``graph.json``; a failure (capture,
+   sync, out of memory, a crash) is recorded there, and the full stage still runs.
 3. **full**: the CUDA tests (pytest; said and skipped when pytest is not
    installed, within ``--tests-timeout-s``), the varlen planning cost, and the
    GPU benchmark (``benchmarks/bench_attention_gpu.py``) within
