@@ -15,6 +15,7 @@ from plsh_dist.biases.base import AttentionCall, Bias, LayerSeeds, head_scales
 from plsh_dist.distributed.sp import attention as sp_attention
 from plsh_dist.ops import decode as decode_ops
 from plsh_dist.ops.alibi import alibi_attention_op, default_chunk_size, window_list
+from plsh_dist.ops.alibi_kernel import choose_alibi_kernel
 from plsh_dist.ops.reference import alibi_weights
 
 
@@ -47,7 +48,7 @@ class ExactAlibi(Bias):
                                                 chunk_size=chunk, **call.common())
         # compiled, the op lays the raw position_ids out itself
         return alibi_attention_op(q, k, v, call.positions, call.cu_seqlens, slopes, window_list(window), True,
-                                  call.scale, chunk, call.compiled)[0]
+                                  call.scale, chunk, choose_alibi_kernel(q.device, q.dtype, chunk), call.compiled)[0]
 
     def decode(self, q, k, v, q_pos, k_pos, scale, seeds: LayerSeeds) -> torch.Tensor:
         H = q.shape[2]

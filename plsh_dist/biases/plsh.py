@@ -17,7 +17,7 @@ from plsh_dist.biases.base import AttentionCall, Bias, LayerSeeds, hash_sigma, h
 from plsh_dist.distributed.halo import plsh_needs
 from plsh_dist.distributed.sp import attention as sp_attention
 from plsh_dist.hashing import PositionalLSH, get_sampler
-from plsh_dist.ops.backends import BACKENDS, METHODS, choose_strategy
+from plsh_dist.ops.backends import METHODS, backend_names, choose_strategy, chosen_name
 from plsh_dist.ops.plsh import block_attention, block_attention_op
 
 
@@ -40,8 +40,8 @@ class PLSH(Bias):
                 f"got {cfg.num_samples!r}; e.g. num_samples = 8"
             )
         get_sampler(cfg.sampler, "attention.sampler")
-        if cfg.backend not in BACKENDS:
-            raise ValueError(f"attention.backend must be one of {BACKENDS}, got {cfg.backend!r}")
+        if cfg.backend not in backend_names():
+            raise ValueError(f"attention.backend must be one of {backend_names()}, got {cfg.backend!r}")
         if cfg.method not in METHODS:
             raise ValueError(f"attention.method must be one of {METHODS}, got {cfg.method!r}")
 
@@ -65,9 +65,10 @@ class PLSH(Bias):
             return self.sp_forward(call, head_scales(cfg.sigma, H)[0], seeds)
         if call.compiled:  # the custom op lays the raw position_ids out itself, and reads the seed as a tensor
             num_samples, seed, sampler, fixed = self.hash_args(seeds, as_tensor=True)
+            strategy = chosen_name(cfg.backend, cfg.method, q.device, q.dtype, num_samples)
             return block_attention_op(q, k, v, call.positions, call.cu_seqlens, seed,
                                       hash_sigma(cfg.sigma, H, q.device), num_samples, sampler, fixed, True,
-                                      call.scale, cfg.backend, cfg.method, True)[0]
+                                      call.scale, strategy, True)[0]
         sigma = head_scales(cfg.sigma, H)[0]
         return block_attention(q, k, v, sigma, self.hash_args(seeds, as_tensor=False), call.positions, True,
                                call.scale, cfg.backend, cfg.method, False, call.cu_seqlens)

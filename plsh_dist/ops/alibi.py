@@ -3,7 +3,9 @@ baselines Positional LSH is measured against.
 
 On CUDA (sm >= 80, Triton) a call runs on the fused banded kernel, as flash-attn runs
 ALiBi: each head over the key tiles of its own window, every key without one
-(:func:`kernel_call`), packed documents included. Elsewhere it runs in chunks of
+(:func:`kernel_call`), packed documents included; the table chooses, once per call
+(:func:`~plsh_dist.ops.alibi_kernel.choose_alibi_kernel`), and the op and its backward take
+the answer. Elsewhere it runs in chunks of
 queries against the key range they can see, with the bias ``-m_h |p_i - p_j|`` built
 per chunk: memory O(T * chunk * H) instead of O(T^2 * H), also in backward (which
 recomputes each chunk from the saved out and lse).
@@ -35,6 +37,7 @@ from torch import Tensor
 
 from plsh_dist.ops import triton_onepass
 from plsh_dist.ops.alibi_band import band_chunk, banded_backward, banded_forward, interior_rows
+from plsh_dist.ops.alibi_kernel import AlibiKernel, choose_alibi_kernel
 from plsh_dist.ops.custom_ops import (NAMESPACE, device_layout, fake_backward, fake_forward, op_layout,
                                       register_autograd)
 from plsh_dist.ops.dense import dense_bwd, dense_fwd
@@ -45,7 +48,6 @@ from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.input_checks import check_positions, check_qkv, softmax_scale_for
 from plsh_dist.ops.merge import accum_dtype
 from plsh_dist.ops.tile_bands import TokenLayout, WindowBias
-from plsh_dist.ops.triton_onepass import triton_cuda
 
 #: ``c = ln s + EQUAL_COST_OFFSET``: truncated ALiBi at ``w_h = ceil(c sigma_h)`` attends as many
 #: keys per query as positional LSH's one-pass band of s samples (about ``sigma H_s``, the mean
@@ -436,7 +438,8 @@ def alibi_attention(
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
     out, lse = alibi_attention_op(q, k, v, positions, cu_seqlens, _slopes_tensor(slopes), window, causal,
-                                  softmax_scale, chunk_size, False, window_tensor)
+                                  softmax_scale, chunk_size, choose_alibi_kernel(q.device, q.dtype, chunk_size),
+                                  False, window_tensor)
     return (out, lse) if return_lse else out
 
 
@@ -523,18 +526,18 @@ def _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, c
     return pos, slopes, dict(window=win, scale=scale, chunk=chunk, docs=(doc_ids, doc_ids)), True
 
 
-def kernel_call(q, k, v, positions, cu_seqlens, slopes, window: list[int], causal: bool, softmax_scale, chunk_size,
+def kernel_call(q, k, v, positions, cu_seqlens, slopes, window: list[int], causal: bool, softmax_scale, kernel: str,
                 from_position_ids):
     """``(kernel bias, scale)`` of the fused kernel for an op call, or None where the chunked path runs it
-    (no kernel for these tensors: not CUDA sm >= 80 with Triton; a ``chunk_size`` given). With documents
-    the kernel bias's layout is the flat row's (the call runs on it: :class:`BatchRows`).
+    (``kernel``: :func:`~plsh_dist.ops.alibi_kernel.choose_alibi_kernel`'s answer). With documents the kernel
+    bias's layout is the flat row's (the call runs on it: :class:`BatchRows`).
 
     Reads no device data where the models call it: raw ``position_ids`` and packed offsets on the device
     stay there (:func:`~plsh_dist.ops.custom_ops.device_layout`); the slopes and windows are host constants,
     checked on the host and copied to the device once (:func:`~plsh_dist.ops.device_constants.device_constant`).
     Exact ALiBi is the window :data:`UNBOUNDED_WINDOW`; zero slopes (no bias) give ``sigma = inf``. The
     kernel's tables are built on the device (:func:`~plsh_dist.ops.device_tables.device_kernel_bias`)."""
-    if chunk_size is not None or not triton_cuda(q.device, q.dtype):
+    if kernel != AlibiKernel.FUSED:
         return None
     check_qkv(q, k, v)
     (B, T, Hq), device = q.shape[:3], q.device
@@ -563,13 +566,14 @@ def kernel_call(q, k, v, positions, cu_seqlens, slopes, window: list[int], causa
 @torch.library.custom_op(f"{NAMESPACE}::alibi_attention", mutates_args=())
 def alibi_attention_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None, cu_seqlens: Tensor | None,
                     slopes: Tensor, window: list[int], causal: bool, softmax_scale: float | None,
-                    chunk_size: int | None, from_position_ids: bool,
+                    chunk_size: int | None, kernel: str, from_position_ids: bool,
                     window_tensor: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Exact ALiBi (``window``: [] none, [w] one for every head, or one per head; or ``window_tensor``,
     LongTensor[Hq] with ``window`` [], checked here): ``(out, lse)`` of :func:`plsh_dist.ops.alibi_attention`,
-    on the fused kernel (:func:`kernel_call`) or in chunks."""
+    on the kernel the caller chose (``kernel``: :func:`~plsh_dist.ops.alibi_kernel.choose_alibi_kernel`'s
+    answer): the fused one (:func:`kernel_call`) or query chunks."""
     window = op_window(window, window_tensor, q.shape[2])
-    kernel = kernel_call(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_scale, chunk_size,
+    kernel = kernel_call(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_scale, kernel,
                          from_position_ids)
     if kernel is not None:
         kb, scale = kernel
@@ -593,12 +597,12 @@ def _(q, k, v, *_params):
 def alibi_attention_op_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                              positions: Tensor | None, cu_seqlens: Tensor | None, slopes: Tensor,
                              window: list[int], causal: bool, softmax_scale: float | None, chunk_size: int | None,
-                             from_position_ids: bool, window_tensor: Tensor | None = None
+                             kernel: str, from_position_ids: bool, window_tensor: Tensor | None = None
                              ) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` of :func:`alibi_attention_op`: the fused kernel's backward, or each query chunk
-    recomputed."""
+    """``(dq, dk, dv)`` of :func:`alibi_attention_op`, on the forward's kernel: the fused kernel's backward,
+    or each query chunk recomputed."""
     window = op_window(window, window_tensor, q.shape[2])
-    kernel = kernel_call(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_scale, chunk_size,
+    kernel = kernel_call(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_scale, kernel,
                          from_position_ids)
     if kernel is not None:
         kb, scale = kernel

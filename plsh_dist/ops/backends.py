@@ -3,9 +3,15 @@
 :func:`choose_strategy` maps (backend, method, device, dtype, s) to one *strategy*, a small
 frozen object holding the forward and backward of one way to compute the estimator
 (``TritonOnePass``, ``PaddedPerSample``, ``VarlenPerSample``, ``OnePass``, ``DecodeOnePass``,
-``FlexOnePass``). It is the only place that chooses; nothing downstream tests the backend, the
-method or the device again. ``TABLE`` holds the rows in priority order, and
-:func:`describe_table` prints it.
+``FlexOnePass``). It is the only place that chooses, once per call; what a caller needs to know
+of the answer is an attribute of the strategy (:class:`~plsh_dist.ops.strategy.Strategy`), so
+nothing downstream tests the backend, the method, the device or the strategy's type again. An op
+takes the answer by name (:func:`strategy_name`, :func:`strategy_named`), so its backward looks
+the strategy up instead of choosing again. ``TABLE`` holds the rows in priority order,
+:func:`describe_table` prints it and :func:`add_backend` adds a backend's rows. Exact ALiBi's
+one choice, the fused kernel or query chunks, is :func:`~plsh_dist.ops.alibi_kernel.choose_alibi_kernel`
+(below ``alibi.py``, which the decoding strategy imports; the same rule: chosen once per call, the answer
+passed on).
 
 docs/design.md, section 4 ("One table" and "The strategy table"), shows the table, what each
 backend gives, the strategy interface and how to add a strategy.
@@ -95,7 +101,8 @@ class Row:
     """One row of the table.
 
     Attributes:
-        backend: the backend that offers this strategy.
+        backend: the backend that offers this strategy (a name of :func:`add_backend`'s for a
+            backend added at run time).
         method: what the strategy computes (``ONEPASS`` or ``PER_SAMPLE``).
         applies: ``(device, dtype) -> bool``, where the strategy runs.
         runs_on: ``applies`` in words (the table's "runs on" column).
@@ -104,11 +111,9 @@ class Row:
         needs: what ``applies`` asks for, said when an explicit ``backend=`` finds none of
             its rows applying (empty for rows that apply anywhere).
         in_auto: whether ``backend="auto"`` may pick this row.
-        out_only: the strategy computes the output only (``attend``): chosen only for a call
-            that needs neither gradients nor the log-sum-exp (``choose_strategy(out_only=True)``).
     """
 
-    backend: Backend
+    backend: Backend | str
     method: Method
     applies: Callable[[torch.device, torch.dtype], bool]
     runs_on: str
@@ -116,7 +121,12 @@ class Row:
     auto: Callable[[int], bool] = _always
     needs: str = ""
     in_auto: bool = True
-    out_only: bool = False
+
+    @property
+    def out_only(self) -> bool:
+        """The strategy computes the output only: chosen only for a call that needs neither gradients
+        nor the log-sum-exp (``choose_strategy(out_only=True)``)."""
+        return self.strategy.output_only
 
 
 _FLASH_ATTN_NEEDS = "CUDA tensors in fp16/bf16 and the flash-attn package (pip install 'plsh_dist[gpu]')"
@@ -138,7 +148,7 @@ TABLE: tuple[Row, ...] = (
     Row(Backend.TRITON, Method.ONEPASS, triton_interpreter, "CPU fp32/fp16, Triton interpreter", TritonOnePass(),
         needs=_TRITON_NEEDS, in_auto=False),
     Row(Backend.FLEX, Method.ONEPASS, flex_cpu_inference, "CPU fp32, output only", FlexOnePass(), needs=_FLEX_NEEDS,
-        in_auto=False, out_only=True),
+        in_auto=False),
     Row(Backend.FLASH_ATTN, Method.PER_SAMPLE, flash_attn_available, _FLASH_ATTN_RUNS_ON,
         VarlenPerSample(VarlenKernel.FLASH_ATTN), needs=_FLASH_ATTN_NEEDS),
     Row(Backend.FLASH_ATTN, Method.ONEPASS, flash_attn_available, _FLASH_ATTN_RUNS_ON, OnePass(DenseKernel.AUTO),
@@ -160,34 +170,84 @@ DECODE = DecodeOnePass()
 VARLEN_REFERENCE = VarlenPerSample(VarlenKernel.REFERENCE)
 
 
-def _strategy_text(strategy) -> str:
-    """``VarlenPerSample(FLASH_ATTN)``: the strategy's class and its kernel, as the table shows them."""
+def strategy_name(strategy) -> str:
+    """``VarlenPerSample(FLASH_ATTN)``: the strategy's class and its kernel, as the table shows them and
+    as an op takes the chosen strategy (:func:`strategy_named` reads it back)."""
     values = (getattr(strategy, field.name) for field in dataclasses.fields(strategy))
     return f"{type(strategy).__name__}({', '.join(v.name if isinstance(v, enum.Enum) else repr(v) for v in values)})"
 
+
+def strategy_named(name: str):
+    """The strategy :func:`strategy_name` calls ``name``: a row's, or the varlen reference's (tests).
+    A lookup, not a choice: an op's forward and backward both read the one strategy their caller chose."""
+    for strategy in (*(row.strategy for row in TABLE), VARLEN_REFERENCE):
+        if strategy_name(strategy) == name:
+            return strategy
+    raise ValueError(f"no strategy of the table is called {name!r}")
+
+
+@torch.compiler.assume_constant_result
+def chosen_name(backend: str, method: str, device: torch.device, dtype: torch.dtype, num_samples: int) -> str:
+    """:func:`choose_strategy`'s answer for a call that needs gradients or the log-sum-exp, by name (what
+    the ops take). A compiled call runs it once, while dynamo traces it: its answer is a constant of the
+    graph."""
+    return strategy_name(choose_strategy(backend, method, device, dtype, num_samples))
 
 def describe_table() -> str:
     """``TABLE`` as the text of the module docstring's table (and docs/design.md's): one
     line per row, then the decoding strategy; 4 spaces of indent, no trailing newline."""
     widths = (12, 12, 36, 29, 13)  # every column but the last
     lines = [("backend", "method", "runs on", "strategy", "method=auto", "backend=auto")]
-    lines += [(row.backend.value, row.method.value, row.runs_on, _strategy_text(row.strategy), row.auto.__doc__,
+    lines += [(_backend_text(row.backend), row.method.value, row.runs_on, strategy_name(row.strategy), row.auto.__doc__,
                "yes" if row.in_auto else "no") for row in TABLE]
-    lines.append(("(decoding)", "any", _ANYWHERE, _strategy_text(DECODE)))
+    lines.append(("(decoding)", "any", _ANYWHERE, strategy_name(DECODE)))
     return "\n".join(("    " + "".join(cell.ljust(w) for cell, w in zip(line[:-1], widths)) + line[-1]).rstrip()
                      for line in lines)
 
 
 def auto_order() -> tuple[str, ...]:
     """The backends that ``backend="auto"`` tries, in the order it tries them."""
-    return tuple(dict.fromkeys(row.backend.value for row in TABLE if row.in_auto))
+    return tuple(dict.fromkeys(_backend_text(row.backend) for row in TABLE if row.in_auto))
 
 
-def _vocabulary(backend, method) -> tuple[Backend, Method]:
+def _backend_text(backend: Backend | str) -> str:
+    return str(getattr(backend, "value", backend))
+
+
+def backend_names() -> tuple[str, ...]:
+    """The values ``backend=`` accepts now: :data:`BACKENDS` and those :func:`add_backend` added."""
+    return (*BACKENDS, *dict.fromkeys(row.backend for row in TABLE if not isinstance(row.backend, Backend)))
+
+
+def add_backend(*rows: Row) -> None:
+    """Add a backend: its rows (each a :class:`Row` whose ``backend`` is the new backend's name, a str)
+    go after the table's, so they are its last priority for ``backend="auto"`` (give them
+    ``in_auto=False`` to keep it out). From then on ``backend=`` and ``[attention].backend`` take the
+    name; the ops, the sequence-parallel forms and the planner run its strategy as they run the shipped
+    ones, by its attributes (:class:`~plsh_dist.ops.strategy.Strategy`). In every process that runs it
+    (each rank of a sequence-parallel group)."""
+    global TABLE
+    for row in rows:
+        if not isinstance(row.backend, str) or isinstance(row.backend, Backend) or row.backend in BACKENDS:
+            raise ValueError(f"a new backend's rows name it by a str that is not a shipped backend, got "
+                             f"{row.backend!r}")
+    TABLE = (*TABLE, *rows)
+
+
+def remove_backend(name: str) -> None:
+    """Take the rows :func:`add_backend` added for ``name`` out of the table."""
+    global TABLE
+    if name in BACKENDS:
+        raise ValueError(f"{name!r} is a shipped backend: only added ones can be removed")
+    TABLE = tuple(row for row in TABLE if row.backend != name)
+
+
+def _vocabulary(backend, method) -> tuple[Backend | str, Method]:
     try:
         backend = Backend(backend)
     except ValueError:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}") from None
+        if backend not in backend_names():
+            raise ValueError(f"backend must be one of {backend_names()}, got {backend!r}") from None
     try:
         method = Method(method)
     except ValueError:
@@ -207,7 +267,7 @@ def choose_strategy(backend: str | Backend, method: str | Method, device: torch.
     backend, method = _vocabulary(backend, method)
     if decoding:
         return DECODE
-    rows = [r for r in TABLE if (r.in_auto if backend is Backend.AUTO else r.backend is backend)]
+    rows = [r for r in TABLE if (r.in_auto if backend is Backend.AUTO else r.backend == backend)]
     offered = [r for r in rows if method is Method.AUTO or r.method is method]
     for row in offered:
         if row.out_only and not out_only:
@@ -216,6 +276,7 @@ def choose_strategy(backend: str | Backend, method: str | Method, device: torch.
             return row.strategy
     needs = next((r.needs for r in offered if r.needs), "")
     if needs:
-        raise ValueError(f"backend={backend.value!r} needs {needs}; use backend='auto' to fall back to torch")
-    raise ValueError(f"backend={backend.value!r} has no method={method.value!r} strategy for {device.type} "
+        raise ValueError(f"backend={_backend_text(backend)!r} needs {needs}; use backend='auto' to fall back to "
+                         f"torch")
+    raise ValueError(f"backend={_backend_text(backend)!r} has no method={method.value!r} strategy for {device.type} "
                      f"{dtype}; use method='auto'")

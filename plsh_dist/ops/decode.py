@@ -24,6 +24,7 @@ from plsh_dist.ops.band import block_firsts, log_count_bias
 from plsh_dist.ops.dense import dense_fwd
 from plsh_dist.ops.gqa import repeat_kv
 from plsh_dist.ops.head_groups import head_groups
+from plsh_dist.ops.strategy import Strategy
 
 #: Queries per chunk (a decoding step has one; a chunked prefill may have many).
 _CHUNK = 64
@@ -114,7 +115,7 @@ def block_decode(q, k, v, q_pos, k_pos, lsh: PositionalLSH, *, scale: float | No
 
 
 @dataclass(frozen=True)
-class DecodeOnePass:
+class DecodeOnePass(Strategy):
     """Forward-only strategy of a KV-cache step: the one-pass form over each query's band
     (:func:`block_decode`), whatever method the full forward uses."""
 

@@ -10,11 +10,12 @@ Three layers, as flash-attention's interface:
    same strategy on its chunk plus a halo;
 2. the custom op ``plsh_dist::block_attention`` and its autograd formula
    (:mod:`plsh_dist.ops.custom_ops`): saves q, k, v, out, lse only (not per sample),
-   rebuilds the hash from its seed and calls the strategy, so
+   rebuilds the hash from its seed and looks up the strategy its caller chose
+   (by name: its backward does not choose again), so
    ``torch.compile(fullgraph=True)`` keeps one graph. Eager, a strategy whose
-   backward reuses what its forward saved (the CUDA varlen calls, the fused
-   kernel's band tables) runs through ``PLSHAttentionFunction`` instead, which
-   keeps that too;
+   backward reuses what its forward saved (``keeps_host_state``: the CUDA varlen
+   calls, the fused kernel's band tables) runs through ``PLSHAttentionFunction``
+   instead, which keeps that too;
 3. ``plsh_attention`` / ``fixed_blocks_attention``: the public functions.
 
 Single process only: nothing here communicates.
@@ -28,14 +29,12 @@ import torch
 from torch import Tensor
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, get_sampler
-from plsh_dist.ops.backends import choose_strategy
+from plsh_dist.ops.backends import choose_strategy, chosen_name, strategy_name, strategy_named
 from plsh_dist.ops.custom_ops import (NAMESPACE, device_layout, fake_backward, fake_forward, op_layout,
                                       register_autograd)
 from plsh_dist.ops.documents import BatchRows, Documents, flat_documents
 from plsh_dist.ops.head_groups import head_groups
 from plsh_dist.ops.input_checks import check_positions, check_qkv, softmax_scale_for
-from plsh_dist.ops.plsh_varlen import VarlenPerSample
-from plsh_dist.ops.triton_onepass import TritonOnePass
 
 
 # ---------------------------------------------------------------------------
@@ -163,15 +162,13 @@ def fixed_blocks_attention(
                             return_lse, cu_seqlens)
 
 
-def check_block_attention(q, k, v, lsh: PositionalLSH, positions, softmax_scale, backend, method="auto",
-                          cu_seqlens=None, out_only=False):
+def check_block_attention(q, k, v, lsh: PositionalLSH, positions, softmax_scale, cu_seqlens=None):
     """Validate the arguments of a block attention; ValueErrors name the argument.
 
-    Returns ``(positions, scale, strategy, docs)``: without ``cu_seqlens`` CPU
+    Returns ``(positions, scale, docs)``: without ``cu_seqlens`` CPU
     LongTensor[T] and ``docs = None``; with it the flat row's LongTensor[B * T]
-    and its :class:`~plsh_dist.ops.documents.Documents`; then float, the strategy
-    (:func:`~plsh_dist.ops.backends.choose_strategy`; ``out_only``: the call needs no gradient
-    and no log-sum-exp, so an output-only strategy may answer).
+    and its :class:`~plsh_dist.ops.documents.Documents`; the scale a float.
+    (The strategy is the caller's: :func:`~plsh_dist.ops.backends.choose_strategy`, once per call.)
     """
     check_qkv(q, k, v)
     head_groups(lsh, q.shape[2], k.shape[2])  # checks sigma's length
@@ -180,8 +177,7 @@ def check_block_attention(q, k, v, lsh: PositionalLSH, positions, softmax_scale,
     else:
         docs = flat_documents(positions, cu_seqlens, q.shape[0], q.shape[1])
         pos = docs.positions
-    strategy = choose_strategy(backend, method, q.device, q.dtype, lsh.num_samples, out_only=out_only)
-    return pos, softmax_scale_for(q, softmax_scale), strategy, docs
+    return pos, softmax_scale_for(q, softmax_scale), docs
 
 
 def _sigma_tensor(sigma) -> torch.Tensor:
@@ -193,38 +189,39 @@ def _sigma_tensor(sigma) -> torch.Tensor:
     return torch.tensor(list(sigma), dtype=torch.float64)
 
 
-def _keeps_host_state(backend, method, device, dtype, num_samples: int, out_only: bool) -> bool:
-    """Whether the table's strategy for this eager call keeps host state from its forward for its
-    backward (the CUDA varlen calls, the fused kernel's band tables: :class:`PLSHAttentionFunction`
-    keeps them, so backward neither syncs nor rebuilds) or answers without gradients (an output-only
-    strategy). Compiled, every strategy runs in the custom op (backward rebuilds what it needs)."""
-    if torch.compiler.is_compiling():
-        return False
-    strategy = choose_strategy(backend, method, device, dtype, num_samples, out_only=out_only)
-    return isinstance(strategy, (VarlenPerSample, TritonOnePass)) or hasattr(strategy, "attend")
-
-
 def block_attention(q, k, v, sigma, hash_args, positions, causal, softmax_scale, backend, method, return_lse,
                     cu_seqlens):
     """The blocks of the hash ``hash_args`` = (num_samples, seed, sampler, fixed) describes (``fixed``:
     the fixed blocks), checked arguments: what :func:`plsh_attention` and :func:`fixed_blocks_attention`
-    compute, and what the PLSH biases (:mod:`plsh_dist.biases`) call. Eagerly, a strategy that keeps
-    host state from its forward for its backward, or answers without gradients, runs through
-    :class:`PLSHAttentionFunction` (or its ``attend``); every other call is the custom op."""
+    compute, and what the PLSH biases (:mod:`plsh_dist.biases`) call. The strategy is chosen here,
+    once. Eagerly, a strategy that keeps host state from its forward for its backward, or answers
+    without gradients, runs through :class:`PLSHAttentionFunction` (or its ``attend``); every other
+    call is the custom op, given the strategy by name. Compiled, every strategy runs in the op (whose
+    backward rebuilds what it needs)."""
     num_samples, seed, sampler, fixed = hash_args
-    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    out_only = not (return_lse or needs_grad)
-    if not _keeps_host_state(backend, method, q.device, q.dtype, num_samples, out_only):
-        seed_t = seed if isinstance(seed, torch.Tensor) else torch.tensor(seed, dtype=torch.int64)
-        out, lse = block_attention_op(q, k, v, positions, cu_seqlens, seed_t, _sigma_tensor(sigma), num_samples,
-                                      sampler, fixed, causal, softmax_scale, str(getattr(backend, "value", backend)),
-                                      str(getattr(method, "value", method)), False)
-        return (out, lse) if return_lse else out
+    if torch.compiler.is_compiling():
+        name = chosen_name(backend, method, q.device, q.dtype, num_samples)
+    else:
+        needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+        strategy = choose_strategy(backend, method, q.device, q.dtype, num_samples,
+                                   out_only=not (return_lse or needs_grad))
+        if strategy.keeps_host_state or strategy.output_only:
+            return _eager_call(q, k, v, sigma, hash_args, positions, causal, softmax_scale, strategy, return_lse,
+                               cu_seqlens)
+        name = strategy_name(strategy)
+    seed_t = seed if isinstance(seed, torch.Tensor) else torch.tensor(seed, dtype=torch.int64)
+    out, lse = block_attention_op(q, k, v, positions, cu_seqlens, seed_t, _sigma_tensor(sigma), num_samples, sampler,
+                                  fixed, causal, softmax_scale, name, False)
+    return (out, lse) if return_lse else out
+
+
+def _eager_call(q, k, v, sigma, hash_args, positions, causal, softmax_scale, strategy, return_lse, cu_seqlens):
+    """:func:`block_attention` through :class:`PLSHAttentionFunction`, or the output-only ``attend``."""
+    num_samples, seed, sampler, fixed = hash_args
     lsh = FixedBlocks(sigma) if fixed else PositionalLSH(sigma, num_samples, int(seed), sampler)
-    pos, scale, strategy, docs = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method,
-                                                       cu_seqlens, out_only)
+    pos, scale, docs = check_block_attention(q, k, v, lsh, positions, softmax_scale, cu_seqlens)
     rows = BatchRows.of(q, docs is not None)  # documents: one flat row whose row boundaries are theirs
-    if hasattr(strategy, "attend"):  # an output-only strategy (the table gives it only to such calls)
+    if strategy.output_only:  # the table gives it only to calls that need no gradient and no lse
         out = strategy.attend(*rows.inputs(q, k, v), lsh, pos, causal=causal, scale=scale, docs=docs)
         return rows.output(out)
     out, lse = rows.outputs(*PLSHAttentionFunction.apply(*rows.inputs(q, k, v), lsh, pos, causal, scale, strategy,
@@ -241,39 +238,30 @@ def op_hash(sigma: Tensor, num_samples: int, seed: Tensor, sampler: str, fixed: 
     return FixedBlocks(sigma) if fixed else PositionalLSH(sigma, num_samples, seed, sampler)
 
 
-def backward_takes_saved(strategy) -> bool:
-    """Whether ``strategy``'s backward takes what its forward saved: host state an op cannot keep from
-    forward to backward (the CUDA varlen calls), so an op's backward runs the forward again to remake it."""
-    return isinstance(strategy, VarlenPerSample)
-
-
-def _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, backend, method, from_position_ids):
-    """The ops' ``(positions, scale, strategy, docs)``. Raw ``position_ids`` (and packed offsets) on a device,
-    for the fused kernel, stay there (:func:`~plsh_dist.ops.custom_ops.device_layout`; ``docs`` is then the
-    documents' layout): that call reads nothing back to the host. Otherwise the host lays them out
-    (:func:`check_block_attention`)."""
-    if from_position_ids and positions is not None and positions.device.type != "cpu":
-        strategy = choose_strategy(backend, method, q.device, q.dtype, lsh.num_samples)
-        on_device = device_layout(positions, cu_seqlens, q, from_position_ids) \
-            if isinstance(strategy, TritonOnePass) else None
-        if on_device is not None:
-            check_qkv(q, k, v)
-            head_groups(lsh, q.shape[2], k.shape[2])
-            pos, docs = on_device
-            return pos, softmax_scale_for(q, softmax_scale), strategy, docs
+def _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, strategy, from_position_ids):
+    """The ops' ``(positions, scale, docs)``. Raw ``position_ids`` (and packed offsets) on a device, for a
+    strategy that builds its layout there (``device_positions``: the fused kernel), stay there
+    (:func:`~plsh_dist.ops.custom_ops.device_layout`; ``docs`` is then the documents' layout): that call
+    reads nothing back to the host. Otherwise the host lays them out (:func:`check_block_attention`)."""
+    on_device = device_layout(positions, cu_seqlens, q, from_position_ids) if strategy.device_positions else None
+    if on_device is not None:
+        check_qkv(q, k, v)
+        head_groups(lsh, q.shape[2], k.shape[2])
+        pos, docs = on_device
+        return pos, softmax_scale_for(q, softmax_scale), docs
     positions, cu_seqlens = op_layout(positions, cu_seqlens, q, from_position_ids)
-    return check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method, cu_seqlens)
+    return check_block_attention(q, k, v, lsh, positions, softmax_scale, cu_seqlens)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::block_attention", mutates_args=())
 def block_attention_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None, cu_seqlens: Tensor | None,
                     seed: Tensor, sigma: Tensor, num_samples: int, sampler: str, fixed: bool, causal: bool,
-                    softmax_scale: float | None, backend: str, method: str,
-                    from_position_ids: bool) -> tuple[Tensor, Tensor]:
-    """PLSH (``fixed``: fixed blocks) attention: ``(out, lse)`` of :func:`plsh_dist.ops.plsh_attention`."""
+                    softmax_scale: float | None, strategy: str, from_position_ids: bool) -> tuple[Tensor, Tensor]:
+    """PLSH (``fixed``: fixed blocks) attention: ``(out, lse)`` of :func:`plsh_dist.ops.plsh_attention`, on the
+    strategy named ``strategy`` (:func:`~plsh_dist.ops.backends.strategy_name` of the caller's choice)."""
     lsh = op_hash(sigma, num_samples, seed, sampler, fixed)
-    pos, scale, strategy, docs = _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, backend, method,
-                                          from_position_ids)
+    strategy = strategy_named(strategy)
+    pos, scale, docs = _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, strategy, from_position_ids)
     rows = BatchRows.of(q, docs is not None)  # documents: one flat row whose row boundaries are theirs
     out, lse, _ = strategy.forward(*rows.inputs(q, k, v), lsh, pos, causal=causal, scale=scale, docs=docs)
     out, lse = rows.outputs(out, lse)
@@ -289,16 +277,16 @@ def _(q, k, v, *_params):
 def block_attention_op_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                              positions: Tensor | None, cu_seqlens: Tensor | None, seed: Tensor, sigma: Tensor,
                              num_samples: int, sampler: str, fixed: bool, causal: bool,
-                             softmax_scale: float | None, backend: str, method: str,
+                             softmax_scale: float | None, strategy: str,
                              from_position_ids: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` of :func:`block_attention_op`: the hash and the layouts rebuilt, the strategy's backward
-    with the merged ``out`` / ``lse``."""
+    """``(dq, dk, dv)`` of :func:`block_attention_op`: the hash and the layouts rebuilt, the forward's strategy
+    looked up by its name (not chosen again), its backward with the merged ``out`` / ``lse``."""
     lsh = op_hash(sigma, num_samples, seed, sampler, fixed)
-    pos, scale, strategy, docs = _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, backend, method,
-                                          from_position_ids)
+    strategy = strategy_named(strategy)
+    pos, scale, docs = _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, strategy, from_position_ids)
     rows = BatchRows.of(q, docs is not None)
     kw = dict(causal=causal, scale=scale, docs=docs)
-    if backward_takes_saved(strategy):  # compiled CUDA per-sample only; eager keeps them
+    if strategy.backward_takes_saved:  # compiled CUDA per-sample only; eager keeps them
         kw["saved"] = strategy.forward(*rows.inputs(q, k, v), lsh, pos, **kw)[2]
     grads = strategy.backward(*rows.inputs(dout, q, k, v, out), rows.lse_input(lse), lsh, pos, **kw)
     return tuple(g.contiguous() for g in rows.grads(grads))

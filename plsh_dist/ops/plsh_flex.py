@@ -29,6 +29,7 @@ from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.flex import band_block_mask, count_score_mod, flex_attend, flex_status
 from plsh_dist.ops.plsh_onepass import _token_bounds, onepass_forward
+from plsh_dist.ops.strategy import Strategy
 
 _log = logging.getLogger(__name__)
 
@@ -105,11 +106,11 @@ def _say_once(message: str) -> None:
 
 
 @dataclass(frozen=True)
-class FlexOnePass:
+class FlexOnePass(Strategy):
     """Strategy: one pass on FlexAttention, output only (``attend``; no ``forward`` / ``backward``:
     the table gives it only to calls that need neither gradients nor the log-sum-exp)."""
 
-    onepass = True
+    onepass = output_only = True
 
     def attend(self, q, k, v, lsh, positions, *, causal, scale, docs=None) -> torch.Tensor:
         """``out`` (B, n, Hq, D), as the other strategies' forward computes it; past dynamo's recompile

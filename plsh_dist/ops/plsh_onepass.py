@@ -28,6 +28,7 @@ from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.gqa import sum_kv_repeats
 from plsh_dist.ops.head_groups import group_inputs, head_groups
 from plsh_dist.ops.merge import accum_dtype
+from plsh_dist.ops.strategy import Strategy
 
 #: Elements of one call's (Hc * B, G, C, K) logits plus its per-sample block
 #: bounds ((s, G * C) int64 tables, a few at a time: counted as 16 elements per
@@ -279,7 +280,7 @@ def onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: tor
 
 
 @dataclass(frozen=True)
-class OnePass:
+class OnePass(Strategy):
     """Strategy: the s samples as one attention with the bias ``log c_ij``, in query chunks on dense calls.
 
     ``kernel``: the dense calls' (``AUTO``: per call by key length; ``MATH``: explicit matmuls).

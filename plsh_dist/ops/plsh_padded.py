@@ -28,6 +28,7 @@ from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.gqa import sum_kv_repeats
 from plsh_dist.ops.head_groups import head_groups, group_inputs
 from plsh_dist.ops.merge import accum_dtype, merge_into
+from plsh_dist.ops.strategy import Strategy
 
 
 def _sample_layouts(lsh: PositionalLSH, positions: torch.Tensor, device: torch.device, docs: Documents | None):
@@ -83,7 +84,7 @@ def padded_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torc
 
 
 @dataclass(frozen=True)
-class PaddedPerSample:
+class PaddedPerSample(Strategy):
     """Strategy: s block attentions on padded blocks, merged by log-sum-exp.
 
     ``kernel``: ``AUTO`` (aten's flash-attention-for-CPU, or explicit matmuls for

@@ -31,6 +31,7 @@ from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.head_groups import head_groups
 from plsh_dist.ops.merge import accum_dtype, merge_into
+from plsh_dist.ops.strategy import Strategy
 from plsh_dist.ops.varlen_kernels import VarlenKernel, varlen_bwd, varlen_fwd
 from plsh_dist.ops.varlen_layout import VarlenChunk, varlen_calls
 
@@ -148,11 +149,12 @@ def varlen_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torc
 
 
 @dataclass(frozen=True)
-class VarlenPerSample:
+class VarlenPerSample(Strategy):
     """Strategy: one varlen call per sample over all heads and rows, merged by log-sum-exp."""
 
     kernel: VarlenKernel
-    onepass = False
+    keeps_host_state = backward_takes_saved = True
+    cost_model = "varlen"
 
     def forward(self, q, k, v, lsh, positions, *, causal, scale, docs=None):
         """``(out, lse, saved)``: ``saved`` (:class:`VarlenSaved`) is the backward's."""

@@ -42,6 +42,7 @@ from plsh_dist.ops.device_tables import device_near_blocks
 from plsh_dist.ops.kernel_bias import UNROLLED_SAMPLES, KernelBias
 from plsh_dist.ops.kernel_bias_cache import cached_kernel_bias
 from plsh_dist.ops.near_runs import NearBlocks, near_blocks
+from plsh_dist.ops.strategy import Strategy
 from plsh_dist.ops.tile_bands import TileConfig, TokenLayout, WindowBias, num_tiles, tiles_for
 from plsh_dist.ops.triton_runtime import interpreting, kernels_module, launcher, triton_status  # noqa: F401
 
@@ -222,10 +223,11 @@ def triton_onepass_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positio
 
 
 @dataclass(frozen=True)
-class TritonOnePass:
+class TritonOnePass(Strategy):
     """Strategy (:mod:`plsh_dist.ops.backends`): the one-pass estimator on the fused Triton kernel."""
 
-    onepass = True
+    onepass = keeps_host_state = device_positions = True
+    cost_model = "fused"
 
     def forward(self, q, k, v, lsh, positions, *, causal, scale, docs=None):
         """``(out, lse, saved)``; ``saved`` is the call's :class:`KernelBias` (block bounds, shared with

@@ -27,8 +27,6 @@ from plsh_dist.biases.base import sigma_per_head
 from plsh_dist.models.attention import BINDING_ATTR, AttentionBinding, plsh_dist_attention
 from plsh_dist.models.runtime import AttentionRuntime
 from plsh_dist.ops.backends import choose_strategy
-from plsh_dist.ops.plsh_varlen import VarlenPerSample
-from plsh_dist.ops.triton_onepass import TritonOnePass
 from plsh_dist.plan.kernel_tiles import kernel_tiles
 from plsh_dist.plan.memory_measure import peak_cpu_bytes
 
@@ -70,9 +68,9 @@ def attention_setup(attn_cfg, num_heads: int, device_type: str, dtype: torch.dty
     head_windows = bias.head_windows(sig)
     return AttentionSetup(bias=attn_cfg.bias, sigma=sig, per_head_hash=attn_cfg.sigma is None,
                           num_samples=bias.cost_samples(), onepass=strategy.onepass and bias.hashed,
-                          varlen=isinstance(strategy, VarlenPerSample),
+                          varlen=strategy.cost_model == "varlen",
                           window=max(head_windows) if head_windows else attn_cfg.window,
-                          fused=isinstance(strategy, TritonOnePass) and bias.hashed, sampler=attn_cfg.sampler,
+                          fused=strategy.cost_model == "fused" and bias.hashed, sampler=attn_cfg.sampler,
                           chunk_size=attn_cfg.chunk_size, head_windows=head_windows)
 
 

@@ -19,6 +19,7 @@ from plsh_dist.distributed.halo import window_needs
 from plsh_dist.distributed.sp import attention as sp_attention
 from plsh_dist.ops import alibi_attention
 from plsh_dist.ops.alibi import alibi_attention_op
+from plsh_dist.ops.alibi_kernel import choose_alibi_kernel
 from plsh_dist.ops.decode import alibi_decode
 from plsh_dist.ops.reference import alibi_weights
 
@@ -36,7 +37,8 @@ class HardWindow(Bias):
         zero = torch.zeros(call.num_heads)
         if call.compiled:
             return alibi_attention_op(call.q, call.k, call.v, call.positions, call.cu_seqlens, zero,
-                                      [self.cfg.window], True, call.scale, None, True)[0]
+                                      [self.cfg.window], True, call.scale, None,
+                                      choose_alibi_kernel(call.q.device, call.q.dtype, None), True)[0]
         if call.group is not None:
             return sp_attention.alibi_attention(call.q, call.k, call.v, group=call.group, slopes=zero,
                                                 window=self.cfg.window, **call.common())

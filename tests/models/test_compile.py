@@ -201,7 +201,7 @@ def test_compiled_layers_share_one_graph():
 
 
 @pytest.mark.parametrize("documents", [False, True])
-def test_op_backward_remakes_the_varlen_calls(monkeypatch, documents):
+def test_op_backward_remakes_the_varlen_calls(documents):
     """The CUDA per-sample strategy keeps its varlen calls from forward to backward; the op keeps
     tensors only, so its backward makes them again (run here on the CPU reference provider):
     gradients equal those of the autograd Function that keeps them."""
@@ -211,13 +211,12 @@ def test_op_backward_remakes_the_varlen_calls(monkeypatch, documents):
     from plsh_dist.ops.documents import BatchRows, flat_documents
     from plsh_dist.hashing import PositionalLSH
 
-    monkeypatch.setattr(plsh_module, "choose_strategy", lambda *a, **kw: VARLEN_REFERENCE)
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 30, H, 8, generator=g, dtype=torch.float64, requires_grad=True) for H in (2, 1, 1))
     cu = torch.tensor([0, 12, 30, 41, 60], dtype=torch.int32) if documents else None
     sigma = torch.tensor([3.0, 7.0], dtype=torch.float64)
     out, _ = block_attention_op(q, k, v, None, cu, torch.tensor(4), sigma, 3, "iid", False, True, None,
-                                        "auto", "auto", False)
+                                "VarlenPerSample(REFERENCE)", False)
     got = torch.autograd.grad(out.pow(2).sum(), (q, k, v))
     lsh = PositionalLSH(sigma, 3, 4)
     if documents:

@@ -11,8 +11,9 @@ Per-head windows (truncated ALiBi) move one halo, of the widest head's
 ``max_h w_h - 1`` positions: every key/value head ships the same positions,
 and narrower heads' rows simply hide the keys beyond their own window.
 
-On CUDA with Triton (where one process runs windows on the fused kernel:
-``alibi_attention`` without ``chunk_size``, no documents), the rank runs the
+Where the call's kernel is the fused one (the caller's
+:func:`~plsh_dist.ops.alibi_kernel.choose_alibi_kernel`: CUDA with Triton, no ``chunk_size``)
+and there are no documents, the rank runs the
 kernel once the halo is in, over its chunk with the halo's keys on either
 side: the halo slots' query rows are zeros and their outputs dropped; in
 backward their ``dout`` is zero (so they add nothing to dK, dV) and the halo
@@ -33,10 +34,11 @@ from plsh_dist.distributed.sp.documents import SPDocuments, alibi_rows_backward,
 from plsh_dist.distributed.sp.signature import call_signature, slopes_crc, window_code
 from plsh_dist.distributed.sp_layout import SPLayout, exchange_layout
 from plsh_dist.ops.alibi import default_chunk_size, head_windows, widest_window
+from plsh_dist.ops.alibi_kernel import AlibiKernel
 from plsh_dist.ops.kernel_bias import KernelBias
 from plsh_dist.ops.merge import accum_dtype
 from plsh_dist.ops.tile_bands import TokenLayout, WindowBias
-from plsh_dist.ops.triton_onepass import banded_backward, banded_forward, kernel_tiles, triton_cuda
+from plsh_dist.ops.triton_onepass import banded_backward, banded_forward, kernel_tiles
 
 
 def _window_rows(T: int, window: int, causal: bool) -> tuple[int, int]:
@@ -85,7 +87,7 @@ class _KernelWindow:
 @dataclass(frozen=True)
 class WindowPlan:
     """One call's plan, the same on every rank: who sends what, which rows need the halo, and whether
-    the fused kernel runs it (one process's choice: no ``chunk_size``, no documents, CUDA with Triton)."""
+    the fused kernel runs it (the caller's kernel, and no documents)."""
 
     layout: SPLayout
     exchange: HaloExchange
@@ -96,16 +98,17 @@ class WindowPlan:
     on_kernel: bool
 
     @classmethod
-    def make(cls, q, k, pos, slopes, causal: bool, window, scale: float, chunk: int | None, group, cu_seqlens,
-             needs_grad: bool) -> "WindowPlan":
-        """Validate the call across the group (one small all-gather) and plan it."""
+    def make(cls, q, k, pos, slopes, causal: bool, window, scale: float, chunk: int | None, kernel: str, group,
+             cu_seqlens, needs_grad: bool) -> "WindowPlan":
+        """Validate the call across the group (one small all-gather) and plan it; ``kernel``: the call's
+        (:func:`~plsh_dist.ops.alibi_kernel.choose_alibi_kernel`)."""
         B, T, Hq, D = q.shape
         sig = call_signature("alibi_window", q, k, causal, scale, needs_grad, slopes=slopes_crc(slopes),
                              window=window_code(window), documents=documents_crc(cu_seqlens))
         layout = exchange_layout(group, pos, sig)
         docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, layout, B)
         exchange = HaloExchange.build(layout, window_needs(widest_window(window), layout, k.shape[2], causal, docs))
-        on_kernel = chunk is None and docs is None and triton_cuda(q.device, q.dtype)
+        on_kernel = kernel == AlibiKernel.FUSED and docs is None
         if not isinstance(window, tuple):  # per-head windows: each window group's own chunk (alibi_forward)
             chunk = chunk or default_chunk_size(Hq, min(T + exchange.left_pos.numel() + exchange.right_pos.numel(),
                                                          2 * window))
@@ -204,9 +207,10 @@ class SPAlibiWindow(torch.autograd.Function):
     """Sliding-window exact ALiBi, eagerly; saves q, k, v, out, lse and the halo."""
 
     @staticmethod
-    def forward(ctx, q, k, v, pos, slopes, causal, window, scale, chunk, group, cu_seqlens=None):
+    def forward(ctx, q, k, v, pos, slopes, causal, window, scale, chunk, kernel, group, cu_seqlens=None):
         needs_grad = any(ctx.needs_input_grad[:3])
-        plan = WindowPlan.make(q, k, pos, slopes, causal, window, scale, chunk, group, cu_seqlens, needs_grad)
+        plan = WindowPlan.make(q, k, pos, slopes, causal, window, scale, chunk, kernel, group, cu_seqlens,
+                               needs_grad)
         record_call()
         out, lse, halo, kernel = plan.forward(q, k, v)
         if needs_grad:
@@ -218,4 +222,4 @@ class SPAlibiWindow(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse, *halo = ctx.saved_tensors
         grads = ctx.plan.backward(dout, q, k, v, out, lse, halo, ctx.kernel)
-        return (*grads, None, None, None, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None, None, None, None)

@@ -42,6 +42,8 @@ from plsh_dist.distributed.sp.custom_ops import sp_alibi_attention_op, sp_block_
 from plsh_dist.distributed.sp.plsh_halo import SPBlockAttention
 from plsh_dist.hashing import FixedBlocks, PositionalLSH
 from plsh_dist.ops.alibi import check_alibi_attention, check_window, check_window_tensor, window_list
+from plsh_dist.ops.alibi_kernel import choose_alibi_kernel
+from plsh_dist.ops.backends import choose_strategy, chosen_name
 from plsh_dist.ops.input_checks import check_qkv, softmax_scale_for
 from plsh_dist.ops.plsh import check_block_attention
 
@@ -78,9 +80,9 @@ def _blocks(q, k, v, sigma, hash_args, group, positions, causal, softmax_scale, 
     if torch.compiler.is_compiling():
         seed = seed if isinstance(seed, torch.Tensor) else torch.tensor(seed, dtype=torch.int64)
         sigma = sigma if isinstance(sigma, torch.Tensor) else torch.tensor(sigma, dtype=torch.float64).reshape(-1)
+        strategy = chosen_name(_name(backend), _name(method), q.device, q.dtype, num_samples)
         return sp_block_attention_op(q, k, v, positions, cu_seqlens, seed, sigma, num_samples, sampler, fixed,
-                                     causal, softmax_scale, _name(backend), _name(method), group.group_name,
-                                     _needs_grad(q, k, v))[0]
+                                     causal, softmax_scale, strategy, group.group_name, _needs_grad(q, k, v))[0]
     lsh = FixedBlocks(sigma) if fixed else PositionalLSH(sigma, num_samples, seed, sampler)
     return block_attention(q, k, v, lsh, group=group, positions=positions, causal=causal, softmax_scale=softmax_scale,
                            backend=backend, method=method, cu_seqlens=cu_seqlens)
@@ -99,7 +101,8 @@ def block_attention(q, k, v, lsh, *, group, positions, causal, softmax_scale, ba
     """The blocks of hash ``lsh`` (PLSH or fixed blocks) over ``group``: a halo of keys/values (eager only:
     compiled, :func:`plsh_attention` and :func:`fixed_blocks_attention` take the hash's arguments)."""
     _check_group(group)
-    pos, scale, strategy, _ = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method)
+    strategy = choose_strategy(backend, method, q.device, q.dtype, lsh.num_samples)
+    pos, scale, _ = check_block_attention(q, k, v, lsh, positions, softmax_scale)
     return SPBlockAttention.apply(q, k, v, lsh, pos, causal, scale, strategy, group, cu_seqlens)
 
 
@@ -112,13 +115,15 @@ def alibi_attention(q, k, v, *, group, slopes, positions=None, causal: bool = Tr
         window_tensor = check_window_tensor(window, q.shape[2]) if isinstance(window, torch.Tensor) else None
         window = [] if window_tensor is not None else window_list(check_window(window, q.shape[2]))
         return sp_alibi_attention_op(q, k, v, positions, cu_seqlens, torch.as_tensor(slopes, dtype=torch.float32),
-                                     window, causal, softmax_scale, chunk_size, group.group_name,
+                                     window, causal, softmax_scale, chunk_size,
+                                     choose_alibi_kernel(q.device, q.dtype, chunk_size), group.group_name,
                                      _needs_grad(q, k, v), window_tensor)[0]
     slopes, pos, scale, window = check_alibi_attention(q, k, v, slopes, positions, window, softmax_scale,
                                                        chunk_size)
     if window is None:
         return SPAlibiGather.apply(q, k, v, pos, slopes, causal, scale, chunk_size, group, cu_seqlens)
-    return SPAlibiWindow.apply(q, k, v, pos, slopes, causal, window, scale, chunk_size, group, cu_seqlens)
+    return SPAlibiWindow.apply(q, k, v, pos, slopes, causal, window, scale, chunk_size,
+                               choose_alibi_kernel(q.device, q.dtype, chunk_size), group, cu_seqlens)
 
 
 def causal_attention(q, k, v, *, group, positions=None, causal: bool = True, softmax_scale: float | None = None,

@@ -8,7 +8,7 @@ sequence parallelism stays one graph (as :mod:`plsh_dist.ops.custom_ops` does fo
                                        alibi_window_halo.py)
 
 Their arguments are the single-process ops' (raw ``position_ids`` or the chunk's global positions,
-laid out inside the op) plus two: ``group_name``, c10d's name of the SP group (an op takes strings,
+laid out inside the op; the strategy, or ALiBi's kernel, the caller chose, by name) plus two: ``group_name``, c10d's name of the SP group (an op takes strings,
 not process groups; PyTorch's functional collectives pass theirs alike), and ``needs_grad``, whether a
 backward follows (every rank must agree on it, and autograd is not visible inside an op). Each op is
 opaque to dynamo and inductor: its collectives run inside it, in the order the eager forms issue them,
@@ -36,27 +36,28 @@ from plsh_dist.distributed.sp.alibi_window_halo import WindowPlan
 from plsh_dist.distributed.sp.plsh_halo import HaloPlan
 from plsh_dist.ops.alibi import check_alibi_attention, op_window
 from plsh_dist.ops.custom_ops import NAMESPACE, fake_backward, fake_forward, op_layout, register_autograd
-from plsh_dist.ops.plsh import backward_takes_saved, check_block_attention, op_hash
+from plsh_dist.ops.backends import strategy_named
+from plsh_dist.ops.plsh import check_block_attention, op_hash
 
 
 def _block_plan(q, k, v, positions, cu_seqlens, seed, sigma, num_samples, sampler, fixed, causal, softmax_scale,
-                backend, method, group_name, needs_grad) -> HaloPlan:
+                strategy, group_name, needs_grad) -> HaloPlan:
     lsh = op_hash(sigma, num_samples, seed, sampler, fixed)
     positions, cu_seqlens = op_layout(positions, cu_seqlens, q, True)
-    pos, scale, strategy, _ = check_block_attention(q, k, v, lsh, positions, softmax_scale, backend, method)
-    return HaloPlan.make(q, k, lsh, pos, causal, scale, strategy, _resolve_process_group(group_name), cu_seqlens,
-                         needs_grad)
+    pos, scale, _ = check_block_attention(q, k, v, lsh, positions, softmax_scale)
+    return HaloPlan.make(q, k, lsh, pos, causal, scale, strategy_named(strategy), _resolve_process_group(group_name),
+                         cu_seqlens, needs_grad)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::sp_block_attention", mutates_args=())
 def sp_block_attention_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None, cu_seqlens: Tensor | None,
                           seed: Tensor, sigma: Tensor, num_samples: int, sampler: str, fixed: bool, causal: bool,
-                          softmax_scale: float | None, backend: str, method: str, group_name: str,
+                          softmax_scale: float | None, strategy: str, group_name: str,
                           needs_grad: bool) -> tuple[Tensor, Tensor]:
     """PLSH (``fixed``: fixed blocks) over the SP group ``group_name``: ``(out, lse)`` of this rank's chunk,
-    (B, T, Hq, D) and (B, Hq, T)."""
+    (B, T, Hq, D) and (B, Hq, T), on the strategy named ``strategy``."""
     plan = _block_plan(q, k, v, positions, cu_seqlens, seed, sigma, num_samples, sampler, fixed, causal,
-                       softmax_scale, backend, method, group_name, needs_grad)
+                       softmax_scale, strategy, group_name, needs_grad)
     record_call()
     out, lse, _, _ = plan.forward(q, k, v)
     return out, lse
@@ -71,13 +72,14 @@ def _(q, k, v, *_params):
 def sp_block_attention_op_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                                    positions: Tensor | None, cu_seqlens: Tensor | None, seed: Tensor, sigma: Tensor,
                                    num_samples: int, sampler: str, fixed: bool, causal: bool,
-                                   softmax_scale: float | None, backend: str, method: str, group_name: str,
+                                   softmax_scale: float | None, strategy: str, group_name: str,
                                    needs_grad: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` of :func:`sp_block_attention_op`: the call planned again, the halo fetched again."""
+    """``(dq, dk, dv)`` of :func:`sp_block_attention_op`: the call planned again (its strategy looked up, not
+    chosen again), the halo fetched again."""
     plan = _block_plan(q, k, v, positions, cu_seqlens, seed, sigma, num_samples, sampler, fixed, causal,
-                       softmax_scale, backend, method, group_name, needs_grad)
+                       softmax_scale, strategy, group_name, needs_grad)
     halo = plan.fetch(k, v, phase="bwd")
-    saved = plan.forward_state(q, k, v, halo) if backward_takes_saved(plan.strategy) else (None, None)
+    saved = plan.forward_state(q, k, v, halo) if plan.strategy.backward_takes_saved else (None, None)
     return tuple(g.contiguous() for g in plan.backward(dout, q, k, v, out, lse, halo, saved))
 
 
@@ -89,8 +91,8 @@ def _(dout, q, k, v, *_params):
 register_autograd(sp_block_attention_op, sp_block_attention_op_backward)
 
 
-def _alibi_plan(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_scale, chunk_size, group_name,
-                needs_grad, window_tensor) -> GatherPlan | WindowPlan:
+def _alibi_plan(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_scale, chunk_size, kernel,
+                group_name, needs_grad, window_tensor) -> GatherPlan | WindowPlan:
     """The all-gather's plan (no window) or the halo's (``window`` [w] or one per head, or ``window_tensor``)."""
     positions, cu_seqlens = op_layout(positions, cu_seqlens, q, True)
     window = op_window(window, window_tensor, q.shape[2])
@@ -99,18 +101,19 @@ def _alibi_plan(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_
     group = _resolve_process_group(group_name)
     if win is None:
         return GatherPlan.make(q, k, pos, slopes, causal, scale, chunk_size, group, cu_seqlens, needs_grad)
-    return WindowPlan.make(q, k, pos, slopes, causal, win, scale, chunk_size, group, cu_seqlens, needs_grad)
+    return WindowPlan.make(q, k, pos, slopes, causal, win, scale, chunk_size, kernel, group, cu_seqlens, needs_grad)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::sp_alibi_attention", mutates_args=())
 def sp_alibi_attention_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None, cu_seqlens: Tensor | None,
                           slopes: Tensor, window: list[int], causal: bool, softmax_scale: float | None,
-                          chunk_size: int | None, group_name: str, needs_grad: bool,
+                          chunk_size: int | None, kernel: str, group_name: str, needs_grad: bool,
                           window_tensor: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Exact ALiBi (``window``: [] none, [w] one for every head, or one per head; or ``window_tensor``,
-    LongTensor[Hq], checked here) over the SP group ``group_name``: ``(out, lse)`` of this rank's chunk."""
-    plan = _alibi_plan(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_scale, chunk_size, group_name,
-                       needs_grad, window_tensor)
+    LongTensor[Hq], checked here) over the SP group ``group_name``: ``(out, lse)`` of this rank's chunk
+    (``kernel``: the caller's :func:`~plsh_dist.ops.alibi_kernel.choose_alibi_kernel`)."""
+    plan = _alibi_plan(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_scale, chunk_size, kernel,
+                       group_name, needs_grad, window_tensor)
     record_call()
     if isinstance(plan, GatherPlan):
         out, lse = plan.forward(q, plan.gather(k, v))
@@ -128,11 +131,11 @@ def _(q, k, v, *_params):
 def sp_alibi_attention_op_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                                    positions: Tensor | None, cu_seqlens: Tensor | None, slopes: Tensor,
                                    window: list[int], causal: bool, softmax_scale: float | None,
-                                   chunk_size: int | None, group_name: str, needs_grad: bool,
+                                   chunk_size: int | None, kernel: str, group_name: str, needs_grad: bool,
                                    window_tensor: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` of :func:`sp_alibi_attention_op`: the keys gathered (the halo fetched) again."""
-    plan = _alibi_plan(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_scale, chunk_size, group_name,
-                       needs_grad, window_tensor)
+    plan = _alibi_plan(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_scale, chunk_size, kernel,
+                       group_name, needs_grad, window_tensor)
     if isinstance(plan, GatherPlan):
         dq, dk, dv = plan.backward(dout, q, plan.gather(k, v, phase="bwd"), out, lse)
         return dq.contiguous(), dk.clone(), dv.clone()  # dk, dv: views of one reduce-scattered buffer

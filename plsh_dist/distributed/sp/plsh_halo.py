@@ -147,7 +147,7 @@ class HaloPlan:
 
     def forward_state(self, q, k, v, halo):
         """The strategies' saved state of both pieces, remade by running their forwards again (what an op's
-        backward needs for a strategy whose backward takes it: :func:`~plsh_dist.ops.plsh.backward_takes_saved`)."""
+        backward needs for a strategy whose backward takes it: its ``backward_takes_saved``)."""
         T, sp, kw = q.shape[1], self.split, self.kw
         lk, lv, rk, rv = halo
         L, e = lk.shape[1], sp.e

@@ -16,7 +16,7 @@ pytest.importorskip("triton")
 
 from plsh_dist.hashing import (FixedBlocks, PositionalLSH, alibi_slopes, gamma2_ppf, get_device_draw,  # noqa: E402
                                get_sampler, sampler_names)
-from plsh_dist.ops import (alibi, device_constants, device_draws, device_tables, kernel_bias_cache, plsh,  # noqa: E402
+from plsh_dist.ops import (alibi, device_constants, device_draws, device_tables, kernel_bias_cache,  # noqa: E402
                            triton_onepass)
 from plsh_dist.ops.custom_ops import layer_seed, signed64  # noqa: E402
 from plsh_dist.ops.device_tables import (device_documents, device_kernel_bias, device_near_blocks,  # noqa: E402
@@ -305,7 +305,6 @@ def test_the_op_reads_nothing_back_on_a_device(monkeypatch, fixed, shape, docs):
     monkeypatch.setattr(triton_onepass, "_launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(triton_onepass, "_arch", lambda device: 9)
-    monkeypatch.setattr(plsh, "choose_strategy", lambda *args, **kwargs: triton_onepass.TritonOnePass())
     monkeypatch.setattr(device_constants, "_made", {})
     B, T, Hq, Hkv, D, s = shape
     meta = torch.device("meta")
@@ -315,7 +314,7 @@ def test_the_op_reads_nothing_back_on_a_device(monkeypatch, fixed, shape, docs):
     seed = torch.empty((), dtype=torch.int64, device=meta)
     sigma = torch.linspace(1.0, 900.0, Hq, dtype=torch.float64)
     cu_seqlens = torch.empty(5, dtype=torch.int32, device=meta) if docs else None
-    args = (position_ids, cu_seqlens, seed, sigma, s, "iid", fixed, True, None, "auto", "auto", True)
+    args = (position_ids, cu_seqlens, seed, sigma, s, "iid", fixed, True, None, "TritonOnePass()", True)
     counts = []
     for call in ("cold", "warm"):
         kernel_bias_cache.clear()
@@ -465,14 +464,13 @@ def test_the_op_with_another_sampler_reads_nothing_back_on_a_device(monkeypatch,
     monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(device_draws, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(triton_onepass, "_arch", lambda device: 9)
-    monkeypatch.setattr(plsh, "choose_strategy", lambda *args, **kwargs: triton_onepass.TritonOnePass())
     monkeypatch.setattr(device_constants, "_made", {})
     B, T, H, D, s = 1, 300, 4, 64, 16
     meta = torch.device("meta")
     q, k, v = (torch.empty(B, T, H, D, dtype=torch.bfloat16, device=meta) for _ in range(3))
     seed = torch.empty((), dtype=torch.int64, device=meta)
     args = (torch.empty(B, T, dtype=torch.int64, device=meta), None, seed, torch.linspace(1.0, 900.0, H,
-            dtype=torch.float64), s, sampler, False, True, None, "auto", "auto", True)
+            dtype=torch.float64), s, sampler, False, True, None, "TritonOnePass()", True)
     for call in ("cold", "warm"):
         kernel_bias_cache.clear()
         launches.clear()
@@ -499,7 +497,6 @@ def test_the_alibi_op_reads_nothing_back_on_a_device(monkeypatch, window, shape,
     monkeypatch.setattr(triton_onepass, "_launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(triton_onepass, "_arch", lambda device: 9)
-    monkeypatch.setattr(alibi, "triton_cuda", lambda device, dtype: True)
     monkeypatch.setattr(device_constants, "_made", {})
     B, T, Hq, Hkv, D = shape
     meta = torch.device("meta")
@@ -509,7 +506,7 @@ def test_the_alibi_op_reads_nothing_back_on_a_device(monkeypatch, window, shape,
     slopes = alibi_slopes(Hq)
     windows = {"exact": [], "window": [64], "truncated": [int(w) for w in torch.ceil(4.0 / slopes)]}[window]
     cu_seqlens = torch.empty(5, dtype=torch.int32, device=meta) if docs else None
-    args = (position_ids, cu_seqlens, slopes, windows, True, None, None, True)
+    args = (position_ids, cu_seqlens, slopes, windows, True, None, None, "fused", True)
     counts = []
     for call in ("cold", "warm"):
         launches.clear()
