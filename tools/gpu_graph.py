@@ -416,15 +416,19 @@ def compiled_part(s: Setup, weights: list[torch.Tensor], refs: dict, backend: st
 
 
 def sp_part(out: Path, budget_s: float, backend: str, result: dict) -> None:
-    """The SP = 2 layer's capture (``tools/gpu_graph_sp.py``: two ranks on this GPU over gloo): its record
-    under ``result["sp_layer"]``; a failure there (a capture that cannot be made, a stale replay) makes
-    the stage fail, with its message."""
+    """The SP = 2 layer's capture (``tools/gpu_graph_sp.py``: two ranks on this GPU over gloo): its record,
+    with its own verdict, under ``result["sp_layer"]``. Its failure (a capture that cannot be made, a stale
+    replay) is reported with its message and does not fail the one-process step's verdict: the SP ops
+    read the chunk table on the host and move the halo through gloo, so the capture is not expected to
+    work (docs/gpu.md)."""
     try:
         from tools import gpu_graph_sp
 
         result["sp_layer"] = gpu_graph_sp.run_sp_layer(out, budget_s, backend=backend)
     except Exception as exc:  # noqa: BLE001
-        result["failures"]["sp_layer"] = failure(exc)
+        err = failure(exc)
+        result["sp_layer"] = {"ok": False, "failures": {"sp_layer": err},
+                              "summary": [f"  FAILED sp_layer: {err['error'][:400]}"]}
 
 
 def run_graph(out: Path, budget_s: float = GRAPH_BUDGET_S, compile_backend: str | None = None) -> dict:
@@ -440,8 +444,8 @@ def run_graph(out: Path, budget_s: float = GRAPH_BUDGET_S, compile_backend: str 
     def write():
         result["wall_s"] = round(time.time() - t0, 1)
         result["ratios"] = ratios(result["times"])
-        result["ok"] = (not result["failures"] and all(c["ok"] for c in result["checks"].values())
-                        and result.get("sp_layer", {}).get("ok", True))
+        result["ok"] = not result["failures"] and all(c["ok"] for c in result["checks"].values())
+        result["sp_ok"] = result.get("sp_layer", {}).get("ok")  # None: not attempted
         result["summary"] = summary_lines(result)
         (out / "graph.json").write_text(json.dumps(result, indent=1) + "\n")
 
