@@ -68,7 +68,7 @@ def register_sampler(name: str, draw: SamplerDraw, device_draw: SamplerDeviceDra
     device, so a compiled step (a CUDA graph) draws each step's masks from the step's seed. Write it
     with :mod:`plsh_dist.ops.device_draws` (``uniforms``, ``log``, ``gamma2_ppf``, ``constants``,
     ``seed_on``) and correctly rounded torch ops, mirroring ``draw`` line by line; the package's
-    samplers and the lab's (``experiments/samplers.py``) are examples. A sampler registered without
+    samplers are examples. A sampler registered without
     one is refused on a GPU with a ValueError saying so (a host draw there would be copied at every
     call, and replayed stale by a captured graph); on a CPU its host draws serve.
 
