@@ -35,7 +35,7 @@ from plsh_dist.checkpoint.model_card import model_card
 from plsh_dist.config.schema import RunConfig, write_resolved
 from plsh_dist.data import EOS_ID, PAD_ID
 from plsh_dist.data.tokenizer import BOS_ID
-from plsh_dist.models.hf_config import PLSH_CONFIG_TYPES, describe
+from plsh_dist.models.hf_config import describe, plsh_config_types
 from plsh_dist.models.hf_tokenizer import save_tokenizer
 
 
@@ -75,7 +75,7 @@ def save_export(model, cfg: RunConfig, tokenizer_path: str | Path | None, direct
     Hub's model card (:mod:`plsh_dist.checkpoint.model_card`; ``training``: the run's ``steps``,
     ``tokens_seen`` and ``evaluation``, None when unknown).
     """
-    if not isinstance(model.config, PLSH_CONFIG_TYPES):
+    if not isinstance(model.config, plsh_config_types()):
         raise ValueError(f"{type(model).__name__} was not built by plsh_dist.models.build_model: its config.json "
                          "would not name the attention; load it with plsh_dist.checkpoint.loading.load_model")
     directory = Path(directory)

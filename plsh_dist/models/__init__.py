@@ -1,9 +1,11 @@
-"""Hooking positional-LSH attention into transformers decoders (Qwen3, Llama, Mistral).
+"""Hooking positional-LSH attention into transformers decoders (Qwen3, Llama, Mistral, ...: the family table).
 
 Importing this package registers the ``"plsh_dist"`` attention implementation
 with transformers, and plsh_dist's model types (:mod:`plsh_dist.models.hf_config`). Public API:
 
 - ``ModelConfig``, ``AttentionConfig``: documented, checked dataclasses;
+- ``FAMILIES``, ``Family``, ``register_family``: the table of model families
+  (:mod:`plsh_dist.models.families`; a new transformers decoder is one entry);
 - ``presets``: ``"tiny"`` (CPU tests) and ``"qwen3-0.6b"``;
 - ``build_model(model_cfg, attn_cfg, runtime=None, *, device=None, dtype=None)``;
 - ``model_with_weights(model_cfg, attn_cfg, runtime, state, *, source)``: the one
@@ -34,11 +36,12 @@ from plsh_dist.models.build import (
     set_attention_mode,
 )
 from plsh_dist.models.config import BIASES, FAMILIES, AttentionConfig, ModelConfig, presets
+from plsh_dist.models.families import Family, register_family
 from plsh_dist.models.parallelize import apply_sequence_parallel, compile_layers
 from plsh_dist.models.rope import rope_enabled, set_rope
 from plsh_dist.models.runtime import AttentionRuntime, hash_seed
 from plsh_dist.models.window_cache import window_cache
-from plsh_dist.models import hf_config  # noqa: E402  registers qwen3_plsh / llama_plsh / mistral_plsh
+from plsh_dist.models import hf_config  # noqa: E402  registers every family's <name>_plsh type
 
 __all__ = [
     "IMPLEMENTATION",
@@ -46,6 +49,8 @@ __all__ = [
     "ModelConfig",
     "BIASES",
     "FAMILIES",
+    "Family",
+    "register_family",
     "presets",
     "build_model",
     "model_with_weights",

@@ -5,11 +5,11 @@
     set_attention_mode(model, AttentionConfig(bias="alibi"))   # evaluation: same weights
 
 The model is transformers' own ``Qwen3ForCausalLM`` / ``LlamaForCausalLM`` /
-``MistralForCausalLM`` under a registered subclass that changes nothing but
-its ``model_type`` (``Qwen3PlshForCausalLM``, ``"qwen3_plsh"``; see
-:mod:`plsh_dist.models.hf_config`), so a saved ``config.json`` names the
-attention it needs and plain transformers refuses it instead of loading a
-different model. What we add lives in plain attributes (each attention
+``MistralForCausalLM`` (its family's, :mod:`plsh_dist.models.families`) under a
+registered subclass that changes nothing but its ``model_type``
+(``Qwen3PlshForCausalLM``, ``"qwen3_plsh"``; see :mod:`plsh_dist.models.hf_config`),
+so a saved ``config.json`` names the attention it needs and plain transformers
+refuses it instead of loading a different model. What we add lives in plain attributes (each attention
 module's :class:`~plsh_dist.models.attention.AttentionBinding`, ``plsh_binding``:
 its attention settings and bias, seed context and sequence-parallel group; a rope flag on the rotary
 module) and in the config's ``plsh_dist``
@@ -41,10 +41,10 @@ _MODEL_TYPES: dict = {}
 
 
 def register_model_types(model_classes: dict, config_classes: dict, describe) -> None:
-    """Called once by :mod:`plsh_dist.models.hf_config`: family -> causal-LM class, family ->
-    config class, and the function that writes their ``plsh_dist`` section."""
-    _MODEL_TYPES.update(classes=model_classes, config_classes=config_classes,
-                        config_types=tuple(config_classes.values()), describe=describe)
+    """Called by :mod:`plsh_dist.models.hf_config`: family -> causal-LM class, family -> config
+    class (live mappings: a family registered later is in them), and the function that writes
+    their ``plsh_dist`` section."""
+    _MODEL_TYPES.update(classes=model_classes, config_classes=config_classes, describe=describe)
 
 
 def _causal_lm_class(family: str):
@@ -157,7 +157,7 @@ def set_attention_mode(
     for module in modules:
         setattr(module, BINDING_ATTR, AttentionBinding(attn_cfg, runtime, module.layer_idx, group, positions))
     set_rope(model, attn_cfg.rope)
-    if _MODEL_TYPES and isinstance(model.config, _MODEL_TYPES["config_types"]):
+    if _MODEL_TYPES and isinstance(model.config, tuple(_MODEL_TYPES["config_classes"].values())):
         _MODEL_TYPES["describe"](model.config, attn_cfg, runtime.run_seed)  # config.json describes the model as it now runs
     return model
 

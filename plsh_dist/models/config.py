@@ -1,7 +1,8 @@
 """Model and attention configs: documented dataclasses, checked in ``__post_init__``.
 
-``ModelConfig`` describes the decoder (a transformers Qwen3 / Llama / Mistral
-model); ``AttentionConfig`` describes how its attention is computed (which
+``ModelConfig`` describes the decoder (a transformers decoder of a family of
+:mod:`plsh_dist.models.families`: Qwen3, Llama, Mistral, or one registered
+there); ``AttentionConfig`` describes how its attention is computed (which
 positional bias, rope on or off, the hash's parameters). They are separate
 on purpose: evaluation runs the *same* weights under several attention
 configs (``set_attention_mode``), and a checkpoint's model config never
@@ -14,16 +15,15 @@ config maps onto them one section each.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from plsh_dist.config_check import check_field_types, did_you_mean
 from plsh_dist.biases import BIASES, bias_class
 from plsh_dist.hashing import import_sampler_module
-from plsh_dist.models.presets import PRESET_TABLES
-
-#: transformers decoder families we build (all share the AttentionInterface path).
-FAMILIES = ("qwen3", "llama", "mistral")
+from plsh_dist.models.families import FAMILIES, describe_families, get_family
+from plsh_dist.models.presets import preset_tables
 
 
 def _default(obj, name: str) -> Any:
@@ -150,11 +150,13 @@ class ModelConfig:
     """The decoder's architecture; maps one-to-one onto a transformers config.
 
     Qwen3 has RMSNorm on q and k per head (qk-norm); Llama and Mistral do not
-    (the family decides, as in the upstream models).
+    (the family decides, as in the upstream models: its entry in the family table,
+    :mod:`plsh_dist.models.families`).
     """
 
     family: str = "qwen3"
-    """transformers decoder: ``"qwen3"``, ``"llama"`` or ``"mistral"``."""
+    """transformers decoder: ``"qwen3"``, ``"llama"`` or ``"mistral"``, or a family added to the
+    family table (:func:`plsh_dist.models.families.register_family`; docs/design.md, "Model families")."""
 
     vocab_size: int = 151936
     """Embedding rows; set it from the tokenizer (``len(tokenizer)``, possibly
@@ -188,7 +190,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_field_types(self, "model")
         if self.family not in FAMILIES:
-            raise ValueError(f"model.family must be one of {FAMILIES}, got {self.family!r}")
+            get_family(self.family)  # the error: the table's families
         # Types were checked above (one rule for every section); what follows checks values.
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                      "intermediate_size", "max_position_embeddings"):
@@ -233,9 +235,10 @@ class ModelConfig:
         preset = d.pop("preset", None)
         if preset is None:
             return _from_dict(cls, d, "model")
-        if preset not in presets:
-            raise ValueError(f"[model] preset must be one of {sorted(presets)}, got {preset!r}")
-        base = presets[preset].to_dict()
+        tables = preset_tables()
+        if preset not in tables:
+            raise ValueError(f"[model] preset must be one of {sorted(tables)}, got {preset!r}")
+        base = cls(**tables[preset]).to_dict()
         unknown = sorted(set(d) - set(base))
         if unknown:
             raise ValueError(
@@ -245,17 +248,16 @@ class ModelConfig:
         return cls(**{**base, **d})
 
     def to_hf_config(self, attn_implementation: str = "plsh_dist", *, config_classes: dict | None = None):
-        """The transformers config of this model (``Qwen3Config``, ``LlamaConfig``
-        or ``MistralConfig``), no sliding window, no KV cache, no dropout.
+        """The transformers config of this model (its family's: ``Qwen3Config``, ``LlamaConfig``,
+        ``MistralConfig``, ...), no sliding window, no KV cache, no dropout.
 
         ``config_classes``: family -> config class to build instead; ``build_model``
         passes plsh_dist's own (``Qwen3PlshConfig``, model_type ``"qwen3_plsh"``, ...;
         :mod:`plsh_dist.models.hf_config`) so that a saved ``config.json`` names the
-        attention it needs."""
-        import transformers
-
-        classes = config_classes or {"qwen3": transformers.Qwen3Config, "llama": transformers.LlamaConfig,
-                                     "mistral": transformers.MistralConfig}
+        attention it needs. The family's own keywords (``Family.hf_fields``) are added
+        to the shared ones."""
+        family = get_family(self.family)
+        cls = config_classes[self.family] if config_classes else family.transformers_config_class()
 
         common = dict(
             vocab_size=self.vocab_size,
@@ -277,14 +279,7 @@ class ModelConfig:
             attention_bias=self.attention_bias,
             attention_dropout=0.0,
         )
-        cls = classes[self.family]
-        if self.family == "qwen3":
-            cfg = cls(**common, use_sliding_window=False)
-        elif self.family == "llama":
-            cfg = cls(**common, mlp_bias=False)
-        else:
-            # Our "window" bias replaces Mistral's own sliding window.
-            cfg = cls(**common, sliding_window=None)
+        cfg = cls(**common, **family.hf_fields)
         cfg._attn_implementation = attn_implementation
         return cfg
 
@@ -293,8 +288,8 @@ class ModelConfig:
         """The ``ModelConfig`` of a transformers config (object or ``config.json`` dict):
         the inverse of ``to_hf_config`` (``from_hf_config(c.to_hf_config()) == c``).
 
-        Accepts ``model_type`` qwen3 / llama / mistral and plsh_dist's own
-        ``<family>_plsh``; v4 (``rope_theta``) and v5 (``rope_parameters``)
+        Accepts the ``model_type`` of a family of the table (qwen3 / llama / mistral, ...)
+        and plsh_dist's own ``<family>_plsh``; v4 (``rope_theta``) and v5 (``rope_parameters``)
         layouts. Raises ValueError naming ``source`` and the field for what
         these decoders cannot be built with (another family, activation, MLP
         bias). Rope scaling and sliding windows are not architecture (no
@@ -306,7 +301,7 @@ class ModelConfig:
         if family not in FAMILIES:
             raise ValueError(
                 f"{source}: model_type {model_type!r} is not a decoder plsh_dist builds; supported: "
-                f"{list(FAMILIES)} (transformers' Qwen3 / Llama / Mistral) and plsh_dist's own "
+                f"{list(FAMILIES)} (transformers' {describe_families()}) and plsh_dist's own "
                 f"{[f'{f}_plsh' for f in FAMILIES]}"
             )
         if d.get("hidden_act", "silu") != "silu":
@@ -342,5 +337,23 @@ class ModelConfig:
             raise ValueError(f"{source}: {exc}") from None
 
 
-#: Named architectures (:mod:`plsh_dist.models.presets`): ``"tiny"`` and ``"qwen3-0.6b"``.
-presets: dict[str, ModelConfig] = {name: ModelConfig(**table) for name, table in PRESET_TABLES.items()}
+class _Presets(Mapping):
+    """Preset name -> a fresh ``ModelConfig``, read from the tables when asked: the generic ones
+    (:mod:`plsh_dist.models.presets`) and every registered family's (``Family.presets``)."""
+
+    def __getitem__(self, name: str) -> ModelConfig:
+        return ModelConfig(**preset_tables()[name])
+
+    def __iter__(self):
+        return iter(preset_tables())
+
+    def __len__(self) -> int:
+        return len(preset_tables())
+
+    def __repr__(self) -> str:
+        return f"presets({sorted(self)})"
+
+
+#: Named architectures (:mod:`plsh_dist.models.presets`): ``"tiny"``, ``"qwen3-0.6b"`` and the
+#: registered families' own.
+presets: Mapping[str, ModelConfig] = _Presets()

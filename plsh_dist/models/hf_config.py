@@ -3,11 +3,13 @@
 Saved as plain ``qwen3``, a model trained here (transformers' decoder with *our* attention) would
 be rebuilt by ``AutoModelForCausalLM.from_pretrained`` with RoPE and SDPA and no bias, silently a
 different model. So ``build_model`` builds subclasses with a distinct ``model_type``
-(``qwen3_plsh``, ``llama_plsh``, ``mistral_plsh``), ``config.json`` gets a ``"plsh_dist"`` section
-(``SECTION``: the attention and the hash seed), importing ``plsh_dist.models`` registers the types,
-and their ``from_pretrained`` is transformers' own, with the package's checks (:func:`check_export`)
-and the ``attention`` keyword added around it. The types, the section's format, the loading path
-and the seed rule: docs/training.md, "Loading an export with transformers", "The model types".
+(``qwen3_plsh``, ``llama_plsh``, ``mistral_plsh``: one pair of classes per entry of the family
+table, :mod:`plsh_dist.models.families`, made here when the family is registered), ``config.json``
+gets a ``"plsh_dist"`` section (``SECTION``: the attention and the hash seed), importing
+``plsh_dist.models`` registers the types, and their ``from_pretrained`` is transformers' own, with
+the package's checks (:func:`check_export`) and the ``attention`` keyword added around it. The
+types, the section's format, the loading path and the seed rule: docs/training.md, "Loading an
+export with transformers", "The model types".
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ import transformers
 
 from plsh_dist.models.build import register_model_types, set_attention_mode
 from plsh_dist.models.config import AttentionConfig, ModelConfig
+from plsh_dist.models.families import FAMILIES, Family, on_register
 from plsh_dist.biases import BIASES
 from plsh_dist.models.remote_code import MODEL_MODULES, auto_map, write_remote_code
 from plsh_dist.models.runtime import AttentionRuntime
@@ -40,23 +44,56 @@ REQUIRED_ATTENTION = ("bias", "rope", "num_samples", "sigma", "window", "fixed_m
 _CONVERT = "re-export it: python launchers/convert_checkpoint.py --checkpoint <run dir or checkpoint tag> --out DIR"
 
 
-class Qwen3PlshConfig(transformers.Qwen3Config):
-    model_type = "qwen3_plsh"
+#: family name -> (its table entry, config class, causal-LM class), made by ``_add_family``.
+_BUILT: dict[str, tuple[Family, type, type]] = {}
 
 
-class LlamaPlshConfig(transformers.LlamaConfig):
-    model_type = "llama_plsh"
+class _FamilyClasses(Mapping):
+    """family name -> one of its classes (``which``: 1 config, 2 causal LM), for the families in the
+    table now (a live view: a family registered later is in it)."""
+
+    def __init__(self, which: int):
+        self._which = which
+
+    def __getitem__(self, name: str) -> type:
+        if name not in FAMILIES or name not in _BUILT:
+            raise KeyError(name)
+        return _BUILT[name][self._which]
+
+    def __iter__(self):
+        return (name for name in FAMILIES if name in _BUILT)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
-class MistralPlshConfig(transformers.MistralConfig):
-    model_type = "mistral_plsh"
+class _ModelTypes(Mapping):
+    """registered ``model_type`` -> family name (``"qwen3_plsh"`` -> ``"qwen3"``), live as above."""
+
+    def __getitem__(self, model_type: str) -> str:
+        name = model_type.removesuffix("_plsh") if isinstance(model_type, str) else None
+        if name not in FAMILIES or name not in _BUILT or FAMILIES[name].model_type != model_type:
+            raise KeyError(model_type)
+        return name
+
+    def __iter__(self):
+        return (FAMILIES[name].model_type for name in FAMILIES if name in _BUILT)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
-#: family -> registered config class.
-CONFIG_CLASSES = {"qwen3": Qwen3PlshConfig, "llama": LlamaPlshConfig, "mistral": MistralPlshConfig}
-PLSH_CONFIG_TYPES = tuple(CONFIG_CLASSES.values())
+#: family -> registered config class (``"qwen3"`` -> ``Qwen3PlshConfig``).
+CONFIG_CLASSES: Mapping[str, type] = _FamilyClasses(1)
+#: family -> registered model class (``"qwen3"`` -> ``Qwen3PlshForCausalLM``).
+MODEL_CLASSES: Mapping[str, type] = _FamilyClasses(2)
 #: registered model_type -> family.
-MODEL_TYPES = {cls.model_type: family for family, cls in CONFIG_CLASSES.items()}
+MODEL_TYPES: Mapping[str, str] = _ModelTypes()
+
+
+def plsh_config_types() -> tuple[type, ...]:
+    """The registered config classes of every family in the table (for ``isinstance``)."""
+    return tuple(CONFIG_CLASSES.values())
 
 
 def _refuse_output_attentions(module, args, kwargs):
@@ -104,28 +141,53 @@ class _PlshCausalLM:
         export does, also with ``trust_remote_code=True`` in a Python that never imports
         plsh_dist, however this model was loaded (a loaded model is built by ``build_model``,
         so transformers' own remote-code marks are not on it)."""
-        self.config.auto_map = auto_map(CONFIG_CLASSES[MODEL_TYPES[self.config.model_type]].__name__
-                                        .removesuffix("PlshConfig"))
+        family = FAMILIES[MODEL_TYPES[self.config.model_type]]
+        self.config.auto_map = auto_map(family.class_prefix)
         out = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
-            write_remote_code(save_directory, MODEL_MODULES)
+            write_remote_code(save_directory, MODEL_MODULES, family=family)
         return out
 
 
-class Qwen3PlshForCausalLM(_PlshCausalLM, transformers.Qwen3ForCausalLM):
-    config_class = Qwen3PlshConfig
+def _add_family(family: Family) -> None:
+    """Make ``family``'s two classes (once per table entry) and register them with transformers' Auto
+    classes: ``<Prefix>PlshConfig``, transformers' config class with ``model_type`` ``<name>_plsh``,
+    and ``<Prefix>PlshForCausalLM``, transformers' causal LM with ``_PlshCausalLM`` mixed in. Both are
+    attributes of this module (``from plsh_dist.models.hf_config import Qwen3PlshConfig``; pickle)."""
+    from plsh_dist.models.hf_tokenizer import PlshTokenizer
+
+    built = _BUILT.get(family.name)
+    if built is None or built[0] != family:
+        config_name, model_name = family.config_class_name, family.model_class_name
+        config_cls = type(config_name, (family.transformers_config_class(),), {
+            "__module__": __name__, "__qualname__": config_name, "model_type": family.model_type,
+            "__doc__": f"plsh_dist's {family.class_prefix} config: model_type {family.model_type!r} (module doc)."})
+        model_cls = type(model_name, (_PlshCausalLM, family.transformers_model_class()), {
+            "__module__": __name__, "__qualname__": model_name, "config_class": config_cls,
+            "__doc__": f"plsh_dist's {family.class_prefix} causal LM: transformers' own, with our attention."})
+        built = _BUILT[family.name] = (family, config_cls, model_cls)
+        globals().update({config_name: config_cls, model_name: model_cls})
+    _, config_cls, model_cls = built
+    transformers.AutoConfig.register(family.model_type, config_cls, exist_ok=True)
+    transformers.AutoModelForCausalLM.register(config_cls, model_cls, exist_ok=True)
+    transformers.AutoTokenizer.register(config_cls, tokenizer_class=PlshTokenizer, exist_ok=True)
 
 
-class LlamaPlshForCausalLM(_PlshCausalLM, transformers.LlamaForCausalLM):
-    config_class = LlamaPlshConfig
+def export_class(name: str) -> type:
+    """The class an export's entry modules name (``Qwen3PlshConfig``, ``Qwen3PlshForCausalLM``,
+    ``PlshTokenizer``): what the export's chooser (``plsh_export.py``, :mod:`plsh_dist.models.remote_code`)
+    hands them from this code. AttributeError when no family in the table has that class."""
+    if name == "PlshTokenizer":
+        from plsh_dist.models.hf_tokenizer import PlshTokenizer
 
-
-class MistralPlshForCausalLM(_PlshCausalLM, transformers.MistralForCausalLM):
-    config_class = MistralPlshConfig
-
-
-#: family -> registered model class.
-MODEL_CLASSES = {"qwen3": Qwen3PlshForCausalLM, "llama": LlamaPlshForCausalLM, "mistral": MistralPlshForCausalLM}
+        return PlshTokenizer
+    for family_name in FAMILIES:
+        for cls in _BUILT[family_name][1:] if family_name in _BUILT else ():
+            if cls.__name__ == name:
+                return cls
+    raise AttributeError(
+        f"{name}: no model family of this plsh_dist has this class (families: {list(FAMILIES)}); an export of a "
+        f"family added with plsh_dist.models.families.register_family loads where that registration ran first")
 
 
 # --- the section ----------------------------------------------------------------------
@@ -135,7 +197,7 @@ def describe(hf_config, attn_cfg: AttentionConfig, run_seed: int) -> None:
     """Write the ``plsh_dist`` section (attention + seed rule) into a registered config."""
     from plsh_dist import __version__
 
-    if not isinstance(hf_config, PLSH_CONFIG_TYPES):
+    if not isinstance(hf_config, plsh_config_types()):
         raise ValueError(f"{type(hf_config).__name__} is not a plsh_dist config (build the model with "
                          "plsh_dist.models.build_model); its config.json would not describe the attention")
     setattr(hf_config, SECTION, {
@@ -457,7 +519,7 @@ def check_export(path, config=None, **kwargs) -> None:
     model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
     if model_type not in MODEL_TYPES:
         raise ValueError(f"{source}: model_type {model_type!r} is not a plsh_dist type ({sorted(MODEL_TYPES)}); "
-                         f"{_CONVERT}")
+                         f"{_CONVERT}" + _UNREGISTERED_HINT * str(model_type).endswith("_plsh"))
     attn, seed = read_section(config, str(source))
     model_cfg = ModelConfig.from_hf_config(config, source=str(source))
     get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
@@ -485,14 +547,15 @@ def _check_loaded(info: dict, path) -> None:
 # --- registration ---------------------------------------------------------------------
 
 
-def register() -> None:
-    """Register the three model types with AutoConfig / AutoModelForCausalLM / AutoTokenizer (idempotent)."""
-    from plsh_dist.models.hf_tokenizer import PlshTokenizer
+_UNREGISTERED_HINT = ("; or its family was added to the family table by code outside plsh_dist "
+                      "(plsh_dist.models.families.register_family): run that registration first")
 
-    for family, cfg_cls in CONFIG_CLASSES.items():
-        transformers.AutoConfig.register(cfg_cls.model_type, cfg_cls, exist_ok=True)
-        transformers.AutoModelForCausalLM.register(cfg_cls, MODEL_CLASSES[family], exist_ok=True)
-        transformers.AutoTokenizer.register(cfg_cls, tokenizer_class=PlshTokenizer, exist_ok=True)
+
+def register() -> None:
+    """Make and register the model types of every family in the table, and of every family registered
+    later, with AutoConfig / AutoModelForCausalLM / AutoTokenizer (once; idempotent)."""
+    if not _BUILT:
+        on_register(_add_family)
     register_model_types(MODEL_CLASSES, CONFIG_CLASSES, describe)  # build_model builds these classes
 
 

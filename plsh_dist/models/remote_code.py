@@ -8,8 +8,10 @@ pointing at three entry modules it carries (``tokenizer_config.json`` points at 
     modeling_plsh.py        Qwen3PlshForCausalLM, LlamaPlshForCausalLM, MistralPlshForCausalLM
     tokenization_plsh.py    PlshTokenizer
 
-Each entry class subclasses, adding nothing, the class of the same name that ``plsh_export.py``
-chooses once per process (and says which, once, on transformers' logger):
+(the classes of the package's own families, :data:`plsh_dist.models.families.BUILT_IN`, and of the
+saved model's family when it is one registered outside the package). Each entry class subclasses,
+adding nothing, the class of the same name that ``plsh_export.py`` chooses once per process (and
+says which, once, on transformers' logger), asking the chosen code's ``hf_config.export_class``:
 
 - the installed package's own (``import plsh_dist.models`` works): the model is exactly the one
   the package builds, with every kernel the package has (the fused Triton kernel on CUDA);
@@ -50,6 +52,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from plsh_dist.models.families import BUILT_IN, FAMILIES, Family
+
 #: The entry modules a saved model needs (its config and model classes); a saved tokenizer needs the third.
 MODEL_MODULES = ("configuration_plsh.py", "modeling_plsh.py")
 TOKENIZER_MODULES = ("tokenization_plsh.py",)
@@ -62,13 +66,12 @@ BUNDLE_ROOTS = ("plsh_dist.models.hf_config", "plsh_dist.models.hf_tokenizer", "
 REQUIRED = ("torch", "transformers", "sentencepiece", "numpy", "safetensors")
 
 _PACKAGE = "plsh_dist"
-_FAMILIES = ("Qwen3", "Llama", "Mistral")
 #: This module is the package's own (not an export's bundled copy): it generates the bundle.
 _IN_PACKAGE = __name__ == "plsh_dist.models.remote_code"
 
 
 def auto_map(family_class_prefix: str) -> dict[str, str]:
-    """``config.json``'s ``auto_map`` for ``"Qwen3"`` / ``"Llama"`` / ``"Mistral"``."""
+    """``config.json``'s ``auto_map`` for a family's ``class_prefix`` (``"Qwen3"`` / ``"Llama"`` / ...)."""
     return {"AutoConfig": f"configuration_plsh.{family_class_prefix}PlshConfig",
             "AutoModelForCausalLM": f"modeling_plsh.{family_class_prefix}PlshForCausalLM"}
 
@@ -81,16 +84,17 @@ def add_tokenizer_auto_map(directory: str | Path) -> None:
     path.write_text(json.dumps(table, indent=2, ensure_ascii=False) + "\n")
 
 
-def write_remote_code(directory: str | Path, names=ENTRY_MODULES) -> None:
+def write_remote_code(directory: str | Path, names=ENTRY_MODULES, *, family: Family | None = None) -> None:
     """Write the entry modules ``names`` (default all three), the chooser and the bundle into a saved
-    directory. The package generates them from its sources; an export's copy of this module copies
+    directory; ``family``: the saved model's (its classes join the built-in families' in the entry
+    modules). The package generates them from its sources; an export's copy of this module copies
     the bundle and the chooser it was loaded with (the folder it sits in: transformers' module cache)."""
     directory = Path(directory)
     unknown = set(names) - set(ENTRY_MODULES)
     if unknown:
         raise ValueError(f"write_remote_code: {sorted(unknown)} are not entry modules {ENTRY_MODULES}")
     if _IN_PACKAGE:
-        sources = bundle_sources()
+        sources = bundle_sources(family)
         wanted = [n for n in sources if n not in ENTRY_MODULES] + [n for n in ENTRY_MODULES if n in names]
         for name in wanted:
             (directory / name).write_text(sources[name])
@@ -101,7 +105,7 @@ def write_remote_code(directory: str | Path, names=ENTRY_MODULES) -> None:
     if here != directory.resolve():
         for path in sorted(here.glob("plsh_*.py")):
             shutil.copyfile(path, directory / path.name)
-    for name, text in _entries().items():
+    for name, text in _entries(family).items():
         if name in names:
             (directory / name).write_text(text)
 
@@ -264,9 +268,10 @@ def _bundle_modules() -> tuple[tuple[str, str], ...]:
     return tuple((bundle_name(m), _rewrite(m, source, tree)) for m, (source, tree) in _closure().items())
 
 
-def bundle_sources() -> dict[str, str]:
+def bundle_sources(family: Family | None = None) -> dict[str, str]:
     """File name -> text of everything an export carries as code: the bundle, the chooser and the
-    entry modules. ValueError when the package's sources cannot be bundled (module doc)."""
+    entry modules (``family``: as ``write_remote_code``'s). ValueError when the package's sources
+    cannot be bundled (module doc)."""
     from plsh_dist import __version__
 
     sources = dict(_bundle_modules())
@@ -277,20 +282,25 @@ def bundle_sources() -> dict[str, str]:
     chooser = _chooser(__version__, [], bundle_id)
     unreached = sorted(set(sources) - _regex_reach({**sources, CHOOSER: chooser}, CHOOSER))
     sources[CHOOSER] = _chooser(__version__, unreached, bundle_id)
-    sources.update(_entries())
+    sources.update(_entries(family))
     missing = set(sources) - set(ENTRY_MODULES) - {CHOOSER} - _regex_reach(sources, CHOOSER)
     if missing:
         raise ValueError(f"transformers would not copy {sorted(missing)} into its module cache")
     return sources
 
 
-_CLASSES = ([f"{f}PlshConfig" for f in _FAMILIES], [f"{f}PlshForCausalLM" for f in _FAMILIES], ["PlshTokenizer"])
+def _classes(family: Family | None = None) -> tuple[list[str], list[str], list[str]]:
+    """The entry modules' class names: config classes, model classes, tokenizer classes; of the built-in
+    families and ``family``."""
+    families = [FAMILIES[name] for name in BUILT_IN]
+    if family is not None and family.name not in BUILT_IN:
+        families.append(family)
+    return ([f.config_class_name for f in families], [f.model_class_name for f in families], ["PlshTokenizer"])
 
 
 def _chooser(version: str, unreached: list[str], bundle_id: str) -> str:
-    configs, models, tokenizers = _CLASSES
+    configs, models, tokenizers = _classes()
     classes = configs + models + tokenizers
-    names = ", ".join(configs + models)
     touch = "".join(f"\n        from .{n[:-3]} import __name__ as _  # noqa: F401" for n in unreached)
     return f'''"""Which code this export runs: the installed plsh_dist package's, or the copy of its modelling code
 bundled here (the plsh_*.py files), which needs only torch, transformers and sentencepiece.
@@ -309,6 +319,7 @@ from transformers.utils import logging
 BUNDLED_VERSION = {version!r}
 #: A digest of the bundled files: two exports with the same one carry the same code.
 BUNDLE_ID = {bundle_id!r}
+#: The classes of the built-in families (a chooser that an older export carries reads these from the first one).
 CLASSES = {tuple(classes)!r}
 _FIRST = "_plsh_dist_export_code"  # sys.modules key: the chooser whose classes this process uses
 
@@ -320,12 +331,12 @@ if _first is not None:
                           f"{{BUNDLE_ID}}), and the two cannot share it: load this export in a new process, or "
                           f"install plsh_dist, whose code every export then runs")
     SOURCE, NOTICE = _first.SOURCE, _first.NOTICE
-    globals().update({{name: getattr(_first, name) for name in CLASSES}})
+    # the first chooser's code; one of an older export has its classes as attributes
+    export_class = getattr(_first, "export_class", None) or (lambda name: getattr(_first, name))
 else:
     try:  # the installed package: the model it builds, with all its kernels (the fused Triton kernel on CUDA)
         from plsh_dist import __version__ as _installed
-        from plsh_dist.models.hf_config import {names}
-        from plsh_dist.models.hf_tokenizer import PlshTokenizer
+        from plsh_dist.models.hf_config import export_class
         SOURCE = "package"
         NOTICE = (f"this plsh_dist export runs the installed plsh_dist {{_installed}} (bundled: "
                   f"{{BUNDLED_VERSION}}): all its kernels, the fused Triton kernel on CUDA where Triton runs")
@@ -334,19 +345,30 @@ else:
         SOURCE, NOTICE = "bundle", f"plsh_dist cannot be imported ({{_missing}})"
 
     if SOURCE == "bundle":
-        from .plsh_models_hf_config import {names}
-        from .plsh_models_hf_tokenizer import PlshTokenizer
+        from .plsh_models_hf_config import export_class
+        from .plsh_models_hf_tokenizer import PlshTokenizer  # noqa: F401
         # Modules the bundle imports only as modules ("from . import m"): named here so transformers
         # copies them too (it follows "from .m import" lines).{touch}
         NOTICE += (f": this export runs the plsh_dist {{BUNDLED_VERSION}} code bundled with it, on its PyTorch "
                    f"paths (no fused Triton kernel; install plsh_dist for it)")
         logging.get_logger(__name__).warning(NOTICE)
     sys.modules[_FIRST] = sys.modules[__name__]
+
+
+def __getattr__(name):
+    """The entry modules' classes (``from .plsh_export import Qwen3PlshConfig``): the chosen code's.
+    An ImportError, not an AttributeError, so that the import names what is missing."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    try:
+        return export_class(name)
+    except AttributeError as exc:
+        raise ImportError(str(exc)) from None
 '''
 
 
-def _entries() -> dict[str, str]:
-    configs, models, tokenizers = _CLASSES
+def _entries(family: Family | None = None) -> dict[str, str]:
+    configs, models, tokenizers = _classes(family)
     head = ('"""plsh_dist export: transformers loads this directory with trust_remote_code=True.\n\n'
             'The classes are those plsh_export.py chooses (the installed plsh_dist package\'s, else the\n'
             'code bundled here); subclasses so that transformers\' re-save marks them, not the chosen ones.\n"""\n\n')

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plsh_dist.models import build_model, count_parameters
+from plsh_dist.models.families import get_family
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class ModelShapes:
     """V."""
     tied: bool
     qk_norm: bool
-    """Qwen3's RMSNorm on q and k per head (Llama, Mistral: none)."""
+    """RMSNorm on q and k per head: the family table's ``Family.qk_norm`` (Qwen3's; Llama, Mistral: none)."""
     params: int
     """Distinct parameters (a tied head counted once)."""
     layer_params: int
@@ -82,6 +83,6 @@ def model_shapes(model_cfg, attn_cfg) -> ModelShapes:
         family=model_cfg.family, layers=model_cfg.num_layers, hidden=model_cfg.hidden_size,
         q_heads=model_cfg.num_heads, kv_heads=model_cfg.num_kv_heads, head_dim=model_cfg.head_dim,
         intermediate=model_cfg.intermediate_size, vocab=model_cfg.vocab_size, tied=model_cfg.tie_embeddings,
-        qk_norm=model_cfg.family == "qwen3", params=count_parameters(model),
+        qk_norm=get_family(model_cfg.family).qk_norm, params=count_parameters(model),
         layer_params=sum(p.numel() for p in layer.parameters()), largest_module_params=largest,
     )
