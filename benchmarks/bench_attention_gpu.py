@@ -24,7 +24,7 @@ skips the tail):
 - ``alibi_flex`` / ``alibi_window_flex`` / ``alibi_window_perhead_flex``:
   exact ALiBi, ALiBi in one window and in the per-head truncation windows
   through FlexAttention (``score_mod`` bias, block-sparse band mask,
-  :mod:`plsh_dist.ops.flex`), what a PyTorch user would pick without
+  :mod:`plsh_dist.ops.flex.attend`), what a PyTorch user would pick without
   flash-attn; when FlexAttention cannot compile, ``alibi_chunked`` /
   ``alibi_window_chunked`` / ``alibi_window_perhead_chunked`` (plsh_dist's
   query-chunked exact ALiBi) stand in and the record says so;
@@ -60,11 +60,12 @@ from pathlib import Path
 import torch
 
 from plsh_dist.hashing import PositionalLSH, alibi_slopes
-from plsh_dist.ops import alibi_attention, flex, plsh_attention
+from plsh_dist.ops import alibi_attention, plsh_attention
+from plsh_dist.ops.flex import attend as flex
 from plsh_dist.ops.alibi import truncation_windows
 from plsh_dist.ops.backends import flash_attn_available
-from plsh_dist.ops.plsh_flex import block_bound_tables
-from plsh_dist.ops.triton_onepass import alibi_window_attention, triton_cuda, triton_interpreter
+from plsh_dist.ops.flex.strategy import block_bound_tables
+from plsh_dist.ops.triton.attention import alibi_window_attention, triton_cuda, triton_interpreter
 from plsh_dist.plan import kernel_tiles as tiles
 
 FWD_BWD = 3.5  # backward ~2.5x forward matmul FLOPs

@@ -3,7 +3,7 @@
     python experiments/flex_cpu.py --out results/flex
 
 For each length T, three biases, each computed by this package's CPU path and
-by PyTorch's compiled FlexAttention (:mod:`plsh_dist.ops.flex`) on the same
+by PyTorch's compiled FlexAttention (:mod:`plsh_dist.ops.flex.attend`) on the same
 q, k, v (batch 1, fp32, causal, per-head sigma = 1 / ALiBi slope), under
 ``torch.no_grad()`` (FlexAttention compiles no CPU backward):
 
@@ -44,10 +44,10 @@ import torch  # noqa: E402
 from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: E402
 from plsh_dist.ops import alibi_attention, plsh_attention  # noqa: E402
 from plsh_dist.ops.alibi import equal_cost_c, truncation_windows  # noqa: E402
-from plsh_dist.ops.flex import (  # noqa: E402
+from plsh_dist.ops.flex.attend import (  # noqa: E402
     alibi_band, alibi_score_mod, band_block_mask, flex_attend, hash_count_score_mod,
 )
-from plsh_dist.ops.plsh_flex import block_bound_tables  # noqa: E402
+from plsh_dist.ops.flex.strategy import block_bound_tables  # noqa: E402
 
 
 def plsh_hash_flex(q, k, v, lsh: PositionalLSH) -> torch.Tensor:

@@ -285,8 +285,8 @@ def planning_time(seq_len: int, sp: int, sigma: float | None, num_samples: int,
     """
     from plsh_dist.distributed.halo import HaloExchange, plsh_needs
     from plsh_dist.distributed.sp.plsh_halo import _split
-    from plsh_dist.ops import varlen_layout
-    from plsh_dist.ops.varlen_layout import _block_start_indices
+    from plsh_dist.ops.varlen import calls as varlen_layout
+    from plsh_dist.ops.varlen.calls import _block_start_indices
 
     _check_split(seq_len, sp)
     tokens = seq_len // sp

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from plsh_dist.hashing import PositionalLSH, counter_uniform, gamma2_ppf, register_sampler
-from plsh_dist.ops import device_draws
+from plsh_dist.ops.triton import device_draws
 
 __all__ = ["ramp_draws", "ramp_device_draws", "ramp_sizes", "RAMP_GROUPS", "NAMES"]
 

@@ -40,8 +40,8 @@ SamplerDraw = Callable[["PositionalLSH", np.ndarray, np.ndarray], "tuple[np.ndar
 #: A sampler's device form: ``device_draw(lsh, device) -> (gamma, unit_shift)``, float64 Tensor[s, H]
 #: each on ``device``, equal to its :data:`SamplerDraw` over the full grid of (sample, head). It
 #: reads ``lsh.num_samples``, ``lsh.num_heads`` and the seed as a tensor
-#: (:func:`plsh_dist.ops.device_draws.seed_on`), never ``lsh.seed``, ``lsh.sigma`` or
-#: ``lsh.pitch`` (host reads), and draws with the kernels and rules of :mod:`plsh_dist.ops.device_draws`.
+#: (:func:`plsh_dist.ops.triton.device_draws.seed_on`), never ``lsh.seed``, ``lsh.sigma`` or
+#: ``lsh.pitch`` (host reads), and draws with the kernels and rules of :mod:`plsh_dist.ops.triton.device_draws`.
 SamplerDeviceDraw = Callable[["PositionalLSH", torch.device], "tuple[torch.Tensor, torch.Tensor]"]
 
 
@@ -66,7 +66,7 @@ def register_sampler(name: str, draw: SamplerDraw, device_draw: SamplerDeviceDra
 
     The device form draws what ``draw`` draws with no host read or copy once its constants are on the
     device, so a compiled step (a CUDA graph) draws each step's masks from the step's seed. Write it
-    with :mod:`plsh_dist.ops.device_draws` (``uniforms``, ``log``, ``gamma2_ppf``, ``constants``,
+    with :mod:`plsh_dist.ops.triton.device_draws` (``uniforms``, ``log``, ``gamma2_ppf``, ``constants``,
     ``seed_on``) and correctly rounded torch ops, mirroring ``draw`` line by line; the package's
     samplers are examples. A sampler registered without
     one is refused on a GPU with a ValueError saying so (a host draw there would be copied at every
@@ -548,13 +548,14 @@ def _stratified_draws(lsh: PositionalLSH, t: np.ndarray, h: np.ndarray) -> tuple
 
 
 def _iid_device_draws(lsh: PositionalLSH, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    from plsh_dist.ops.device_draws import iid_draws  # noqa: PLC0415 (the ops and Triton load when a device draws)
+    # the draws module itself, not the wing (which imports this module): no import circle
+    from plsh_dist.ops.triton.device_draws import iid_draws  # noqa: PLC0415 (Triton loads when a device draws)
 
     return iid_draws(lsh, device)
 
 
 def _stratified_device_draws(lsh: PositionalLSH, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    from plsh_dist.ops.device_draws import stratified_draws  # noqa: PLC0415
+    from plsh_dist.ops.triton.device_draws import stratified_draws  # noqa: PLC0415
 
     return stratified_draws(lsh, device)
 

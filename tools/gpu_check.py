@@ -131,7 +131,7 @@ def planning_cost(device_name: str) -> list[dict]:
     import torch
 
     from plsh_dist.hashing import PositionalLSH, alibi_slopes
-    from plsh_dist.ops.varlen_layout import varlen_calls
+    from plsh_dist.ops.varlen.calls import varlen_calls
 
     device = torch.device("cuda" if device_name != "CPU" else "cpu")
     rows = []

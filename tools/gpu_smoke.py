@@ -90,7 +90,7 @@ def _dense(q, k, v, counts, scale, dout, dtype):
 def check_case(name: str, case: tuple, device: torch.device, dtype: torch.dtype) -> dict:
     """The kernel against fp64 and the same-dtype baseline at one shape: per output, both errors
     and the verdict."""
-    from plsh_dist.ops.triton_onepass import triton_onepass_backward, triton_onepass_forward  # noqa: PLC0415
+    from plsh_dist.ops.triton.attention import triton_onepass_backward, triton_onepass_forward  # noqa: PLC0415
 
     B, T, Hq, Hkv, D, sigma, s, causal = case
     g = torch.Generator().manual_seed(0)
@@ -165,7 +165,7 @@ def timings(device: torch.device, lengths=TIMING_LENGTHS, shape=None, repeats: i
 
 def run_smoke(out: Path) -> dict:
     """Both parts (the GPU ones only with CUDA); writes ``smoke.json`` and ``smoke.md``; the result."""
-    from plsh_dist.ops.triton_onepass import interpreting, triton_status  # noqa: PLC0415
+    from plsh_dist.ops.triton.attention import interpreting, triton_status  # noqa: PLC0415
 
     t0 = time.time()
     cuda = torch.cuda.is_available()

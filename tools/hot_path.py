@@ -57,14 +57,14 @@ RULE = """counting rule:
   files touched  = distinct plsh_dist files with any Python call between hook entry and the launch
   when the first launch is a side Triton kernel (hash draws, tables), a second row
   "<case> (attention kernel)" measures the same figures up to the launch of a kernel of
-  plsh_dist/ops/triton_onepass_kernels.py (the fused attention itself)"""
+  plsh_dist/ops/triton/kernels.py (the fused attention itself)"""
 
 PKG_DIR = str(Path(plsh_dist.__file__).resolve().parent)
 OPS_DIR = os.path.join(PKG_DIR, "ops") + os.sep
 HOOK_CODE = _attention.plsh_dist_attention.__code__
 
 MATMUL_NAMES = {"matmul", "bmm", "baddbmm", "einsum", "__matmul__", "__rmatmul__"}
-ATTENTION_KERNELS = os.path.join("plsh_dist", "ops", "triton_onepass_kernels.py")
+ATTENTION_KERNELS = os.path.join("plsh_dist", "ops", "triton", "kernels.py")
 TRITON_RUNNERS = {"JITFunction.run", "InterpretedFunction.run", "InterpretedFunction.__call__",
                   "Autotuner.run", "Heuristics.run"}
 

@@ -6,7 +6,7 @@ path and the causal flash floor (device-independent; ``plsh_dist.plan.kernel_til
 Qwen3-0.6B's attention: 16 query heads, head dim 128, causal; per-head sigma
 (ALiBi's ``1 / slope_h``) and one shared sigma = 256; s in {8, 32, 100}; T in
 {8k, 32k, 128k, 1M}; the i.i.d. sampler, seed 0. The kernel's tiles are
-Hopper's shipped forward tiles (``plsh_dist.ops.tile_bands.TILES``); every
+Hopper's shipped forward tiles (``plsh_dist.ops.triton.tile_bands.TILES``); every
 count is also given in 128 x 128 flash tiles of score area, and the kernel's
 band is also counted with 128 x 128 tiles (the same band function) for a
 like-for-like tile count. *truncated*: exact ALiBi on the same kernel inside
@@ -27,7 +27,7 @@ import torch
 
 from plsh_dist.hashing import PositionalLSH, alibi_slopes
 from plsh_dist.ops.alibi import equal_cost_c, truncation_windows
-from plsh_dist.ops.tile_bands import TileConfig, tiles_for
+from plsh_dist.ops.triton.tile_bands import TileConfig, tiles_for
 from plsh_dist.plan.kernel_tiles import floor_tiles, kernel_tiles, per_sample_tiles, window_tiles
 
 HEADS, HEAD_DIM = 16, 128

@@ -93,7 +93,7 @@ def share(m, s: int, T: int = TOKENS) -> float:
         import torch  # noqa: PLC0415
 
         from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: PLC0415
-        from plsh_dist.ops.tile_bands import CountBias  # noqa: PLC0415
+        from plsh_dist.ops.triton.tile_bands import CountBias  # noqa: PLC0415
         from plsh_dist.plan.kernel_tiles import boundary_share  # noqa: PLC0415
 
         lsh = PositionalLSH(alibi_slopes(HEADS).double().reciprocal(), s, seed=0)
@@ -121,7 +121,7 @@ def blocks(m, s: int, T: int = TOKENS) -> float:
         import torch  # noqa: PLC0415
 
         from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: PLC0415
-        from plsh_dist.ops.tile_bands import CountBias  # noqa: PLC0415
+        from plsh_dist.ops.triton.tile_bands import CountBias  # noqa: PLC0415
         from plsh_dist.plan.kernel_tiles import block_trips  # noqa: PLC0415
 
         lsh = PositionalLSH(alibi_slopes(HEADS).double().reciprocal(), s, seed=0)
@@ -139,7 +139,7 @@ def far_share(m, s: int, T: int = TOKENS) -> float:
         import torch  # noqa: PLC0415
 
         from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: PLC0415
-        from plsh_dist.ops.tile_bands import CountBias, TileConfig  # noqa: PLC0415
+        from plsh_dist.ops.triton.tile_bands import CountBias, TileConfig  # noqa: PLC0415
         from plsh_dist.plan.kernel_tiles import bias_tiles  # noqa: PLC0415
 
         lsh = PositionalLSH(alibi_slopes(HEADS).double().reciprocal(), s, seed=0)
@@ -162,7 +162,7 @@ def predict(models: dict, by_s: dict, lengths, samples_list) -> list[dict]:
     import torch  # noqa: PLC0415
 
     from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: PLC0415
-    from plsh_dist.ops.tile_bands import CountBias, TileConfig  # noqa: PLC0415
+    from plsh_dist.ops.triton.tile_bands import CountBias, TileConfig  # noqa: PLC0415
     from plsh_dist.plan.kernel_tiles import bias_tiles  # noqa: PLC0415
     from tools.kernel_model.sass_model import causal_floor_tiles  # noqa: PLC0415
 

@@ -129,7 +129,7 @@ class PLSH(Bias):
 
     @classmethod
     def workspace_cuda(cls, setup, batch, tokens, keys, q_heads, kv_heads, head_dim, b):
-        """The varlen per-sample path (``plsh_varlen.py``): forward copies q, k, v into the rows layout
+        """The varlen per-sample path (``varlen/strategy.py``): forward copies q, k, v into the rows layout
         (k, v repeated to Hq heads with a per-head hash), an fp32 merged output, one sample's output and
         the fp32 merge temporaries (2 fp32 u); backward re-lays q, out, dout, k, v (5 b u), fp32
         dq/dk/dv accumulators, one sample's dq/dk/dv and the kernel's fp32 dq accumulator."""

@@ -28,7 +28,7 @@ transformers copies into its module cache the files an entry module names in ``f
 lines (followed recursively), flat in one folder, and refuses a module that imports a package that
 is not installed (``dynamic_module_utils.check_imports``, outside ``try`` blocks). What is not in
 the closure stays out: the Triton kernels (loaded by name only where Triton runs; a copy without
-them runs without Triton, :mod:`plsh_dist.ops.triton_runtime`), DeepSpeed, training and data
+them runs without Triton, :mod:`plsh_dist.ops.triton.runtime`), DeepSpeed, training and data
 preparation. An import of another package that a bundled module makes inside a function (Triton,
 ``datasets``) is reached only on paths the export does not take; it is wrapped in
 ``try: ... except ImportError: raise`` (no change to what runs), the form transformers' check

@@ -35,19 +35,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from plsh_dist.ops import triton_onepass
+from plsh_dist.ops import triton as fused
 from plsh_dist.ops.alibi_band import band_chunk, banded_backward, banded_forward, interior_rows
 from plsh_dist.ops.alibi_kernel import AlibiKernel, choose_alibi_kernel
 from plsh_dist.ops.custom_ops import (NAMESPACE, device_layout, fake_backward, fake_forward, op_layout,
                                       register_autograd)
 from plsh_dist.ops.dense import dense_bwd, dense_fwd
-from plsh_dist.ops.device_constants import device_constant, host_key
-from plsh_dist.ops.device_tables import device_kernel_bias
+from plsh_dist.ops.triton import TokenLayout, WindowBias, device_constant, device_kernel_bias, host_key
 from plsh_dist.ops.documents import BatchRows, flat_documents
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.input_checks import check_positions, check_qkv, softmax_scale_for
 from plsh_dist.ops.merge import accum_dtype
-from plsh_dist.ops.tile_bands import TokenLayout, WindowBias
 
 #: ``c = ln s + EQUAL_COST_OFFSET``: truncated ALiBi at ``w_h = ceil(c sigma_h)`` attends as many
 #: keys per query as positional LSH's one-pass band of s samples (about ``sigma H_s``, the mean
@@ -534,9 +532,9 @@ def kernel_call(q, k, v, positions, cu_seqlens, slopes, window: list[int], causa
 
     Reads no device data where the models call it: raw ``position_ids`` and packed offsets on the device
     stay there (:func:`~plsh_dist.ops.custom_ops.device_layout`); the slopes and windows are host constants,
-    checked on the host and copied to the device once (:func:`~plsh_dist.ops.device_constants.device_constant`).
+    checked on the host and copied to the device once (:func:`~plsh_dist.ops.triton.device_constants.device_constant`).
     Exact ALiBi is the window :data:`UNBOUNDED_WINDOW`; zero slopes (no bias) give ``sigma = inf``. The
-    kernel's tables are built on the device (:func:`~plsh_dist.ops.device_tables.device_kernel_bias`)."""
+    kernel's tables are built on the device (:func:`~plsh_dist.ops.triton.device_tables.device_kernel_bias`)."""
     if kernel != AlibiKernel.FUSED:
         return None
     check_qkv(q, k, v)
@@ -559,7 +557,7 @@ def kernel_call(q, k, v, positions, cu_seqlens, slopes, window: list[int], causa
         return WindowBias(torch.tensor(sigma).to(device), head_windows(win or UNBOUNDED_WINDOW, Hq).to(device))
 
     key = ("alibi window bias", str(device), Hq, tuple(window), *host_key(slopes.cpu()))
-    kb = device_kernel_bias(device_constant(key, bias), layout, causal, triton_onepass.kernel_tiles(q))
+    kb = device_kernel_bias(device_constant(key, bias), layout, causal, fused.kernel_tiles(q))
     return kb, softmax_scale_for(q, softmax_scale)
 
 
@@ -578,7 +576,7 @@ def alibi_attention_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None
     if kernel is not None:
         kb, scale = kernel
         rows = BatchRows.of(q, kb.layout.doc is not None)
-        out, lse = rows.outputs(*triton_onepass.banded_forward(*rows.inputs(q, k, v), kb.bias, kb.layout,
+        out, lse = rows.outputs(*fused.banded_forward(*rows.inputs(q, k, v), kb.bias, kb.layout,
                                                                causal=causal, scale=scale, kernel_bias=kb))
         return out.contiguous(), lse.contiguous()
     pos, slopes, kw, flat = _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, chunk_size,
@@ -607,7 +605,7 @@ def alibi_attention_op_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
     if kernel is not None:
         kb, scale = kernel
         rows = BatchRows.of(q, kb.layout.doc is not None)
-        grads = triton_onepass.banded_backward(*rows.inputs(dout, q, k, v, out), rows.lse_input(lse), kb.bias,
+        grads = fused.banded_backward(*rows.inputs(dout, q, k, v, out), rows.lse_input(lse), kb.bias,
                                                kb.layout, causal=causal, scale=scale, kernel_bias=kb)
         return tuple(g.contiguous() for g in rows.grads(grads))
     pos, slopes, kw, flat = _alibi_call(q, k, v, positions, cu_seqlens, slopes, window, softmax_scale, chunk_size,

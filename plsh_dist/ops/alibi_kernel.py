@@ -14,7 +14,7 @@ import enum
 
 import torch
 
-from plsh_dist.ops.triton_onepass import triton_cuda
+from plsh_dist.ops.triton import triton_cuda
 
 
 class AlibiKernel(str, enum.Enum):

@@ -29,12 +29,10 @@ import torch
 
 from plsh_dist.ops.decode import DecodeOnePass
 from plsh_dist.ops.dense import DenseKernel
-from plsh_dist.ops.plsh_flex import FlexOnePass, flex_cpu_inference
-from plsh_dist.ops.plsh_onepass import OnePass
-from plsh_dist.ops.plsh_padded import PaddedPerSample
-from plsh_dist.ops.plsh_varlen import VarlenPerSample
-from plsh_dist.ops.triton_onepass import TritonOnePass, triton_cuda, triton_interpreter
-from plsh_dist.ops.varlen_kernels import VarlenKernel, cuda_half, flash_attn_available
+from plsh_dist.ops.flex import FlexOnePass, flex_cpu_inference
+from plsh_dist.ops.cpu import OnePass, PaddedPerSample
+from plsh_dist.ops.varlen import VarlenKernel, VarlenPerSample, cuda_half, flash_attn_available
+from plsh_dist.ops.triton import TritonOnePass, triton_cuda, triton_interpreter
 
 
 class Backend(str, enum.Enum):

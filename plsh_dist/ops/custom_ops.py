@@ -30,10 +30,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from plsh_dist.ops.device_tables import device_documents
+from plsh_dist.ops.triton import TokenLayout, device_documents
 from plsh_dist.ops.documents import device_positions, layout_of_position_ids
 from plsh_dist.ops.merge import accum_dtype
-from plsh_dist.ops.tile_bands import TokenLayout
 from plsh_dist.splitmix import MASK64, hash_seed, splitmix64_int
 
 NAMESPACE = "plsh_dist"
@@ -49,8 +48,9 @@ def op_layout(positions, cu_seqlens, q, from_position_ids: bool):
 def device_layout(positions, cu_seqlens, q, from_position_ids: bool) -> tuple[Tensor, TokenLayout | None] | None:
     """Raw ``position_ids`` (and packed offsets) left on the device for the fused kernel, read by no host:
     ``(positions, None)``, the positions checked there (:func:`~plsh_dist.ops.documents.device_positions`),
-    or ``(positions, layout)`` of documents laid out there (:func:`~plsh_dist.ops.device_tables.device_documents`:
-    the flat row's positions and :class:`~plsh_dist.ops.tile_bands.TokenLayout`). None where they are on
+    or ``(positions, layout)`` of documents laid out there
+    (:func:`~plsh_dist.ops.triton.device_tables.device_documents`:
+    the flat row's positions and :class:`~plsh_dist.ops.triton.tile_bands.TokenLayout`). None where they are on
     the host (:func:`op_layout` lays them out)."""
     if not from_position_ids or positions is None or positions.device.type == "cpu":
         return None
@@ -106,11 +106,11 @@ def layer_seed(steps: Tensor, run_seed: int, layer: Tensor) -> Tensor:
     if steps.device.type == "cpu":
         step, micro_step = steps.tolist()
         return torch.tensor(hash_seed(run_seed & MASK64, step, micro_step, int(layer)), dtype=torch.int64)
-    from plsh_dist.ops.device_tables import launch  # noqa: PLC0415 (imports Triton)
+    from plsh_dist.ops.triton import device_tables  # noqa: PLC0415 (imports Triton)
 
     out = steps.new_empty((), dtype=torch.int64)
     run_key = signed64(splitmix64_int(run_seed & MASK64))
-    launch(steps.device).layer_seed_kernel[(1,)](steps, out, run_key, int(layer))
+    device_tables.launch(steps.device).layer_seed_kernel[(1,)](steps, out, run_key, int(layer))
     return out
 
 

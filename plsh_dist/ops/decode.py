@@ -5,7 +5,7 @@ A cached decoder step has ``Tq`` new queries at positions ``q_pos`` and ``Tk`` k
 causal op computes for those queries, up to rounding: exact / windowed ALiBi and no bias through
 :func:`plsh_dist.ops.alibi.alibi_forward`, PLSH and fixed blocks in the one-pass form over each
 query's band (:class:`DecodeOnePass`, the table's decoding row), with the block starts and counts
-of :mod:`plsh_dist.ops.band`, so the masks are a full forward's. No autograd. Why the rows agree
+of :mod:`plsh_dist.ops.cpu.band`, so the masks are a full forward's. No autograd. Why the rows agree
 with a full forward: docs/design.md, section 4, "Decoding with a KV cache".
 
 Legend: B batch, Tq new queries, Tk keys, Hq query heads, Hkv key/value heads,
@@ -20,7 +20,7 @@ import torch
 
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.alibi import alibi_forward, check_slopes, check_window, widest_window
-from plsh_dist.ops.band import block_firsts, log_count_bias
+from plsh_dist.ops.cpu import block_firsts, log_count_bias
 from plsh_dist.ops.dense import dense_fwd
 from plsh_dist.ops.gqa import repeat_kv
 from plsh_dist.ops.head_groups import head_groups

@@ -1,6 +1,6 @@
 """Positional LSH attention: s short block attentions merged by log-sum-exp
 (``method="per_sample"``), or the same estimator as one attention with the
-bias ``log c_ij`` (``method="onepass"``, :mod:`plsh_dist.ops.plsh_onepass`).
+bias ``log c_ij`` (``method="onepass"``, :mod:`plsh_dist.ops.cpu.onepass`).
 
 Three layers, as flash-attention's interface:
 

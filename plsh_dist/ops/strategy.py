@@ -1,6 +1,6 @@
 """What a caller needs to know of a PLSH strategy, said by the strategy itself.
 
-Every strategy class (one per file: ``plsh_onepass.py``, ``triton_onepass.py``, ...) derives from
+Every strategy class (one per file: ``cpu/onepass.py``, ``triton/attention.py``, ...) derives from
 :class:`Strategy` and overrides the attributes that differ from the defaults here. The table
 (:mod:`plsh_dist.ops.backends`) chooses the strategy once per call; the callers (the op and its
 backward, the sequence-parallel forms, the planner) read these attributes and never test the

@@ -121,7 +121,7 @@ def workspace_cuda(setup: AttentionSetup, batch: int, tokens: int, keys: int, q_
     (tokens, plus the halo / the gathered sequence under SP).
     u = B x tokens x Hq x D elements (one q-sized tensor):
 
-    - PLSH / fixed blocks on the fused Triton kernel (``triton_onepass.py``): forward
+    - PLSH / fixed blocks on the fused Triton kernel (``triton/attention.py``): forward
       the call's tables (``kernel_bias.py``): every token's block start per bias head and
       sample (int32; causal) and the per-query-tile spans of its three tile
       shapes (4 int32 a sample, tiles of at least 32 rows), plus the band limits (4 int32 per tile and

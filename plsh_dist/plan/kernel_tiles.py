@@ -2,9 +2,9 @@
 per-sample varlen path and the causal flash floor.
 
 - fused kernel: the key tiles of every query tile's band, counted by
-  :func:`plsh_dist.ops.tile_bands.query_tile_bands`, the function the kernel's
+  :func:`plsh_dist.ops.triton.tile_bands.query_tile_bands`, the function the kernel's
   launcher builds its loop bounds with (a test holds the two together); its
-  tiles are :data:`plsh_dist.ops.tile_bands.TILES`' (Hopper's by default), so
+  tiles are :data:`plsh_dist.ops.triton.tile_bands.TILES`' (Hopper's by default), so
   the comparison is in score area, ``FLASH_TILE x FLASH_TILE`` equivalents;
 - per-sample varlen: every block of every (sample, head) is one sequence of a
   flash call, cut in ``FLASH_TILE x FLASH_TILE`` tiles from the block's own start
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from plsh_dist.hashing import PositionalLSH
-from plsh_dist.ops.tile_bands import (
+from plsh_dist.ops.triton import (
     CountBias,
     TileConfig,
     TokenLayout,
@@ -94,8 +94,8 @@ def window_tiles(sigma, window, T: int, num_q_heads: int, *, head_dim: int = 128
 
 def bias_tiles(bias, T: int, num_q_heads: int, *, head_dim: int = 128, arch: int = 9, causal: bool = True,
                tiles: tuple[TileConfig, ...] | None = None) -> KernelTiles:
-    """Tiles the kernel visits for ``bias`` (:class:`~plsh_dist.ops.tile_bands.CountBias` or
-    :class:`~plsh_dist.ops.tile_bands.WindowBias` on the CPU) over positions ``0..T-1``."""
+    """Tiles the kernel visits for ``bias`` (:class:`~plsh_dist.ops.triton.tile_bands.CountBias` or
+    :class:`~plsh_dist.ops.triton.tile_bands.WindowBias` on the CPU) over positions ``0..T-1``."""
     layout = TokenLayout.build(torch.arange(T), torch.device("cpu"))
     heads_per_hash = num_q_heads // bias.num_heads
     fwd, kv, qt = _three(tiles if tiles is not None else tiles_for(head_dim, arch))
@@ -140,8 +140,8 @@ def boundary_share(bias: CountBias, T: int, kernel: str, block_m: int, block_n: 
     tiles of ``block_m`` x ``block_n`` over positions ``0..T-1`` that count sample by sample (the
     tiles :func:`far_tiles` leaves) where the count's per-score block
     runs: the sample's blocks neither hold every key of the tile for every row nor miss them all
-    (the kernels' own test, on the launcher's own tables :func:`~plsh_dist.ops.tile_bands.row_spans`
-    and :func:`~plsh_dist.ops.tile_bands.key_spans`). One head at a time: O(s T) memory."""
+    (the kernels' own test, on the launcher's own tables :func:`~plsh_dist.ops.triton.tile_bands.row_spans`
+    and :func:`~plsh_dist.ops.triton.tile_bands.key_spans`). One head at a time: O(s T) memory."""
     layout = TokenLayout.build(torch.arange(T), torch.device("cpu"))
     kspan = key_spans(layout, block_n).long()
     taken = total = 0
@@ -173,9 +173,9 @@ def block_trips(bias: CountBias, T: int, kernel: str, block_m: int, block_n: int
     over the tiles of ``kernel`` ("fwd", "bwd_dkdv", "bwd_dq") at ``block_m`` x ``block_n`` that
     :func:`far_tiles` leaves, over positions ``0..T-1``: the runs holding the tile's anchor
     ``max(first row, first key)`` and those opening after it before the tile's row and key ends, read
-    from the launcher's own table (:func:`plsh_dist.ops.near_runs.near_blocks`) as the kernels
+    from the launcher's own table (:func:`plsh_dist.ops.triton.near_runs.near_blocks`) as the kernels
     read it. One head at a time."""
-    from plsh_dist.ops.near_runs import NEAR_ANCHOR, near_blocks  # noqa: PLC0415 (torch only)
+    from plsh_dist.ops.triton import NEAR_ANCHOR, near_blocks  # noqa: PLC0415 (torch only)
 
     layout = TokenLayout.build(torch.arange(T), torch.device("cpu"))
     trips = tiles = 0

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from experiments import flex_cpu
-from plsh_dist.ops.flex import flex_status
+from plsh_dist.ops.flex.attend import flex_status
 
 
 @pytest.mark.slow  # four FlexAttention compiles (seconds each from the on-disk cache, a minute cold)

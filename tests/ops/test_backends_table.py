@@ -4,15 +4,17 @@ gets the strategy the README promises, or an error naming what it needs. Choosin
 import pytest
 import torch
 
-from plsh_dist.ops import backends, triton_onepass, varlen_kernels
+from plsh_dist.ops import backends
+from plsh_dist.ops.triton import attention as triton_onepass
+from plsh_dist.ops.varlen import kernels as varlen_kernels
 from plsh_dist.ops.backends import TABLE, Backend, Method, choose_strategy
 from plsh_dist.ops.decode import DecodeOnePass
 from plsh_dist.ops.dense import DenseKernel
-from plsh_dist.ops.plsh_onepass import OnePass
-from plsh_dist.ops.plsh_padded import PaddedPerSample
-from plsh_dist.ops.plsh_varlen import VarlenPerSample
-from plsh_dist.ops.triton_onepass import TritonOnePass
-from plsh_dist.ops.varlen_kernels import VarlenKernel
+from plsh_dist.ops.cpu.onepass import OnePass
+from plsh_dist.ops.cpu.padded import PaddedPerSample
+from plsh_dist.ops.varlen.strategy import VarlenPerSample
+from plsh_dist.ops.triton.attention import TritonOnePass
+from plsh_dist.ops.varlen.kernels import VarlenKernel
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -123,7 +125,7 @@ def test_the_varlen_lse_layout_travels_in_the_plan():
     padded layout the older kernels use round-trips exactly."""
     from plsh_dist.hashing import PositionalLSH
     from plsh_dist.ops.backends import VARLEN_REFERENCE
-    from plsh_dist.ops.varlen_kernels import _repad_lse, _unpad_lse
+    from plsh_dist.ops.varlen.kernels import _repad_lse, _unpad_lse
 
     q, k, v = (torch.randn(1, 40, 2, 8, dtype=torch.float64) for _ in range(3))
     lsh = PositionalLSH(5.0, 2, seed=0)

@@ -62,7 +62,7 @@ def _skip_unless_interpreted(case: Case) -> None:
     if case.path != "triton":
         return
     pytest.importorskip("triton")
-    from plsh_dist.ops.triton_onepass import interpreting  # noqa: PLC0415
+    from plsh_dist.ops.triton.attention import interpreting  # noqa: PLC0415
 
     if not interpreting():
         pytest.skip("bf16 rounding is emulated on Triton's interpreter only (TRITON_INTERPRET=1 before triton "

@@ -184,7 +184,7 @@ def test_document_cut_blocks_are_grouped_by_length():
     length, each grid pads at most 2x (the last class aside), and the parts cover every
     token once, in block order."""
     from plsh_dist.hashing import block_starts
-    from plsh_dist.ops.block_layout import BlockLayout, GroupedLayout, block_layout
+    from plsh_dist.ops.cpu.blocks import BlockLayout, GroupedLayout, block_layout
 
     buckets = torch.arange(400) // 100  # four blocks of 100
     doc_starts = torch.zeros(400, dtype=torch.bool)

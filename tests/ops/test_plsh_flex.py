@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from plsh_dist.hashing import PositionalLSH, alibi_slopes
-from plsh_dist.ops import plsh_attention, plsh_flex
+from plsh_dist.ops import plsh_attention
+from plsh_dist.ops.flex import strategy as plsh_flex
 from plsh_dist.ops.backends import Backend, choose_strategy
-from plsh_dist.ops.flex import flex_status
-from plsh_dist.ops.plsh_flex import FlexOnePass
-from plsh_dist.ops.plsh_onepass import onepass_forward
+from plsh_dist.ops.flex.attend import flex_status
+from plsh_dist.ops.flex.strategy import FlexOnePass
+from plsh_dist.ops.cpu.onepass import onepass_forward
 from plsh_dist.ops.reference import dense_attention
 from tests.tolerances import FP32
 
@@ -97,7 +98,7 @@ def test_other_flexattention_users_do_not_take_the_paths_compiles(monkeypatch, r
     do not count against the strategy's recompile limit (else dynamo runs it eagerly, dense)."""
     import torch._dynamo
 
-    from plsh_dist.ops.flex import alibi_band, alibi_score_mod, band_block_mask, flex_attend
+    from plsh_dist.ops.flex.attend import alibi_band, alibi_score_mod, band_block_mask, flex_attend
 
     torch._dynamo.reset()
     monkeypatch.setattr(plsh_flex, "_COMPILED", set())

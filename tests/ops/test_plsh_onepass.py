@@ -7,7 +7,7 @@ import torch
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
 from plsh_dist.ops import fixed_blocks_attention, plsh_attention
-from plsh_dist.ops import plsh_onepass
+from plsh_dist.ops.cpu import onepass as plsh_onepass
 from plsh_dist.ops.backends import choose_strategy
 from plsh_dist.ops.reference import dense_attention
 from tests.tolerances import FP32

@@ -11,7 +11,7 @@ import torch
 from plsh_dist.hashing import PositionalLSH, alibi_slopes
 from plsh_dist.ops.backends import VARLEN_REFERENCE, choose_strategy
 from plsh_dist.ops.plsh import PLSHAttentionFunction
-from plsh_dist.ops.varlen_layout import varlen_calls
+from plsh_dist.ops.varlen.calls import varlen_calls
 from tests.ops.test_plsh_attention import _check_against_reference, _qkv
 
 
@@ -25,7 +25,7 @@ def test_varlen_strategy_matches_dense_reference(causal, per_head, max_seqs, mon
     lsh = PositionalLSH(sigma, 3, seed=11)
     positions = torch.arange(T) * 2 + 1000  # gapped and offset
     if max_seqs:  # cut every sample into many calls of <= 7 blocks
-        monkeypatch.setattr("plsh_dist.ops.varlen_layout.MAX_SEQS_PER_CALL", max_seqs)
+        monkeypatch.setattr("plsh_dist.ops.varlen.calls.MAX_SEQS_PER_CALL", max_seqs)
         assert len(varlen_calls(lsh, positions, 2, torch.device("cpu"))[0]) > 3
     out = PLSHAttentionFunction.apply(q, k, v, lsh, positions, causal, 8**-0.5, VARLEN_REFERENCE)[0]
     _check_against_reference(q, k, v, out, lsh.averaged_mask(positions), causal)

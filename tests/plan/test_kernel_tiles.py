@@ -9,7 +9,7 @@ import torch
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
 from plsh_dist.models import AttentionConfig
-from plsh_dist.ops.tile_bands import tiles_for
+from plsh_dist.ops.triton.tile_bands import tiles_for
 from plsh_dist.plan.attention_cost import attention_flops, attention_setup, fused_tiles
 from plsh_dist.plan.kernel_tiles import FLASH_TILE, far_tiles, floor_tiles, kernel_tiles, per_sample_tiles
 
@@ -47,11 +47,11 @@ def test_kernel_tiles_are_the_tiles_with_a_count(sampler):
 def test_the_kernel_loops_over_the_counted_tiles(monkeypatch):
     """The launcher's band (its kernel's loop bounds) is the cost model's."""
     pytest.importorskip("triton")
-    from plsh_dist.ops import triton_onepass
+    from plsh_dist.ops.triton import attention as triton_onepass
 
     if not triton_onepass.interpreting():
         pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1 before triton is imported)")
-    from plsh_dist.ops import kernel_bias_cache
+    from plsh_dist.ops.triton import cache as kernel_bias_cache
 
     seen = []
     real = triton_onepass.banded_forward
@@ -109,7 +109,7 @@ def test_per_sample_and_floor_tiles():
 
 
 def test_planner_counts_the_fused_kernels_tiles(monkeypatch):
-    from plsh_dist.ops import triton_onepass
+    from plsh_dist.ops.triton import attention as triton_onepass
 
     monkeypatch.setattr(triton_onepass, "triton_status", lambda: None)  # a GPU machine with Triton
     attn = AttentionConfig(bias="plsh", num_samples=8)

@@ -4,7 +4,8 @@ before ``config/`` and ``checkpoint/`` became packages, and before the biases be
 
 The writer is that code itself: ``git archive`` of the commit before the move (``BEFORE``: the last with
 the run config and the checkpoint files under ``plsh_dist/train/``; ``BEFORE_BIASES``: the last with the
-bias table in ``models/attention.py``), run from a temporary directory with its own package
+bias table in ``models/attention.py``; ``BEFORE_WINGS``: the last with ``ops/`` one flat folder), run
+from a temporary directory with its own package
 first on ``PYTHONPATH``. It trains the tiny model twice, 4 steps with an export and 2 steps with a
 checkpoint; this code then resumes the second to the end, evaluates the export and converts the tag.
 Skipped, saying why, where the repository's history is not at hand (an installed copy, a shallow clone).
@@ -27,6 +28,7 @@ from tests.train.spawn import run_training
 ROOT = Path(__file__).resolve().parents[2]
 BEFORE = "8d57caa"
 BEFORE_BIASES = "1cef320"
+BEFORE_WINGS = "bc4b5aa"
 
 WRITE = """
 import json, sys
@@ -65,7 +67,8 @@ def _logits(ck, tokens: torch.Tensor) -> torch.Tensor:
     (BEFORE, ["--attention.bias=plsh", "--attention.num_samples=2"]),
     (BEFORE_BIASES, ["--attention.bias=plsh", "--attention.num_samples=2"]),
     (BEFORE_BIASES, ["--attention.bias=truncated", "--attention.truncate_c=1.5", "--attention.sigma=8.0"]),
-], ids=["packages-plsh", "biases-plsh", "biases-truncated"])
+    (BEFORE_WINGS, ["--attention.bias=plsh", "--attention.num_samples=2"]),
+], ids=["packages-plsh", "biases-plsh", "biases-truncated", "wings-plsh"])
 def test_files_written_before_the_move_load_resume_evaluate_and_convert(tiny_data, tmp_path, before, attention):
     from plsh_dist.checkpoint import convert_to_export, load_model
     from plsh_dist.train.validation import exported_validation

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from plsh_dist.ops.tile_bands import TileConfig
+from plsh_dist.ops.triton.tile_bands import TileConfig
 
 LOG2E = 1.4426950408889634
 

@@ -10,8 +10,8 @@ instead of 16-byte ones, other registers): it is not the code that runs.
 So the builds here come from the launchers themselves, in two steps:
 
 1. :func:`record` runs the project's own entry points (the table's
-   :class:`~plsh_dist.ops.triton_onepass.TritonOnePass` for the PLSH count,
-   :func:`~plsh_dist.ops.triton_onepass.alibi_window_attention` for the
+   :class:`~plsh_dist.ops.triton.attention.TritonOnePass` for the PLSH count,
+   :func:`~plsh_dist.ops.triton.attention.alibi_window_attention` for the
    window, the calibration kernels of :mod:`tools.kernel_model.flash_calibration`)
    on CPU tensors of the benchmark's shapes, forward and backward, in a
    process under Triton's interpreter whose kernel launches are recorded
@@ -51,7 +51,7 @@ KERNEL_NAMES = {
 }
 #: The module of the kernels that build the attention's tables (not recorded; their builds:
 #: ``tests/ops/triton_kernel/test_device_tables.py``).
-TABLE_KERNELS = "plsh_dist.ops.table_kernels"
+TABLE_KERNELS = "plsh_dist.ops.triton.table_kernels"
 BIASES = ("count", "window", "none")
 DTYPES = ("bf16", "fp16")
 HEAD_DIMS = (64, 128)
@@ -148,7 +148,7 @@ def _run_case(case: Case) -> None:
     sigma = alibi_slopes(H).double().reciprocal()
     scale = D ** -0.5
     if case.bias == "count":
-        from plsh_dist.ops.triton_onepass import TritonOnePass  # noqa: PLC0415
+        from plsh_dist.ops.triton.attention import TritonOnePass  # noqa: PLC0415
 
         strategy, lsh = TritonOnePass(), PositionalLSH(sigma, case.samples, seed=0)
         out, lse, saved = strategy.forward(q, k, v, lsh, positions, causal=case.causal, scale=scale, docs=docs)
@@ -156,7 +156,7 @@ def _run_case(case: Case) -> None:
                           docs=docs, saved=saved)
     elif case.bias == "window":
         from plsh_dist.ops.alibi import equal_cost_c, truncation_windows  # noqa: PLC0415
-        from plsh_dist.ops.triton_onepass import alibi_window_attention  # noqa: PLC0415
+        from plsh_dist.ops.triton.attention import alibi_window_attention  # noqa: PLC0415
 
         q, k, v = (x.requires_grad_() for x in (q, k, v))
         window = truncation_windows(equal_cost_c(case.samples), sigma)
@@ -177,7 +177,7 @@ def _record_main() -> None:
     import triton  # noqa: F401, PLC0415
     from triton.runtime.interpreter import InterpretedFunction  # noqa: PLC0415
 
-    from plsh_dist.ops import triton_onepass  # noqa: PLC0415
+    from plsh_dist.ops.triton import attention as triton_onepass  # noqa: PLC0415
 
     if not triton_onepass.interpreting():
         raise SystemExit("the recorder must run under TRITON_INTERPRET=1")
@@ -194,7 +194,7 @@ def _record_main() -> None:
     InterpretedFunction.run = run
     triton_onepass.kernels()  # the launcher's own module set-up
     if not hasattr(triton_onepass, "_arch"):
-        raise SystemExit("plsh_dist.ops.triton_onepass has no _arch(device) hook: the recorder needs the launcher "
+        raise SystemExit("plsh_dist.ops.triton.attention has no _arch(device) hook: the recorder needs the launcher "
                          "to pick its tiles through it (compute capability major of the device)")
     for spec in json.load(sys.stdin):
         case = Case(**spec)

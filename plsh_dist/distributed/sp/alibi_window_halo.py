@@ -35,10 +35,8 @@ from plsh_dist.distributed.sp.signature import call_signature, slopes_crc, windo
 from plsh_dist.distributed.sp_layout import SPLayout, exchange_layout
 from plsh_dist.ops.alibi import default_chunk_size, head_windows, widest_window
 from plsh_dist.ops.alibi_kernel import AlibiKernel
-from plsh_dist.ops.kernel_bias import KernelBias
+from plsh_dist.ops.triton import KernelBias, TokenLayout, WindowBias, banded_backward, banded_forward, kernel_tiles
 from plsh_dist.ops.merge import accum_dtype
-from plsh_dist.ops.tile_bands import TokenLayout, WindowBias
-from plsh_dist.ops.triton_onepass import banded_backward, banded_forward, kernel_tiles
 
 
 def _window_rows(T: int, window: int, causal: bool) -> tuple[int, int]:

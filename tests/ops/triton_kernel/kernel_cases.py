@@ -66,7 +66,7 @@ def random_qkv(B: int, n: int, Hq: int, Hkv: int, D: int, dtype=torch.float32, s
 def kernel_device() -> torch.device:
     """Where the kernel runs in these tests: the CPU under Triton's interpreter (``tests/conftest.py``
     switches it on where there is no CUDA), else the GPU (the compiled kernel: ``make gpu-check``)."""
-    from plsh_dist.ops.triton_onepass import interpreting
+    from plsh_dist.ops.triton.attention import interpreting
 
     if interpreting():
         return torch.device("cpu")

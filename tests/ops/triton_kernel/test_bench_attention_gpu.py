@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("triton")
 
 from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: E402
-from plsh_dist.ops.flex import flex_status  # noqa: E402
+from plsh_dist.ops.flex.attend import flex_status  # noqa: E402
 from plsh_dist.ops.reference import alibi_weights, dense_attention  # noqa: E402
 from plsh_dist.plan.kernel_tiles import floor_tiles, kernel_tiles  # noqa: E402
 from tests.launchers import load_launcher  # noqa: E402
@@ -53,7 +53,7 @@ def test_targets_say_not_measured_without_a_gpu_and_judge_gpu_records():
 
 
 def test_toy_run_covers_every_method(tmp_path):
-    from plsh_dist.ops.triton_onepass import interpreting
+    from plsh_dist.ops.triton.attention import interpreting
 
     if not interpreting():
         pytest.skip("the kernel's rows run on CPU under Triton's interpreter only")

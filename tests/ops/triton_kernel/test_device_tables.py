@@ -16,16 +16,20 @@ pytest.importorskip("triton")
 
 from plsh_dist.hashing import (FixedBlocks, PositionalLSH, alibi_slopes, gamma2_ppf, get_device_draw,  # noqa: E402
                                get_sampler, sampler_names)
-from plsh_dist.ops import (alibi, device_constants, device_draws, device_tables, kernel_bias_cache,  # noqa: E402
-                           triton_onepass)
+from plsh_dist.ops import alibi  # noqa: E402
+from plsh_dist.ops.triton import device_constants  # noqa: E402
+from plsh_dist.ops.triton import device_draws  # noqa: E402
+from plsh_dist.ops.triton import device_tables  # noqa: E402
+from plsh_dist.ops.triton import cache as kernel_bias_cache  # noqa: E402
+from plsh_dist.ops.triton import attention as triton_onepass  # noqa: E402
 from plsh_dist.ops.custom_ops import layer_seed, signed64  # noqa: E402
-from plsh_dist.ops.device_tables import (device_documents, device_kernel_bias, device_near_blocks,  # noqa: E402
+from plsh_dist.ops.triton.device_tables import (device_documents, device_kernel_bias, device_near_blocks,  # noqa: E402
                                          draw_on_device)
 from plsh_dist.ops.documents import Documents, flat_documents  # noqa: E402
-from plsh_dist.ops.kernel_bias import KernelBias, padded_samples  # noqa: E402
-from plsh_dist.ops.near_runs import near_blocks  # noqa: E402
+from plsh_dist.ops.triton.kernel_bias import KernelBias, padded_samples  # noqa: E402
+from plsh_dist.ops.triton.near_runs import near_blocks  # noqa: E402
 from plsh_dist.ops.plsh import block_attention_op, block_attention_op_backward  # noqa: E402
-from plsh_dist.ops.tile_bands import CountBias, TokenLayout, WindowBias, block_bounds, tiles_for  # noqa: E402
+from plsh_dist.ops.triton.tile_bands import CountBias, TokenLayout, WindowBias, block_bounds, tiles_for  # noqa: E402
 from plsh_dist.splitmix import MASK64, hash_seed  # noqa: E402
 
 from kernel_cases import kernel_device  # noqa: E402

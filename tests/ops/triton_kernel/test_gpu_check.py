@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from plsh_dist.ops import triton_onepass  # noqa: E402
+from plsh_dist.ops.triton import attention as triton_onepass  # noqa: E402
 from tests.launchers import load_launcher  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of the check (a GPU runs the real one)")

@@ -1,5 +1,5 @@
 """The runs table the kernels count a near tile from at large s
-(:func:`plsh_dist.ops.near_runs.near_blocks`) against the hash's own buckets: every block of
+(:func:`plsh_dist.ops.triton.near_runs.near_blocks`) against the hash's own buckets: every block of
 every sample as a run of tokens, merged across samples with its weight, listed by the token it
 opens on and at every anchor it holds (pure data: ``torch.equal``). Needs no Triton."""
 
@@ -10,8 +10,8 @@ import torch
 
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
-from plsh_dist.ops.tile_bands import CountBias, TokenLayout, block_bounds
-from plsh_dist.ops.near_runs import NEAR_ANCHOR, near_blocks
+from plsh_dist.ops.triton.tile_bands import CountBias, TokenLayout, block_bounds
+from plsh_dist.ops.triton.near_runs import NEAR_ANCHOR, near_blocks
 
 SIGMA = torch.tensor([0.8, 3.0, 40.0, 700.0], dtype=torch.float64)
 

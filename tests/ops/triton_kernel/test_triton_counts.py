@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, sampler_names  # noqa: E402
 from plsh_dist.ops.documents import Documents  # noqa: E402
-from plsh_dist.ops.tile_bands import (TILES, CountBias, TokenLayout, WindowBias, key_tile_bands,  # noqa: E402
+from plsh_dist.ops.triton.tile_bands import (TILES, CountBias, TokenLayout, WindowBias, key_tile_bands,  # noqa: E402
                                       query_tile_bands)
 
 from count_kernel import count_matrix  # noqa: E402

@@ -11,13 +11,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 pytest.importorskip("triton")
 
 from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: E402
-from plsh_dist.ops import device_tables, kernel_bias_cache, triton_onepass  # noqa: E402
+from plsh_dist.ops.triton import device_tables  # noqa: E402
+from plsh_dist.ops.triton import cache as kernel_bias_cache  # noqa: E402
+from plsh_dist.ops.triton import attention as triton_onepass  # noqa: E402
 from plsh_dist.ops.documents import Documents  # noqa: E402
-from plsh_dist.ops.kernel_bias import KernelBias  # noqa: E402
+from plsh_dist.ops.triton.kernel_bias import KernelBias  # noqa: E402
 from plsh_dist.ops.plsh import plsh_attention  # noqa: E402
-from plsh_dist.ops.tile_bands import (CountBias, TokenLayout, WindowBias, block_bounds, key_spans,  # noqa: E402
+from plsh_dist.ops.triton.tile_bands import (CountBias, TokenLayout, WindowBias, block_bounds, key_spans,  # noqa: E402
                                       key_tile_bands, query_tile_bands, row_spans, tiles_for)
-from plsh_dist.ops.triton_onepass import alibi_window_attention  # noqa: E402
+from plsh_dist.ops.triton.attention import alibi_window_attention  # noqa: E402
 
 from kernel_cases import kernel_device  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Varlen flash-attention kernels on CUDA (no padding), behind one signature.
 
-The rows and ``cu_seqlens`` of a call come from :mod:`plsh_dist.ops.varlen_layout`:
+The rows and ``cu_seqlens`` of a call come from :mod:`plsh_dist.ops.varlen.calls`:
 every block is one "sequence" of a varlen call. Kernels (:class:`VarlenKernel`):
 
 - the ``flash_attn`` package (``_flash_attn_varlen_forward/_backward``);
@@ -10,7 +10,7 @@ every block is one "sequence" of a varlen call. Kernels (:class:`VarlenKernel`):
 - ``ATEN``: PyTorch's own ``aten::_flash_attention_forward/_backward``
   (fp16/bf16 on CUDA), used by ``backend="torch"`` on CUDA;
 - ``REFERENCE``: the same calls on padded explicit matmuls, any device
-  (:mod:`plsh_dist.ops.varlen_reference`), so the CPU tests check everything
+  (:mod:`plsh_dist.ops.varlen.reference`), so the CPU tests check everything
   around the kernels.
 
 LSE layout: older builds of both libraries return the varlen LSE padded,
@@ -33,7 +33,7 @@ import inspect
 
 import torch
 
-from plsh_dist.ops.varlen_reference import reference_bwd, reference_fwd
+from plsh_dist.ops.varlen.reference import reference_bwd, reference_fwd
 
 
 class VarlenKernel(str, enum.Enum):

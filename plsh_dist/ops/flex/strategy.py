@@ -1,8 +1,8 @@
 """PLSH in one pass on FlexAttention: inference on CPU (no gradient, no log-sum-exp).
 
-The one-pass estimator (:mod:`plsh_dist.ops.plsh_onepass`) is attention with
+The one-pass estimator (:mod:`plsh_dist.ops.cpu.onepass`) is attention with
 the bias ``log c_ij`` over a band of keys per query. Here it is one compiled
-FlexAttention call (:mod:`plsh_dist.ops.flex`): the count as a ``score_mod``
+FlexAttention call (:mod:`plsh_dist.ops.flex.attend`): the count as a ``score_mod``
 reading every token's block bounds, the band as a block-sparse mask. On CPU
 PyTorch compiles only its forward and returns no log-sum-exp, so this strategy
 computes ``out`` alone: the table (:mod:`plsh_dist.ops.backends`) offers it
@@ -10,7 +10,7 @@ only to calls that need nothing else (no gradient, no ``return_lse``, one
 process), and ``backend="auto"`` never picks it (why: the table's docstring).
 
 Block bounds come from the hash's own arithmetic (the one pass's
-``_token_bounds``: documents and position offsets included), as int32
+``token_bounds``: documents and position offsets included), as int32
 (s, Hh, n) tables: O(s n) memory per hash head, nothing of size n^2.
 
 Legend: B batch, n tokens, Hq / Hkv query / key-value heads, D head dim,
@@ -27,8 +27,8 @@ import torch
 
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
-from plsh_dist.ops.flex import band_block_mask, count_score_mod, flex_attend, flex_status
-from plsh_dist.ops.plsh_onepass import _token_bounds, onepass_forward
+from plsh_dist.ops.flex.attend import band_block_mask, count_score_mod, flex_attend, flex_status
+from plsh_dist.ops.cpu import onepass_forward, token_bounds
 from plsh_dist.ops.strategy import Strategy
 
 _log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def _path_flex(q, k, v, score_mod, block_mask, scale, enable_gqa):
 
 @functools.cache
 def _compiled_path_flex():
-    return torch.compile(_path_flex, dynamic=False)  # static shapes: see plsh_dist.ops.flex
+    return torch.compile(_path_flex, dynamic=False)  # static shapes: see plsh_dist.ops.flex.attend
 
 
 def flex_cpu_inference(device: torch.device, dtype: torch.dtype) -> bool:
@@ -60,7 +60,7 @@ def block_bound_tables(lsh: PositionalLSH, positions: torch.Tensor, causal: bool
     """``(first, end)``: int32 (s, Hh, n) first token of the block holding each token in every
     sample and hash head, and one past its last (None when causal)."""
     tokens = torch.arange(positions.numel())
-    bounds = [_token_bounds(lsh, h, positions, tokens, causal, docs) for h in range(lsh.num_heads)]
+    bounds = [token_bounds(lsh, h, positions, tokens, causal, docs) for h in range(lsh.num_heads)]
     first = torch.stack([f for f, _ in bounds], dim=1).to(torch.int32)
     end = None if causal else torch.stack([e for _, e in bounds], dim=1).to(torch.int32)
     return first, end

@@ -2,10 +2,10 @@
 
 :class:`KernelBias` holds, for the forward, dK/dV and dQ kernels at their own tile
 shapes, the arguments each kernel reads (block bounds and per-tile spans of a
-:class:`~plsh_dist.ops.tile_bands.CountBias`, or a
-:class:`~plsh_dist.ops.tile_bands.WindowBias`'s sigma and windows) and the band
-limits of each tile. The launchers (:mod:`plsh_dist.ops.triton_onepass`) read it; the
-cache (:mod:`plsh_dist.ops.kernel_bias_cache`) shares one between calls with the same hash.
+:class:`~plsh_dist.ops.triton.tile_bands.CountBias`, or a
+:class:`~plsh_dist.ops.triton.tile_bands.WindowBias`'s sigma and windows) and the band
+limits of each tile. The launchers (:mod:`plsh_dist.ops.triton.attention`) read it; the
+cache (:mod:`plsh_dist.ops.triton.cache`) shares one between calls with the same hash.
 
 Legend: n tokens, s samples, Hh bias heads (1 shared, Hq per head).
 """
@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
-from plsh_dist.ops.tile_bands import (CountBias, CountReach, TileConfig, TokenLayout, WindowBias, WindowReach,
+from plsh_dist.ops.triton.tile_bands import (CountBias, CountReach, TileConfig, TokenLayout, WindowBias, WindowReach,
                                       key_bands, query_bands)
 
 
 #: Samples up to which the kernels count a near tile sample by sample (their per-sample blocks
 #: unrolled); beyond, as a product over the blocks that meet the tile
-#: (:class:`~plsh_dist.ops.near_runs.NearBlocks`). Here, not beside the kernels or their
+#: (:class:`~plsh_dist.ops.triton.near_runs.NearBlocks`). Here, not beside the kernels or their
 #: launcher: both read them, and the kernels' module imports Triton.
 UNROLLED_SAMPLES = 16
 #: Largest s the near product takes (fp16 weights and counts hold integers up to 2048 exactly).
@@ -44,8 +44,8 @@ class KernelTables:
         args: kernel arguments (KSpan, Starts, Lasts, Spans, Sigma, Window); unused ones a dummy tensor.
         consts: constexprs (MODE, NUM_SAMPLES, SAMPLES_PAD: the samples padded to a power of two >= 16,
             the inner dimension of the count's product form).
-        lo, hi: int32 (Hh, tiles) band limits (:func:`~plsh_dist.ops.tile_bands.query_bands` /
-            :func:`~plsh_dist.ops.tile_bands.key_bands`).
+        lo, hi: int32 (Hh, tiles) band limits (:func:`~plsh_dist.ops.triton.tile_bands.query_bands` /
+            :func:`~plsh_dist.ops.triton.tile_bands.key_bands`).
     """
 
     args: tuple
@@ -59,7 +59,7 @@ class KernelBias:
     """A bias as the kernels read it, for one call: the tables and bands of the forward, dK/dV
     and dQ kernels, every head at once. Built once per (bias, tokens, causal, tiles): the
     forward and backward of a call share it, and so do calls with the same hash
-    (:mod:`plsh_dist.ops.kernel_bias_cache`).
+    (:mod:`plsh_dist.ops.triton.cache`).
 
     Attributes:
         bias: the :class:`CountBias` or :class:`WindowBias`; layout: the tokens; causal.

@@ -1,11 +1,12 @@
-"""A cache of the fused kernel's band tables (:class:`KernelBias`), built once per hash and tokens.
+"""The fused kernel's one cache of tables: its band tables (:class:`KernelBias`), built once per hash
+and tokens, and each kernel bias's near-block runs (:func:`near_args`), built once per kernel bias.
 
-A :class:`~plsh_dist.ops.kernel_bias.KernelBias` (block bounds, per-tile spans and band
+A :class:`~plsh_dist.ops.triton.kernel_bias.KernelBias` (block bounds, per-tile spans and band
 limits of the forward, dK/dV and dQ kernels) is a pure function of the hash (its sampler,
 samples, seed and sigma), the positions (and documents), causality, the tile shapes and the
 device. The forward and backward of a call share one; so do the layers of a step that share a
 hash (``fixed_masks``, or several calls of one layer). :func:`cached_kernel_bias` builds it on
-the device (:mod:`plsh_dist.ops.device_tables`) and finds it again by those inputs without
+the device (:mod:`plsh_dist.ops.triton.device_tables`) and finds it again by those inputs without
 reading device data: host values (ints, CPU tensors) by content, device tensors (a seed or
 sigma that a graph carries) by identity and version counter, so an in-place change of a
 tensor, or a new tensor at a reused address, is never mistaken for the old one.
@@ -24,10 +25,11 @@ import weakref
 import torch
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH
-from plsh_dist.ops.device_tables import device_kernel_bias, draw_on_device
+from plsh_dist.ops.triton.device_tables import device_kernel_bias, device_near_blocks, draw_on_device
 from plsh_dist.ops.documents import Documents
-from plsh_dist.ops.kernel_bias import KernelBias
-from plsh_dist.ops.tile_bands import TileConfig, TokenLayout
+from plsh_dist.ops.triton.kernel_bias import UNROLLED_SAMPLES, KernelBias
+from plsh_dist.ops.triton.near_runs import NearBlocks, near_blocks
+from plsh_dist.ops.triton.tile_bands import TileConfig, TokenLayout
 
 #: key -> [(weakrefs to the device tensors in the key, weakref to the kernel bias)]
 _entries: dict[tuple, list[tuple[tuple[weakref.ref, ...], weakref.ref]]] = {}
@@ -77,8 +79,8 @@ def _key(lsh: PositionalLSH, positions, docs: Documents | TokenLayout | None, ca
 def cached_kernel_bias(lsh: PositionalLSH, positions: torch.Tensor, docs: Documents | TokenLayout | None,
                        causal: bool, device: torch.device,
                        tiles: tuple[TileConfig, TileConfig, TileConfig]) -> KernelBias:
-    """The :class:`~plsh_dist.ops.kernel_bias.KernelBias` of ``lsh`` over ``positions`` (and ``docs``: the
-    host's documents, or their layout built on the device, :func:`~plsh_dist.ops.device_tables.device_documents`)
+    """The :class:`~plsh_dist.ops.triton.kernel_bias.KernelBias` of ``lsh`` over ``positions`` (and ``docs``: the
+    host's documents, or their layout built on the device, :func:`~plsh_dist.ops.triton.device_tables.device_documents`)
     for the kernels' (forward, dK/dV, dQ) ``tiles`` on ``device``: the cached one when these inputs
     built one that is still alive, else a new one built on the device."""
     device = torch.device(device)
@@ -98,3 +100,21 @@ def cached_kernel_bias(lsh: PositionalLSH, positions: torch.Tensor, docs: Docume
     _entries.setdefault(key, []).append((tuple(held), weakref.ref(kb)))
     _last[0] = kb
     return kb
+
+
+_NEAR: "weakref.WeakKeyDictionary[KernelBias, NearBlocks]" = weakref.WeakKeyDictionary()
+
+
+def near_args(kb: KernelBias, device: torch.device) -> tuple:
+    """The kernels' :attr:`NearBlocks.args` for ``kb`` (built once per kernel
+    bias, freed with it), or dummies where the kernels do not read them (s <= UNROLLED_SAMPLES, window).
+
+    On a device the table kernels build it (four launches, one allocation); on CPU tensors its torch
+    reference does: Triton's interpreter runs ``tl.sort`` as a Python network, about half a second a
+    program, too slow for a test suite (the kernels are held equal to it on small tables there)."""
+    if kb.fwd.consts["MODE"] != 0 or kb.fwd.consts["NUM_SAMPLES"] <= UNROLLED_SAMPLES:
+        return (kb.fwd.args[1],) * 5  # never read: any tensor of the call (no torch op)
+    if kb not in _NEAR:
+        build = near_blocks if device.type == "cpu" else device_near_blocks
+        _NEAR[kb] = build(kb.fwd.args[1], kb.layout.doc)
+    return _NEAR[kb].args

@@ -2,7 +2,7 @@
 :class:`VarlenPerSample`).
 
 Tensors are laid
-out once along the rows axis of :mod:`plsh_dist.ops.varlen_layout` (all heads
+out once along the rows axis of :mod:`plsh_dist.ops.varlen.calls` (all heads
 with per-head hashes, all batch rows), so each sample is a single varlen call
 over every head and row, usually one launch (more only past 65535 blocks).
 Samples are merged by log-sum-exp in fp32 in that layout.
@@ -32,8 +32,8 @@ from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
 from plsh_dist.ops.head_groups import head_groups
 from plsh_dist.ops.merge import accum_dtype, merge_into
 from plsh_dist.ops.strategy import Strategy
-from plsh_dist.ops.varlen_kernels import VarlenKernel, varlen_bwd, varlen_fwd
-from plsh_dist.ops.varlen_layout import VarlenChunk, varlen_calls
+from plsh_dist.ops.varlen.kernels import VarlenKernel, varlen_bwd, varlen_fwd
+from plsh_dist.ops.varlen.calls import VarlenChunk, varlen_calls
 
 
 @dataclass(frozen=True)

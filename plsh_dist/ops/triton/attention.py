@@ -1,18 +1,18 @@
 """The one-pass estimator as one fused Triton kernel, forward and backward.
 
 ``out = softmax(q k^T scale + bias) v`` over banded tiles
-(:mod:`plsh_dist.ops.triton_onepass_kernels`), with the bias
+(:mod:`plsh_dist.ops.triton.kernels`), with the bias
 
 - ``log c_ij`` of a :class:`~plsh_dist.hashing.PositionalLSH` (PLSH one pass,
   docs/design.md, section 1, "The one-pass form"; fixed blocks are the one-sample hash of pitch ``2 sigma``),
   counted inside each tile from the hash's pitch and shift: no count table,
   no host synchronisation (beyond ``UNROLLED_SAMPLES`` samples the launcher
   adds one table per call, the hash's blocks as runs of tokens for the tiles
-  that meet their rows, :class:`~plsh_dist.ops.near_runs.NearBlocks`, built on the device);
-- or exact ALiBi inside a per-head window (:class:`~plsh_dist.ops.tile_bands.WindowBias`).
+  that meet their rows, :class:`~plsh_dist.ops.triton.near_runs.NearBlocks`, built on the device);
+- or exact ALiBi inside a per-head window (:class:`~plsh_dist.ops.triton.tile_bands.WindowBias`).
 
 Each query tile visits only the key tiles of its band
-(:func:`~plsh_dist.ops.tile_bands.query_tile_bands`), each key tile in backward
+(:func:`~plsh_dist.ops.triton.tile_bands.query_tile_bands`), each key tile in backward
 only the query tiles whose band meets it. Backward: one kernel for dK/dV
 (each program sums the query heads of its GQA group, so no atomics: the
 result is deterministic) and one for dQ, from the saved ``out`` and ``lse``
@@ -31,20 +31,17 @@ from __future__ import annotations
 
 import functools
 import logging
-import weakref
 from dataclasses import dataclass
 
 import torch
 
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
-from plsh_dist.ops.device_tables import device_near_blocks
-from plsh_dist.ops.kernel_bias import UNROLLED_SAMPLES, KernelBias
-from plsh_dist.ops.kernel_bias_cache import cached_kernel_bias
-from plsh_dist.ops.near_runs import NearBlocks, near_blocks
+from plsh_dist.ops.triton.kernel_bias import KernelBias
+from plsh_dist.ops.triton.cache import cached_kernel_bias, near_args
 from plsh_dist.ops.strategy import Strategy
-from plsh_dist.ops.tile_bands import TileConfig, TokenLayout, WindowBias, num_tiles, tiles_for
-from plsh_dist.ops.triton_runtime import interpreting, kernels_module, launcher, triton_status  # noqa: F401
+from plsh_dist.ops.triton.tile_bands import TileConfig, TokenLayout, WindowBias, num_tiles, tiles_for
+from plsh_dist.ops.triton.runtime import interpreting, kernels_module, launcher, triton_status  # noqa: F401
 
 LOG2E = 1.4426950408889634
 _log = logging.getLogger(__name__)
@@ -52,12 +49,12 @@ _log = logging.getLogger(__name__)
 
 def kernels():
     """The kernels module (compiled, or interpreted when :func:`interpreting`)."""
-    return kernels_module("triton_onepass_kernels")
+    return kernels_module("kernels")
 
 
 def _launch(device: torch.device):
     """The kernels module for tensors on ``device``; CPU tensors need the interpreter."""
-    return launcher("triton_onepass_kernels", device)
+    return launcher("kernels", device)
 
 
 def _padded(head_dim: int) -> int:
@@ -113,7 +110,7 @@ def banded_forward(q, k, v, bias, layout: TokenLayout, *, causal: bool, scale: f
     kb = kernel_bias if kernel_bias is not None else KernelBias.of(bias, layout, causal, tiles)
     t = kb.fwd
     mod.onepass_fwd_kernel[grid](
-        q, k, v, out, lse, layout.kernel_positions, _doc(layout), *t.args, t.lo, t.hi, *_near_args(kb, q.device),
+        q, k, v, out, lse, layout.kernel_positions, _doc(layout), *t.args, t.lo, t.hi, *near_args(kb, q.device),
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
         n, Hq, Hq // Hkv, grid[0], scale * LOG2E,
         HEAD_DIM=_padded(D), D_REAL=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
@@ -145,7 +142,7 @@ def banded_backward(dout, q, k, v, out, lse, bias, layout: TokenLayout, *, causa
     common = dict(HEAD_DIM=_padded(D), D_REAL=D, CAUSAL=causal, HAS_DOCS=layout.doc is not None,
                   PER_HEAD=bias.num_heads > 1, IEEE=q.dtype == torch.float32, EMULATE_BF16=emulate_bf16)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
-    near = _near_args(kb, q.device)
+    near = near_args(kb, q.device)
     t = kb.dkdv
     nk, nq = num_tiles(n, kv_cfg.block_n), num_tiles(n, kv_cfg.block_m)
     mod.onepass_bwd_dkdv_kernel[(nk, B * Hkv)](
@@ -163,24 +160,6 @@ def banded_backward(dout, q, k, v, out, lse, bias, layout: TokenLayout, *, causa
     return dq, dk, dv
 
 
-_NEAR: "weakref.WeakKeyDictionary[KernelBias, NearBlocks]" = weakref.WeakKeyDictionary()
-
-
-def _near_args(kb: KernelBias, device: torch.device) -> tuple:
-    """The kernels' :attr:`NearBlocks.args` for ``kb`` (built once per kernel
-    bias, freed with it), or dummies where the kernels do not read them (s <= UNROLLED_SAMPLES, window).
-
-    On a device the table kernels build it (four launches, one allocation); on CPU tensors its torch
-    reference does: Triton's interpreter runs ``tl.sort`` as a Python network, about half a second a
-    program, too slow for a test suite (the kernels are held equal to it on small tables there)."""
-    if kb.fwd.consts["MODE"] != 0 or kb.fwd.consts["NUM_SAMPLES"] <= UNROLLED_SAMPLES:
-        return (kb.fwd.args[1],) * 5  # never read: any tensor of the call (no torch op)
-    if kb not in _NEAR:
-        build = near_blocks if device.type == "cpu" else device_near_blocks
-        _NEAR[kb] = build(kb.fwd.args[1], kb.layout.doc)
-    return _NEAR[kb].args
-
-
 def _launch_shape(cfg) -> dict:
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -190,7 +169,7 @@ def _doc(layout: TokenLayout) -> torch.Tensor:
     return layout.doc if layout.doc is not None else layout.kernel_positions
 
 
-# -- PLSH: the contract of plsh_dist.ops.plsh_onepass, and the dispatch table's strategy -----
+# -- PLSH: the contract of plsh_dist.ops.cpu.onepass, and the dispatch table's strategy -----
 
 
 def triton_onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, scale: float,
@@ -199,7 +178,7 @@ def triton_onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor,
 
     q: (B, n, Hq, D); k, v: (B, n, Hkv, D); positions CPU LongTensor[n] (within each
     document of ``docs``, a batch-1 call's documents; or their layout built on the device,
-    :func:`~plsh_dist.ops.device_tables.device_documents`, with its positions). Returns out
+    :func:`~plsh_dist.ops.triton.device_tables.device_documents`, with its positions). Returns out
     (B, n, Hq, D) in q's dtype, lse (B, Hq, n) fp32.
     """
     return _plsh_forward(q, k, v, lsh, positions, causal=causal, scale=scale, docs=docs)[:2]

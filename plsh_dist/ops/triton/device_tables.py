@@ -2,17 +2,18 @@
 
 :func:`draw_on_device` gives a hash's pitch and shift on the attention's device from a
 seed that may itself live there (a graph input), for every sampler with a device form
-(:mod:`plsh_dist.ops.device_draws`); :func:`device_kernel_bias` gives the
-:class:`~plsh_dist.ops.kernel_bias.KernelBias` of a count bias (block bounds, row and key
+(:mod:`plsh_dist.ops.triton.device_draws`); :func:`device_kernel_bias` gives the
+:class:`~plsh_dist.ops.triton.kernel_bias.KernelBias` of a count bias (block bounds, row and key
 spans, band limits of the forward, dK/dV and dQ kernels), or of an ALiBi window bias (key
 spans and band limits), in three launches of
-:func:`~plsh_dist.ops.table_kernels.band_tables_kernel` and one allocation;
+:func:`~plsh_dist.ops.triton.table_kernels.band_tables_kernel` and one allocation;
 :func:`device_near_blocks` the near tiles' runs table of more than ``UNROLLED_SAMPLES``
 samples in four launches and one allocation; :func:`device_documents` the layout of packed
 documents in one. All equal
 their torch references (:class:`~plsh_dist.hashing.PositionalLSH`'s numpy draws,
-:meth:`KernelBias.of`, :func:`~plsh_dist.ops.near_runs.near_blocks`) bit for bit under Triton's interpreter; compiled, the hash's
-``log`` is CUDA's (libdevice), which may differ from the CPU's in its last bit (docs/gpu.md).
+:meth:`KernelBias.of`, :func:`~plsh_dist.ops.triton.near_runs.near_blocks`) bit for bit under Triton's
+interpreter; compiled, the hash's ``log`` is CUDA's (libdevice),
+which may differ from the CPU's in its last bit (docs/gpu.md).
 
 Legend: n tokens, s samples, Hh bias heads.
 """
@@ -22,11 +23,11 @@ from __future__ import annotations
 import torch
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, get_device_draw
-from plsh_dist.ops.device_constants import on_device
-from plsh_dist.ops.kernel_bias import NEAR_ANCHOR, KernelBias, KernelTables, padded_samples
-from plsh_dist.ops.near_runs import NearBlocks, run_slots
-from plsh_dist.ops.tile_bands import CountBias, TileConfig, TokenLayout, WindowBias, num_tiles
-from plsh_dist.ops.triton_runtime import launcher
+from plsh_dist.ops.triton.device_constants import on_device
+from plsh_dist.ops.triton.kernel_bias import NEAR_ANCHOR, KernelBias, KernelTables, padded_samples
+from plsh_dist.ops.triton.near_runs import NearBlocks, run_slots
+from plsh_dist.ops.triton.tile_bands import CountBias, TileConfig, TokenLayout, WindowBias, num_tiles
+from plsh_dist.ops.triton.runtime import launcher
 
 _HASH_BLOCK = 256
 _SCAN_CHUNK = 1024
@@ -146,7 +147,7 @@ def device_documents(position_ids: torch.Tensor, cu_seqlens: torch.Tensor, batch
 
 
 def device_near_blocks(starts: torch.Tensor, doc: torch.Tensor | None) -> NearBlocks:
-    """:func:`~plsh_dist.ops.near_runs.near_blocks` of the block starts ``starts`` (int32 (Hh, s, n),
+    """:func:`~plsh_dist.ops.triton.near_runs.near_blocks` of the block starts ``starts`` (int32 (Hh, s, n),
     contiguous) and document ids ``doc`` (int32[n] or None), on their device: one int32 buffer,
     four launches, nothing read back. Equal to the reference where the kernels read it (the
     offsets, and the runs they index).

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from plsh_dist.hashing import PositionalLSH
-from plsh_dist.ops.block_layout import BlockLayout, GroupedLayout, block_layout
+from plsh_dist.ops.cpu.blocks import BlockLayout, GroupedLayout, block_layout
 from plsh_dist.ops.dense import DenseKernel, dense_bwd, dense_fwd
 from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.gqa import sum_kv_repeats

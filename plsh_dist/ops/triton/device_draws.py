@@ -25,14 +25,16 @@ Legend: s samples, H hash heads, G groups of samples.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import torch
 
-from plsh_dist.hashing import PositionalLSH
-from plsh_dist.ops.device_constants import device_constant
-from plsh_dist.ops.triton_runtime import launcher
+from plsh_dist.ops.triton.device_constants import device_constant
+from plsh_dist.ops.triton.runtime import launcher
+
+if TYPE_CHECKING:  # annotations only: hashing imports this module (where a device draws)
+    from plsh_dist.hashing import PositionalLSH
 
 _BLOCK = 256
 #: gamma2_ppf_kernel's lanes per step of its one program
@@ -102,7 +104,7 @@ def gamma2_ppf(q: torch.Tensor) -> torch.Tensor:
 
 def iid_draws(lsh: PositionalLSH, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``hashing._iid_draws`` on ``device``: float64 [s, H] unit pitches and shifts.
-    (:func:`~plsh_dist.ops.device_tables.draw_on_device` draws "iid" with sigma in one launch instead.)"""
+    (:func:`~plsh_dist.ops.triton.device_tables.draw_on_device` draws "iid" with sigma in one launch instead.)"""
     t, h = grid(lsh.num_samples, lsh.num_heads, device)
     abc = uniforms(seed_on(lsh, device), t, h, 0, 3)
     logs = log(abc[:2])

@@ -4,7 +4,7 @@ PyTorch's FlexAttention (``torch.nn.attention.flex_attention``) compiles a
 ``score_mod`` (a bias added to each score) and a block-sparse mask (the key
 blocks each query block visits, and a ``mask_mod`` inside the blocks it only
 partly sees) into one fused attention. Here are the pieces every user of it in
-this project shares (the CPU strategy :mod:`plsh_dist.ops.plsh_flex`, the GPU
+this project shares (the CPU strategy :mod:`plsh_dist.ops.flex.strategy`, the GPU
 benchmark, the CPU comparison in ``experiments/flex_cpu.py``):
 
 - :func:`band_block_mask`: the block mask of a *band*, each query row ``i``

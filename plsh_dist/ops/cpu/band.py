@@ -1,6 +1,6 @@
 """The one-pass band: each query's block starts and the count bias ``log c``.
 
-Shared by the one-pass strategy (:mod:`plsh_dist.ops.plsh_onepass`) and decoding
+Shared by the one-pass strategy (:mod:`plsh_dist.ops.cpu.onepass`) and decoding
 (:mod:`plsh_dist.ops.decode`): query ``i`` weights key ``j`` by
 ``c_ij = #{t : first_t(i) <= j < end_t(i)}`` (causally ``end_t(i) = i + 1`` for
 every sample), the number of samples whose block holding ``i`` also holds

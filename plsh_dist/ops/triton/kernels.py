@@ -1,6 +1,6 @@
 """Triton kernels of the one-pass estimator: ``softmax(q k^T scale + bias) v`` over banded tiles.
 
-Imported only where Triton is importable (:mod:`plsh_dist.ops.triton_onepass`
+Imported only where Triton is importable (:mod:`plsh_dist.ops.triton.attention`
 launches them). Scores are in base 2 (``exp2`` / ``log2``: no libdevice, so
 Triton's CPU interpreter runs the same code). :func:`_logits` gives the logits and
 weights of one (query tile, key tile) for both biases: ``MODE == 0``, the PLSH count
@@ -13,7 +13,7 @@ strides with a unit last one (``HEAD_DIM``: D padded to a power of two, ``D_REAL
 lse and delta (B, Hq, n) fp32; positions
 int32[n] (below 2^31); documents int32[n]; block starts / lasts int32[Hh, s, n]; row spans
 int32[Hh, s, row tiles, 4]; key spans int32[key tiles, 2]; sigma float32[Hh], window
-int64[Hh]; bands int32[Hh, tiles]; runs (:class:`~plsh_dist.ops.triton_onepass.NearBlocks`,
+int64[Hh]; bands int32[Hh, tiles]; runs (:class:`~plsh_dist.ops.triton.attention.NearBlocks`,
 read beyond ``UNROLL_SAMPLES`` samples): offsets int32[Hh, n + 1] and anchors' offsets
 int32[Hh, anchors + 1], first and end int32[runs], weight float16[runs].
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from plsh_dist.ops.kernel_bias import NEAR_ANCHOR, UNROLLED_SAMPLES
+from plsh_dist.ops.triton.kernel_bias import NEAR_ANCHOR, UNROLLED_SAMPLES
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -32,7 +32,7 @@ LN2 = tl.constexpr(0.6931471805599453)
 UNROLL_SAMPLES = tl.constexpr(UNROLLED_SAMPLES)
 #: Blocks per product of :func:`_count_blocks` (``tl.dot``'s smallest inner dimension).
 BLOCK_CHUNK = tl.constexpr(16)
-#: Token stride of the anchors whose runs :class:`~plsh_dist.ops.triton_onepass.NearBlocks` lists
+#: Token stride of the anchors whose runs :class:`~plsh_dist.ops.triton.attention.NearBlocks` lists
 #: (every tile edge is a multiple of it).
 ANCHOR = tl.constexpr(NEAR_ANCHOR)
 
@@ -112,7 +112,7 @@ def _count_tile(anchor, offs_m, offs_n, pos_n, doc_m, doc_n, n_tokens, row_tile,
     of their block starts a sample). The count is an integer below 2^24: exact in fp32.
 
     Integer compares only: each token's block ``[start, last]`` per sample comes from the launcher
-    (:class:`~plsh_dist.ops.tile_bands.CountTables`, the hash's own float64 arithmetic, once
+    (:class:`~plsh_dist.ops.triton.tile_bands.CountTables`, the hash's own float64 arithmetic, once
     per call), so bucket(p_j) == bucket(p_i) is ``start <= p_j <= last`` (buckets are monotone
     in position; causally ``p_j <= p_i <= last`` already). Per sample, two scalars of the query
     tile (its rows' smallest and largest start, ``Spans``) against the key tile's smallest
@@ -179,7 +179,7 @@ def _count_before_visible(r, a, offs_m, pos_n, doc_m, doc_n, n_tokens, HAS_DOCS:
 
 @triton.jit
 def _near_tile(BlockOff, EnterOff, row_first, key_first, row_end, key_end, hh, n_tokens):
-    """Which runs of the launcher's :class:`~plsh_dist.ops.triton_onepass.NearBlocks` :func:`_count_blocks`
+    """Which runs of the launcher's :class:`~plsh_dist.ops.triton.attention.NearBlocks` :func:`_count_blocks`
     reads for one tile, anchored at its row ``x = max(row_first, key_first)`` (a multiple of ``ANCHOR``):
     those holding ``x`` (``n_enter`` from ``enter_lo``), then those that open on a token after ``x``
     and before both the row end and the key tile's end, as one range ``k < total`` (entry

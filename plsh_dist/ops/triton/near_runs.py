@@ -1,9 +1,9 @@
 """The near tiles' runs table: a hash's blocks as runs of tokens, merged over samples.
 
 Beyond ``UNROLLED_SAMPLES`` samples the fused kernel counts a tile that meets its rows' blocks
-as a product over the runs that hold them (:mod:`plsh_dist.ops.triton_onepass_kernels`,
+as a product over the runs that hold them (:mod:`plsh_dist.ops.triton.kernels`,
 ``_count_blocks``), read from one :class:`NearBlocks` per kernel bias. The launcher builds it on
-the device in four launches (:func:`plsh_dist.ops.device_tables.device_near_blocks`);
+the device in four launches (:func:`plsh_dist.ops.triton.device_tables.device_near_blocks`);
 :func:`near_blocks` here is its torch reference (the tests hold the two equal) and what the
 planner's static model counts runs with.
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from plsh_dist.ops.kernel_bias import MAX_NEAR_SAMPLES, NEAR_ANCHOR
+from plsh_dist.ops.triton.kernel_bias import MAX_NEAR_SAMPLES, NEAR_ANCHOR
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def _merge(keys: torch.Tensor, valid: torch.Tensor, big: int) -> tuple[torch.Ten
 
 def near_blocks(starts: torch.Tensor, doc: torch.Tensor | None) -> NearBlocks:
     """:class:`NearBlocks` from the kernels' block starts (int32 (Hh, s, n),
-    :meth:`~plsh_dist.ops.tile_bands.CountReach.table`) and document ids (int32[n] or None).
+    :meth:`~plsh_dist.ops.triton.tile_bands.CountReach.table`) and document ids (int32[n] or None).
 
     A token opens a block of sample t where its start differs from the previous token's, or its
     document does (equal starts in one document are one block of the hash; only a first block can

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from plsh_dist.ops.block_layout import BlockLayout
+from plsh_dist.ops.cpu import BlockLayout, block_bwd, block_fwd
 from plsh_dist.ops.dense import DenseKernel
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
-from plsh_dist.ops.plsh_padded import block_bwd, block_fwd
 
 
 def _layout(cu: torch.Tensor) -> BlockLayout:

@@ -1,6 +1,6 @@
 """Which tiles the fused one-pass kernel visits: its tile shapes and band limits.
 
-The Triton kernel (:mod:`plsh_dist.ops.triton_onepass`) covers the (query,
+The Triton kernel (:mod:`plsh_dist.ops.triton.attention`) covers the (query,
 key) plane with tiles. A query tile ``[i0, i1)`` of one head visits only the
 key tiles that meet its band (docs/design.md, section 1, "The one-pass form"), and in backward a key tile only
 the query tiles whose band meets it. This module computes those limits in

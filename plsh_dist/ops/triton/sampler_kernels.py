@@ -1,4 +1,4 @@
-"""Triton kernels that samplers' device forms draw with (:mod:`plsh_dist.ops.device_draws` launches them).
+"""Triton kernels that samplers' device forms draw with (:mod:`plsh_dist.ops.triton.device_draws` launches them).
 
 Imported only where Triton is importable. Each mirrors a numpy function of
 :mod:`plsh_dist.hashing` operation for operation, so a sampler written with them and correctly
@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from plsh_dist.ops.table_kernels import _splitmix64
-from plsh_dist.ops.triton_runtime import interpreting
+from plsh_dist.ops.triton.table_kernels import _splitmix64
+from plsh_dist.ops.triton.runtime import interpreting
 
 #: gamma2_ppf's clip of the quantiles (its Newton steps need q in (0, 1))
 _Q_LO = tl.constexpr(1e-300)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from plsh_dist.hashing import PositionalLSH
-from plsh_dist.ops.band import log_count_bias
+from plsh_dist.ops.cpu.band import log_count_bias
 from plsh_dist.ops.dense import DenseKernel, dense_bwd, dense_fwd
 from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.gqa import sum_kv_repeats
@@ -65,7 +65,7 @@ class _Call:
     k0: torch.Tensor
 
 
-def _token_bounds(lsh: PositionalLSH, head: int, positions: torch.Tensor, tokens: torch.Tensor, causal: bool,
+def token_bounds(lsh: PositionalLSH, head: int, positions: torch.Tensor, tokens: torch.Tensor, causal: bool,
                   docs: Documents | None = None):
     """First token (s, m) of the block of each of ``tokens`` (LongTensor[m] of token
     indices) in every sample of hash head ``head``, and one past its last token
@@ -101,7 +101,7 @@ def _chunk_size(lsh: PositionalLSH, head: int, positions: torch.Tensor, docs: Do
     block start), measured at up to 1024 evenly spaced tokens."""
     n = positions.numel()
     probe = torch.linspace(0, n - 1, min(n, 1024)).round().long()
-    first, _ = _token_bounds(lsh, head, positions, probe, causal=True, docs=docs)
+    first, _ = token_bounds(lsh, head, positions, probe, causal=True, docs=docs)
     band = float((probe - first.min(dim=0).values).double().mean()) + 1.0
     return chunk_size_for_band(band)
 
@@ -112,9 +112,9 @@ def _chunk_bounds(lsh, head, positions, causal, chunk: int, docs: Documents | No
     starts = torch.arange(0, n, chunk)
     stops = torch.clamp(starts + chunk, max=n)
     # block bounds are monotone in the token (documents too), so the first and last queries bound the chunk
-    k0 = _token_bounds(lsh, head, positions, starts, causal=True, docs=docs)[0].min(dim=0).values
+    k0 = token_bounds(lsh, head, positions, starts, causal=True, docs=docs)[0].min(dim=0).values
     k1 = stops if causal else \
-        _token_bounds(lsh, head, positions, stops - 1, causal=False, docs=docs)[1].max(dim=0).values
+        token_bounds(lsh, head, positions, stops - 1, causal=False, docs=docs)[1].max(dim=0).values
     return starts, stops, k0, k1 - k0
 
 
@@ -157,10 +157,10 @@ def _calls(lsh: PositionalLSH, head: int, positions: torch.Tensor, causal: bool,
 def count_bias(call: _Call, lsh: PositionalLSH, head: int, positions: torch.Tensor, causal: bool,
                dtype: torch.dtype, docs: Documents | None = None) -> torch.Tensor:
     """Additive bias ``log c_ij`` of one call, (G, 1, C, K) in ``dtype`` (``-inf`` where c = 0):
-    :func:`plsh_dist.ops.band.log_count_bias` of the call's queries' block bounds."""
+    :func:`plsh_dist.ops.cpu.band.log_count_bias` of the call's queries' block bounds."""
     G, C = call.q_idx.shape
     s = lsh.num_samples
-    first, end = _token_bounds(lsh, head, positions, call.q_idx.flatten(), causal, docs)  # (s, G * C)
+    first, end = token_bounds(lsh, head, positions, call.q_idx.flatten(), causal, docs)  # (s, G * C)
     rel = (first.view(s, G, C) - call.k0[None, :, None]).permute(1, 2, 0)  # (G, C, s) in [0, K)
     if causal:  # every sample's block is cut just after the query
         stop, weight = (call.q_idx - call.k0[:, None] + 1)[..., None], float(s)  # (G, C, 1)

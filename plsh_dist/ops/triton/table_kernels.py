@@ -1,6 +1,6 @@
 """Triton kernels that build the fused kernel's inputs on the device: the hash's draws and the band tables.
 
-Imported only where Triton is importable (:mod:`plsh_dist.ops.device_tables` launches them).
+Imported only where Triton is importable (:mod:`plsh_dist.ops.triton.device_tables` launches them).
 They replace about sixty small torch ops per call with two launches, and read nothing
 back to the host, so a training step's attention can be captured in a CUDA graph.
 
@@ -10,7 +10,7 @@ back to the host, so a training step's attention can be captured in a CUDA graph
   :func:`plsh_dist.hashing.counter_uniform` and ``_iid_draws``.
 - :func:`band_tables_kernel`: for one kernel's tile shapes, every token's block bounds per
   sample, the row spans of its row tiles, the key spans of its key tiles and the band limits
-  of its tiles, equal to :mod:`plsh_dist.ops.tile_bands`' torch reference (the tests hold
+  of its tiles, equal to :mod:`plsh_dist.ops.triton.tile_bands`' torch reference (the tests hold
   them ``torch.equal``).
 
 Legend: n tokens, s samples, Hh bias heads. Layouts: positions, virtual positions,
@@ -164,11 +164,11 @@ def band_tables_kernel(Pos, Virtual, DocFirst, DocEnd, KPos, Pitch, Shift, Windo
       lasts when not causal), clamped to int32;
     - row spans ``[min start, max start, min start, max start]`` (causal) or
       ``[min start, max start, min last, max last]`` per sample, over the tile's rows (the last
-      token repeated past n, as :func:`plsh_dist.ops.tile_bands.tile_index`);
+      token repeated past n, as :func:`plsh_dist.ops.triton.tile_bands.tile_index`);
     - key spans ``[min, max]`` kernel position of the key tile (head 0 only);
     - the band ``[lo, hi)``: key tiles a query tile meets (``QUERY_SIDE``), or query tiles whose
-      band meets a key tile, as :func:`~plsh_dist.ops.tile_bands.query_bands` /
-      :func:`~plsh_dist.ops.tile_bands.key_bands`.
+      band meets a key tile, as :func:`~plsh_dist.ops.triton.tile_bands.query_bands` /
+      :func:`~plsh_dist.ops.triton.tile_bands.key_bands`.
 
     ``WINDOW`` (an ALiBi window bias, ``Window`` int64[Hh]): the key spans and the bands only.
     """
@@ -289,7 +289,7 @@ def document_layout_kernel(PositionIds, Cu, Pos, Virtual, DocFirst, DocEnd, KPos
     tl.atomic_max(Bad, tl.max(bad.to(tl.int32), axis=0))
 
 
-# -- the near tiles' runs table (plsh_dist.ops.near_runs.NearBlocks), beyond UNROLLED_SAMPLES samples --------
+# -- the near tiles' runs table (plsh_dist.ops.triton.near_runs.NearBlocks), beyond UNROLLED_SAMPLES samples --------
 
 
 @triton.jit

@@ -1,8 +1,8 @@
 """Where Triton's kernels run: is Triton importable, is this process its CPU interpreter, and may
 tensors on a device be launched on.
 
-Shared by the attention kernels' launchers (:mod:`plsh_dist.ops.triton_onepass`) and the table
-kernels' (:mod:`plsh_dist.ops.device_tables`). Imports Triton only when asked.
+Shared by the attention kernels' launchers (:mod:`plsh_dist.ops.triton.attention`) and the table
+kernels' (:mod:`plsh_dist.ops.triton.device_tables`). Imports Triton only when asked.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def triton_status() -> str | None:
         import triton  # noqa: F401, PLC0415 (optional: pip install triton)
     except Exception as err:  # ImportError, or a broken install raising at import
         return f"triton is not importable ({type(err).__name__}: {err}); pip install 'triton>=3.6'"
-    if importlib.util.find_spec(f"{__package__}.triton_onepass_kernels") is None:
+    if importlib.util.find_spec(f"{__package__}.kernels") is None:
         # a copy of the ops without the kernels: an export's bundled code (plsh_dist.models.remote_code)
         return "the Triton kernels are not part of this copy of plsh_dist's code; install plsh_dist"
     return None
@@ -45,12 +45,12 @@ def prepare_interpreter() -> None:
 
 @functools.lru_cache(maxsize=None)
 def kernels_module(name: str):
-    """The kernels module ``plsh_dist.ops.<name>`` (imports Triton), ready to launch: compiled, or
+    """The kernels module ``plsh_dist.ops.triton.<name>`` (imports Triton), ready to launch: compiled, or
     interpreted when :func:`interpreting`; a RuntimeError says why Triton is missing."""
     why = triton_status()
     if why is not None:
         raise RuntimeError(f"the Triton kernel needs Triton: {why}")
-    module = importlib.import_module(f"{__package__}.{name}")  # beside this module (plsh_dist.ops)
+    module = importlib.import_module(f"{__package__}.{name}")  # beside this module (plsh_dist.ops.triton)
     prepare_interpreter()
     return module
 

@@ -1,0 +1,32 @@
+"""The fused Triton kernel and everything only it uses: the one place the rest of the package meets it.
+
+- ``attention.py``: the strategy (:class:`TritonOnePass`) and the launchers of the attention kernels
+  (forward, dK/dV, dQ; PLSH's count bias or ALiBi's per-head window); ``kernels.py``: those kernels;
+- its tables: ``tile_bands.py`` (each tile's band of the other side: the host's reference and the
+  planner's), ``kernel_bias.py`` (the tables a launch reads), ``near_runs.py`` (a hash's blocks as
+  runs of tokens, beyond the unrolled samples), ``device_tables.py`` + ``table_kernels.py`` (the same
+  tables built on the device), ``device_draws.py``
+  + ``sampler_kernels.py`` (a hash's draws there; ``hashing.py`` imports ``device_draws`` itself);
+- ``cache.py``: the one cache of those tables; ``device_constants.py``: host constants copied once;
+  ``runtime.py``: is Triton importable, interpreted, may a device's tensors be launched on.
+
+Nothing here imports Triton at import time: the ``*kernels.py`` modules load by name where a kernel
+runs (:func:`~plsh_dist.ops.triton.runtime.kernels_module`), so an export's bundled copy, which
+leaves them out, runs without Triton.
+"""
+
+from plsh_dist.ops.triton.attention import (TritonOnePass, banded_backward, banded_forward, kernel_tiles, triton_cuda,
+                                            triton_interpreter)
+from plsh_dist.ops.triton.device_constants import device_constant, host_key
+from plsh_dist.ops.triton.device_tables import device_documents, device_kernel_bias
+from plsh_dist.ops.triton.kernel_bias import KernelBias
+from plsh_dist.ops.triton.near_runs import NEAR_ANCHOR, near_blocks
+from plsh_dist.ops.triton.tile_bands import (CountBias, TileConfig, TokenLayout, WindowBias, block_bounds, key_spans,
+                                             key_tile_bands, query_tile_bands, row_spans, tiles_for)
+
+__all__ = [
+    "TritonOnePass", "banded_backward", "banded_forward", "kernel_tiles", "triton_cuda", "triton_interpreter",
+    "device_constant", "host_key", "device_documents", "device_kernel_bias",
+    "KernelBias", "NEAR_ANCHOR", "near_blocks", "CountBias", "TileConfig", "TokenLayout", "WindowBias",
+    "block_bounds", "key_spans", "key_tile_bands", "query_tile_bands", "row_spans", "tiles_for",
+]
