@@ -4,8 +4,10 @@
   ZeRO 0-3, an export) -> the model and its settings (``loading.py``);
 - ``convert_to_export`` / ``save_export`` / ``export_final``: self-describing safetensors
   exports that transformers' ``from_pretrained`` loads (``export.py``);
-- the trainer's side: ``save_checkpoint`` / ``load_checkpoint`` / ``find_resume``
-  (``tags.py``), the line of tags a run keeps and prunes (``line.py``), the checksum
+- the trainer's side: ``CheckpointManager`` (``manager.py``), the one object the training
+  loop talks to (find and check the resume, load, accept, save, export), over
+  ``save_checkpoint`` / ``load_checkpoint`` / ``find_resume`` (``tags.py``), the line of
+  tags a run keeps and prunes (``line.py``), the checksum
   manifest and durable writes (``manifest.py``), the resume checks (``resume_check.py``),
   safe reading of DeepSpeed's files (``safe_load.py``), ZeRO-3 shards gathered
   (``zero3_weights.py``) and a full disk named (``disk_full.py``).

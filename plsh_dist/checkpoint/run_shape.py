@@ -26,6 +26,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from plsh_dist.config.resolved import ResolvedRun
 from plsh_dist.config.schema import RunConfig, read_resolved, resolve_master_weights, resolve_precision
 
 SAME_FILES = "same files"
@@ -64,6 +65,12 @@ class RunShape:
     @classmethod
     def from_dict(cls, table: dict) -> "RunShape":
         return cls(**{f.name: table[f.name] for f in fields(cls)})
+
+    @classmethod
+    def of(cls, run: ResolvedRun) -> "RunShape":
+        """The shape a resolved run (``plsh_dist.config.resolved``) trains at: its values, not resolved again."""
+        return cls(world_size=run.world, sp_size=run.dims.sp_size, zero_stage=run.cfg.deepspeed.zero_stage,
+                   precision=run.precision, master_weights=run.master_weights)
 
 
 def run_shape(cfg: RunConfig, world_size: int, device_type: str) -> RunShape:

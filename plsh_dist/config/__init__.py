@@ -4,6 +4,8 @@
   once and checked against the disk (``loading.py``);
 - ``RunConfig`` and its sections, ``config_from_table``, ``read_resolved`` /
   ``write_resolved`` / ``to_toml``, the renamed keys (``schema.py``);
+- ``resolve_run(cfg, world, device)`` -> ``ResolvedRun``: the config on this world and device,
+  resolved once (precision, master weights, DP x SP layout; ``resolved.py``);
 - ``lr_at`` / ``decay_end``: the learning-rate schedule an ``[optim]`` section defines
   (``schedule.py``).
 

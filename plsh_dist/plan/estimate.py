@@ -166,7 +166,7 @@ def _flops(cfg, shapes: ModelShapes, setup: AttentionSetup, world: int, dp: int)
     return FlopsPlan(attention=attn * sequences, rest=float(per_token) * seq * sequences, ranks=world)
 
 
-def model_flops(cfg, *, world_size: int, device: str = "cuda") -> FlopsPlan:
+def model_flops(cfg, *, world_size: int, device: str = "cuda", precision: str | None = None) -> FlopsPlan:
     """Model FLOPs of one optimizer step of ``cfg`` on ``world_size`` ranks: what MFU counts.
 
     The work the model needs, not the work the run's kernels issue: ``6 x`` the
@@ -176,10 +176,11 @@ def model_flops(cfg, *, world_size: int, device: str = "cuda") -> FlopsPlan:
     twice that). Unlike ``plan_run``'s FLOPs it counts no recompute (activation
     checkpointing, the chunked loss's, flash-attention's backward q.k) and no tile
     the fused kernel visits beyond the band. Packed documents are not subtracted
-    (document masking attends fewer pairs), so with it this is an upper bound.
+    (document masking attends fewer pairs), so with it this is an upper bound. ``precision``: "bf16"
+    or "fp32" as already resolved for ``device`` (the trainer's ``ResolvedRun``); None: resolved here.
     """
     shapes = model_shapes(cfg.model, cfg.attention)
-    precision = resolve_precision(cfg.deepspeed, device)
+    precision = precision or resolve_precision(cfg.deepspeed, device)
     setup = attention_setup(cfg.attention, shapes.q_heads, device,
                             torch.bfloat16 if precision == "bf16" else torch.float32)
     seq = cfg.data.seq_len

@@ -15,7 +15,7 @@ from plsh_dist.config.schema import DeepSpeedSection, OptimSection, resolve_mast
 
 def deepspeed_config(
     ds: DeepSpeedSection, optim: OptimSection, *, micro_batch_size: int, device_type: str,
-    load_universal: bool = False,
+    load_universal: bool = False, precision: str | None = None, master_weights: str | None = None,
 ) -> dict[str, Any]:
     """The dict passed as ``deepspeed.initialize(config=...)``.
 
@@ -26,9 +26,12 @@ def deepspeed_config(
         device_type: "cpu" or "cuda" (decides bf16 vs fp32 under "auto").
         load_universal: the run resumes from DeepSpeed's universal checkpoint (a resume at
             another shape: checkpoint/run_shape.py).
+        precision, master_weights: "bf16" or "fp32" as already resolved for ``device_type``
+            (the training set-up's ``ResolvedRun``); None: resolved here from ``ds``.
     DeepSpeed derives ``train_batch_size = micro x accum x world_size`` itself.
     """
-    precision = resolve_precision(ds, device_type)
+    precision = precision or resolve_precision(ds, device_type)
+    master_weights = master_weights or resolve_master_weights(ds, device_type)
     zero: dict[str, Any] = {"stage": ds.zero_stage}
     if ds.zero_stage >= 1 and ds.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": device_type == "cuda"}
@@ -40,7 +43,7 @@ def deepspeed_config(
         "gradient_accumulation_steps": optim.grad_accum_steps,
         "gradient_clipping": optim.grad_clip,
         "zero_optimization": zero,
-        "bf16": _bf16_section(precision, resolve_master_weights(ds, device_type)),
+        "bf16": _bf16_section(precision, master_weights),
         "fp16": {"enabled": False},
         # We log ourselves (metrics.jsonl, tensorboard); silence DeepSpeed's per-step prints.
         "steps_per_print": 2**31 - 1,

@@ -1,7 +1,10 @@
 """The pretraining loop: DeepSpeed engine, SP x DP, logging, checkpoints, export.
 
 ``train`` holds the run directory's lock for its whole call (rank 0, run_lock.py) around ``setup``
-(device, process groups, data, model, engine, resume -> ``TrainSession``), then per optimizer step
+(device, process groups, data, model, engine, resume -> ``TrainSession``), which goes one way: the
+config resolved for the world and device once (``resolve_run``, config/resolved.py), the run's
+``CheckpointManager`` (checkpoint/manager.py: the resume found and checked, then loaded, and every
+save and the export; the loop talks to nothing else in checkpoint/), then per optimizer step
 ``train_step`` (its micro-steps -> ``StepStats``), ``_log_step`` (metrics, periodic validation) and
 ``_save_checkpoint`` (periodic / stop), and at the end ``_finish`` (final validation, checkpoint,
 ``_export``).
@@ -29,14 +32,10 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from plsh_dist.checkpoint.export import export_final
-from plsh_dist.checkpoint.line import checkpoint_root, set_aside_newer
-from plsh_dist.checkpoint.resume_check import check_resume_config, check_resume_tokenizer
-from plsh_dist.checkpoint.run_shape import UNIVERSAL, change_notice, resume_route, run_shape, saved_shape
-from plsh_dist.checkpoint.safe_load import CheckpointLoadError
-from plsh_dist.checkpoint.tags import find_resume, load_checkpoint, save_checkpoint
-from plsh_dist.config.schema import RunConfig, read_resolved, resolve_master_weights, resolve_precision, write_resolved
-from plsh_dist.distributed import ParallelDims, default_backend
+from plsh_dist.checkpoint.manager import CheckpointLoadError, CheckpointManager
+from plsh_dist.config.resolved import ResolvedRun, resolve_device, resolve_run
+from plsh_dist.config.schema import RunConfig
+from plsh_dist.distributed import default_backend
 from plsh_dist.distributed.comm_stats import comm_stats
 from plsh_dist.distributed.cpu_shm import unlink_cpu_allreduce_buffer
 from plsh_dist.distributed.ports import free_port
@@ -79,14 +78,6 @@ class TrainResult:
     written), or None; the launcher then exits with ``EXIT_PREEMPTED``."""
     checkpoint_dir: str | None = None
     """The checkpoint written when the run was preempted."""
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise ValueError("[run].device = \"cuda\" but no CUDA device is visible; use \"cpu\" or \"auto\"")
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
 
 
 def init_distributed(device: torch.device, timeout_s: int = 600, rendezvous_timeout_s: float = 15) -> bool:
@@ -148,8 +139,6 @@ class Progress:
 
     comm_bytes: float = 0.0
     """Halo bytes this process had sent + received when the last step ended."""
-    valid_tags: set[str] = field(default_factory=set)
-    """Checkpoint tags of this run known valid (written, or verified on resume): pruning hashes the others once."""
     checkpoints_written: int = 0
     """Checkpoints this ``train`` call saved (for the closing outputs line)."""
 
@@ -161,15 +150,12 @@ class TrainSession:
     Fixed once built (frozen); what a step or a checkpoint changes is in ``progress``.
     The objects held (engine, data, runtime, logger) keep their own state."""
 
-    cfg: RunConfig
-    """The resolved run config (never modified)."""
-    device: torch.device
-    rank: int
-    world: int
-    dims: ParallelDims
+    run: ResolvedRun
+    """The run config resolved for this world and device (``resolve_run``; the config is never modified)."""
+    checkpoints: CheckpointManager
+    """Everything the loop does with checkpoints: resume, save, export (checkpoint/manager.py)."""
     sp_group: Any
     """This rank's sequence-parallel process group."""
-    precision: str
     model_cfg: ModelConfig
     attn_cfg: AttentionConfig
     data: DataPipeline
@@ -180,28 +166,30 @@ class TrainSession:
     n_params: int
     start_step: int
     """Optimizer steps already done (> 0 after a resume)."""
-    resume: tuple[Path, str] | None
-    """(checkpoint root, tag) resumed from, or None for a fresh run."""
     log: MetricsLogger
     stop: StopRequest = field(default_factory=StopRequest)
     """Set by the SIGTERM / SIGUSR1 handler ``train`` installs; read at the end of each step."""
-    resume_load_s: float | None = None
-    """Seconds loading the resumed checkpoint took (manifest check, every shard read); None for a fresh run."""
     progress: Progress = field(default_factory=Progress)
-    """The mutable part: halo byte count, known-valid checkpoint tags, checkpoints written."""
+    """The mutable part: halo byte count, checkpoints written."""
     flops: FlopsPlan | None = None
     """Model FLOPs of one optimizer step (the planner's ``model_flops``: PLSH's expected pairs)."""
     peak: tuple[float | None, str] = (None, "")
     """Peak FLOP/s of one device (None: unknown, no MFU) and where it comes from (``peak_flops``)."""
 
-    @property
-    def out_dir(self) -> Path:
-        return Path(self.cfg.run.out_dir)
+    # What the resolved run holds, by the names the loop reads.
+    cfg = property(lambda self: self.run.cfg)
+    device = property(lambda self: self.run.device)
+    rank = property(lambda self: self.run.rank)
+    world = property(lambda self: self.run.world)
+    dims = property(lambda self: self.run.dims)
+    precision = property(lambda self: self.run.precision)
+    out_dir = property(lambda self: self.run.out_dir)
+    tokens_per_step = property(lambda self: self.run.tokens_per_step)
 
     @property
-    def tokens_per_step(self) -> int:
-        cfg = self.cfg
-        return cfg.data.micro_batch_size * cfg.optim.grad_accum_steps * self.dims.dp_size * cfg.data.seq_len
+    def resume(self) -> tuple[Path, str] | None:
+        """(checkpoint root, tag) resumed from, or None for a fresh run."""
+        return self.checkpoints.resume
 
 
 def setup(cfg: RunConfig, lock: RunDirLock | None = None, stop: StopRequest | None = None) -> TrainSession:
@@ -222,31 +210,20 @@ def setup(cfg: RunConfig, lock: RunDirLock | None = None, stop: StopRequest | No
     with refusing("config"):
         device = resolve_device(cfg.run.device)
     init_distributed(device, cfg.parallel.timeout_s, cfg.parallel.rendezvous_timeout_s)
-    world, rank = dist.get_world_size(), dist.get_rank()
-    with refusing("config"):
-        cfg.validate(world_size=world)
-        precision = resolve_precision(cfg.deepspeed, device.type)
-        resolve_master_weights(cfg.deepspeed, device.type)  # bf16 master weights with "auto" on a CPU
-    shape = run_shape(cfg, world, device.type)
-    route = None
+    with refusing("config"):  # the layout, and e.g. bf16 master weights with precision "auto" on a CPU
+        run = resolve_run(cfg, dist.get_world_size(), device, dist.get_rank())
+    rank, dims = run.rank, run.dims
+    checkpoints = CheckpointManager(run)
     with refusing("resume"):  # before the data: a refused resume costs no tokenising
-        resume = find_resume(cfg.checkpoint.resume, Path(cfg.run.out_dir))
-        if resume is not None:
-            check_resume_config(cfg, resume[0] / resume[1])
-            saved = saved_shape(resume[0] / resume[1], device.type) or shape
-            route = resume_route(saved, shape, resume[0] / resume[1])
-            if saved != shape and rank == 0:
-                print(f"plsh_dist: {change_notice(saved, shape)}", flush=True)
-    dims = ParallelDims(world, cfg.parallel.sp_size)
+        checkpoints.find_resume()
     # DP groups go unused: DeepSpeed reduces gradients over the whole world (module doc).
     sp_group = dims.build_groups(timeout=timedelta(seconds=cfg.parallel.timeout_s))[0]
 
     prepared = prepare(cfg.data, cfg.tokenizer)  # refuses bad data on every rank alike
     with refusing("config"):
         cfg.check_tokenizer_vocab(prepared.tokenizer.vocab_size)  # a tokenizer trained or replaced since load_config
-    if resume is not None:
-        with refusing("resume"):  # the tokenizer the data preparation trained or loaded: the run's own?
-            check_resume_tokenizer(resume[0] / resume[1], cfg.tokenizer.model_path, prepared.tokenizer.fingerprint)
+    with refusing("resume"):  # the tokenizer the data preparation trained or loaded: the run's own?
+        checkpoints.check_tokenizer(prepared.tokenizer.fingerprint)
     model_cfg, attn_cfg = cfg.model, cfg.attention
     with refusing("data"):  # e.g. a corpus too small for one global batch
         data = DataPipeline(prepared, cfg.data, dp_rank=dims.dp_rank(rank), dp_size=dims.dp_size,
@@ -254,34 +231,32 @@ def setup(cfg: RunConfig, lock: RunDirLock | None = None, stop: StopRequest | No
 
     torch.manual_seed(cfg.run.seed)  # identical init on every rank
     runtime = AttentionRuntime(run_seed=cfg.run.seed)
-    engine, n_params = _build_engine(cfg, model_cfg, attn_cfg, runtime, sp_group, device,
-                                     load_universal=route == UNIVERSAL)
-    start_step, valid_tags, load_s = _resume(cfg, engine, data, resume, universal=route == UNIVERSAL)
-    _accept(cfg, rank, start_step, resume, lock)
+    engine, n_params = _build_engine(run, runtime, sp_group, load_universal=checkpoints.load_universal)
+    start_step = _resume(checkpoints, engine, data)
+    _accept(run, checkpoints, start_step, lock)
 
     log = MetricsLogger(cfg.run.out_dir, enabled=rank == 0, tensorboard=cfg.logging.tensorboard,
                         progress=cfg.logging.progress, total_steps=cfg.run.max_steps, initial_step=start_step)
     # A fresh run starts a fresh metrics.jsonl; a resumed one drops what the
     # interrupted run logged after its checkpoint (those steps are replayed).
     log.truncate_after(start_step)
-    session = TrainSession(cfg=cfg, device=device, rank=rank, world=world, dims=dims, sp_group=sp_group,
-                           precision=precision, model_cfg=model_cfg, attn_cfg=attn_cfg, data=data, runtime=runtime,
-                           engine=engine, n_params=n_params, start_step=start_step, resume=resume, log=log,
-                           stop=stop if stop is not None else StopRequest(), resume_load_s=load_s,
-                           progress=Progress(valid_tags=valid_tags),
-                           flops=model_flops(cfg, world_size=world, device=device.type),
-                           peak=peak_flops(device, precision, cfg.logging.peak_tflops))
+    session = TrainSession(run=run, checkpoints=checkpoints, sp_group=sp_group, model_cfg=model_cfg,
+                           attn_cfg=attn_cfg, data=data, runtime=runtime, engine=engine, n_params=n_params,
+                           start_step=start_step, log=log, stop=stop if stop is not None else StopRequest(),
+                           flops=model_flops(cfg, world_size=run.world, device=device.type, precision=run.precision),
+                           peak=peak_flops(device, run.precision, cfg.logging.peak_tflops))
     log.print(startup_summary(_summary(session)))
     return session
 
 
-def _build_engine(cfg: RunConfig, model_cfg: ModelConfig, attn_cfg: AttentionConfig, runtime: AttentionRuntime,
-                  sp_group, device: torch.device, load_universal: bool = False) -> tuple[Any, int]:
+def _build_engine(run: ResolvedRun, runtime: AttentionRuntime, sp_group, load_universal: bool = False
+                  ) -> tuple[Any, int]:
     """The model (initialised from torch's global RNG, or from [model].init_from) with sequence parallelism
     applied once, optimizer, scheduler and DeepSpeed engine -> ``(engine, parameter count)``.
     ``load_universal``: the engine will load a universal checkpoint (a resume at another shape)."""
     import deepspeed  # here, not at import: DeepSpeed picks its accelerator (DS_ACCELERATOR) when imported
 
+    cfg, device, model_cfg, attn_cfg = run.cfg, run.device, run.cfg.model, run.cfg.attention
     # Random init, or [model].init_from's weights (continued pretraining).
     model = apply_sequence_parallel(initial_model(cfg, model_cfg, attn_cfg, runtime, device), sp_group)
     n_params = count_parameters(model)
@@ -294,82 +269,38 @@ def _build_engine(cfg: RunConfig, model_cfg: ModelConfig, attn_cfg: AttentionCon
     optimizer = build_optimizer(model, cfg.optim, device.type)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.run.max_steps)
     ds_config = deepspeed_config(cfg.deepspeed, cfg.optim, micro_batch_size=cfg.data.micro_batch_size,
-                                 device_type=device.type, load_universal=load_universal)
+                                 device_type=device.type, load_universal=load_universal,
+                                 precision=run.precision, master_weights=run.master_weights)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config, dist_init_required=False)
     forget_initial_step(engine.optimizer)  # ZeRO 0 + bf16 only (ddp_bf16.py)
     return engine, n_params
 
 
-def _resume(cfg: RunConfig, engine, data: DataPipeline, resume: tuple[Path, str] | None, universal: bool = False
-            ) -> tuple[int, set[str], float | None]:
-    """Load the checkpoint ``resume`` names (``find_resume``), if any, and position the data
-    after its step -> ``(start_step, tags of this run's checkpoint dir known valid, seconds the
-    load took or None)``. ``universal``: through DeepSpeed's universal checkpoint (a resume at
-    another shape, checkpoint/run_shape.py).
-
-    A damaged or unsafe checkpoint refuses the run (``RunRefused("checkpoint")``)."""
-    start_step, valid_tags, load_s, position = 0, set(), None, 0
-    if resume is not None:
-        t0 = time.time()
-        try:
-            state = load_checkpoint(engine, *resume, universal=universal)
-        except CheckpointLoadError as exc:
-            raise RunRefused("checkpoint", str(exc), every_rank=exc.every_rank) from exc
-        load_s = time.time() - t0
-        start_step = int(state["step"])
-        position = _stream_position(state, resume[0] / resume[1], cfg)
-        if resume[0].resolve() == checkpoint_root(cfg.run.out_dir).resolve():
-            valid_tags.add(resume[1])  # its manifest was just checked
-        _set_lr_of_next_step(engine)
+def _resume(checkpoints: CheckpointManager, engine, data: DataPipeline) -> int:
+    """Load the checkpoint the run resumes from, if any (checkpoint/manager.py), and position the data
+    after its step -> ``start_step``. A damaged or unsafe checkpoint refuses the run
+    (``RunRefused("checkpoint")``)."""
+    try:
+        start_step, position = checkpoints.load(engine)
+    except CheckpointLoadError as exc:
+        raise RunRefused("checkpoint", str(exc), every_rank=exc.every_rank) from exc
     # Continue the global data stream where the checkpoint's run stopped, at any DP size.
     data.skip_to(position)
-    return start_step, valid_tags, load_s
+    return start_step
 
 
-def _stream_position(state: dict[str, Any], tag_dir: Path, cfg: RunConfig) -> int:
-    """The global data-stream position saved with a checkpoint (``consumed_sequences``); for one
-    written before it was saved, its micro-batches x its micro-batch size x its DP size (its config
-    and shape), which is what that run had read."""
-    if "consumed_sequences" in state:
-        return int(state["consumed_sequences"])
-    saved = read_resolved(tag_dir) if (tag_dir / "config.resolved.json").is_file() else cfg
-    shape = saved_shape(tag_dir, "cpu")
-    dp_size = shape.dp_size if shape is not None else 1
-    return int(state["consumed_micro_batches"]) * saved.data.micro_batch_size * dp_size
-
-
-def _set_lr_of_next_step(engine) -> None:
-    """After loading a checkpoint: the next step trains at this config's rate for it.
-
-    The restored optimizer holds the rate the checkpoint's scheduler set for that
-    step; when the resumed config's schedule differs there (checkpoint/resume_check.py lets it
-    differ only for steps not trained yet), the first resumed step would train at
-    the old rate and the next ones at the new. The rate is the scheduler's own
-    product (base rate x this config's factor at the restored step), so an
-    unchanged schedule gets the very value it restored."""
-    scheduler = engine.lr_scheduler
-    rates = [base * factor(scheduler.last_epoch) for factor, base in zip(scheduler.lr_lambdas, scheduler.base_lrs)]
-    for group, lr in zip(engine.optimizer.param_groups, rates):
-        group["lr"] = lr
-    scheduler._last_lr = rates  # what get_last_lr() reports
-
-
-def _accept(cfg: RunConfig, rank: int, start_step: int, resume: tuple[Path, str] | None,
-            lock: RunDirLock | None) -> None:
+def _accept(run: ResolvedRun, checkpoints: CheckpointManager, start_step: int, lock: RunDirLock | None) -> None:
     """The run is accepted: rank 0 moves a previous run aside unless this one continues it
     from the out_dir's own checkpoints (run_dir.py), writes its record (the resolved config)
     and moves the checkpoints newer than ``start_step`` (an abandoned line, checkpoint/line.py)
     aside; collective."""
-    if rank == 0:
-        out_dir = Path(cfg.run.out_dir)
-        continues = resume is not None and resume[0].resolve() == checkpoint_root(out_dir).resolve()
-        moved = None if continues else set_aside_previous_run(out_dir, lock)
+    if run.rank == 0:
+        moved = None if checkpoints.continues_out_dir else set_aside_previous_run(run.out_dir, lock)
         if moved is not None:
-            print(f"plsh_dist: {out_dir} held a previous run and this one starts fresh: moved it, whole and "
+            print(f"plsh_dist: {run.out_dir} held a previous run and this one starts fresh: moved it, whole and "
                   f"unchanged, to {moved} (nothing deleted)", flush=True)
-        write_resolved(cfg, cfg.run.out_dir)
-        set_aside_newer(checkpoint_root(cfg.run.out_dir), start_step, rank)
+    checkpoints.accept(start_step)
     dist.barrier()
 
 
@@ -403,7 +334,7 @@ def _summary(s: TrainSession) -> dict[str, str]:
                         "aborts without saving)" if cfg.checkpoint.save_on_signal else
                         "[checkpoint].save_on_signal = false: Ctrl-C and SIGTERM end the run without saving"),
         "steps": f"{s.start_step} -> {cfg.run.max_steps}"
-                 + (f" (resumed from {s.resume[0] / s.resume[1]}, loaded in {s.resume_load_s:.2f} s)"
+                 + (f" (resumed from {s.resume[0] / s.resume[1]}, loaded in {s.checkpoints.load_s:.2f} s)"
                     if s.resume else ""),
     }
 
@@ -519,11 +450,10 @@ def _log_step(s: TrainSession, done: int, stats: StepStats, tokens_per_s: float)
 def _save_checkpoint(s: TrainSession, step: int, loss: float | None) -> Path:
     """Checkpoint after optimizer step ``step``; collective. Returns the published tag directory.
     Rank 0 says how long the save took (every rank's shards written, hashed and published) and its size."""
-    trainer_state = {"step": step, "consumed_sequences": s.data.global_position, "sources": s.data.source_progress(),
-                     "loss": loss, "shape": run_shape(s.cfg, s.world, s.device.type).to_dict()}
     s.progress.checkpoints_written += 1
     t0 = time.time()
-    tag_dir = save_checkpoint(s.engine, s.cfg, step, trainer_state, s.cfg.tokenizer.model_path, s.progress.valid_tags)
+    tag_dir = s.checkpoints.save(s.engine, step, loss=loss, consumed_sequences=s.data.global_position,
+                                 sources=s.data.source_progress())
     if s.rank == 0:
         size = sum(p.stat().st_size for p in tag_dir.rglob("*") if p.is_file())
         s.log.print(f"checkpoint: {tag_dir} saved in {time.time() - t0:.2f} s ({size / 2**20:.1f} MiB)")
@@ -542,7 +472,7 @@ def _export(s: TrainSession, evaluation: dict) -> Path:
     """safetensors weights + resolved config + tokenizer + model card in ``out_dir/final``; collective."""
     training = {"steps": s.cfg.run.max_steps, "tokens_seen": s.data.global_position * s.cfg.data.seq_len,
                 "evaluation": evaluation}
-    return export_final(s.engine, s.cfg, s.cfg.tokenizer.model_path, s.out_dir / "final", training)
+    return s.checkpoints.export(s.engine, training)
 
 
 def _finish(s: TrainSession, result: TrainResult) -> None:
