@@ -333,12 +333,12 @@ def test_the_op_reads_nothing_back_on_a_device(monkeypatch, fixed, shape, docs):
     tables = ["hash_draw_kernel"] + ["band_tables_kernel"] * 3  # fixed blocks: pitch 2 sigma, shift 0, one launch
     if docs:
         tables = ["document_layout_kernel"] + tables
-    if not fixed and s > triton_onepass.UNROLLED_SAMPLES:  # + the near tiles' runs table, one allocation more
+    if not fixed and s > kernel_bias_cache.UNROLLED_SAMPLES:  # + the near tiles' runs table, one allocation more
         tables += ["block_ends_kernel", "near_runs_kernel", "run_offsets_kernel", "near_runs_kernel"]
     # (forward, forward + backward) of a warm call, whatever T, H, D and s: 15 and 36 (documents: 7 and 20,
     # the layout's one launch replacing the positions' checks); one allocation more each for the runs table,
     # and with documents in rows of a batch, the flat row's copy back to the batch (lse; dq, dk, dv)
-    near = not fixed and s > triton_onepass.UNROLLED_SAMPLES
+    near = not fixed and s > kernel_bias_cache.UNROLLED_SAMPLES
     warm = ((7, 20) if docs else (15, 36), (1, 2) if near else (0, 0), (1, 3) if docs and B > 1 else (0, 0))
     warm = tuple(sum(x) for x in zip(*warm))
     assert counts == [(warm[0] + 1, warm[1] + 1), warm] and warm[1] <= 38
@@ -392,7 +392,7 @@ import numpy as np
 import torch
 
 from plsh_dist.hashing import counter_uniform, gamma2_ppf, register_sampler
-from plsh_dist.ops import device_draws
+from plsh_dist.ops.triton import device_draws
 
 
 def draw(lsh, t, h):  # Gamma(2, 1) by inversion, antithetic shifts in pairs of samples
@@ -554,8 +554,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from plsh_dist.ops import sampler_kernels as sk
-from plsh_dist.ops import table_kernels as tk
+from plsh_dist.ops.triton import sampler_kernels as sk
+from plsh_dist.ops.triton import table_kernels as tk
 
 TABLES = {"Pos": "*i64", "Virtual": "*i64", "DocFirst": "*i64", "DocEnd": "*i64", "KPos": "*i32", "Pitch": "*fp64",
           "Shift": "*fp64", "Window": "*i64", "Table": "*i32", "Rows": "*i32", "KSpan": "*i32", "Lo": "*i32",

@@ -162,13 +162,13 @@ def test_alibi_attention_runs_on_the_kernel(window, monkeypatch):
     """``alibi_attention`` sends exact, windowed and truncated ALiBi to the kernel where the kernel
     runs (CUDA; on CPU the interpreter stands in for the device check) and equals the chunked path,
     gradients and lse included, with GQA and batch 2 (and packed documents)."""
-    import plsh_dist.ops.alibi as alibi_ops
+    import plsh_dist.ops.alibi_kernel as alibi_kernel
     from plsh_dist.ops import triton as triton_onepass  # the wing alibi calls through
     from plsh_dist.ops.alibi import alibi_attention, equal_cost_c, truncation_windows
 
     dev = kernel_device()
     if dev.type == "cpu":
-        monkeypatch.setattr(alibi_ops, "triton_cuda", lambda device, dtype: True)
+        monkeypatch.setattr(alibi_kernel, "triton_cuda", lambda device, dtype: True)  # where ALiBi chooses
     calls = []
     real = triton_onepass.banded_forward
     monkeypatch.setattr(triton_onepass, "banded_forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
