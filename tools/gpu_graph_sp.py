@@ -45,7 +45,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 import warnings
 from pathlib import Path
 
@@ -71,18 +70,6 @@ NO_CUDA = ("the SP layer's CUDA graph (capture, replay, set_sync_debug_mode) and
 
 
 # ---------------------------------------------------------------- one rank
-
-
-def failure(exc: BaseException) -> dict:
-    """An exception as data: its text and the innermost frames of this repository (and the error it
-    was raised while handling: a failed capture's end hides the first)."""
-    chain, e = [], exc
-    while e is not None and len(chain) < 3:
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename.startswith(str(ROOT))]
-        chain.append({"error": f"{type(e).__name__}: {e}"[:800],
-                      "where": [f"{Path(f.filename).relative_to(ROOT)}:{f.lineno} in {f.name}" for f in frames[-4:]]})
-        e = e.__cause__ or e.__context__
-    return {"error": chain[0]["error"], "chain": chain}
 
 
 def build(rank: int, world: int, cuda: bool):
@@ -146,7 +133,7 @@ def run_rank(rank: int, world: int, rendezvous: str, out_path: Path, cuda: bool,
     import torch
     import torch.distributed as dist
 
-    from tools.gpu_graph import site_recorder
+    from tools.gpu_graph import failure, site_recorder
 
     if not cuda:
         torch.set_num_threads(1)

@@ -20,19 +20,9 @@ import torch.distributed as dist
 from plsh_dist.distributed.sp_chunks import sp_chunk, sp_positions
 from plsh_dist.models import AttentionConfig, apply_sequence_parallel, build_model, presets
 from plsh_dist.models.runtime import AttentionRuntime
+from tests.models.test_compile import BIASES  # every bias the models take
 from tests.tolerances import FP32
 
-#: Every bias the models take (tests/models/test_compile.py's set).
-BIASES = {
-    "none": dict(bias="none"),
-    "none_rope": dict(bias="none", rope=True),
-    "alibi": dict(bias="alibi"),
-    "window": dict(bias="window", window=10),
-    "truncated": dict(bias="truncated", num_samples=4),
-    "plsh_onepass": dict(bias="plsh", num_samples=4, method="onepass"),
-    "plsh_per_sample": dict(bias="plsh", num_samples=4, method="per_sample"),
-    "fixed_blocks": dict(bias="fixed_blocks"),
-}
 B, T, OFFSET = 2, 48, 16
 #: bf16 against bf16 eager: the same op on the same inputs, only the surrounding layer's ops traced by
 #: AOTAutograd (its decompositions may round once more than eager's kernels: 2 bf16 ulps of O(1) values)
