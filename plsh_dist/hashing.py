@@ -84,6 +84,18 @@ def register_sampler(name: str, draw: SamplerDraw, device_draw: SamplerDeviceDra
     _SAMPLERS[name] = entry
 
 
+def register_device_draw(name: str, device_draw: SamplerDeviceDraw) -> None:
+    """Give the registered sampler ``name`` its device form (:data:`SamplerDeviceDraw`), where that form
+    is defined apart from the sampler (the package's own: ``plsh_dist.ops.triton.device_draws``). The
+    same form again is a no-op; another one is an error, as in :func:`register_sampler`."""
+    known = _SAMPLERS.get(name)
+    if known is None:
+        raise ValueError(f"sampler {name!r} is not registered; register_sampler(name, draw) first")
+    if known.device_draw not in (None, device_draw):
+        raise ValueError(f"sampler {name!r} already has another device form")
+    _SAMPLERS[name] = Sampler(known.draw, device_draw)
+
+
 def import_sampler_module(module: str, setting: str = "sampler_module") -> None:
     """Import ``module``, which registers its samplers when imported (:func:`register_sampler`).
 
@@ -547,18 +559,7 @@ def _stratified_draws(lsh: PositionalLSH, t: np.ndarray, h: np.ndarray) -> tuple
     return gamma2_ppf(quantile)[group, h], unit_shift
 
 
-def _iid_device_draws(lsh: PositionalLSH, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    # the draws module itself, not the wing (which imports this module): no import circle
-    from plsh_dist.ops.triton.device_draws import iid_draws  # noqa: PLC0415 (Triton loads when a device draws)
-
-    return iid_draws(lsh, device)
-
-
-def _stratified_device_draws(lsh: PositionalLSH, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    from plsh_dist.ops.triton.device_draws import stratified_draws  # noqa: PLC0415
-
-    return stratified_draws(lsh, device)
-
-
-register_sampler("iid", _iid_draws, _iid_device_draws)
-register_sampler("stratified", _stratified_draws, _stratified_device_draws)
+# their device forms are registered where they are defined, by the module that draws on the device
+# (plsh_dist.ops.triton.device_draws: register_device_draw), so this module imports nothing above it
+register_sampler("iid", _iid_draws)
+register_sampler("stratified", _stratified_draws)

@@ -6,7 +6,8 @@
   planner's), ``kernel_bias.py`` (the tables a launch reads), ``near_runs.py`` (a hash's blocks as
   runs of tokens, beyond the unrolled samples), ``device_tables.py`` + ``table_kernels.py`` (the same
   tables built on the device), ``device_draws.py``
-  + ``sampler_kernels.py`` (a hash's draws there; ``hashing.py`` imports ``device_draws`` itself);
+  + ``sampler_kernels.py`` (a hash's draws there: ``device_draws`` registers the package's samplers' device forms
+  with :mod:`plsh_dist.hashing` when ``device_tables`` loads it);
 - ``cache.py``: the one cache of those tables; ``device_constants.py``: host constants copied once;
   ``runtime.py``: is Triton importable, interpreted, may a device's tensors be launched on.
 

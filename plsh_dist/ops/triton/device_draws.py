@@ -25,7 +25,7 @@ Legend: s samples, H hash heads, G groups of samples.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -33,8 +33,7 @@ import torch
 from plsh_dist.ops.triton.device_constants import device_constant
 from plsh_dist.ops.triton.runtime import launcher
 
-if TYPE_CHECKING:  # annotations only: hashing imports this module (where a device draws)
-    from plsh_dist.hashing import PositionalLSH
+from plsh_dist.hashing import PositionalLSH, register_device_draw
 
 _BLOCK = 256
 #: gamma2_ppf_kernel's lanes per step of its one program
@@ -134,3 +133,9 @@ def stratified_draws(lsh: PositionalLSH, device: torch.device) -> tuple[torch.Te
     quantile = (stratum + u3) / num_groups
     unit_shift = torch.remainder(torch.gather(u4, 0, group) + offset, 1.0)  # x - floor(x): exact
     return torch.gather(gamma2_ppf(quantile), 0, group), unit_shift
+
+
+# The package's samplers' device forms (their host forms: plsh_dist.hashing). Registered here, when the
+# module that draws on a device is loaded (device_tables imports it before any draw).
+register_device_draw("iid", iid_draws)
+register_device_draw("stratified", stratified_draws)
