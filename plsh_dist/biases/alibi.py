@@ -40,15 +40,17 @@ class ExactAlibi(Bias):
     def chunk_size(self) -> int | None:
         return self.cfg.chunk_size
 
-    def forward(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
+    def one_process(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
+        """The op (compiled too: it lays the raw position_ids out itself when ``call.compiled``)."""
         q, k, v, H = call.q, call.k, call.v, call.num_heads
-        slopes, window, chunk = self.slopes(H), self.key_window(H), self.chunk_size()
-        if call.group is not None:
-            return sp_attention.alibi_attention(q, k, v, group=call.group, slopes=slopes, window=window,
-                                                chunk_size=chunk, **call.common())
-        # compiled, the op lays the raw position_ids out itself
-        return alibi_attention_op(q, k, v, call.positions, call.cu_seqlens, slopes, window_list(window), True,
+        window, chunk = self.key_window(H), self.chunk_size()
+        return alibi_attention_op(q, k, v, call.positions, call.cu_seqlens, self.slopes(H), window_list(window), True,
                                   call.scale, chunk, choose_alibi_kernel(q.device, q.dtype, chunk), call.compiled)[0]
+
+    def sequence_parallel(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
+        H = call.num_heads
+        return sp_attention.alibi_attention(call.q, call.k, call.v, group=call.group, slopes=self.slopes(H),
+                                            window=self.key_window(H), chunk_size=self.chunk_size(), **call.common())
 
     def decode(self, q, k, v, q_pos, k_pos, scale, seeds: LayerSeeds) -> torch.Tensor:
         H = q.shape[2]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import functools
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Protocol
 
 import torch
 
@@ -113,10 +113,36 @@ class Bias(abc.ABC):
 
     # --- computing it ---------------------------------------------------------------------
 
-    @abc.abstractmethod
     def forward(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
-        """The full causal forward of ``call`` -> (B, T, Hq, D) in q's dtype (differentiable): one
-        process eagerly, the custom op compiled, the sequence-parallel form with a group."""
+        """The full causal forward of ``call`` -> (B, T, Hq, D) in q's dtype (differentiable), in the form
+        :meth:`form` picks."""
+        return self.form(call)(call, seeds)
+
+    def form(self, call: AttentionCall) -> Callable[[AttentionCall, LayerSeeds], torch.Tensor]:
+        """The one place that picks how ``call`` is computed: :meth:`sequence_parallel` with a group
+        (compiled or not: its functions are custom ops under ``torch.compile``), :meth:`compiled` under
+        ``torch.compile``, else :meth:`one_process`. The model's hook calls the method it returns, so
+        the choice adds no frame to the attention's calls."""
+        if call.group is not None:
+            return self.sequence_parallel
+        if call.compiled:
+            return self.compiled
+        return self.one_process
+
+    @abc.abstractmethod
+    def one_process(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
+        """One process, eagerly: ``call.positions`` / ``call.cu_seqlens`` are the ops' layout."""
+
+    def compiled(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
+        """One process under ``torch.compile``: one custom op, which lays the raw ``position_ids`` out itself
+        and reads the seed as a tensor (:meth:`LayerSeeds.seed_tensor`). By default :meth:`one_process`,
+        for a bias whose eager call is that op already (it reads ``call.compiled``)."""
+        return self.one_process(call, seeds)
+
+    @abc.abstractmethod
+    def sequence_parallel(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
+        """This rank's chunk over ``call.group`` (:mod:`plsh_dist.distributed.sp.attention`'s functions,
+        which are custom ops under ``torch.compile``: ``call.compiled`` says which seed to pass)."""
 
     @abc.abstractmethod
     def decode(self, q, k, v, q_pos, k_pos, scale, seeds: LayerSeeds) -> torch.Tensor:

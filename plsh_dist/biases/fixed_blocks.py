@@ -33,8 +33,9 @@ class FixedBlocksBaseline(PLSH):
         """One sample, no seed: 0 (a tensor for the compiled op)."""
         return 1, torch.zeros((), dtype=torch.int64) if as_tensor else 0, "iid", True
 
-    def sp_forward(self, call: AttentionCall, sigma, seeds: LayerSeeds) -> torch.Tensor:
-        return sp_attention.fixed_blocks_attention(call.q, call.k, call.v, group=call.group, sigma=sigma,
+    def sequence_parallel(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
+        return sp_attention.fixed_blocks_attention(call.q, call.k, call.v, group=call.group,
+                                                   sigma=head_scales(self.cfg.sigma, call.num_heads)[0],
                                                    backend=self.cfg.backend, method=self.cfg.method, **call.common())
 
     def new_hash(self, num_heads: int, seed) -> FixedBlocks:

@@ -33,12 +33,16 @@ class NoBias(ExactAlibi):
     def chunk_size(self) -> None:
         return None
 
-    def forward(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
-        if call.compiled:
-            return super().forward(call, seeds)
-        if call.group is not None:
-            return sp_attention.causal_attention(call.q, call.k, call.v, group=call.group, **call.common())
+    def one_process(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
         return causal_attention(call.q, call.k, call.v, **call.common())
+
+    def compiled(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
+        """The ALiBi op with zero slopes (it lays packed documents out from the raw position_ids, which
+        SDPA cannot)."""
+        return super().one_process(call, seeds)
+
+    def sequence_parallel(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
+        return sp_attention.causal_attention(call.q, call.k, call.v, group=call.group, **call.common())
 
     def decode(self, q, k, v, q_pos, k_pos, scale, seeds: LayerSeeds) -> torch.Tensor:
         return decode_ops.causal_decode(q, k, v, q_pos, k_pos, scale=scale)

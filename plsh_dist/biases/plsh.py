@@ -59,25 +59,26 @@ class PLSH(Bias):
         seed as an int64 scalar tensor, for the compiled op)."""
         return self.cfg.num_samples, seeds.seed_tensor() if as_tensor else seeds.seed(), self.cfg.sampler, False
 
-    def forward(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
-        cfg, q, k, v, H = self.cfg, call.q, call.k, call.v, call.num_heads
-        if call.group is not None:  # compiled, a custom op too (it reads the seed as a tensor)
-            return self.sp_forward(call, head_scales(cfg.sigma, H)[0], seeds)
-        if call.compiled:  # the custom op lays the raw position_ids out itself, and reads the seed as a tensor
-            num_samples, seed, sampler, fixed = self.hash_args(seeds, as_tensor=True)
-            strategy = chosen_name(cfg.backend, cfg.method, q.device, q.dtype, num_samples)
-            return block_attention_op(q, k, v, call.positions, call.cu_seqlens, seed,
-                                      hash_sigma(cfg.sigma, H, q.device), num_samples, sampler, fixed, True,
-                                      call.scale, strategy, True)[0]
-        sigma = head_scales(cfg.sigma, H)[0]
-        return block_attention(q, k, v, sigma, self.hash_args(seeds, as_tensor=False), call.positions, True,
-                               call.scale, cfg.backend, cfg.method, False, call.cu_seqlens)
+    def one_process(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
+        cfg = self.cfg
+        sigma = head_scales(cfg.sigma, call.num_heads)[0]
+        return block_attention(call.q, call.k, call.v, sigma, self.hash_args(seeds, as_tensor=False), call.positions,
+                               True, call.scale, cfg.backend, cfg.method, False, call.cu_seqlens)
 
-    def sp_forward(self, call: AttentionCall, sigma, seeds: LayerSeeds) -> torch.Tensor:
-        """This rank's chunk under sequence parallelism: a halo of keys/values."""
+    def compiled(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
+        """The custom op, which lays the raw position_ids out itself and reads the seed as a tensor."""
+        cfg, q, k, v, H = self.cfg, call.q, call.k, call.v, call.num_heads
+        num_samples, seed, sampler, fixed = self.hash_args(seeds, as_tensor=True)
+        strategy = chosen_name(cfg.backend, cfg.method, q.device, q.dtype, num_samples)
+        return block_attention_op(q, k, v, call.positions, call.cu_seqlens, seed, hash_sigma(cfg.sigma, H, q.device),
+                                  num_samples, sampler, fixed, True, call.scale, strategy, True)[0]
+
+    def sequence_parallel(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
+        """This rank's chunk: a halo of keys/values (compiled, the seed as a tensor)."""
         cfg = self.cfg
         seed = seeds.seed_tensor() if call.compiled else seeds.seed()
-        return sp_attention.plsh_attention(call.q, call.k, call.v, group=call.group, sigma=sigma,
+        return sp_attention.plsh_attention(call.q, call.k, call.v, group=call.group,
+                                           sigma=head_scales(cfg.sigma, call.num_heads)[0],
                                            num_samples=cfg.num_samples, seed=seed, backend=cfg.backend,
                                            sampler=cfg.sampler, method=cfg.method, **call.common())
 

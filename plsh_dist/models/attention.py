@@ -110,7 +110,8 @@ class AttentionBinding:
 
     def forward(self, q, k, v, positions, scale, cu_seqlens=None) -> torch.Tensor:
         """q (B, T, Hq, D), k/v (B, T, Hkv, D) -> (B, T, Hq, D) under ``cfg.bias``, over ``group``."""
-        return self.bias.forward(AttentionCall(q, k, v, positions, cu_seqlens, scale, group=self.group), self)
+        call = AttentionCall(q, k, v, positions, cu_seqlens, scale, group=self.group)
+        return self.bias.form(call)(call, self)
 
     def decode(self, q, k, v, q_pos, k_pos, scale) -> torch.Tensor:
         """A KV-cache step's rows: q (B, Tq, Hq, D) at ``q_pos`` against k/v (B, Tk, Hkv, D) at
@@ -304,12 +305,12 @@ def plsh_dist_attention(
         # compiled: the layout (host integers read from the positions) is made inside the op
         call = AttentionCall(q, k, v, position_ids, _packed_offsets(kwargs), scaling, compiled=True,
                              group=binding.group)
-        return binding.bias.forward(call, binding), None
+        return binding.bias.form(call)(call, binding), None
     positions, cu_seqlens = _layout(position_ids, _packed_offsets(kwargs), B, T, binding.positions)
     if key.shape[2] != T:
         return _decode(binding, q, k, v, positions, scaling, cu_seqlens), None
     call = AttentionCall(q, k, v, positions, cu_seqlens, scaling, group=binding.group)
-    return binding.bias.forward(call, binding), None
+    return binding.bias.form(call)(call, binding), None
 
 
 def _decode(binding: AttentionBinding, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,

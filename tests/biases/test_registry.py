@@ -12,14 +12,16 @@ from plsh_dist.eval.mode_specs import attention_for, parse_modes
 from plsh_dist.models import AttentionConfig, build_model, presets
 
 
-def test_every_bias_is_a_config_bias_with_forward_and_decoding():
+def test_every_bias_is_a_config_bias_with_its_forms_and_decoding():
     assert tuple(BIASES) == ("none", "alibi", "plsh", "fixed_blocks", "window", "truncated")
     for name, cls in BIASES.items():
         assert cls.name == name and issubclass(cls, Bias)
         bias = bias_for(AttentionConfig(bias=name))
         assert type(bias) is cls and all(hasattr(bias.cfg, f) for f in cls.fields)
-        for method in ("forward", "decode", "reference_weights", "pairs_per_head", "workspace_cuda"):
+        for method in ("one_process", "sequence_parallel", "decode", "reference_weights", "pairs_per_head",
+                       "workspace_cuda"):
             assert getattr(cls, method) is not getattr(Bias, method), (name, method)  # each implements it
+        assert cls.forward is Bias.forward, name  # the choice of form is the base class's alone
 
 
 def test_an_unknown_bias_names_the_known_ones():
@@ -73,7 +75,7 @@ def test_forward_and_decoding_go_through_the_bias_object(monkeypatch):
         return torch.zeros_like(q)
 
     cls = BIASES["window"]
-    monkeypatch.setattr(cls, "forward", forward)
+    monkeypatch.setattr(cls, "one_process", forward)  # the form an eager call of one process takes
     monkeypatch.setattr(cls, "decode", decode)
     cfg = dataclasses.replace(presets["tiny"], num_layers=2)
     model = build_model(cfg, AttentionConfig(bias="window", window=4)).eval()

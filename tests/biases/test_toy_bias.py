@@ -33,16 +33,18 @@ class HardWindow(Bias):
     fields = ("window", "rope")
     summary = "plain attention on a sliding window (a test's bias)"
 
-    def forward(self, call: AttentionCall, seeds) -> torch.Tensor:
-        zero = torch.zeros(call.num_heads)
-        if call.compiled:
-            return alibi_attention_op(call.q, call.k, call.v, call.positions, call.cu_seqlens, zero,
-                                      [self.cfg.window], True, call.scale, None,
-                                      choose_alibi_kernel(call.q.device, call.q.dtype, None), True)[0]
-        if call.group is not None:
-            return sp_attention.alibi_attention(call.q, call.k, call.v, group=call.group, slopes=zero,
-                                                window=self.cfg.window, **call.common())
-        return alibi_attention(call.q, call.k, call.v, slopes=zero, window=self.cfg.window, **call.common())
+    def one_process(self, call: AttentionCall, seeds) -> torch.Tensor:
+        return alibi_attention(call.q, call.k, call.v, slopes=torch.zeros(call.num_heads), window=self.cfg.window,
+                               **call.common())
+
+    def compiled(self, call: AttentionCall, seeds) -> torch.Tensor:
+        return alibi_attention_op(call.q, call.k, call.v, call.positions, call.cu_seqlens, torch.zeros(call.num_heads),
+                                  [self.cfg.window], True, call.scale, None,
+                                  choose_alibi_kernel(call.q.device, call.q.dtype, None), True)[0]
+
+    def sequence_parallel(self, call: AttentionCall, seeds) -> torch.Tensor:
+        return sp_attention.alibi_attention(call.q, call.k, call.v, group=call.group, slopes=torch.zeros(call.num_heads),
+                                            window=self.cfg.window, **call.common())
 
     def decode(self, q, k, v, q_pos, k_pos, scale, seeds) -> torch.Tensor:
         return alibi_decode(q, k, v, q_pos, k_pos, slopes=torch.zeros(q.shape[2]), window=self.cfg.window,
