@@ -189,8 +189,8 @@ def _counted(monkeypatch, module, name: str) -> list:
         calls.append(args)
         return original(*args, **kwargs)
 
-    for m in list(sys.modules.values()):
-        if getattr(m, name, None) is original:
+    for m in list(sys.modules.values()):  # each module's own names: no module __getattr__ runs (some raise)
+        if getattr(m, "__dict__", {}).get(name) is original:
             monkeypatch.setattr(m, name, counted)
     return calls
 
