@@ -125,7 +125,7 @@ def documented(p, pitch, shift):
 
 
 def test_the_triton_copies_name_the_rule_they_mirror():
-    tree = ast.parse((PACKAGE / "ops" / "table_kernels.py").read_text())
+    tree = ast.parse((PACKAGE / "ops" / "triton" / "table_kernels.py").read_text())
     docs = {node.name: ast.get_docstring(node) or "" for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
     assert "plsh_dist.hashing.bucket" in docs["_bucket"]
     assert "plsh_dist.hashing.bucket_start" in docs["_block_start"]
