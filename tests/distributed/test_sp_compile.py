@@ -22,10 +22,12 @@ def test_every_bias_compiles_under_sp2(tmp_path):
     _spawn(tmp_path, 2, ALL)
 
 
+@pytest.mark.slow
 def test_packed_documents_compile_under_sp2(tmp_path):
     _spawn(tmp_path, 2, ["plsh_onepass", "alibi", "truncated"], documents=True)
 
 
+@pytest.mark.slow
 def test_bf16_compiles_under_sp2(tmp_path):
     _spawn(tmp_path, 2, ["plsh_per_sample", "window"], dtype="bfloat16")
 
@@ -45,5 +47,6 @@ def test_inductor_compiles_an_sp_layer(tmp_path):
     _spawn(tmp_path, 2, ["plsh_onepass"], backend="inductor")
 
 
+@pytest.mark.slow
 def test_public_sp_ops_compile_with_every_argument_form(tmp_path):
     mp.spawn(sp_compile_worker.run_public_ops, args=(2, str(tmp_path / "rendezvous")), nprocs=2, join=True)

@@ -77,6 +77,7 @@ def test_an_unknown_bias_is_refused():
         _bench().main(["--biases", "plsh"])
 
 
+@pytest.mark.slow  # a fresh process spawning two ranks (15-25 s); the section's own test is slow too
 def test_one_sp_layer_measurement(tmp_path):
     """One measurement of the sp_layer section (a fresh process spawning two gloo ranks, about 15 s):
     one graph with no break on every rank, the compile timed as the slowest rank's."""

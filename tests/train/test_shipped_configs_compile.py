@@ -9,9 +9,9 @@ accumulation (at most 2) and the precision (``"auto"`` is fp32 on a CPU; ``debug
 Eager, ``aot_eager`` and ``inductor`` runs of a config then give the same losses, gradient norms and
 validation loss. ``[run].compile`` with ZeRO-3 is refused (``RunConfig.validate``: DeepSpeed's
 parameter hooks break the layer's graph), so the 128k config (ZeRO-3) is checked refused and then
-run at ZeRO-2, its refusal's way out. ``make test`` runs the 32k config (SP = 4) with ``aot_eager``
-(18 s on 2 shared cores); ``make test-slow`` every config with both backends and bf16 (7.6 min, the
-inductor cache cold at the start).
+run at ZeRO-2, its refusal's way out. All of it is in ``make test-slow`` (every config with both
+backends, and bf16: 7.6 min, the inductor cache cold at the start); ``make test`` trains a compiled
+2-rank SP run (tests/train/test_compile_training.py).
 """
 
 from __future__ import annotations
@@ -121,12 +121,6 @@ def _zero3_way_out(path: Path) -> dict:
         with pytest.raises(ValueError, match=r"with \[deepspeed\]\.zero_stage = 3 cannot run"):
             load_config(path, [f"--run.compile={backend}"])
     return {"extra": ("--deepspeed.zero_stage=2",), "changed": {"zero_stage": 2}}
-
-
-def test_32k_sp4_config_compiles_as_eager(tiny_data, tmp_path):
-    """The 32k config (PLSH s = 10, SP = 4, full activation checkpointing, packed documents, ZeRO-2, two
-    micro-batches per step) trains with ``aot_eager`` in 4 ranks as it trains eagerly."""
-    _compare(CONFIG_32K, tiny_data, tmp_path, ("aot_eager",))
 
 
 @pytest.mark.slow

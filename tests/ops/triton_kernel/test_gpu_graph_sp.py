@@ -15,6 +15,7 @@ from tests.launchers import load_launcher
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of the SP part (a GPU runs the real one)")
 
 
+@pytest.mark.slow  # two ranks' eager and compiled steps in fresh processes (15-30 s)
 @no_cuda
 def test_without_cuda_the_capture_is_skipped_and_the_sp_steps_run_on_the_cpu(tmp_path):
     sp = load_launcher("gpu_graph_sp")
