@@ -177,11 +177,22 @@ def strategy_name(strategy) -> str:
 
 def strategy_named(name: str):
     """The strategy :func:`strategy_name` calls ``name``: a row's, or the varlen reference's (tests).
-    A lookup, not a choice: an op's forward and backward both read the one strategy their caller chose."""
-    for strategy in (*(row.strategy for row in TABLE), VARLEN_REFERENCE):
-        if strategy_name(strategy) == name:
-            return strategy
-    raise ValueError(f"no strategy of the table is called {name!r}")
+    A lookup, not a choice: an op's forward and backward both read the one strategy their caller chose.
+    The names are made once per table (:func:`add_backend` makes a new one), not at every op call."""
+    global _NAMED
+    if _NAMED[0] is not TABLE:
+        named: dict = {}
+        for strategy in (*(row.strategy for row in TABLE), VARLEN_REFERENCE):
+            named.setdefault(strategy_name(strategy), strategy)  # the first row's, as the table reads
+        _NAMED = (TABLE, named)
+    try:
+        return _NAMED[1][name]
+    except KeyError:
+        raise ValueError(f"no strategy of the table is called {name!r}") from None
+
+
+#: ``(table, name -> strategy)`` of :func:`strategy_named`, for the table it was made from.
+_NAMED: tuple[tuple, dict] = ((), {})
 
 
 @torch.compiler.assume_constant_result
