@@ -124,15 +124,16 @@ def plsh_flops(sigma, s: int, T: int, H: int, D: int) -> float:
     return FWD_BWD * 4 * D * heads_per_hash * total
 
 
-def onepass_band_flops(sigma, s: int, T: int, H: int, D: int) -> float:
+def onepass_band_flops(sigma_name: str, s: int, T: int, H: int, D: int) -> float:
     """The one-pass band's scores (keys sharing the query's block in at least one sample, causal;
-    the expectation over the hash, ``plsh_dist.plan.attention_cost``), all heads."""
-    from plsh_dist.plan.attention_cost import AttentionSetup, pairs_per_head
+    the expectation over the hash: the planner's count, ``plsh_dist.plan.attention_cost``), all heads,
+    for the sigma ``_sigmas`` names ``sigma_name`` (per head: ALiBi's, a config's unset sigma)."""
+    from plsh_dist.models import AttentionConfig
+    from plsh_dist.plan.attention_cost import attention_cost
 
-    sig = tuple(float(x) for x in sigma) if isinstance(sigma, torch.Tensor) else (float(sigma),) * H
-    setup = AttentionSetup(bias="plsh", sigma=sig, per_head_hash=True, num_samples=s, onepass=True, varlen=False,
-                           window=0, chunk_size=None)
-    return FWD_BWD * 4 * D * sum(pairs_per_head(setup, T))
+    attn = AttentionConfig(bias="plsh", sigma=None if sigma_name == "per_head" else float(sigma_name), num_samples=s,
+                           method="onepass")
+    return FWD_BWD * 4 * D * sum(attention_cost(attn, H, "cpu", torch.float32).pairs_per_head(T))
 
 
 def kernel_visited_flops(k: "tiles.KernelTiles", D: int) -> float:
@@ -291,11 +292,11 @@ def flops_for(name: str, settings: dict, T: int, args) -> tuple[float, float]:
         sigma = dict(_sigmas(H))[settings["sigma"]]
         lsh = PositionalLSH(sigma, settings["s"], seed=0)
         if settings["backend"] == "triton":
-            return onepass_band_flops(sigma, settings["s"], T, H, D), \
+            return onepass_band_flops(settings["sigma"], settings["s"], T, H, D), \
                 kernel_visited_flops(tiles.kernel_tiles(lsh, T, H, head_dim=D), D)
         if settings["backend"] == "flex":  # the band's 128 x 128 blocks, every head (Hb = 1: shared)
             blocks = flex.visited_blocks(*_plsh_band(lsh, T)) * (H if lsh.num_heads == 1 else 1)
-            return onepass_band_flops(sigma, settings["s"], T, H, D), flash_visited_flops(blocks, D)
+            return onepass_band_flops(settings["sigma"], settings["s"], T, H, D), flash_visited_flops(blocks, D)
         return plsh_flops(sigma, settings["s"], T, H, D), flash_visited_flops(tiles.per_sample_tiles(lsh, T, H), D)
     if name.startswith("alibi_window_triton"):
         windows = settings["windows"]

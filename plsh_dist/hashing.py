@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, ClassVar, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -187,20 +187,20 @@ def counter_uniform(seed: int, samples: np.ndarray, heads: np.ndarray, stream: i
 def _as_sigma(sigma: float | Sequence[float] | torch.Tensor) -> torch.Tensor:
     """sigma -> float64 Tensor[H] (H = 1 for a scalar), validated."""
     if isinstance(sigma, torch.Tensor):
-        sig = sigma.detach().to("cpu", torch.float64).reshape(-1)
         if sigma.dim() > 1:
             raise ValueError(f"sigma must be a float or a 1-D Tensor[H], got shape {tuple(sigma.shape)}")
-    elif isinstance(sigma, (int, float)):
-        sig = torch.tensor([float(sigma)], dtype=torch.float64)
-    else:
-        sig = torch.tensor(list(sigma), dtype=torch.float64)
-    if sig.numel() == 0:
+        sig = sigma.detach().to("cpu", torch.float64).reshape(-1)
+        values = sig.tolist()
+    else:  # Python numbers are checked before any tensor is made (a traced graph makes a constant of them)
+        values = [float(sigma)] if isinstance(sigma, (int, float)) else [float(x) for x in sigma]
+        sig = None
+    if not values:
         raise ValueError("sigma must not be empty")
-    values = sig.tolist()  # checked in Python: no torch op per call (the ops rebuild a hash at every call)
+    # checked in Python: no torch op per call (the ops rebuild a hash at every call)
     if not all(math.isfinite(x) and x > 0 for x in values):
         raise ValueError(f"sigma must be finite and > 0 for every head, got {values}; "
                          "use alibi_slopes(H).reciprocal() for ALiBi's per-head scales")
-    return sig
+    return sig if sig is not None else torch.tensor(values, dtype=torch.float64)
 
 
 class PositionalLSH:
@@ -222,9 +222,14 @@ class PositionalLSH:
             drops). Other names come from :func:`register_sampler`.
     """
 
+    fixed: ClassVar[bool] = False
+    """The paper's fixed blocks (:class:`FixedBlocks`: no seed, one sample), not a random hash."""
+
     def __init__(self, sigma, num_samples: int, seed: int | torch.Tensor = 0, sampler: str = "iid"):
-        # a device sigma stays there unread (checked when the host needs it): a graph can carry it
-        self._sigma_in = sigma if isinstance(sigma, torch.Tensor) and sigma.device.type != "cpu" else None
+        # a device sigma stays there unread (checked when the host needs it), and so does any tensor sigma
+        # while torch.compile traces: a graph can carry it
+        unread = sigma.device.type != "cpu" or torch.compiler.is_compiling() if isinstance(sigma, torch.Tensor) else False
+        self._sigma_in = sigma if unread else None
         self._sigma = None if self._sigma_in is not None else _as_sigma(sigma)
         if self._sigma_in is not None and (sigma.dim() > 1 or sigma.numel() == 0):
             raise ValueError(f"sigma must be a float or a non-empty 1-D Tensor[H], got shape {tuple(sigma.shape)}")
@@ -385,6 +390,8 @@ class FixedBlocks(PositionalLSH):
 
     Same interface as :class:`PositionalLSH`; nothing is random, so there is no seed.
     """
+
+    fixed = True
 
     def __init__(self, sigma):
         super().__init__(sigma, num_samples=1)

@@ -12,11 +12,39 @@ from __future__ import annotations
 import torch
 
 from plsh_dist.biases.base import AttentionCall, Bias, LayerSeeds, head_scales
+from plsh_dist.biases.cost import BiasCost, CallShape
 from plsh_dist.distributed.sp import attention as sp_attention
 from plsh_dist.ops import decode as decode_ops
 from plsh_dist.ops.alibi import alibi_attention_op, default_chunk_size, window_list
 from plsh_dist.ops.alibi_kernel import choose_alibi_kernel
 from plsh_dist.ops.reference import alibi_weights
+
+
+class AlibiCost(BiasCost):
+    """Every earlier key (pairs), the chunked path (CUDA workspace), an all-gather under SP."""
+
+    def pairs_per_head(self, T: int) -> list[float]:
+        """Every key at or before the query: ``T (T + 1) / 2``."""
+        return [T * (T + 1) / 2] * len(self.setup.sigma)
+
+    def workspace_cuda(self, shape: CallShape) -> tuple[int, int, str]:
+        """Query chunks of C against K keys (``ops/alibi.py``): k, v expanded to Hq heads, per chunk
+        the bias (fp32 and its cast) and the explicit logits / probabilities (fp32) of every batch
+        row; the backward adds fp32 dk, dv over the expanded keys and the chunk's gradient products."""
+        batch, keys, q_heads, b = shape.batch, shape.keys, shape.q_heads, shape.itemsize
+        u = shape.u
+        k_exp = b * batch * keys * q_heads * shape.head_dim  # one of k, v expanded to Hq heads
+        chunk = self.setup.chunk_size or default_chunk_size(q_heads, keys)
+        e = q_heads * min(chunk, shape.tokens) * self.chunk_span(keys, chunk)  # bias elements of one chunk
+        per_chunk_fwd = batch * e * (12 + b) + e * (4 + b) + 13 * e // q_heads
+        per_chunk_bwd = batch * e * (16 + 2 * b) + e * (4 + b) + 13 * e // q_heads
+        fwd = 2 * k_exp + per_chunk_fwd
+        bwd = 2 * k_exp + b * u + 2 * (4 // b) * k_exp + per_chunk_bwd
+        return int(fwd), int(bwd), "counted (chunked exact ALiBi)"
+
+    def chunk_span(self, keys: int, chunk: int) -> int:
+        """Keys one query chunk of ``chunk`` queries reads, of ``keys``."""
+        return keys
 
 
 class ExactAlibi(Bias):
@@ -26,6 +54,7 @@ class ExactAlibi(Bias):
     options = {"sigma": "sigma", "rope": "rope", "chunk": "chunk_size"}
     fields = ("sigma", "rope", "chunk_size")
     summary = "exact ALiBi"
+    cost_model = AlibiCost
 
     @classmethod
     def check_fields(cls, cfg) -> None:
@@ -61,29 +90,3 @@ class ExactAlibi(Bias):
         window = self.key_window(num_heads)
         return alibi_weights(self.slopes(num_heads), positions,
                              window=torch.tensor(window) if isinstance(window, tuple) else window)
-
-    @classmethod
-    def pairs_per_head(cls, setup, T: int) -> list[float]:
-        """Every key at or before the query: ``T (T + 1) / 2``."""
-        return [T * (T + 1) / 2] * len(setup.sigma)
-
-    @classmethod
-    def workspace_cuda(cls, setup, batch, tokens, keys, q_heads, kv_heads, head_dim, b):
-        """Query chunks of C against K keys (``ops/alibi.py``): k, v expanded to Hq heads, per chunk
-        the bias (fp32 and its cast) and the explicit logits / probabilities (fp32) of every batch
-        row; the backward adds fp32 dk, dv over the expanded keys and the chunk's gradient products."""
-        u = batch * tokens * q_heads * head_dim
-        k_exp = b * batch * keys * q_heads * head_dim  # one of k, v expanded to Hq heads
-        chunk = setup.chunk_size or default_chunk_size(q_heads, keys)
-        span = cls._chunk_span(setup, keys, chunk)
-        e = q_heads * min(chunk, tokens) * span  # bias elements of one chunk
-        per_chunk_fwd = batch * e * (12 + b) + e * (4 + b) + 13 * e // q_heads
-        per_chunk_bwd = batch * e * (16 + 2 * b) + e * (4 + b) + 13 * e // q_heads
-        fwd = 2 * k_exp + per_chunk_fwd
-        bwd = 2 * k_exp + b * u + 2 * (4 // b) * k_exp + per_chunk_bwd
-        return int(fwd), int(bwd), "counted (chunked exact ALiBi)"
-
-    @classmethod
-    def _chunk_span(cls, setup, keys: int, chunk: int) -> int:
-        """Keys one query chunk reads."""
-        return keys

@@ -14,6 +14,7 @@ from typing import Any, Callable, ClassVar, Protocol
 
 import torch
 
+from plsh_dist.biases.cost import AttentionSetup, BiasCost
 from plsh_dist.hashing import alibi_slopes
 
 
@@ -87,6 +88,8 @@ class Bias(abc.ABC):
     """Whether it is a hash's blocks (PLSH's strategy table chooses how it runs)."""
     summary: ClassVar[str] = ""
     """One line for documentation and ``--help``."""
+    cost_model: ClassVar[type[BiasCost]]
+    """Its cost for the planner (:mod:`plsh_dist.biases.cost`), made by :meth:`cost`."""
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg
@@ -162,38 +165,24 @@ class Bias(abc.ABC):
 
     # --- its cost, for the planner (plsh_dist.plan) -----------------------------------------
 
-    def cost_samples(self) -> int:
-        """Hash samples a call computes (1 for the exact biases)."""
+    def samples(self) -> int:
+        """Hash samples one call computes (1 for the exact biases)."""
         return 1
 
-    def head_windows(self, sigma: tuple[float, ...]) -> tuple[int, ...] | None:
-        """Per query head, the key window its cost counts, when heads differ (else None)."""
-        return None
-
-    @classmethod
-    @abc.abstractmethod
-    def pairs_per_head(cls, setup, T: int) -> list[float]:
-        """Query-key pairs each query head computes for one causal sequence of ``T`` tokens
-        (``setup``: a :class:`plsh_dist.plan.attention_cost.AttentionSetup`)."""
-
-    @classmethod
-    def kernel_hash(cls, setup, sigma, seed: int):
-        """The hash of a hashed bias for ``setup``, ``sigma`` (a float, or a tensor of one per head) and
-        ``seed``: its kernel tiles and its halo. None for the others."""
-        return None
-
-    @classmethod
-    @abc.abstractmethod
-    def workspace_cuda(cls, setup, batch: int, tokens: int, keys: int, q_heads: int, kv_heads: int, head_dim: int,
-                       b: int) -> tuple[int, int, str]:
-        """Transient bytes ``(forward, backward, how counted)`` of one call on CUDA, on the path
-        this bias takes there (the fused kernel's are the planner's own)."""
-
-    @classmethod
-    def sp_needs(cls, setup, layout, q_heads: int, kv_heads: int, seed: int):
-        """What a rank of ``layout`` receives under sequence parallelism: the halo needs
-        (:mod:`plsh_dist.distributed.halo`), or None for an all-gather of every chunk."""
-        return None
+    def cost(self, num_heads: int, strategy) -> BiasCost:
+        """Its :class:`~plsh_dist.biases.cost.BiasCost` (a :attr:`cost_model`) with ``num_heads`` query
+        heads, where PLSH's table chooses ``strategy`` (the row the op would take on the run's device:
+        how a hashed bias runs; the others only read whether it is CUDA's varlen row)."""
+        cfg = self.cfg
+        windows = self.key_window(num_heads)
+        head_windows = windows if isinstance(windows, tuple) or windows is None else (windows,) * num_heads
+        setup = AttentionSetup(bias=self.name, sigma=sigma_per_head(cfg.sigma, num_heads),
+                               per_head_hash=cfg.sigma is None, num_samples=self.samples(),
+                               onepass=strategy.onepass and self.hashed, varlen=strategy.cost_model == "varlen",
+                               window=max(head_windows) if head_windows else cfg.window, chunk_size=cfg.chunk_size,
+                               head_windows=head_windows, fused=strategy.cost_model == "fused" and self.hashed,
+                               sampler=cfg.sampler)
+        return self.cost_model(self, setup)
 
 
 def _graph_constant(fn):

@@ -8,11 +8,21 @@ from __future__ import annotations
 
 import torch
 
-from plsh_dist.biases.alibi import ExactAlibi
+from plsh_dist.biases.alibi import AlibiCost, ExactAlibi
 from plsh_dist.biases.base import AttentionCall, LayerSeeds
+from plsh_dist.biases.cost import CallShape
 from plsh_dist.distributed.sp import attention as sp_attention
 from plsh_dist.ops import decode as decode_ops
 from plsh_dist.ops.alibi import causal_attention
+
+
+class NoBiasCost(AlibiCost):
+    """Every earlier key, on PyTorch's flash SDPA."""
+
+    def workspace_cuda(self, shape: CallShape) -> tuple[int, int, str]:
+        """PyTorch's flash SDPA: the backward's dq, dk, dv and the kernel's fp32 dq accumulator."""
+        u, b = shape.u, shape.itemsize
+        return 0, int(b * u * (1 + 2 * shape.kv_heads / shape.q_heads) + 4 * u), "counted (flash SDPA)"
 
 
 class NoBias(ExactAlibi):
@@ -22,6 +32,7 @@ class NoBias(ExactAlibi):
     options = {"rope": "rope"}
     fields = ("rope",)
     summary = "plain causal attention; positions only via rope"
+    cost_model = NoBiasCost
 
     @classmethod
     def check_fields(cls, cfg) -> None:
@@ -49,9 +60,3 @@ class NoBias(ExactAlibi):
 
     def reference_weights(self, positions, num_heads: int, seed: int) -> None:
         return None
-
-    @classmethod
-    def workspace_cuda(cls, setup, batch, tokens, keys, q_heads, kv_heads, head_dim, b):
-        """PyTorch's flash SDPA: the backward's dq, dk, dv and the kernel's fp32 dq accumulator."""
-        u = batch * tokens * q_heads * head_dim
-        return 0, int(b * u * (1 + 2 * kv_heads / q_heads) + 4 * u), "counted (flash SDPA)"

@@ -14,11 +14,46 @@ import math
 import torch
 
 from plsh_dist.biases.base import AttentionCall, Bias, LayerSeeds, hash_sigma, head_scales
+from plsh_dist.biases.cost import BiasCost, CallShape
 from plsh_dist.distributed.halo import plsh_needs
 from plsh_dist.distributed.sp import attention as sp_attention
 from plsh_dist.hashing import PositionalLSH, get_sampler
-from plsh_dist.ops.backends import METHODS, backend_names, choose_strategy, chosen_name
-from plsh_dist.ops.plsh import block_attention, block_attention_op
+from plsh_dist.ops.backends import METHODS, backend_names, choose_strategy
+from plsh_dist.ops.plsh import block_attention
+
+
+class PLSHCost(BiasCost):
+    """The expected band of the hash (pairs), CUDA's varlen per-sample path (workspace), and the hash of
+    each seed (kernel tiles, halo)."""
+
+    def pairs_per_head(self, T: int) -> list[float]:
+        """A key ``d`` back shares the query's block in one sample with probability ``exp(-d / sigma_h)``:
+        per sample ``sum_i sum_{d <= i} exp(-d / sigma_h)`` pairs, times s; one pass, the keys sharing
+        a block in at least one sample, ``1 - (1 - exp(-d / sigma_h))^s`` each."""
+        setup = self.setup
+        return [_kernel_pairs(T, sigma, setup.num_samples, setup.onepass) for sigma in setup.sigma]
+
+    def kernel_hash(self, seed: int) -> PositionalLSH:
+        return self.bias.new_hash(len(self.setup.sigma), seed)
+
+    def sp_needs(self, layout, shape: CallShape, seed: int):
+        """The halo the hash of ``seed`` needs (every layer's differs: the planner draws each)."""
+        return plsh_needs(self.kernel_hash(seed), layout, shape.q_heads, shape.kv_heads, causal=True)
+
+    def workspace_cuda(self, shape: CallShape) -> tuple[int, int, str]:
+        """The varlen per-sample path (``varlen/strategy.py``): forward copies q, k, v into the rows layout
+        (k, v repeated to Hq heads with a per-head hash), an fp32 merged output, one sample's output and
+        the fp32 merge temporaries (2 fp32 u); backward re-lays q, out, dout, k, v (5 b u), fp32
+        dq/dk/dv accumulators, one sample's dq/dk/dv and the kernel's fp32 dq accumulator."""
+        u, b = shape.u, shape.itemsize
+        rep = 1.0 if self.setup.per_head_hash else shape.kv_heads / shape.q_heads
+        rows = b * u * (1 + 2 * rep)
+        fwd = rows + 4 * u + b * u + 8 * u
+        bwd = b * u * (3 + 2 * rep) + 4 * u * (1 + 2 * rep) + b * u * (1 + 2 * rep) + 4 * u
+        how = "counted (varlen per-sample path)"
+        if self.setup.onepass:
+            how += "; method onepass on CUDA runs explicit matmuls, not modelled: per-sample count used"
+        return int(fwd), int(bwd), how
 
 
 class PLSH(Bias):
@@ -31,6 +66,7 @@ class PLSH(Bias):
     seeded = True
     hashed = True
     summary = "positional-LSH estimate of ALiBi"
+    cost_model = PLSHCost
 
     @classmethod
     def check_fields(cls, cfg) -> None:
@@ -54,33 +90,23 @@ class PLSH(Bias):
     def label(self) -> str:
         return f" s={self.cfg.num_samples}"
 
-    def hash_args(self, seeds: LayerSeeds, as_tensor: bool) -> tuple[int, int | torch.Tensor, str, bool]:
-        """``(num_samples, seed, sampler, fixed)`` of the layer's hash as the ops take them (``as_tensor``: the
-        seed as an int64 scalar tensor, for the compiled op)."""
-        return self.cfg.num_samples, seeds.seed_tensor() if as_tensor else seeds.seed(), self.cfg.sampler, False
+    def call_hash(self, call: AttentionCall, seeds: LayerSeeds) -> PositionalLSH:
+        """The layer's hash for ``call``. Compiled, a graph's inputs: the seed as a tensor and, in one
+        process, sigma on the device (made once there: a CUDA graph can capture no copy from the host)."""
+        device = call.q.device if call.compiled and call.group is None else None
+        seed = 0 if not self.seeded else seeds.seed_tensor() if call.compiled else seeds.seed()
+        return self.new_hash(call.num_heads, seed, device)
 
     def one_process(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
+        """The op (compiled too: it lays the raw position_ids out itself when ``call.compiled``)."""
         cfg = self.cfg
-        sigma = head_scales(cfg.sigma, call.num_heads)[0]
-        return block_attention(call.q, call.k, call.v, sigma, self.hash_args(seeds, as_tensor=False), call.positions,
-                               True, call.scale, cfg.backend, cfg.method, False, call.cu_seqlens)
-
-    def compiled(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
-        """The custom op, which lays the raw position_ids out itself and reads the seed as a tensor."""
-        cfg, q, k, v, H = self.cfg, call.q, call.k, call.v, call.num_heads
-        num_samples, seed, sampler, fixed = self.hash_args(seeds, as_tensor=True)
-        strategy = chosen_name(cfg.backend, cfg.method, q.device, q.dtype, num_samples)
-        return block_attention_op(q, k, v, call.positions, call.cu_seqlens, seed, hash_sigma(cfg.sigma, H, q.device),
-                                  num_samples, sampler, fixed, True, call.scale, strategy, True)[0]
+        return block_attention(call.q, call.k, call.v, self.call_hash(call, seeds), call.positions, True, call.scale,
+                               cfg.backend, cfg.method, False, call.cu_seqlens, from_position_ids=call.compiled)
 
     def sequence_parallel(self, call: AttentionCall, seeds: LayerSeeds) -> torch.Tensor:
-        """This rank's chunk: a halo of keys/values (compiled, the seed as a tensor)."""
-        cfg = self.cfg
-        seed = seeds.seed_tensor() if call.compiled else seeds.seed()
-        return sp_attention.plsh_attention(call.q, call.k, call.v, group=call.group,
-                                           sigma=head_scales(cfg.sigma, call.num_heads)[0],
-                                           num_samples=cfg.num_samples, seed=seed, backend=cfg.backend,
-                                           sampler=cfg.sampler, method=cfg.method, **call.common())
+        """This rank's chunk: a halo of keys/values."""
+        return sp_attention.block_attention(call.q, call.k, call.v, self.call_hash(call, seeds), group=call.group,
+                                            backend=self.cfg.backend, method=self.cfg.method, **call.common())
 
     def layer_hash(self, num_heads: int, seeds: LayerSeeds) -> PositionalLSH:
         """The hash of the layer's current step (the last one kept: do not modify it)."""
@@ -89,9 +115,14 @@ class PLSH(Bias):
             self._decoding_hash = (key, self.new_hash(num_heads, key[1]))
         return self._decoding_hash[1]
 
-    def new_hash(self, num_heads: int, seed: int) -> PositionalLSH:
-        """The hash of ``seed`` for ``num_heads`` query heads."""
-        return PositionalLSH(head_scales(self.cfg.sigma, num_heads)[0], self.cfg.num_samples, seed, self.cfg.sampler)
+    def new_hash(self, num_heads: int, seed: int | torch.Tensor, device: torch.device | None = None) -> PositionalLSH:
+        """The hash of ``seed`` for ``num_heads`` query heads, its sigma on ``device`` (None: the host's)."""
+        return PositionalLSH(self.sigma_on(num_heads, device), self.cfg.num_samples, seed, self.cfg.sampler)
+
+    def sigma_on(self, num_heads: int, device: torch.device | None):
+        """The hash's sigma: :func:`head_scales`' on the host (None), or :func:`hash_sigma`'s on ``device``."""
+        sigma = self.cfg.sigma
+        return head_scales(sigma, num_heads)[0] if device is None else hash_sigma(sigma, num_heads, device)
 
     def decode(self, q, k, v, q_pos, k_pos, scale, seeds: LayerSeeds) -> torch.Tensor:
         """The table's decoding strategy (the one-pass form over each query's band) with the full
@@ -103,46 +134,10 @@ class PLSH(Bias):
 
     def reference_weights(self, positions, num_heads: int, seed: int) -> torch.Tensor:
         """The average of the s sampled block masks (its expectation is ALiBi's weights)."""
-        sigma = head_scales(self.cfg.sigma, num_heads)[0]
-        return PositionalLSH(sigma, self.cfg.num_samples, seed, self.cfg.sampler).averaged_mask(positions)
+        return self.new_hash(num_heads, seed).averaged_mask(positions)
 
-    # --- cost ---
-
-    def cost_samples(self) -> int:
+    def samples(self) -> int:
         return self.cfg.num_samples
-
-    @classmethod
-    def pairs_per_head(cls, setup, T: int) -> list[float]:
-        """A key ``d`` back shares the query's block in one sample with probability ``exp(-d / sigma_h)``:
-        per sample ``sum_i sum_{d <= i} exp(-d / sigma_h)`` pairs, times s; one pass, the keys sharing
-        a block in at least one sample, ``1 - (1 - exp(-d / sigma_h))^s`` each."""
-        return [_kernel_pairs(T, sigma, setup.num_samples, setup.onepass) for sigma in setup.sigma]
-
-    @classmethod
-    def kernel_hash(cls, setup, sigma, seed: int) -> PositionalLSH:
-        return PositionalLSH(sigma, setup.num_samples, seed=seed, sampler=setup.sampler)
-
-    @classmethod
-    def sp_needs(cls, setup, layout, q_heads, kv_heads, seed):
-        """The halo the hash of ``seed`` needs (every layer's differs: the planner draws each)."""
-        sigma = torch.tensor(setup.sigma) if setup.per_head_hash else setup.sigma[0]
-        return plsh_needs(cls.kernel_hash(setup, sigma, seed), layout, q_heads, kv_heads, causal=True)
-
-    @classmethod
-    def workspace_cuda(cls, setup, batch, tokens, keys, q_heads, kv_heads, head_dim, b):
-        """The varlen per-sample path (``varlen/strategy.py``): forward copies q, k, v into the rows layout
-        (k, v repeated to Hq heads with a per-head hash), an fp32 merged output, one sample's output and
-        the fp32 merge temporaries (2 fp32 u); backward re-lays q, out, dout, k, v (5 b u), fp32
-        dq/dk/dv accumulators, one sample's dq/dk/dv and the kernel's fp32 dq accumulator."""
-        u = batch * tokens * q_heads * head_dim
-        rep = 1.0 if setup.per_head_hash else kv_heads / q_heads
-        rows = b * u * (1 + 2 * rep)
-        fwd = rows + 4 * u + b * u + 8 * u
-        bwd = b * u * (3 + 2 * rep) + 4 * u * (1 + 2 * rep) + b * u * (1 + 2 * rep) + 4 * u
-        how = "counted (varlen per-sample path)"
-        if setup.onepass:
-            how += "; method onepass on CUDA runs explicit matmuls, not modelled: per-sample count used"
-        return int(fwd), int(bwd), how
 
 
 def _kernel_pairs(T: int, sigma: float, samples: int, onepass: bool) -> float:

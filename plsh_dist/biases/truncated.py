@@ -7,7 +7,7 @@ band of s samples costs (``results/truncated_alibi``).
 from __future__ import annotations
 
 from plsh_dist.biases.base import _graph_constant, head_scales
-from plsh_dist.biases.window import WindowedAlibi, window_pairs
+from plsh_dist.biases.window import WindowedAlibi
 from plsh_dist.ops.alibi import equal_cost_c, truncation_windows
 
 
@@ -45,13 +45,6 @@ class TruncatedAlibi(WindowedAlibi):
     def key_window(self, num_heads: int) -> int | tuple[int, ...]:
         """An int for a constant sigma, else one window per head."""
         return _truncation_window(self.c, self.cfg.sigma, num_heads)
-
-    def head_windows(self, sigma):
-        return tuple(truncation_windows(self.c, sigma).tolist())
-
-    @classmethod
-    def pairs_per_head(cls, setup, T: int) -> list[float]:
-        return window_pairs(T, setup.head_windows)
 
 
 @_graph_constant

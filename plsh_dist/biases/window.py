@@ -5,8 +5,24 @@ A rank under sequence parallelism receives a halo of ``window - 1`` positions.
 
 from __future__ import annotations
 
-from plsh_dist.biases.alibi import ExactAlibi
+from plsh_dist.biases.alibi import AlibiCost, ExactAlibi
+from plsh_dist.biases.cost import CallShape
 from plsh_dist.distributed.halo import window_needs
+
+
+class WindowCost(AlibiCost):
+    """Each head's window (pairs, the chunks' key span) and a halo of the widest under SP."""
+
+    def pairs_per_head(self, T: int) -> list[float]:
+        """``sum_i min(i + 1, w_h)`` per head."""
+        return window_pairs(T, self.setup.head_windows)
+
+    def chunk_span(self, keys: int, chunk: int) -> int:
+        return min(keys, self.setup.window) + chunk  # the widest head's window bounds every group's
+
+    def sp_needs(self, layout, shape: CallShape, seed: int):
+        """A halo of the (widest) window's ``w - 1`` positions before the chunk."""
+        return window_needs(self.setup.window, layout, shape.kv_heads, causal=True)
 
 
 class WindowedAlibi(ExactAlibi):
@@ -17,6 +33,7 @@ class WindowedAlibi(ExactAlibi):
     positional = "window"  # "window:512"
     fields = ("sigma", "rope", "chunk_size", "window")
     summary = "exact ALiBi on a sliding window"
+    cost_model = WindowCost
 
     @classmethod
     def check_fields(cls, cfg) -> None:
@@ -31,20 +48,6 @@ class WindowedAlibi(ExactAlibi):
 
     def key_window(self, num_heads: int) -> int:
         return self.cfg.window
-
-    @classmethod
-    def pairs_per_head(cls, setup, T: int) -> list[float]:
-        """``sum_i min(i + 1, w)`` per head."""
-        return window_pairs(T, (setup.window,) * len(setup.sigma))
-
-    @classmethod
-    def _chunk_span(cls, setup, keys: int, chunk: int) -> int:
-        return min(keys, setup.window) + chunk  # truncated: the widest head's window bounds every group's
-
-    @classmethod
-    def sp_needs(cls, setup, layout, q_heads, kv_heads, seed):
-        """A halo of the (widest) window's ``w - 1`` positions before the chunk."""
-        return window_needs(setup.window, layout, kv_heads, causal=True)
 
 
 def window_pairs(T: int, windows) -> list[float]:

@@ -137,9 +137,8 @@ def plsh_attention(
         if isinstance(value, bool) or not isinstance(value, (int, torch.Tensor)):
             raise ValueError(f"{name} must be an int, got {value!r}")
     get_sampler(sampler)
-    hash_args = (num_samples, seed, sampler, False)
-    return block_attention(q, k, v, sigma, hash_args, positions, causal, softmax_scale, backend, method, return_lse,
-                            cu_seqlens)
+    return block_attention(q, k, v, PositionalLSH(sigma, num_samples, seed, sampler), positions, causal, softmax_scale,
+                           backend, method, return_lse, cu_seqlens)
 
 
 def fixed_blocks_attention(
@@ -158,8 +157,8 @@ def fixed_blocks_attention(
 ):
     """The paper's fixed-blocks baseline: blocks of pitch ``2 * sigma_h``
     aligned at position 0, one sample. Arguments as :func:`plsh_attention`."""
-    return block_attention(q, k, v, sigma, (1, 0, "iid", True), positions, causal, softmax_scale, backend, method,
-                            return_lse, cu_seqlens)
+    return block_attention(q, k, v, FixedBlocks(sigma), positions, causal, softmax_scale, backend, method, return_lse,
+                           cu_seqlens)
 
 
 def check_block_attention(q, k, v, lsh: PositionalLSH, positions, softmax_scale, cu_seqlens=None):
@@ -180,45 +179,31 @@ def check_block_attention(q, k, v, lsh: PositionalLSH, positions, softmax_scale,
     return pos, softmax_scale_for(q, softmax_scale), docs
 
 
-def _sigma_tensor(sigma) -> torch.Tensor:
-    """sigma as the custom op takes it: float64 Tensor[H] (H = 1: one hash for all heads; checked there)."""
-    if isinstance(sigma, torch.Tensor):
-        return sigma
-    if isinstance(sigma, (int, float)) and not isinstance(sigma, bool):
-        return torch.tensor([float(sigma)], dtype=torch.float64)
-    return torch.tensor(list(sigma), dtype=torch.float64)
-
-
-def block_attention(q, k, v, sigma, hash_args, positions, causal, softmax_scale, backend, method, return_lse,
-                    cu_seqlens):
-    """The blocks of the hash ``hash_args`` = (num_samples, seed, sampler, fixed) describes (``fixed``:
-    the fixed blocks), checked arguments: what :func:`plsh_attention` and :func:`fixed_blocks_attention`
-    compute, and what the PLSH biases (:mod:`plsh_dist.biases`) call. The strategy is chosen here,
-    once. Eagerly, a strategy that keeps host state from its forward for its backward, or answers
-    without gradients, runs through :class:`PLSHAttentionFunction` (or its ``attend``); every other
-    call is the custom op, given the strategy by name. Compiled, every strategy runs in the op (whose
-    backward rebuilds what it needs)."""
-    num_samples, seed, sampler, fixed = hash_args
+def block_attention(q, k, v, lsh: PositionalLSH, positions, causal, softmax_scale, backend, method, return_lse,
+                    cu_seqlens, from_position_ids: bool = False):
+    """The blocks of hash ``lsh`` (PLSH, or :class:`~plsh_dist.hashing.FixedBlocks`), checked arguments: what
+    :func:`plsh_attention` and :func:`fixed_blocks_attention` compute, and what the PLSH biases
+    (:mod:`plsh_dist.biases`) call. The strategy is chosen here, once. Eagerly, a strategy that keeps host
+    state from its forward for its backward, or answers without gradients, runs through
+    :class:`PLSHAttentionFunction` (or its ``attend``); every other call is the custom op, given the
+    strategy by name. Compiled, every strategy runs in the op (whose backward rebuilds what it needs);
+    ``from_position_ids`` (compiled only): ``positions`` are the raw ``position_ids``, laid out in the op."""
     if torch.compiler.is_compiling():
-        name = chosen_name(backend, method, q.device, q.dtype, num_samples)
+        name = chosen_name(backend, method, q.device, q.dtype, lsh.num_samples)
     else:
         needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-        strategy = choose_strategy(backend, method, q.device, q.dtype, num_samples,
+        strategy = choose_strategy(backend, method, q.device, q.dtype, lsh.num_samples,
                                    out_only=not (return_lse or needs_grad))
         if strategy.keeps_host_state or strategy.output_only:
-            return _eager_call(q, k, v, sigma, hash_args, positions, causal, softmax_scale, strategy, return_lse,
-                               cu_seqlens)
+            return _eager_call(q, k, v, lsh, positions, causal, softmax_scale, strategy, return_lse, cu_seqlens)
         name = strategy_name(strategy)
-    seed_t = seed if isinstance(seed, torch.Tensor) else torch.tensor(seed, dtype=torch.int64)
-    out, lse = block_attention_op(q, k, v, positions, cu_seqlens, seed_t, _sigma_tensor(sigma), num_samples, sampler,
-                                  fixed, causal, softmax_scale, name, False)
+    out, lse = block_attention_op(q, k, v, positions, cu_seqlens, *op_args(lsh), causal, softmax_scale, name,
+                                  from_position_ids)
     return (out, lse) if return_lse else out
 
 
-def _eager_call(q, k, v, sigma, hash_args, positions, causal, softmax_scale, strategy, return_lse, cu_seqlens):
+def _eager_call(q, k, v, lsh, positions, causal, softmax_scale, strategy, return_lse, cu_seqlens):
     """:func:`block_attention` through :class:`PLSHAttentionFunction`, or the output-only ``attend``."""
-    num_samples, seed, sampler, fixed = hash_args
-    lsh = FixedBlocks(sigma) if fixed else PositionalLSH(sigma, num_samples, int(seed), sampler)
     pos, scale, docs = check_block_attention(q, k, v, lsh, positions, softmax_scale, cu_seqlens)
     rows = BatchRows.of(q, docs is not None)  # documents: one flat row whose row boundaries are theirs
     if strategy.output_only:  # the table gives it only to calls that need no gradient and no lse
@@ -232,8 +217,16 @@ def _eager_call(q, k, v, sigma, hash_args, positions, causal, softmax_scale, str
 # --- the custom op (layer 2; registrations shared with ALiBi's: plsh_dist.ops.custom_ops) --------------------------------------------------------
 
 
-def op_hash(sigma: Tensor, num_samples: int, seed: Tensor, sampler: str, fixed: bool) -> PositionalLSH:
-    """The hash an op's arguments describe: the seed stays a tensor (read on the host only by a strategy
+def op_args(lsh: PositionalLSH) -> tuple[Tensor, Tensor, int, str, bool]:
+    """A hash as the custom ops' schema takes it (tensors and scalars): ``(seed, sigma, num_samples, sampler,
+    fixed)``, the seed an int64 scalar tensor and sigma a Tensor[H] as given (unread). :func:`op_hash` is the
+    way back, inside the op."""
+    seed, sigma = lsh.given
+    return lsh.seed_tensor if not isinstance(seed, Tensor) else seed, sigma, lsh.num_samples, lsh.sampler, lsh.fixed
+
+
+def op_hash(seed: Tensor, sigma: Tensor, num_samples: int, sampler: str, fixed: bool) -> PositionalLSH:
+    """The hash :func:`op_args` gave an op: the seed stays a tensor (read on the host only by a strategy
     that draws there)."""
     return FixedBlocks(sigma) if fixed else PositionalLSH(sigma, num_samples, seed, sampler)
 
@@ -259,7 +252,7 @@ def block_attention_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor | None
                     softmax_scale: float | None, strategy: str, from_position_ids: bool) -> tuple[Tensor, Tensor]:
     """PLSH (``fixed``: fixed blocks) attention: ``(out, lse)`` of :func:`plsh_dist.ops.plsh_attention`, on the
     strategy named ``strategy`` (:func:`~plsh_dist.ops.backends.strategy_name` of the caller's choice)."""
-    lsh = op_hash(sigma, num_samples, seed, sampler, fixed)
+    lsh = op_hash(seed, sigma, num_samples, sampler, fixed)
     strategy = strategy_named(strategy)
     pos, scale, docs = _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, strategy, from_position_ids)
     rows = BatchRows.of(q, docs is not None)  # documents: one flat row whose row boundaries are theirs
@@ -281,7 +274,7 @@ def block_attention_op_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
                              from_position_ids: bool) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` of :func:`block_attention_op`: the hash and the layouts rebuilt, the forward's strategy
     looked up by its name (not chosen again), its backward with the merged ``out`` / ``lse``."""
-    lsh = op_hash(sigma, num_samples, seed, sampler, fixed)
+    lsh = op_hash(seed, sigma, num_samples, sampler, fixed)
     strategy = strategy_named(strategy)
     pos, scale, docs = _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, strategy, from_position_ids)
     rows = BatchRows.of(q, docs is not None)

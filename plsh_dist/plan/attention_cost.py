@@ -2,7 +2,7 @@
 
 Pairs per head of one causal sequence of T tokens (expectations over the
 hash, exact for the deterministic masks) are each bias's own count
-(``pairs_per_head`` of its class in :mod:`plsh_dist.biases`).
+(``pairs_per_head`` of its cost model, :mod:`plsh_dist.biases.cost`).
 
 FLOPs per pair and head: ``4 D`` forward (q.k and p.v), ``10 D`` backward
 (flash-attention's recompute of q.k plus four matmuls); activation
@@ -22,8 +22,8 @@ from types import SimpleNamespace
 
 import torch
 
-from plsh_dist.biases import bias_class, bias_for
-from plsh_dist.biases.base import sigma_per_head
+from plsh_dist.biases import bias_for
+from plsh_dist.biases.cost import BiasCost, CallShape
 from plsh_dist.models.attention import BINDING_ATTR, AttentionBinding, plsh_dist_attention
 from plsh_dist.models.runtime import AttentionRuntime
 from plsh_dist.ops.backends import choose_strategy
@@ -31,56 +31,19 @@ from plsh_dist.plan.kernel_tiles import kernel_tiles
 from plsh_dist.plan.memory_measure import peak_cpu_bytes
 
 
-@dataclass(frozen=True)
-class AttentionSetup:
-    """What the run's attention computes, resolved for the device."""
-
-    bias: str
-    sigma: tuple[float, ...]
-    """Per query head (a constant sigma repeated)."""
-    per_head_hash: bool
-    """One hash per head (sigma unset) or one shared by all heads."""
-    num_samples: int
-    onepass: bool
-    varlen: bool
-    """CUDA's varlen kernels (one varlen call per sample over all heads)."""
-    window: int
-    """Key window of ``"window"``; of ``"truncated"``, the widest head's."""
-    chunk_size: int | None
-    head_windows: tuple[int, ...] | None = None
-    """Per query head, ``"truncated"`` only: ``w_h = ceil(c sigma_h)``."""
-    fused: bool = False
-    """PLSH / fixed blocks on the fused Triton kernel (CUDA with Triton): its cost is the
-    tiles it visits (:mod:`plsh_dist.plan.kernel_tiles`), not the pairs of the band."""
-    sampler: str = "iid"
-
-
-def attention_setup(attn_cfg, num_heads: int, device_type: str, dtype: torch.dtype) -> AttentionSetup:
-    """Resolve ``attn_cfg`` (``AttentionConfig``) the way the attention op will for ``device_type``."""
-    bias = bias_for(attn_cfg)
-    sig = sigma_per_head(attn_cfg.sigma, num_heads)
+def attention_cost(attn_cfg, num_heads: int, device_type: str, dtype: torch.dtype) -> BiasCost:
+    """``attn_cfg``'s (``AttentionConfig``) bias cost, resolved the way the attention op will for
+    ``device_type``: its :class:`~plsh_dist.biases.cost.AttentionSetup` is ``.setup``."""
     device = torch.device(device_type)
     try:
         strategy = choose_strategy(attn_cfg.backend, attn_cfg.method, device, dtype, attn_cfg.num_samples)
     except ValueError:  # flash_attn asked for on a machine without it: plan as if it were there, where its
         # rows are torch's CUDA rows with another varlen kernel (the same layout and method)
         strategy = choose_strategy("torch", attn_cfg.method, torch.device("cuda"), torch.bfloat16, attn_cfg.num_samples)
-    head_windows = bias.head_windows(sig)
-    return AttentionSetup(bias=attn_cfg.bias, sigma=sig, per_head_hash=attn_cfg.sigma is None,
-                          num_samples=bias.cost_samples(), onepass=strategy.onepass and bias.hashed,
-                          varlen=strategy.cost_model == "varlen",
-                          window=max(head_windows) if head_windows else attn_cfg.window,
-                          fused=strategy.cost_model == "fused" and bias.hashed, sampler=attn_cfg.sampler,
-                          chunk_size=attn_cfg.chunk_size, head_windows=head_windows)
+    return bias_for(attn_cfg).cost(num_heads, strategy)
 
 
-def pairs_per_head(setup: AttentionSetup, T: int) -> list[float]:
-    """Query-key pairs of each query head for one causal sequence of ``T`` tokens (module doc; each
-    bias's ``pairs_per_head``)."""
-    return bias_class(setup.bias).pairs_per_head(setup, T)
-
-
-def attention_flops(setup: AttentionSetup, seq_len: int, head_dim: int, checkpointing: bool) -> float:
+def attention_flops(cost: BiasCost, seq_len: int, head_dim: int, checkpointing: bool) -> float:
     """Forward + backward attention FLOPs of one sequence of ``seq_len`` tokens, all heads.
 
     The fused kernel computes whole tiles: its forward's score area at ``4 D`` per
@@ -88,19 +51,17 @@ def attention_flops(setup: AttentionSetup, seq_len: int, head_dim: int, checkpoi
     entry of each of its two kernels' areas (dK/dV: q.k, dp, dv, dk; dQ: q.k, dp,
     dq; ``14 D`` per score over both).
     """
-    if setup.fused:
-        tiles = fused_tiles(setup, seq_len, head_dim)
+    if cost.setup.fused:
+        tiles = fused_tiles(cost, seq_len, head_dim)
         return head_dim * ((4 + (4 if checkpointing else 0)) * tiles.forward_area + 7 * tiles.backward_area)
     per_pair = (4 + 10 + (4 if checkpointing else 0)) * head_dim
-    return per_pair * sum(pairs_per_head(setup, seq_len))
+    return per_pair * sum(cost.pairs_per_head(seq_len))
 
 
-def fused_tiles(setup: AttentionSetup, seq_len: int, head_dim: int):
-    """:class:`~plsh_dist.plan.kernel_tiles.KernelTiles` of the fused kernel for ``setup``'s hash
-    (seed 0; the tiles of other seeds differ by a few percent) on Hopper's tiles."""
-    heads = len(setup.sigma)
-    sigma = torch.tensor(setup.sigma, dtype=torch.float64) if setup.per_head_hash else setup.sigma[0]
-    return kernel_tiles(bias_class(setup.bias).kernel_hash(setup, sigma, 0), seq_len, heads, head_dim=head_dim)
+def fused_tiles(cost: BiasCost, seq_len: int, head_dim: int):
+    """:class:`~plsh_dist.plan.kernel_tiles.KernelTiles` of the fused kernel for the hash of ``cost``'s
+    bias (seed 0; the tiles of other seeds differ by a few percent) on Hopper's tiles."""
+    return kernel_tiles(cost.kernel_hash(0), seq_len, len(cost.setup.sigma), head_dim=head_dim)
 
 
 @dataclass(frozen=True)
@@ -113,13 +74,9 @@ class Workspace:
     """Where the numbers come from."""
 
 
-def workspace_cuda(setup: AttentionSetup, batch: int, tokens: int, keys: int, q_heads: int, kv_heads: int,
-                   head_dim: int, b: int) -> Workspace:
-    """Workspace on CUDA (bf16 kernels), counted from the buffers of the path the run takes.
-
-    ``tokens``: this rank's queries; ``keys``: the keys its attention reads
-    (tokens, plus the halo / the gathered sequence under SP).
-    u = B x tokens x Hq x D elements (one q-sized tensor):
+def workspace_cuda(cost: BiasCost, shape: CallShape) -> Workspace:
+    """Workspace on CUDA (bf16 kernels) of one call of ``shape``, counted from the buffers of the path
+    the run takes (u = B x tokens x Hq x D elements, one q-sized tensor):
 
     - PLSH / fixed blocks on the fused Triton kernel (``triton/attention.py``): forward
       the call's tables (``kernel_bias.py``): every token's block start per bias head and
@@ -127,19 +84,19 @@ def workspace_cuda(setup: AttentionSetup, batch: int, tokens: int, keys: int, q_
       shapes (4 int32 a sample, tiles of at least 32 rows), plus the band limits (4 int32 per tile and
       head); they are held for the backward, which adds dq, dk, dv, the fp32 row sums
       ``D`` (``u / D``) and the fp32 copy of dout they come from (``u`` fp32);
-    - every other path: the bias's own count (``workspace_cuda`` of its class in
-      :mod:`plsh_dist.biases`: PLSH's varlen per-sample path, flash SDPA, chunked exact ALiBi).
+    - every other path: the bias's own count (its cost model's ``workspace_cuda``: PLSH's varlen
+      per-sample path, flash SDPA, chunked exact ALiBi).
     """
+    setup = cost.setup
     if setup.fused:
-        u = batch * tokens * q_heads * head_dim
-        bias_heads = q_heads if setup.per_head_hash else 1
+        u, b, keys = shape.u, shape.itemsize, shape.keys
+        bias_heads = shape.q_heads if setup.per_head_hash else 1
         tables = 4 * bias_heads * setup.num_samples * keys * (1 + 3 * 4 / 32)  # starts, spans at >= 32 rows
-        bands = 4 * 4 * batch * q_heads * math.ceil(keys / 32)
+        bands = 4 * 4 * shape.batch * shape.q_heads * math.ceil(keys / 32)
         fwd = tables + bands
-        bwd = b * u * (1 + 2 * kv_heads / q_heads) + 4 * u / head_dim + 4 * u + fwd
+        bwd = b * u * (1 + 2 * shape.kv_heads / shape.q_heads) + 4 * u / shape.head_dim + 4 * u + fwd
         return Workspace(int(fwd), int(bwd), "counted (fused Triton kernel)")
-    return Workspace(*bias_class(setup.bias).workspace_cuda(setup, batch, tokens, keys, q_heads, kv_heads, head_dim,
-                                                             b))
+    return Workspace(*cost.workspace_cuda(shape))
 
 
 def probe_workspace_cpu(attn_cfg, *, batch: int, tokens: int, q_heads: int, kv_heads: int, head_dim: int,

@@ -29,15 +29,8 @@ import torch
 
 from plsh_dist.config.schema import resolve_master_weights, resolve_precision
 from plsh_dist.plan.activations import ActivationBytes, activation_bytes, loss_peak_bytes
-from plsh_dist.plan.attention_cost import (
-    AttentionSetup,
-    Workspace,
-    attention_flops,
-    attention_setup,
-    pairs_per_head,
-    probe_workspace_cpu,
-    workspace_cuda,
-)
+from plsh_dist.biases.cost import AttentionSetup, BiasCost, CallShape
+from plsh_dist.plan.attention_cost import Workspace, attention_cost, attention_flops, probe_workspace_cpu, workspace_cuda
 from plsh_dist.plan.halo_traffic import LayerTraffic, sp_traffic
 from plsh_dist.plan.shapes import ModelShapes, RankBatch, model_shapes
 from plsh_dist.plan.zero_states import StateBytes, state_bytes
@@ -109,7 +102,7 @@ class Plan:
     traffic: list[LayerTraffic]
 
 
-def _memory(cfg, shapes: ModelShapes, rb: RankBatch, setup: AttentionSetup, states: StateBytes, b: int,
+def _memory(cfg, shapes: ModelShapes, rb: RankBatch, cost: BiasCost, states: StateBytes, b: int,
             device: str, traffic: list[LayerTraffic]) -> MemoryPlan:
     mem = cfg.memory
     n, L, ckpt, chunk = rb.n, shapes.layers, mem.activation_checkpointing, mem.loss_chunk_tokens
@@ -120,7 +113,8 @@ def _memory(cfg, shapes: ModelShapes, rb: RankBatch, setup: AttentionSetup, stat
         ws = probe_workspace_cpu(cfg.attention, batch=rb.batch, tokens=rb.tokens, q_heads=shapes.q_heads,
                                  kv_heads=shapes.kv_heads, head_dim=shapes.head_dim)
     else:
-        ws = workspace_cuda(setup, rb.batch, rb.tokens, keys, shapes.q_heads, shapes.kv_heads, shapes.head_dim, b)
+        ws = workspace_cuda(cost, CallShape(rb.batch, rb.tokens, keys, shapes.q_heads, shapes.kv_heads,
+                                            shapes.head_dim, b))
     kept = per.selective_layer if mem.activation_checkpointing_mode == "selective" else per.checkpointed_layer
     layer_saved = kept if ckpt else per.layer + halo // n
     acts = n * (L * layer_saved + per.model)
@@ -151,7 +145,7 @@ def _memory(cfg, shapes: ModelShapes, rb: RankBatch, setup: AttentionSetup, stat
                       halo_buffers=halo, candidates=candidates)
 
 
-def _flops(cfg, shapes: ModelShapes, setup: AttentionSetup, world: int, dp: int) -> FlopsPlan:
+def _flops(cfg, shapes: ModelShapes, cost: BiasCost, world: int, dp: int) -> FlopsPlan:
     mem = cfg.memory
     seq = cfg.data.seq_len
     sequences = cfg.data.micro_batch_size * cfg.optim.grad_accum_steps * dp
@@ -162,7 +156,7 @@ def _flops(cfg, shapes: ModelShapes, setup: AttentionSetup, world: int, dp: int)
         per_token += 2 * shapes.layers * shapes.matmul_params_per_layer
     if mem.loss_chunk_tokens:
         per_token += 2 * shapes.head_params
-    attn = shapes.layers * attention_flops(setup, seq, shapes.head_dim, full)
+    attn = shapes.layers * attention_flops(cost, seq, shapes.head_dim, full)
     return FlopsPlan(attention=attn * sequences, rest=float(per_token) * seq * sequences, ranks=world)
 
 
@@ -181,12 +175,11 @@ def model_flops(cfg, *, world_size: int, device: str = "cuda", precision: str | 
     """
     shapes = model_shapes(cfg.model, cfg.attention)
     precision = precision or resolve_precision(cfg.deepspeed, device)
-    setup = attention_setup(cfg.attention, shapes.q_heads, device,
-                            torch.bfloat16 if precision == "bf16" else torch.float32)
+    cost = attention_cost(cfg.attention, shapes.q_heads, device, torch.bfloat16 if precision == "bf16" else torch.float32)
     seq = cfg.data.seq_len
     sequences = cfg.data.micro_batch_size * cfg.optim.grad_accum_steps * (world_size // cfg.parallel.sp_size)
     per_token = 6 * (shapes.layers * shapes.matmul_params_per_layer + shapes.head_params)
-    attn = shapes.layers * 12 * shapes.head_dim * sum(pairs_per_head(setup, seq))
+    attn = shapes.layers * 12 * shapes.head_dim * sum(cost.pairs_per_head(seq))
     return FlopsPlan(attention=attn * sequences, rest=float(per_token) * seq * sequences, ranks=world_size)
 
 
@@ -207,17 +200,17 @@ def plan_run(cfg, *, world_size: int, device: str = "cuda") -> Plan:
     dp = world_size // sp
     rb = RankBatch(batch=cfg.data.micro_batch_size, tokens=cfg.data.seq_len // sp, seq_len=cfg.data.seq_len,
                    sp_size=sp)
-    setup = attention_setup(attn_cfg, shapes.q_heads, device, torch.bfloat16 if b == 2 else torch.float32)
+    cost = attention_cost(attn_cfg, shapes.q_heads, device, torch.bfloat16 if b == 2 else torch.float32)
     ds = cfg.deepspeed
     states = state_bytes(params=shapes.params, largest_module=shapes.largest_module_params, stage=ds.zero_stage,
                          precision=precision, world=world_size, offload_optimizer=ds.offload_optimizer,
                          master_weights=resolve_master_weights(ds, device))
-    traffic = sp_traffic(setup, attn_cfg, run_seed=cfg.run.seed, layers=shapes.layers, sp=sp, tokens=rb.tokens,
+    traffic = sp_traffic(cost, attn_cfg, run_seed=cfg.run.seed, layers=shapes.layers, sp=sp, tokens=rb.tokens,
                          batch=rb.batch, q_heads=shapes.q_heads, kv_heads=shapes.kv_heads,
                          head_dim=shapes.head_dim, b=b)
-    memory = _memory(cfg, shapes, rb, setup, states, b, device, traffic)
+    memory = _memory(cfg, shapes, rb, cost, states, b, device, traffic)
     return Plan(name=cfg.run.name, device=device, precision=precision, world=world_size, dp=dp,
                 zero_stage=ds.zero_stage, checkpointing=cfg.memory.activation_checkpointing,
                 checkpointing_mode=cfg.memory.activation_checkpointing_mode,
-                loss_chunk_tokens=cfg.memory.loss_chunk_tokens, rank_batch=rb, shapes=shapes, attention=setup,
-                memory=memory, flops=_flops(cfg, shapes, setup, world_size, dp), traffic=traffic)
+                loss_chunk_tokens=cfg.memory.loss_chunk_tokens, rank_batch=rb, shapes=shapes,
+                attention=cost.setup, memory=memory, flops=_flops(cfg, shapes, cost, world_size, dp), traffic=traffic)

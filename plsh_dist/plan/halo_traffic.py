@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plsh_dist.biases import bias_class
+from plsh_dist.biases.cost import CallShape
 from plsh_dist.distributed.halo import HaloExchange
 from plsh_dist.distributed.sp_layout import SPLayout
 from plsh_dist.models.runtime import AttentionRuntime
@@ -43,21 +43,22 @@ def _layouts(sp: int, tokens: int):
     return [SPLayout(None, r, sp, tuple(range(sp)), firsts, tokens) for r in range(sp)]
 
 
-def sp_traffic(setup, attn_cfg, *, run_seed: int, layers: int, sp: int, tokens: int, batch: int, q_heads: int,
+def sp_traffic(cost, attn_cfg, *, run_seed: int, layers: int, sp: int, tokens: int, batch: int, q_heads: int,
                kv_heads: int, head_dim: int, b: int) -> list[LayerTraffic]:
     """Per-layer traffic of one micro-step on ``sp`` ranks of ``tokens`` tokens each (module doc).
 
-    ``b``: bytes of the K/V dtype. Empty when ``sp == 1``.
+    ``cost``: the bias's :class:`~plsh_dist.biases.cost.BiasCost`; ``b``: bytes of the K/V dtype. Empty
+    when ``sp == 1``.
     """
     if sp == 1:
         return []
     per_token = batch * head_dim * b * 2  # K and V of one (kv head, position), all batch rows
     layouts = _layouts(sp, tokens)
-    bias = bias_class(setup.bias)
+    shape = CallShape(batch, tokens, tokens, q_heads, kv_heads, head_dim, b)
     out = []
     for layer in range(layers):
         seed = AttentionRuntime(run_seed=run_seed).layer_seed(layer, attn_cfg.fixed_masks)
-        needs = bias.sp_needs(setup, layouts[0], q_heads, kv_heads, seed)
+        needs = cost.sp_needs(layouts[0], shape, seed)
         if needs is None:  # all-gather of every other chunk, every kv head
             recv = [(sp - 1) * tokens * kv_heads] * sp
             slots = [(sp - 1) * tokens] * sp
@@ -69,7 +70,7 @@ def sp_traffic(setup, attn_cfg, *, run_seed: int, layers: int, sp: int, tokens: 
         out.append(LayerTraffic(layer=layer, recv_tokens_max=worst, forward_bytes_max=worst * per_token,
                                 forward_bytes_mean=sum(recv) / sp * per_token, backward_bytes_max=worst * per_token,
                                 halo_slots_max=max(slots)))
-        if not bias.seeded:  # the same every layer
+        if not cost.bias.seeded:  # the same every layer
             out.extend(LayerTraffic(layer=i, **{k: v for k, v in vars(out[-1]).items() if k != "layer"})
                        for i in range(1, layers))
             break

@@ -8,6 +8,7 @@ import torch
 from transformers import DynamicCache
 
 from plsh_dist.biases import BIASES, Bias, bias_class, bias_for, register_bias
+from plsh_dist.biases.cost import BiasCost
 from plsh_dist.eval.mode_specs import attention_for, parse_modes
 from plsh_dist.models import AttentionConfig, build_model, presets
 
@@ -18,9 +19,10 @@ def test_every_bias_is_a_config_bias_with_its_forms_and_decoding():
         assert cls.name == name and issubclass(cls, Bias)
         bias = bias_for(AttentionConfig(bias=name))
         assert type(bias) is cls and all(hasattr(bias.cfg, f) for f in cls.fields)
-        for method in ("one_process", "sequence_parallel", "decode", "reference_weights", "pairs_per_head",
-                       "workspace_cuda"):
+        for method in ("one_process", "sequence_parallel", "decode", "reference_weights"):
             assert getattr(cls, method) is not getattr(Bias, method), (name, method)  # each implements it
+        for method in ("pairs_per_head", "workspace_cuda"):  # its cost model counts its own
+            assert getattr(cls.cost_model, method) is not getattr(BiasCost, method), (name, method)
         assert cls.forward is Bias.forward, name  # the choice of form is the base class's alone
 
 

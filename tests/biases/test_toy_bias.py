@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from plsh_dist.biases import BIASES, AttentionCall, Bias, register_bias
+from plsh_dist.biases.cost import BiasCost, CallShape
 from plsh_dist.biases.window import window_pairs
 from plsh_dist.distributed.halo import window_needs
 from plsh_dist.distributed.sp import attention as sp_attention
@@ -24,6 +25,19 @@ from plsh_dist.ops.decode import alibi_decode
 from plsh_dist.ops.reference import alibi_weights
 
 
+class HardWindowCost(BiasCost):
+    """Its cost for the planner: the window's pairs, the windowed path's CUDA workspace, a halo."""
+
+    def pairs_per_head(self, T):
+        return window_pairs(T, (self.setup.window,) * len(self.setup.sigma))
+
+    def workspace_cuda(self, shape):
+        return BIASES["window"].cost_model(self.bias, self.setup).workspace_cuda(shape)
+
+    def sp_needs(self, layout, shape, seed):
+        return window_needs(self.setup.window, layout, shape.kv_heads, causal=True)
+
+
 class HardWindow(Bias):
     """No decay, no keys ``window`` or more positions back."""
 
@@ -32,6 +46,7 @@ class HardWindow(Bias):
     positional = "window"
     fields = ("window", "rope")
     summary = "plain attention on a sliding window (a test's bias)"
+    cost_model = HardWindowCost
 
     def one_process(self, call: AttentionCall, seeds) -> torch.Tensor:
         return alibi_attention(call.q, call.k, call.v, slopes=torch.zeros(call.num_heads), window=self.cfg.window,
@@ -55,18 +70,6 @@ class HardWindow(Bias):
 
     def reference_weights(self, positions, num_heads, seed):
         return alibi_weights(torch.zeros(num_heads), positions, window=self.cfg.window)
-
-    @classmethod
-    def pairs_per_head(cls, setup, T):
-        return window_pairs(T, (setup.window,) * len(setup.sigma))
-
-    @classmethod
-    def workspace_cuda(cls, setup, batch, tokens, keys, q_heads, kv_heads, head_dim, b):
-        return BIASES["window"].workspace_cuda(setup, batch, tokens, keys, q_heads, kv_heads, head_dim, b)
-
-    @classmethod
-    def sp_needs(cls, setup, layout, q_heads, kv_heads, seed):
-        return window_needs(setup.window, layout, kv_heads, causal=True)
 
 
 @pytest.fixture
@@ -151,13 +154,14 @@ def test_compiled_layer_keeps_one_graph(toy):
 
 def test_planner_costs_it(toy):
     from plsh_dist.models import AttentionConfig
-    from plsh_dist.plan.attention_cost import attention_setup, pairs_per_head, workspace_cuda
+    from plsh_dist.plan.attention_cost import attention_cost, workspace_cuda
     from plsh_dist.plan.halo_traffic import sp_traffic
 
     attn = AttentionConfig(bias="hard_window", window=8)
-    setup = attention_setup(attn, 4, "cpu", torch.float32)
-    assert pairs_per_head(setup, 20) == [float(torch.clamp(torch.arange(20) + 1, max=8).sum())] * 4
-    assert workspace_cuda(setup, 1, 64, 64, 4, 2, 16, 2).forward > 0
-    traffic = sp_traffic(setup, attn, run_seed=0, layers=2, sp=2, tokens=32, batch=1, q_heads=4, kv_heads=2,
+    cost = attention_cost(attn, 4, "cpu", torch.float32)
+    assert isinstance(cost, HardWindowCost)
+    assert cost.pairs_per_head(20) == [float(torch.clamp(torch.arange(20) + 1, max=8).sum())] * 4
+    assert workspace_cuda(cost, CallShape(1, 64, 64, 4, 2, 16, 2)).forward > 0
+    traffic = sp_traffic(cost, attn, run_seed=0, layers=2, sp=2, tokens=32, batch=1, q_heads=4, kv_heads=2,
                          head_dim=16, b=2)
     assert traffic[0].recv_tokens_max == 7 * 2  # the window's 7 keys before the chunk, per kv head

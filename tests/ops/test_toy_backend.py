@@ -169,16 +169,17 @@ def test_the_model_trains_on_it_and_compiles(toy):
 def test_the_planner_costs_it(toy):
     """The planner reads the strategy's attributes: the one pass's pairs, neither varlen nor fused."""
     from plsh_dist.models import AttentionConfig
-    from plsh_dist.plan.attention_cost import attention_setup, pairs_per_head, workspace_cuda
+    from plsh_dist.biases.cost import CallShape
+    from plsh_dist.plan.attention_cost import attention_cost, workspace_cuda
 
-    def setup(backend):
-        return attention_setup(AttentionConfig(bias="plsh", num_samples=4, backend=backend, method="onepass"), 4,
-                               "cpu", torch.float32)
+    def cost(backend):
+        return attention_cost(AttentionConfig(bias="plsh", num_samples=4, backend=backend, method="onepass"), 4,
+                              "cpu", torch.float32)
 
-    ours = setup(NAME)
-    assert (ours.onepass, ours.varlen, ours.fused) == (True, False, False)
-    assert pairs_per_head(ours, 64) == pairs_per_head(setup("torch"), 64)
-    assert workspace_cuda(ours, 1, 64, 64, 4, 2, 16, 2).forward > 0
+    ours = cost(NAME)
+    assert (ours.setup.onepass, ours.setup.varlen, ours.setup.fused) == (True, False, False)
+    assert ours.pairs_per_head(64) == cost("torch").pairs_per_head(64)
+    assert workspace_cuda(ours, CallShape(1, 64, 64, 4, 2, 16, 2)).forward > 0
 
 
 def _counted(monkeypatch, module, name: str) -> list:

@@ -10,7 +10,7 @@ import torch
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, alibi_slopes
 from plsh_dist.models import AttentionConfig
 from plsh_dist.ops.triton.tile_bands import tiles_for
-from plsh_dist.plan.attention_cost import attention_flops, attention_setup, fused_tiles
+from plsh_dist.plan.attention_cost import attention_cost, attention_flops, fused_tiles
 from plsh_dist.plan.kernel_tiles import FLASH_TILE, far_tiles, floor_tiles, kernel_tiles, per_sample_tiles
 
 torch.set_num_threads(1)
@@ -113,13 +113,13 @@ def test_planner_counts_the_fused_kernels_tiles(monkeypatch):
 
     monkeypatch.setattr(triton_onepass, "triton_status", lambda: None)  # a GPU machine with Triton
     attn = AttentionConfig(bias="plsh", num_samples=8)
-    setup = attention_setup(attn, 4, "cuda", torch.bfloat16)
-    assert setup.fused and setup.onepass and not setup.varlen
-    tiles = fused_tiles(setup, 512, 64)
-    assert attention_flops(setup, 512, 64, False) == 64 * (4 * tiles.forward_area + 7 * tiles.backward_area)
-    assert attention_flops(setup, 512, 64, True) == 64 * (8 * tiles.forward_area + 7 * tiles.backward_area)
+    cost = attention_cost(attn, 4, "cuda", torch.bfloat16)
+    assert cost.setup.fused and cost.setup.onepass and not cost.setup.varlen
+    tiles = fused_tiles(cost, 512, 64)
+    assert attention_flops(cost, 512, 64, False) == 64 * (4 * tiles.forward_area + 7 * tiles.backward_area)
+    assert attention_flops(cost, 512, 64, True) == 64 * (8 * tiles.forward_area + 7 * tiles.backward_area)
     monkeypatch.setattr(triton_onepass, "triton_status", lambda: "missing")
-    assert not attention_setup(attn, 4, "cuda", torch.bfloat16).fused
+    assert not attention_cost(attn, 4, "cuda", torch.bfloat16).setup.fused
 
 
 def test_the_table_puts_truncated_alibi_beside_the_kernel_at_equal_cost():

@@ -21,7 +21,7 @@ from plsh_dist.models import AttentionConfig
 from plsh_dist.models.runtime import hash_seed
 from plsh_dist.plan import plan_run
 from plsh_dist.plan.advice import advise
-from plsh_dist.plan.attention_cost import attention_setup, pairs_per_head
+from plsh_dist.plan.attention_cost import attention_cost
 from plsh_dist.plan.halo_traffic import sp_traffic
 
 torch.set_num_threads(1)
@@ -35,10 +35,10 @@ def _causal_block_pairs(buckets: torch.Tensor) -> float:
 
 
 def test_fixed_block_pairs_are_exact():
-    setup = attention_setup(AttentionConfig(bias="fixed_blocks"), 4, "cpu", torch.float32)
+    cost = attention_cost(AttentionConfig(bias="fixed_blocks"), 4, "cpu", torch.float32)
     T = 1000
     buckets = FixedBlocks(alibi_slopes(4).reciprocal()).buckets(torch.arange(T))  # (1, H, T)
-    assert pairs_per_head(setup, T) == [_causal_block_pairs(buckets[0, h]) for h in range(4)]
+    assert cost.pairs_per_head(T) == [_causal_block_pairs(buckets[0, h]) for h in range(4)]
 
 
 @pytest.mark.parametrize("method", ["per_sample", "onepass"])
@@ -46,9 +46,9 @@ def test_plsh_pair_expectation_matches_the_real_blocks(method):
     # One pitch per (sample, head) for the whole sequence: pair counts vary ~70% between draws,
     # so 400 hash seeds (standard error of the mean ~1.8%) and a 6% tolerance.
     s, T, sigma = 4, 1000, 10.0
-    setup = attention_setup(AttentionConfig(bias="plsh", sigma=sigma, num_samples=s, method=method), 2, "cpu",
-                            torch.float32)
-    expected = pairs_per_head(setup, T)[0]
+    cost = attention_cost(AttentionConfig(bias="plsh", sigma=sigma, num_samples=s, method=method), 2, "cpu",
+                          torch.float32)
+    expected = cost.pairs_per_head(T)[0]
     draws = []
     for seed in range(400):
         buckets = PositionalLSH(sigma, s, seed).buckets(torch.arange(T))[:, 0]  # (s, T)
@@ -66,12 +66,12 @@ def test_truncated_pairs_and_halo_follow_each_heads_window():
     """Truncated ALiBi: head h attends min(i + 1, w_h) keys, w_h = ceil(c sigma_h) (sigma 4..256 at
     c = 1.5: 6, 24, 96, 384); the SP halo is the widest window's."""
     attn = AttentionConfig(bias="truncated", truncate_c=1.5)
-    setup = attention_setup(attn, 4, "cpu", torch.float32)
-    assert setup.head_windows == (6, 24, 96, 384) and setup.window == 384
+    cost = attention_cost(attn, 4, "cpu", torch.float32)
+    assert cost.setup.head_windows == (6, 24, 96, 384) and cost.setup.window == 384
     T = 1000
     i = torch.arange(T)
-    assert pairs_per_head(setup, T) == [float(torch.clamp(i + 1, max=w).sum()) for w in (6, 24, 96, 384)]
-    traffic = sp_traffic(setup, attn, run_seed=0, layers=2, sp=4, tokens=512, batch=1, q_heads=4, kv_heads=2,
+    assert cost.pairs_per_head(T) == [float(torch.clamp(i + 1, max=w).sum()) for w in (6, 24, 96, 384)]
+    traffic = sp_traffic(cost, attn, run_seed=0, layers=2, sp=4, tokens=512, batch=1, q_heads=4, kv_heads=2,
                          head_dim=32, b=2)
     assert len(traffic) == 2 and traffic[0].recv_tokens_max == 383 * 2  # 383 positions before, both kv heads
 
@@ -80,8 +80,8 @@ def test_sp_traffic_is_the_need_of_each_layers_real_hash():
     cfg = load_config(None, ["--model.preset=tiny", "--data.seq_len=2048", "--parallel.sp_size=4",
                              "--attention.num_samples=3", "--run.seed=5", "--data.micro_batch_size=2"])
     attn = cfg.attention
-    setup = attention_setup(attn, 4, "cuda", torch.bfloat16)
-    traffic = sp_traffic(setup, attn, run_seed=5, layers=2, sp=4, tokens=512, batch=2, q_heads=4, kv_heads=2,
+    cost = attention_cost(attn, 4, "cuda", torch.bfloat16)
+    traffic = sp_traffic(cost, attn, run_seed=5, layers=2, sp=4, tokens=512, batch=2, q_heads=4, kv_heads=2,
                          head_dim=32, b=2)
     T, P, Tl, g = 2048, 4, 512, 2
     for layer in range(2):

@@ -45,7 +45,7 @@ from plsh_dist.ops.alibi import check_alibi_attention, check_window, check_windo
 from plsh_dist.ops.alibi_kernel import choose_alibi_kernel
 from plsh_dist.ops.backends import choose_strategy, chosen_name
 from plsh_dist.ops.input_checks import check_qkv, softmax_scale_for
-from plsh_dist.ops.plsh import check_block_attention
+from plsh_dist.ops.plsh import check_block_attention, op_args
 
 
 def _check_group(group) -> None:
@@ -60,32 +60,31 @@ def plsh_attention(q, k, v, *, group, sigma, num_samples: int, seed: int, positi
 
     Both methods move the same halo: the one-pass band is the union of the samples' blocks.
     """
-    return _blocks(q, k, v, sigma, (num_samples, seed, sampler, False), group, positions, causal, softmax_scale,
-                   backend, method, cu_seqlens)
+    return block_attention(q, k, v, PositionalLSH(sigma, num_samples, seed, sampler), group=group, positions=positions,
+                           causal=causal, softmax_scale=softmax_scale, backend=backend, method=method,
+                           cu_seqlens=cu_seqlens)
 
 
 def fixed_blocks_attention(q, k, v, *, group, sigma, positions=None, causal: bool = True,
                            softmax_scale: float | None = None, backend: str = "auto", method: str = "auto",
                            cu_seqlens=None):
     """:func:`plsh_dist.ops.fixed_blocks_attention` of this rank's chunk over ``group``."""
-    return _blocks(q, k, v, sigma, (1, 0, "iid", True), group, positions, causal, softmax_scale, backend, method,
-                   cu_seqlens)
+    return block_attention(q, k, v, FixedBlocks(sigma), group=group, positions=positions, causal=causal,
+                           softmax_scale=softmax_scale, backend=backend, method=method, cu_seqlens=cu_seqlens)
 
 
-def _blocks(q, k, v, sigma, hash_args, group, positions, causal, softmax_scale, backend, method, cu_seqlens):
-    """The blocks ``hash_args`` = (num_samples, seed, sampler, fixed) describes: the custom op compiled,
-    :func:`block_attention` eagerly."""
+def block_attention(q, k, v, lsh, *, group, positions, causal, softmax_scale, backend, method, cu_seqlens):
+    """The blocks of hash ``lsh`` (PLSH, or :class:`~plsh_dist.hashing.FixedBlocks`) over ``group``: a halo of
+    keys/values. Compiled, the custom op (given the hash's :func:`~plsh_dist.ops.plsh.op_args`); eagerly,
+    :class:`SPBlockAttention`, which keeps the halo for its backward."""
     _check_group(group)
-    num_samples, seed, sampler, fixed = hash_args
     if torch.compiler.is_compiling():
-        seed = seed if isinstance(seed, torch.Tensor) else torch.tensor(seed, dtype=torch.int64)
-        sigma = sigma if isinstance(sigma, torch.Tensor) else torch.tensor(sigma, dtype=torch.float64).reshape(-1)
-        strategy = chosen_name(_name(backend), _name(method), q.device, q.dtype, num_samples)
-        return sp_block_attention_op(q, k, v, positions, cu_seqlens, seed, sigma, num_samples, sampler, fixed,
-                                     causal, softmax_scale, strategy, group.group_name, _needs_grad(q, k, v))[0]
-    lsh = FixedBlocks(sigma) if fixed else PositionalLSH(sigma, num_samples, seed, sampler)
-    return block_attention(q, k, v, lsh, group=group, positions=positions, causal=causal, softmax_scale=softmax_scale,
-                           backend=backend, method=method, cu_seqlens=cu_seqlens)
+        strategy = chosen_name(_name(backend), _name(method), q.device, q.dtype, lsh.num_samples)
+        return sp_block_attention_op(q, k, v, positions, cu_seqlens, *op_args(lsh), causal, softmax_scale, strategy,
+                                     group.group_name, _needs_grad(q, k, v))[0]
+    strategy = choose_strategy(backend, method, q.device, q.dtype, lsh.num_samples)
+    pos, scale, _ = check_block_attention(q, k, v, lsh, positions, softmax_scale)
+    return SPBlockAttention.apply(q, k, v, lsh, pos, causal, scale, strategy, group, cu_seqlens)
 
 
 def _name(choice) -> str:
@@ -95,15 +94,6 @@ def _name(choice) -> str:
 
 def _needs_grad(q, k, v) -> bool:
     return torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-
-
-def block_attention(q, k, v, lsh, *, group, positions, causal, softmax_scale, backend, method, cu_seqlens):
-    """The blocks of hash ``lsh`` (PLSH or fixed blocks) over ``group``: a halo of keys/values (eager only:
-    compiled, :func:`plsh_attention` and :func:`fixed_blocks_attention` take the hash's arguments)."""
-    _check_group(group)
-    strategy = choose_strategy(backend, method, q.device, q.dtype, lsh.num_samples)
-    pos, scale, _ = check_block_attention(q, k, v, lsh, positions, softmax_scale)
-    return SPBlockAttention.apply(q, k, v, lsh, pos, causal, scale, strategy, group, cu_seqlens)
 
 
 def alibi_attention(q, k, v, *, group, slopes, positions=None, causal: bool = True, window=None,

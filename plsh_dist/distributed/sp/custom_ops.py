@@ -42,7 +42,7 @@ from plsh_dist.ops.plsh import check_block_attention, op_hash
 
 def _block_plan(q, k, v, positions, cu_seqlens, seed, sigma, num_samples, sampler, fixed, causal, softmax_scale,
                 strategy, group_name, needs_grad) -> HaloPlan:
-    lsh = op_hash(sigma, num_samples, seed, sampler, fixed)
+    lsh = op_hash(seed, sigma, num_samples, sampler, fixed)
     positions, cu_seqlens = op_layout(positions, cu_seqlens, q, True)
     pos, scale, _ = check_block_attention(q, k, v, lsh, positions, softmax_scale)
     return HaloPlan.make(q, k, lsh, pos, causal, scale, strategy_named(strategy), _resolve_process_group(group_name),
