@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from plsh_dist.config.schema import DeepSpeedSection, OptimSection, resolve_master_weights, resolve_precision
+from plsh_dist.config.schema import DeepSpeedSection, OptimSection
 
 
 def deepspeed_config(
     ds: DeepSpeedSection, optim: OptimSection, *, micro_batch_size: int, device_type: str,
-    load_universal: bool = False, precision: str | None = None, master_weights: str | None = None,
+    precision: str, master_weights: str, load_universal: bool = False,
 ) -> dict[str, Any]:
     """The dict passed as ``deepspeed.initialize(config=...)``.
 
@@ -23,15 +23,13 @@ def deepspeed_config(
         ds: [deepspeed] section.
         optim: [optim] section (grad accumulation, clipping).
         micro_batch_size: sequences per micro-batch per rank ([data].micro_batch_size).
-        device_type: "cpu" or "cuda" (decides bf16 vs fp32 under "auto").
+        device_type: "cpu" or "cuda" (pinned memory for an offloaded optimizer on CUDA).
+        precision, master_weights: "bf16" or "fp32" as resolved once for the run's device (the
+            training set-up's ``ResolvedRun``: ``[deepspeed].precision = "auto"`` is not read here).
         load_universal: the run resumes from DeepSpeed's universal checkpoint (a resume at
             another shape: checkpoint/run_shape.py).
-        precision, master_weights: "bf16" or "fp32" as already resolved for ``device_type``
-            (the training set-up's ``ResolvedRun``); None: resolved here from ``ds``.
     DeepSpeed derives ``train_batch_size = micro x accum x world_size`` itself.
     """
-    precision = precision or resolve_precision(ds, device_type)
-    master_weights = master_weights or resolve_master_weights(ds, device_type)
     zero: dict[str, Any] = {"stage": ds.zero_stage}
     if ds.zero_stage >= 1 and ds.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": device_type == "cuda"}
@@ -51,7 +49,7 @@ def deepspeed_config(
         # A torch optimizer is "untested" for ZeRO in DeepSpeed's eyes; AdamW is fine.
         "zero_allow_untested_optimizer": True,
     }
-    if precision == "bf16" and ds.master_weights == "fp32" and ds.zero_stage >= 1:
+    if precision == "bf16" and master_weights == "fp32" and ds.zero_stage >= 1:
         # Accumulate and reduce gradients in fp32 for bf16 weights. Without ZeRO, DeepSpeed refuses
         # that mix (NotImplementedError in _do_optimizer_sanity_check); it then keeps fp32 master
         # weights (its DDP bf16 optimizer) but accumulates and all-reduces the gradients in bf16.

@@ -269,8 +269,8 @@ def _build_engine(run: ResolvedRun, runtime: AttentionRuntime, sp_group, load_un
     optimizer = build_optimizer(model, cfg.optim, device.type)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.run.max_steps)
     ds_config = deepspeed_config(cfg.deepspeed, cfg.optim, micro_batch_size=cfg.data.micro_batch_size,
-                                 device_type=device.type, load_universal=load_universal,
-                                 precision=run.precision, master_weights=run.master_weights)
+                                 device_type=device.type, precision=run.precision,
+                                 master_weights=run.master_weights, load_universal=load_universal)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config, dist_init_required=False)
     forget_initial_step(engine.optimizer)  # ZeRO 0 + bf16 only (ddp_bf16.py)

@@ -15,6 +15,7 @@ from plsh_dist.config import (
     load_config,
     lr_at,
     parse_overrides,
+    resolve_master_weights,
     resolve_precision,
     to_toml,
     write_resolved,
@@ -106,24 +107,30 @@ def test_resolved_config_round_trips(tmp_path):
     assert "[optim]" in to_toml(cfg)
 
 
+def _ds(ds, optim, device_type):
+    """The DeepSpeed dict of ``ds`` on ``device_type``, its precision resolved first (as ``resolve_run`` does)."""
+    return deepspeed_config(ds, optim, micro_batch_size=2, device_type=device_type,
+                            precision=resolve_precision(ds, device_type),
+                            master_weights=resolve_master_weights(ds, device_type))
+
+
 def test_deepspeed_config_is_generated():
     cfg = load_config(None, ["--deepspeed.zero_stage=3", "--optim.grad_accum_steps=4", "--optim.grad_clip=0.5"])
-    ds = deepspeed_config(cfg.deepspeed, cfg.optim, micro_batch_size=2, device_type="cpu")
+    ds = _ds(cfg.deepspeed, cfg.optim, "cpu")
     assert ds["zero_optimization"]["stage"] == 3
     assert ds["gradient_accumulation_steps"] == 4 and ds["train_micro_batch_size_per_gpu"] == 2
     assert ds["gradient_clipping"] == 0.5
     assert ds["bf16"]["enabled"] is False  # fp32 on CPU
-    assert deepspeed_config(cfg.deepspeed, cfg.optim, micro_batch_size=2, device_type="cuda")["bf16"]["enabled"]
+    assert _ds(cfg.deepspeed, cfg.optim, "cuda")["bf16"]["enabled"]
     bf16 = load_config(None, ["--deepspeed.precision=bf16", "--deepspeed.zero_stage=0"]).deepspeed
     assert resolve_precision(bf16, "cpu") == "bf16"
-    plain = deepspeed_config(bf16, cfg.optim, micro_batch_size=2, device_type="cpu")
+    plain = _ds(bf16, cfg.optim, "cpu")
     assert plain["bf16"] == {"enabled": True} and "data_types" not in plain  # DeepSpeed refuses fp32 accumulation at ZeRO 0
     bf16.zero_stage = 1
-    assert deepspeed_config(bf16, cfg.optim, micro_batch_size=2, device_type="cpu")["data_types"] == {
-        "grad_accum_dtype": "fp32"}
+    assert _ds(bf16, cfg.optim, "cpu")["data_types"] == {"grad_accum_dtype": "fp32"}
     pure = load_config(None, ["--deepspeed.precision=bf16", "--deepspeed.master_weights=bf16",
                               "--deepspeed.zero_stage=1"]).deepspeed
-    pure_ds = deepspeed_config(pure, cfg.optim, micro_batch_size=2, device_type="cpu")
+    pure_ds = _ds(pure, cfg.optim, "cpu")
     assert pure_ds["bf16"] == {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
     assert "data_types" not in pure_ds
 
