@@ -133,4 +133,4 @@ def test_a_resume_compares_the_sampler_not_where_its_module_lives(toy_module):
     toy_module.import_sampler_module("toy_sampler_module")
     before = config_from_table({"attention": {"sampler": "toy_sampler"}})
     now = config_from_table({"attention": {"sampler": "toy_sampler", "sampler_module": "toy_sampler_module"}})
-    assert trained_differences(before, now) == []
+    assert trained_differences(before.to_dict(), now.to_dict()) == []

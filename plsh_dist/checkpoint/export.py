@@ -32,7 +32,8 @@ import torch.distributed as dist
 
 from plsh_dist.checkpoint.loading import LoadedCheckpoint, load_model
 from plsh_dist.checkpoint.model_card import model_card
-from plsh_dist.config.schema import RunConfig, write_resolved
+from plsh_dist.config.record import write_resolved
+from plsh_dist.config.schema import RunConfig
 from plsh_dist.data import EOS_ID, PAD_ID
 from plsh_dist.data.tokenizer import BOS_ID
 from plsh_dist.models.hf_config import describe, plsh_config_types

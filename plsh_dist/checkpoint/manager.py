@@ -33,8 +33,9 @@ from plsh_dist.checkpoint.resume_check import check_resume_config, check_resume_
 from plsh_dist.checkpoint.run_shape import UNIVERSAL, RunShape, change_notice, resume_route, saved_shape
 from plsh_dist.checkpoint.safe_load import CheckpointLoadError
 from plsh_dist.checkpoint.tags import find_resume, load_checkpoint, save_checkpoint
+from plsh_dist.config.record import write_resolved
 from plsh_dist.config.resolved import ResolvedRun
-from plsh_dist.config.schema import read_resolved, write_resolved
+from plsh_dist.config.schema import read_resolved
 
 __all__ = ["CheckpointManager", "CheckpointLoadError"]
 
@@ -79,10 +80,9 @@ class CheckpointManager:
         """Where the run resumes from (``[checkpoint].resume``), checked against this config (fields, steps,
         schedule, a tokenizer file already there) and at this shape (the route; rank 0 says when the shape
         changes); ValueError where it cannot: a refused resume, before any data is prepared."""
-        cfg = self.cfg
-        self.resume = find_resume(cfg.checkpoint.resume, self.run.out_dir)
+        self.resume = find_resume(self.cfg.checkpoint.resume, self.run.out_dir)
         if self.resume is not None:
-            check_resume_config(cfg, self.tag_dir)
+            check_resume_config(self.run, self.tag_dir)
             saved = saved_shape(self.tag_dir, self.run.device.type) or self.shape
             self.route = resume_route(saved, self.shape, self.tag_dir)
             if saved != self.shape and self.run.rank == 0:
@@ -114,10 +114,11 @@ class CheckpointManager:
     # --- the run accepted, saves, export ----------------------------------------------
 
     def accept(self, start_step: int) -> None:
-        """Rank 0, once the run is accepted: write its record (the resolved config) into ``out_dir`` and
-        move the checkpoints newer than ``start_step`` (an abandoned line, line.py) aside."""
+        """Rank 0, once the run is accepted: write its record (the resolved config, as the run was resolved:
+        ``ResolvedRun.record``) into ``out_dir`` and move the checkpoints newer than ``start_step`` (an
+        abandoned line, line.py) aside."""
         if self.run.rank == 0:
-            write_resolved(self.cfg, self.run.out_dir)
+            write_resolved(self.run.record, self.run.out_dir)
             set_aside_newer(self.root, start_step, self.run.rank)
 
     def save(self, engine, step: int, *, loss: float | None, consumed_sequences: int,

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from plsh_dist.config.resolved import ResolvedRun
 from plsh_dist.config.schedule import decay_end, lr_at
 from plsh_dist.config.schema import RunConfig, read_resolved
 
@@ -24,36 +25,37 @@ from plsh_dist.config.schema import RunConfig, read_resolved
 COMPUTE_ONLY = frozenset({"backend", "method", "chunk_size", "sampler_module"})
 
 
-def trained_differences(saved: RunConfig, cfg: RunConfig) -> list[tuple[str, Any, Any]]:
-    """``[(field, checkpoint's value, this config's value)]`` of the fields that define the trained model."""
+def trained_differences(saved: dict, now: dict) -> list[tuple[str, Any, Any]]:
+    """``[(field, checkpoint's value, this config's value)]`` of the fields that define the trained model,
+    from two configs' TOML tables (``RunConfig.to_dict``: the checkpoint's, and this run's record)."""
     diffs = []
-    saved_table, table = saved.to_dict(), cfg.to_dict()
     for section, skip in (("model", frozenset()), ("attention", COMPUTE_ONLY)):
-        old, new = saved_table[section], table[section]
+        old, new = saved[section], now[section]
         for key in sorted((set(old) | set(new)) - skip):
             if old.get(key) != new.get(key):
                 diffs.append((f"[{section}].{key}", old.get(key), new.get(key)))
-    for label, old, new in (("[data].document_masking", saved.data.document_masking, cfg.data.document_masking),
-                            ("[data].seq_len", saved.data.seq_len, cfg.data.seq_len),
-                            ("[run].seed", saved.run.seed, cfg.run.seed)):
+    for section, key in (("data", "document_masking"), ("data", "seq_len"), ("run", "seed")):
+        old, new = saved[section][key], now[section][key]
         if old != new:
-            diffs.append((label, old, new))
+            diffs.append((f"[{section}].{key}", old, new))
     return diffs
 
 
-def check_resume_config(cfg: RunConfig, tag_dir: str | Path) -> None:
-    """Raise ValueError if ``cfg`` would train a different model than checkpoint ``tag_dir`` holds.
+def check_resume_config(run: ResolvedRun, tag_dir: str | Path) -> None:
+    """Raise ValueError if ``run`` (its config, compared by its record) would train a different model than
+    checkpoint ``tag_dir`` holds.
 
     A checkpoint without ``config.resolved.json`` is left to the manifest check of
     :func:`plsh_dist.checkpoint.tags.load_checkpoint`, which names the missing file.
     """
     if not (Path(tag_dir) / "config.resolved.json").is_file():
         return
+    cfg = run.cfg
     if Path(cfg.tokenizer.model_path).is_file():  # else trained by the data preparation, checked after it
         check_resume_tokenizer(tag_dir, cfg.tokenizer.model_path,
                                hashlib.sha256(Path(cfg.tokenizer.model_path).read_bytes()).hexdigest())
     saved = read_resolved(tag_dir)
-    diffs = trained_differences(saved, cfg)
+    diffs = trained_differences(saved.to_dict(), run.record)
     if not diffs:
         step = _trained_steps(tag_dir)
         if step is not None:

@@ -47,7 +47,8 @@ from plsh_dist.checkpoint.line import (
 from plsh_dist.checkpoint.manifest import MANIFEST, fsync_dir, verify_manifest, write_manifest, write_text_atomic
 from plsh_dist.checkpoint.safe_load import CheckpointLoadError, install_safe_loader
 from plsh_dist.checkpoint.universal import ConversionError, universal_checkpoint
-from plsh_dist.config.schema import RunConfig, write_resolved
+from plsh_dist.config.record import write_resolved
+from plsh_dist.config.schema import RunConfig
 from plsh_dist.faults import maybe_fail
 
 logger = logging.getLogger(__name__)

@@ -2,8 +2,8 @@
 
 - ``load_config(path, overrides)`` -> ``RunConfig`` (TOML + ``--section.key=value``), resolved
   once and checked against the disk (``loading.py``);
-- ``RunConfig`` and its sections, ``config_from_table``, ``read_resolved`` /
-  ``write_resolved`` / ``to_toml``, the renamed keys (``schema.py``);
+- ``RunConfig`` and its sections, ``config_from_table``, ``read_resolved``, the renamed keys
+  (``schema.py``); ``write_resolved`` / ``to_toml``: the run's record (``record.py``);
 - ``resolve_run(cfg, world, device)`` -> ``ResolvedRun``: the config on this world and device,
   resolved once (precision, master weights, DP x SP layout; ``resolved.py``);
 - ``lr_at`` / ``decay_end``: the learning-rate schedule an ``[optim]`` section defines
@@ -13,6 +13,7 @@ Training, checkpoints, evaluation and the planner all read the config from here.
 """
 
 from plsh_dist.config.loading import check_inputs, load_config, tokenizer_file_vocab
+from plsh_dist.config.record import to_toml, write_resolved
 from plsh_dist.config.schedule import decay_end, lr_at
 from plsh_dist.config.schema import (
                                      RENAMED,
@@ -31,9 +32,7 @@ from plsh_dist.config.schema import (
                                      parse_overrides,
                                      read_resolved,
                                      resolve_master_weights, resolve_precision,
-                                     to_toml,
                                      upgrade_table,
-                                     write_resolved,
 )
 
 __all__ = [

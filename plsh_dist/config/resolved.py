@@ -4,14 +4,15 @@ A ``RunConfig`` says what to train; some of it means something only on the machi
 ``[run].device = "auto"``, ``[deepspeed].precision = "auto"`` and the master weights it allows, the
 parallel layout of ``[parallel].sp_size`` over the launched world. The training set-up resolves these
 here, in one call, with the checks that need the world size (``RunConfig.validate``), and then reads
-the ``ResolvedRun`` it gets: the checkpoints (their shape), the DeepSpeed config, the FLOPs count and
-the start-up summary all see the same values, and the set-up never goes back to the schema for them.
+the ``ResolvedRun`` it gets: the checkpoints (their shape, the resume check, the run's record), the
+DeepSpeed config, the FLOPs count and the start-up summary all see the same values, and the set-up
+never goes back to the schema for them.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -45,6 +46,9 @@ class ResolvedRun:
     """"bf16" or "fp32": ``[deepspeed].precision`` on this device ("auto": bf16 on CUDA only)."""
     master_weights: str
     """"bf16" or "fp32": the dtype the optimizer updates (fp32 whenever the run is fp32)."""
+    record: dict = field(repr=False, compare=False)
+    """The config's TOML tables (``RunConfig.to_dict``), taken once: what the resume check compares with
+    a checkpoint's and what the run writes as its record (``write_resolved``, record.py). Read only."""
 
     @property
     def out_dir(self) -> Path:
@@ -59,11 +63,12 @@ class ResolvedRun:
 
 def resolve_run(cfg: RunConfig, world: int, device: torch.device, rank: int = 0) -> ResolvedRun:
     """``cfg`` on ``world`` ranks of ``device`` (this process: ``rank``): the checks that need the world
-    size (``RunConfig.validate``), the precision, the master weights and the parallel layout, once.
+    size (``RunConfig.validate``), the precision, the master weights, the parallel layout and the
+    config's tables (its record), once.
 
     Raises the config's ValueError (naming the field and the fix) for a layout or precision this
     world and device cannot run (e.g. ``master_weights = "bf16"`` with ``precision = "auto"`` on a CPU)."""
     cfg.validate(world_size=world)
     return ResolvedRun(cfg=cfg, device=device, world=world, rank=rank, dims=ParallelDims(world, cfg.parallel.sp_size),
                        precision=resolve_precision(cfg.deepspeed, device.type),
-                       master_weights=resolve_master_weights(cfg.deepspeed, device.type))
+                       master_weights=resolve_master_weights(cfg.deepspeed, device.type), record=cfg.to_dict())

@@ -17,8 +17,8 @@ A table becomes a config once, in ``config_from_table`` (``load_config`` in
 first), and is not changed afterwards: every section is a typed dataclass,
 the preset expanded and the defaults filled, and ``[model].vocab_size``,
 unless set, is the tokenizer's. The resolved config written next to the
-outputs and into every checkpoint is this object (``write_resolved``;
-``read_resolved`` reads it back).
+outputs and into every checkpoint is this object (``write_resolved``,
+record.py; ``read_resolved`` reads it back).
 
 Renamed keys (``RENAMED``): a config or checkpoint written before a key moved
 still loads; the old key is accepted with a one-line notice naming the new one.
@@ -37,7 +37,7 @@ from typing import Any
 
 import tomllib
 
-from plsh_dist.config_check import check_field_types, did_you_mean, toml_literal
+from plsh_dist.config_check import check_field_types, did_you_mean
 from plsh_dist.data.config import DataConfig, TokenizerConfig
 from plsh_dist.distributed import ParallelDims
 from plsh_dist.distributed.sp_chunks import check_sp_divisible
@@ -557,26 +557,3 @@ def read_resolved(directory: str | Path) -> RunConfig:
     except ValueError as exc:
         raise ValueError(f"{cfg_file} is not valid JSON ({exc})") from None
     return config_from_table(table, source=str(cfg_file))
-
-
-# --- writing the resolved config ------------------------------------------------
-
-
-def to_toml(cfg: RunConfig | dict) -> str:
-    """Serialise the resolved config as TOML (None values are left out: TOML has no null)."""
-    table = cfg.to_dict() if isinstance(cfg, RunConfig) else cfg
-    lines = []
-    for section, values in table.items():
-        lines.append(f"[{section}]")
-        lines += [f"{k} = {toml_literal(v, strict=True)}" for k, v in values.items() if v is not None]
-        lines.append("")
-    return "\n".join(lines)
-
-
-def write_resolved(cfg: RunConfig, directory: str | Path) -> Path:
-    """Write ``config.resolved.toml`` and ``config.resolved.json`` into ``directory``."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.resolved.toml").write_text(to_toml(cfg))
-    (directory / "config.resolved.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=False) + "\n")
-    return directory / "config.resolved.toml"

@@ -93,7 +93,7 @@ def _sources_config(tmp_path, tables: str):
 
 
 def test_sources_config_reads_tables_and_writes_them_back(tmp_path):
-    from plsh_dist.config.schema import to_toml
+    from plsh_dist.config import to_toml
     import tomllib
 
     a, b = tmp_path / "a.jsonl", tmp_path / "b.txt"

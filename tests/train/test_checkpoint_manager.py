@@ -16,7 +16,7 @@ import torch
 from plsh_dist.checkpoint.line import ABANDONED, checkpoint_root, complete_tags
 from plsh_dist.checkpoint.manager import CheckpointManager
 from plsh_dist.checkpoint.run_shape import SAME_FILES, RunShape, run_shape
-from plsh_dist.config import RunConfig
+from plsh_dist.config import RunConfig, write_resolved
 from plsh_dist.config.resolved import resolve_run
 
 CPU = torch.device("cpu")
@@ -50,6 +50,17 @@ def test_resolve_run_resolves_once_what_the_set_up_reads(tmp_path):
     cfg.deepspeed.master_weights = "bf16"
     with pytest.raises(ValueError, match='precision = "auto" is fp32 on cpu'):
         resolve_run(cfg, 4, CPU)
+
+
+def test_the_run_is_recorded_as_it_was_resolved(tmp_path):
+    """The record ``accept`` writes is the resolved run's tables (taken once), the very files the config writes."""
+    cfg = _cfg(tmp_path)
+    run = resolve_run(cfg, 1, CPU)
+    assert run.record == cfg.to_dict()
+    CheckpointManager(run).accept(0)
+    write_resolved(cfg, tmp_path / "direct")
+    for name in ("config.resolved.toml", "config.resolved.json"):
+        assert (run.out_dir / name).read_text() == (tmp_path / "direct" / name).read_text()
 
 
 def test_the_manager_saves_prunes_and_finds_its_own_line_again(tmp_path):

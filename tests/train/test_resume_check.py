@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from plsh_dist.checkpoint.resume_check import check_resume_config, check_resume_steps, trained_differences
-from plsh_dist.config import config_from_table, lr_at, write_resolved
+from plsh_dist.config import RunConfig, config_from_table, lr_at, write_resolved
+from plsh_dist.config.resolved import resolve_run
 
 BASE = {"model": {"preset": "tiny"}, "attention": {"bias": "plsh", "num_samples": 8, "sampler": "iid"}}
 
@@ -23,6 +25,11 @@ def _cfg(**sections):
     return config_from_table(table)
 
 
+def _run(cfg: RunConfig):
+    """``cfg`` resolved as the training set-up resolves it (the resume check reads the run's record)."""
+    return resolve_run(cfg, cfg.parallel.sp_size, torch.device("cpu"))
+
+
 @pytest.fixture
 def tag_dir(tmp_path):
     write_resolved(_cfg(), tmp_path / "step_00000002")
@@ -30,14 +37,14 @@ def tag_dir(tmp_path):
 
 
 def test_the_same_config_resumes(tag_dir):
-    check_resume_config(_cfg(), tag_dir)
+    check_resume_config(_run(_cfg()), tag_dir)
 
 
 @pytest.mark.parametrize("change", [dict(attention={"method": "per_sample"}), dict(attention={"backend": "math"}),
                                     dict(attention={"chunk_size": 64}), dict(run={"max_steps": 99}),
                                     dict(parallel={"sp_size": 2}), dict(optim={"lr": 1e-4})])
 def test_compute_only_and_schedule_fields_may_change(tag_dir, change):
-    check_resume_config(_cfg(**change), tag_dir)
+    check_resume_config(_run(_cfg(**change)), tag_dir)
 
 
 @pytest.mark.parametrize("change, field", [
@@ -52,7 +59,7 @@ def test_compute_only_and_schedule_fields_may_change(tag_dir, change):
 ])
 def test_a_changed_estimator_or_model_is_refused_naming_the_field(tag_dir, change, field):
     with pytest.raises(ValueError) as err:
-        check_resume_config(_cfg(**change), tag_dir)
+        check_resume_config(_run(_cfg(**change)), tag_dir)
     msg = str(err.value)
     assert field in msg and "checkpoint" in msg and "resume" in msg and "init_from" in msg
 
@@ -65,20 +72,20 @@ def test_a_field_missing_from_an_old_checkpoint_takes_its_default(tag_dir):
     table = json.loads(path.read_text())
     del table["data"]["document_masking"]
     path.write_text(json.dumps(table))
-    check_resume_config(_cfg(), tag_dir)
+    check_resume_config(_run(_cfg()), tag_dir)
     with pytest.raises(ValueError, match="document_masking"):
-        check_resume_config(_cfg(data={"document_masking": True}), tag_dir)
+        check_resume_config(_run(_cfg(data={"document_masking": True})), tag_dir)
 
 
 def test_differences_list_every_field_with_both_values():
     saved, cfg = _cfg(), _cfg(attention={"num_samples": 20, "sampler": "stratified_ramp"})
-    assert trained_differences(saved, cfg) == [("[attention].num_samples", 8, 20),
-                                               ("[attention].sampler", "iid", "stratified_ramp")]
-    assert trained_differences(saved, dataclasses.replace(saved)) == []
+    assert trained_differences(saved.to_dict(), cfg.to_dict()) == [("[attention].num_samples", 8, 20),
+                                                               ("[attention].sampler", "iid", "stratified_ramp")]
+    assert trained_differences(saved.to_dict(), dataclasses.replace(saved).to_dict()) == []
 
 
 def test_a_checkpoint_without_its_config_is_left_to_the_manifest_check(tmp_path):
-    check_resume_config(_cfg(attention={"num_samples": 3}), tmp_path)
+    check_resume_config(_run(_cfg(attention={"num_samples": 3})), tmp_path)
 
 
 # --- steps and learning-rate schedule ([run].max_steps, [optim]) ------------------------------------------
@@ -129,4 +136,4 @@ def test_the_checkpoint_step_comes_from_its_trainer_state(tmp_path):
     write_resolved(_run_40(), tag)
     (tag / "trainer_state.json").write_text('{"step": 40}')
     with pytest.raises(ValueError, match="--optim.decay_end=40"):
-        check_resume_config(_run_40(run={"max_steps": 200}), tag)
+        check_resume_config(_run(_run_40(run={"max_steps": 200})), tag)
