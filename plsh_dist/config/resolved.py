@@ -6,7 +6,8 @@ parallel layout of ``[parallel].sp_size`` over the launched world. The training 
 here, in one call, with the checks that need the world size (``RunConfig.validate``), and then reads
 the ``ResolvedRun`` it gets: the checkpoints (their shape, the resume check, the run's record), the
 DeepSpeed config, the FLOPs count and the start-up summary all see the same values, and the set-up
-never goes back to the schema for them.
+never goes back to the schema for them. What needs the tokenizer the data preparation made is checked
+here too, once it exists (``ResolvedRun.check_tokenizer_vocab``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,18 @@ class ResolvedRun:
         """Tokens of one optimizer step over the world: micro batch x accumulation x DP x sequence."""
         cfg = self.cfg
         return cfg.data.micro_batch_size * cfg.optim.grad_accum_steps * self.dims.dp_size * cfg.data.seq_len
+
+    def check_tokenizer_vocab(self, tokenizer_vocab: int) -> None:
+        """ValueError naming the fields when the tokenizer (trained or replaced since the config was
+        loaded: the set-up calls this once the data preparation has it, before the model is built) has
+        more pieces than the resolved [model].vocab_size (the model config's own check)."""
+        cfg = self.cfg
+        cfg.model.check_vocab_covers(
+            tokenizer_vocab, cfg.tokenizer.model_path,
+            fix=f"[model].vocab_size was resolved when the config was loaded (if unset: the vocabulary of the "
+                f"file at [tokenizer].model_path, else [tokenizer].vocab_size) and the tokenizer has changed "
+                f"since; set [model].vocab_size >= {tokenizer_vocab} (or [tokenizer].vocab_size = "
+                f"{tokenizer_vocab}) and start again")
 
 
 def resolve_run(cfg: RunConfig, world: int, device: torch.device, rank: int = 0) -> ResolvedRun:

@@ -374,16 +374,6 @@ class RunConfig:
         if world_size is not None:
             check_world_size(world_size, sp)
 
-    def check_tokenizer_vocab(self, tokenizer_vocab: int) -> None:
-        """ValueError naming the fields when the tokenizer (trained or replaced since the
-        config was resolved: train() calls this once it is ready, before the model is
-        built) has more pieces than the resolved [model].vocab_size."""
-        self.model.check_vocab_covers(
-            tokenizer_vocab, self.tokenizer.model_path,
-            fix=f"[model].vocab_size was resolved when the config was loaded (if unset: the vocabulary of the "
-                f"file at [tokenizer].model_path, else [tokenizer].vocab_size) and the tokenizer has changed "
-                f"since; set [model].vocab_size >= {tokenizer_vocab} (or [tokenizer].vocab_size = "
-                f"{tokenizer_vocab}) and start again")
 
 def _model_section(table: Any, tok: TokenizerConfig, tokenizer_vocab: int | None) -> tuple[ModelConfig, Any]:
     """[model] -> ``(ModelConfig, init_from)``: the one place the vocabulary is resolved.

@@ -221,7 +221,7 @@ def setup(cfg: RunConfig, lock: RunDirLock | None = None, stop: StopRequest | No
 
     prepared = prepare(cfg.data, cfg.tokenizer)  # refuses bad data on every rank alike
     with refusing("config"):
-        cfg.check_tokenizer_vocab(prepared.tokenizer.vocab_size)  # a tokenizer trained or replaced since load_config
+        run.check_tokenizer_vocab(prepared.tokenizer.vocab_size)  # a tokenizer trained or replaced since load_config
     with refusing("resume"):  # the tokenizer the data preparation trained or loaded: the run's own?
         checkpoints.check_tokenizer(prepared.tokenizer.fingerprint)
     model_cfg, attn_cfg = cfg.model, cfg.attention

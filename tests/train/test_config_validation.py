@@ -34,6 +34,7 @@ from plsh_dist.config import (
     resolve_master_weights,
     resolve_precision,
 )
+from plsh_dist.config.resolved import resolve_run
 from plsh_dist.config_check import check_field_types, toml_literal
 from plsh_dist.data.config import DataConfig, TokenizerConfig
 from plsh_dist.data.tokenizer import train_tokenizer
@@ -41,6 +42,7 @@ from plsh_dist.models import AttentionConfig, ModelConfig
 from plsh_dist.train.loop import resolve_device
 
 ROOT = Path(__file__).resolve().parents[2]
+CPU = torch.device("cpu")
 SECTIONS = {
     "run": RunSection, "optim": OptimSection, "memory": MemorySection, "deepspeed": DeepSpeedSection,
     "parallel": ParallelSection,
@@ -212,14 +214,14 @@ def test_model_vocab_smaller_than_tokenizer_to_train_fails_in_load_config():
 
 
 def test_model_vocab_checked_again_once_the_tokenizer_is_ready():
-    # train() calls check_tokenizer_vocab(tokenizer.vocab_size) right after preparing the data and
+    # The set-up calls run.check_tokenizer_vocab(tokenizer.vocab_size) right after preparing the data and
     # before building the model: a tokenizer file that appeared (or changed) after load_config is caught.
-    cfg = load_config(None, ["--tokenizer.vocab_size=512", "--model.vocab_size=512"])
+    run = resolve_run(load_config(None, ["--tokenizer.vocab_size=512", "--model.vocab_size=512"]), 1, CPU)
     with pytest.raises(ValueError, match=r"\[model\].vocab_size = 512 is smaller than the tokenizer's vocabulary of 600"):
-        cfg.check_tokenizer_vocab(600)
-    cfg.check_tokenizer_vocab(512)
+        run.check_tokenizer_vocab(600)
+    run.check_tokenizer_vocab(512)
     # Unset, [model].vocab_size was resolved to [tokenizer].vocab_size (no file yet): a bigger tokenizer fails.
-    unset = load_config(None, ["--tokenizer.vocab_size=512"])
+    unset = resolve_run(load_config(None, ["--tokenizer.vocab_size=512"]), 1, CPU)
     assert unset.check_tokenizer_vocab(512) is None
     with pytest.raises(ValueError) as err:
         unset.check_tokenizer_vocab(600)
