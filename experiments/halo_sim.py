@@ -267,10 +267,10 @@ def _median(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _layouts(sp: int, tokens: int, rank: int):
-    from plsh_dist.distributed.sp_layout import SPLayout
+def _chunk_tables(sp: int, tokens: int, rank: int):
+    from plsh_dist.distributed.chunk_table import ChunkTable
 
-    return SPLayout(None, rank, sp, tuple(range(sp)), tuple(r * tokens for r in range(sp)), tokens)
+    return ChunkTable(None, rank, sp, tuple(range(sp)), tuple(r * tokens for r in range(sp)), tokens)
 
 
 def planning_time(seq_len: int, sp: int, sigma: float | None, num_samples: int,
@@ -290,13 +290,13 @@ def planning_time(seq_len: int, sp: int, sigma: float | None, num_samples: int,
 
     _check_split(seq_len, sp)
     tokens = seq_len // sp
-    layout = _layouts(sp, tokens, sp - 1)
+    chunks = _chunk_tables(sp, tokens, sp - 1)
 
     def halo_forward():
         for layer in range(shape.layers):
             lsh = layer_hash(sigma, num_samples, layer, shape, run_seed)
-            HaloExchange.build(layout, plsh_needs(lsh, layout, shape.q_heads, shape.kv_heads, True))
-            _split(lsh, layout, True)
+            HaloExchange.build(chunks, plsh_needs(lsh, chunks, shape.q_heads, shape.kv_heads, True))
+            _split(lsh, chunks, True)
 
     halo = _median(halo_forward, repeats)
     if not varlen:
@@ -305,7 +305,7 @@ def planning_time(seq_len: int, sp: int, sigma: float | None, num_samples: int,
     n = tokens
     while n > 1 and num_samples * lsh.num_heads * n > varlen_max_elements:
         n //= 2
-    positions = torch.arange(n, dtype=torch.long) + layout.first
+    positions = torch.arange(n, dtype=torch.long) + chunks.first
     cpu = torch.device("cpu")
     starts = _block_start_indices(lsh, positions, cpu)
     buckets = _median(lambda: _block_start_indices(lsh, positions, cpu), repeats)

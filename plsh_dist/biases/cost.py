@@ -86,8 +86,8 @@ class BiasCost(abc.ABC):
         """The hash of ``seed`` a hashed bias's kernel tiles and halo follow; None for the others."""
         return None
 
-    def sp_needs(self, layout, shape: CallShape, seed: int):
-        """What a rank of ``layout`` (an SP layout) receives under sequence parallelism at the hash of
+    def sp_needs(self, chunks, shape: CallShape, seed: int):
+        """What a rank of ``chunks`` (the SP group's :class:`~plsh_dist.distributed.chunk_table.ChunkTable`) receives under sequence parallelism at the hash of
         ``seed``: the halo needs (:mod:`plsh_dist.distributed.halo`), or None for an all-gather of
         every chunk."""
         return None

@@ -36,9 +36,9 @@ class PLSHCost(BiasCost):
     def kernel_hash(self, seed: int) -> PositionalLSH:
         return self.bias.new_hash(len(self.setup.sigma), seed)
 
-    def sp_needs(self, layout, shape: CallShape, seed: int):
+    def sp_needs(self, chunks, shape: CallShape, seed: int):
         """The halo the hash of ``seed`` needs (every layer's differs: the planner draws each)."""
-        return plsh_needs(self.kernel_hash(seed), layout, shape.q_heads, shape.kv_heads, causal=True)
+        return plsh_needs(self.kernel_hash(seed), chunks, shape.q_heads, shape.kv_heads, causal=True)
 
     def workspace_cuda(self, shape: CallShape) -> tuple[int, int, str]:
         """The varlen per-sample path (``varlen/strategy.py``): forward copies q, k, v into the rows layout

@@ -20,9 +20,9 @@ class WindowCost(AlibiCost):
     def chunk_span(self, keys: int, chunk: int) -> int:
         return min(keys, self.setup.window) + chunk  # the widest head's window bounds every group's
 
-    def sp_needs(self, layout, shape: CallShape, seed: int):
+    def sp_needs(self, chunks, shape: CallShape, seed: int):
         """A halo of the (widest) window's ``w - 1`` positions before the chunk."""
-        return window_needs(self.setup.window, layout, shape.kv_heads, causal=True)
+        return window_needs(self.setup.window, chunks, shape.kv_heads, causal=True)
 
 
 class WindowedAlibi(ExactAlibi):

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from plsh_dist.distributed.comm_stats import record_bytes
-from plsh_dist.distributed.sp_layout import SPLayout
+from plsh_dist.distributed.chunk_table import ChunkTable
 
 #: Point-to-point tags: keys/values, and their gradients going home.
 _TAG = {"kv": 71, "grads": 72}
@@ -76,13 +76,13 @@ def _by_row(need) -> list[tuple[int | None, Need]]:
     return [(None, need)]
 
 
-def _cut_at_documents(needs: list[Need], layout: SPLayout, docs) -> list:
+def _cut_at_documents(needs: list[Need], chunks: ChunkTable, docs) -> list:
     """Clamp every rank's need to the documents of its first and last token, row by row
     (``docs``: :class:`~plsh_dist.distributed.sp.documents.SPDocuments` or None)."""
     if docs is None:
         return needs
-    firsts = torch.tensor([layout.start(r) for r in range(layout.size)])
-    lasts = torch.tensor([layout.end(r) - 1 for r in range(layout.size)])
+    firsts = torch.tensor([chunks.start(r) for r in range(chunks.size)])
+    lasts = torch.tensor([chunks.end(r) - 1 for r in range(chunks.size)])
     per_row = [docs.bounds(b, firsts, lasts) for b in range(len(docs.row_starts))]  # ([P] starts, [P] next)
     out = []
     for r, need in enumerate(needs):
@@ -118,7 +118,7 @@ def _block_bounds_at(lsh, positions: list[int], after: bool) -> torch.Tensor:
     return lsh.bucket_start(lsh.bucket_of(p) + int(after))
 
 
-def plsh_needs(lsh, layout: SPLayout, num_q_heads: int, num_kv_heads: int, causal: bool, docs=None) -> list:
+def plsh_needs(lsh, chunks: ChunkTable, num_q_heads: int, num_kv_heads: int, causal: bool, docs=None) -> list:
     """Need of every rank under a positional LSH hash.
 
     The only blocks that reach outside chunk ``i`` are the one holding its
@@ -128,9 +128,9 @@ def plsh_needs(lsh, layout: SPLayout, num_q_heads: int, num_kv_heads: int, causa
     (:class:`~plsh_dist.distributed.sp.documents.SPDocuments`): blocks are cut
     at document starts too, so each row's need stops at its documents.
     """
-    P = layout.size
-    firsts = [layout.start(r) for r in range(P)]
-    ends = [layout.end(r) for r in range(P)]
+    P = chunks.size
+    firsts = [chunks.start(r) for r in range(P)]
+    ends = [chunks.end(r) for r in range(P)]
     lo = _kv_reduce(_block_bounds_at(lsh, firsts, after=False), num_q_heads, num_kv_heads, "amin")
     if causal:
         hi = [[end] * num_kv_heads for end in ends]
@@ -138,18 +138,18 @@ def plsh_needs(lsh, layout: SPLayout, num_q_heads: int, num_kv_heads: int, causa
         hi = _kv_reduce(_block_bounds_at(lsh, [e - 1 for e in ends], after=True), num_q_heads, num_kv_heads, "amax")
     needs = [Need(tuple(min(x, first) for x in lo_r), tuple(max(x, end) for x in hi_r))
              for first, end, lo_r, hi_r in zip(firsts, ends, lo, hi)]
-    return _cut_at_documents(needs, layout, docs)
+    return _cut_at_documents(needs, chunks, docs)
 
 
-def window_needs(window: int, layout: SPLayout, num_kv_heads: int, causal: bool, docs=None) -> list:
+def window_needs(window: int, chunks: ChunkTable, num_kv_heads: int, causal: bool, docs=None) -> list:
     """Need of every rank under sliding-window attention: keys within
     ``window - 1`` positions of the chunk (and of its rows' documents, ``docs``)."""
     needs = []
-    for r in range(layout.size):
-        lo = layout.start(r) - (window - 1)
-        hi = layout.end(r) + (0 if causal else window - 1)
+    for r in range(chunks.size):
+        lo = chunks.start(r) - (window - 1)
+        hi = chunks.end(r) + (0 if causal else window - 1)
         needs.append(Need((lo,) * num_kv_heads, (hi,) * num_kv_heads))
-    return _cut_at_documents(needs, layout, docs)
+    return _cut_at_documents(needs, chunks, docs)
 
 
 # ---------------------------------------------------------------------------
@@ -185,42 +185,42 @@ class Transfer:
         return sum(p.length * (batch if p.row is None else 1) for p in self.pieces)
 
 
-def _side_ranges(layout: SPLayout, lo: int, hi: int, owners) -> list[tuple[int, int, int]]:
+def _side_ranges(chunks: ChunkTable, lo: int, hi: int, owners) -> list[tuple[int, int, int]]:
     """(owner, start, stop) of existing positions in [lo, hi) held by ``owners``, in order."""
     out = []
     for j in owners:
-        a, b = max(lo, layout.start(j)), min(hi, layout.end(j))
+        a, b = max(lo, chunks.start(j)), min(hi, chunks.end(j))
         if b > a:
             out.append((j, a, b))
     return out
 
 
-def _reaches(layout: SPLayout, i: int, need, a: int, b: int) -> bool:
+def _reaches(chunks: ChunkTable, i: int, need, a: int, b: int) -> bool:
     """Whether rank ``i``'s halo (either side) overlaps positions [a, b)."""
-    left = min(need.lo) < b and a < layout.start(i)
-    right = max(need.hi) > a and b > layout.end(i)
+    left = min(need.lo) < b and a < chunks.start(i)
+    right = max(need.hi) > a and b > chunks.end(i)
     return left or right
 
 
-def _transfers(layout: SPLayout, i: int, need) -> list[tuple[int, Transfer]]:
+def _transfers(chunks: ChunkTable, i: int, need) -> list[tuple[int, Transfer]]:
     """All messages towards receiver ``i``: (owner, Transfer with peer = i)."""
-    first, end = layout.start(i), layout.end(i)
+    first, end = chunks.start(i), chunks.end(i)
     H = len(need.lo)
     sides = (
         ("left", min(need.lo), first, range(0, i), lambda n: (n.lo, [first] * H)),
-        ("right", end, max(need.hi), range(i + 1, layout.size), lambda n: ([end] * H, n.hi)),
+        ("right", end, max(need.hi), range(i + 1, chunks.size), lambda n: ([end] * H, n.hi)),
     )
     result = []
     for side, lo, hi, owners, head_range in sides:
         slot = 0
-        for j, a, b in _side_ranges(layout, lo, hi, owners):
+        for j, a, b in _side_ranges(chunks, lo, hi, owners):
             t = Transfer(peer=i, side=side)
             for row, row_need in _by_row(need):
                 head_lo, head_hi = head_range(row_need)
                 for h in range(H):
                     ha, hb = max(a, head_lo[h]), min(b, head_hi[h])
                     if hb > ha:
-                        t.pieces.append(Piece(h, ha - layout.start(j), slot + ha - a, hb - ha, row))
+                        t.pieces.append(Piece(h, ha - chunks.start(j), slot + ha - a, hb - ha, row))
             if t.pieces:
                 result.append((j, t))
             slot += b - a
@@ -243,25 +243,25 @@ class HaloExchange:
     right_pos: torch.Tensor
 
     @classmethod
-    def build(cls, layout: SPLayout, needs: list[Need]) -> "HaloExchange":
-        me = layout.rank
+    def build(cls, chunks: ChunkTable, needs: list[Need]) -> "HaloExchange":
+        me = chunks.rank
         recv, send = [], []
-        mine = (layout.start(me), layout.end(me))
-        for i in range(layout.size):  # fixed order: receiver, then owner
-            if i != me and not _reaches(layout, i, needs[i], *mine):
+        mine = (chunks.start(me), chunks.end(me))
+        for i in range(chunks.size):  # fixed order: receiver, then owner
+            if i != me and not _reaches(chunks, i, needs[i], *mine):
                 continue  # nothing between i and this rank: O(P) per exchange instead of O(P^2)
-            for j, t in _transfers(layout, i, needs[i]):
+            for j, t in _transfers(chunks, i, needs[i]):
                 if i == me:
                     recv.append(Transfer(peer=j, side=t.side, pieces=t.pieces))
                 elif j == me:
                     send.append(t)
         need = needs[me]
-        first, end = layout.start(me), layout.end(me)
+        first, end = chunks.start(me), chunks.end(me)
         pos = lambda ranges: torch.cat(  # noqa: E731
             [torch.arange(a, b) for _, a, b in ranges] or [torch.zeros(0, dtype=torch.long)]
         )
-        left = pos(_side_ranges(layout, min(need.lo), first, range(0, me)))
-        right = pos(_side_ranges(layout, end, max(need.hi), range(me + 1, layout.size)))
+        left = pos(_side_ranges(chunks, min(need.lo), first, range(0, me)))
+        right = pos(_side_ranges(chunks, end, max(need.hi), range(me + 1, chunks.size)))
         return cls(recv, send, left, right)
 
     def recv_tokens(self, batch: int = 1) -> int:
@@ -299,20 +299,20 @@ def _unpack_into(buf: torch.Tensor, tensors: list[torch.Tensor], pieces: list[Pi
             off += n
 
 
-def _isend(layout: SPLayout, buf: torch.Tensor, peer: int, phase: str, what: str):
+def _isend(chunks: ChunkTable, buf: torch.Tensor, peer: int, phase: str, what: str):
     record_bytes(phase, sent=buf.numel() * buf.element_size())
-    return dist.isend(buf, dst=layout.global_ranks[peer], group=layout.group, tag=_TAG[what])
+    return dist.isend(buf, dst=chunks.global_ranks[peer], group=chunks.group, tag=_TAG[what])
 
 
-def _irecv(layout: SPLayout, buf: torch.Tensor, peer: int, phase: str, what: str):
+def _irecv(chunks: ChunkTable, buf: torch.Tensor, peer: int, phase: str, what: str):
     record_bytes(phase, recv=buf.numel() * buf.element_size())
-    return dist.irecv(buf, src=layout.global_ranks[peer], group=layout.group, tag=_TAG[what])
+    return dist.irecv(buf, src=chunks.global_ranks[peer], group=chunks.group, tag=_TAG[what])
 
 
 class PendingHalo:
     """Posted halo messages of keys/values; :meth:`wait` returns the filled halo buffers."""
 
-    def __init__(self, layout: SPLayout, exchange: HaloExchange, k: torch.Tensor, v: torch.Tensor, phase: str):
+    def __init__(self, chunks: ChunkTable, exchange: HaloExchange, k: torch.Tensor, v: torch.Tensor, phase: str):
         self.exchange = exchange
         B, _, Hkv, D = k.shape
         self.shapes = {"left": (B, exchange.left_pos.numel(), Hkv, D), "right": (B, exchange.right_pos.numel(), Hkv, D)}
@@ -321,9 +321,9 @@ class PendingHalo:
         for t in exchange.recv:  # receives first, so a sender never waits on an unposted receive
             buf = k.new_empty(2 * t.tokens(B) * D)
             self.bufs.append((t, buf))
-            self.works.append(_irecv(layout, buf, t.peer, phase, "kv"))
+            self.works.append(_irecv(chunks, buf, t.peer, phase, "kv"))
         for t in exchange.send:
-            self.works.append(_isend(layout, _pack([k, v], t.pieces, "src").contiguous(), t.peer, phase, "kv"))
+            self.works.append(_isend(chunks, _pack([k, v], t.pieces, "src").contiguous(), t.peer, phase, "kv"))
 
     def wait(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """side -> (halo_k, halo_v), each (B, L_side, Hkv, D), zero where no head needs a slot."""
@@ -335,26 +335,26 @@ class PendingHalo:
         return halos
 
 
-def post_kv(layout: SPLayout, exchange: HaloExchange, k: torch.Tensor, v: torch.Tensor,
+def post_kv(chunks: ChunkTable, exchange: HaloExchange, k: torch.Tensor, v: torch.Tensor,
             phase: str = "fwd") -> PendingHalo:
     """Post the halo messages of ``k``, ``v`` (B, T, Hkv, D); returns before they complete. ``phase``
     ("fwd", or "bwd" for a backward that fetches the halo again) is where :mod:`comm_stats` counts them."""
-    return PendingHalo(layout, exchange, k, v, phase)
+    return PendingHalo(chunks, exchange, k, v, phase)
 
 
 class PendingGrads:
     """Posted backward messages: halo gradients going back to their owners."""
 
-    def __init__(self, layout, exchange: HaloExchange, halo_grads: dict[str, tuple[torch.Tensor, torch.Tensor]], like):
+    def __init__(self, chunks, exchange: HaloExchange, halo_grads: dict[str, tuple[torch.Tensor, torch.Tensor]], like):
         self.works, self.bufs = [], []
         B, _, Hkv, D = like.shape
         for t in exchange.send:  # gradients for the tokens this rank sent in forward
             buf = like.new_empty(2 * t.tokens(B) * D)
             self.bufs.append((t, buf))
-            self.works.append(_irecv(layout, buf, t.peer, "bwd", "grads"))
+            self.works.append(_irecv(chunks, buf, t.peer, "bwd", "grads"))
         for t in exchange.recv:
             buf = _pack(list(halo_grads[t.side]), t.pieces, "dst").to(like.dtype).contiguous()
-            self.works.append(_isend(layout, buf, t.peer, "bwd", "grads"))
+            self.works.append(_isend(chunks, buf, t.peer, "bwd", "grads"))
 
     def wait_add(self, dk: torch.Tensor, dv: torch.Tensor) -> None:
         """Wait, then add the received gradients into this rank's ``dk``, ``dv`` (B, T, Hkv, D)."""
@@ -364,8 +364,8 @@ class PendingGrads:
             _unpack_into(buf, [dk, dv], t.pieces, "src", add=True)
 
 
-def post_grads(layout: SPLayout, exchange: HaloExchange, halo_grads, like: torch.Tensor) -> PendingGrads:
+def post_grads(chunks: ChunkTable, exchange: HaloExchange, halo_grads, like: torch.Tensor) -> PendingGrads:
     """Post the backward messages: ``halo_grads`` side -> (dk_halo, dv_halo) go to
     their owners; the gradients of this rank's sent tokens are received.
     ``like``: a (B, T, Hkv, D) tensor of the gradient dtype."""
-    return PendingGrads(layout, exchange, halo_grads, like)
+    return PendingGrads(chunks, exchange, halo_grads, like)

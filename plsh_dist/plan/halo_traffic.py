@@ -3,7 +3,7 @@
 PLSH and fixed blocks: for every layer the hash the run will draw (step 0,
 micro-step 0: ``AttentionRuntime(run_seed).layer_seed(layer)``), every
 rank's halo need (``plsh_needs``) over a chunk table of P equal chunks
-(an ``SPLayout`` built without a process group, as
+(a ``ChunkTable`` built without a process group, as
 tests/distributed/test_halo_exchange.py does) and its ``HaloExchange``: the keys and
 values a rank receives in forward, the same bytes of their gradients sent
 back in backward. Windowed ALiBi: the ``window - 1`` positions before each
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from plsh_dist.biases.cost import CallShape
 from plsh_dist.distributed.halo import HaloExchange
-from plsh_dist.distributed.sp_layout import SPLayout
+from plsh_dist.distributed.chunk_table import ChunkTable
 from plsh_dist.models.runtime import AttentionRuntime
 
 
@@ -38,9 +38,9 @@ class LayerTraffic:
     """Positions of the worst rank's halo buffers (both sides)."""
 
 
-def _layouts(sp: int, tokens: int):
+def _chunk_tables(sp: int, tokens: int):
     firsts = tuple(r * tokens for r in range(sp))
-    return [SPLayout(None, r, sp, tuple(range(sp)), firsts, tokens) for r in range(sp)]
+    return [ChunkTable(None, r, sp, tuple(range(sp)), firsts, tokens) for r in range(sp)]
 
 
 def sp_traffic(cost, attn_cfg, *, run_seed: int, layers: int, sp: int, tokens: int, batch: int, q_heads: int,
@@ -53,17 +53,17 @@ def sp_traffic(cost, attn_cfg, *, run_seed: int, layers: int, sp: int, tokens: i
     if sp == 1:
         return []
     per_token = batch * head_dim * b * 2  # K and V of one (kv head, position), all batch rows
-    layouts = _layouts(sp, tokens)
+    tables = _chunk_tables(sp, tokens)
     shape = CallShape(batch, tokens, tokens, q_heads, kv_heads, head_dim, b)
     out = []
     for layer in range(layers):
         seed = AttentionRuntime(run_seed=run_seed).layer_seed(layer, attn_cfg.fixed_masks)
-        needs = cost.sp_needs(layouts[0], shape, seed)
+        needs = cost.sp_needs(tables[0], shape, seed)
         if needs is None:  # all-gather of every other chunk, every kv head
             recv = [(sp - 1) * tokens * kv_heads] * sp
             slots = [(sp - 1) * tokens] * sp
         else:
-            plans = [HaloExchange.build(layout, needs) for layout in layouts]
+            plans = [HaloExchange.build(chunks, needs) for chunks in tables]
             recv = [p.recv_tokens() for p in plans]
             slots = [p.left_pos.numel() + p.right_pos.numel() for p in plans]
         worst = max(recv)

@@ -34,8 +34,8 @@ class HardWindowCost(BiasCost):
     def workspace_cuda(self, shape):
         return BIASES["window"].cost_model(self.bias, self.setup).workspace_cuda(shape)
 
-    def sp_needs(self, layout, shape, seed):
-        return window_needs(self.setup.window, layout, shape.kv_heads, causal=True)
+    def sp_needs(self, chunks, shape, seed):
+        return window_needs(self.setup.window, chunks, shape.kv_heads, causal=True)
 
 
 class HardWindow(Bias):

@@ -2,16 +2,17 @@
 sp_traffic, comm_stats of a real SP run) at small sizes, and the ring /
 Ulysses formulas equal hand-computed cases."""
 
-from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from plsh_dist.distributed.halo import HaloExchange, plsh_needs
-from plsh_dist.distributed.sp_layout import SPLayout
+from plsh_dist.distributed.chunk_table import ChunkTable
 from experiments.halo_sim import (QWEN3_0_6B, AttentionShape, halo_pairs, layer_hash, ring_bytes,
                                      simulate_halo, ulysses_bytes)
+from plsh_dist.models import AttentionConfig
+from plsh_dist.plan.attention_cost import attention_cost
 from plsh_dist.plan.halo_traffic import sp_traffic
 from tests.experiments import halo_sim_worker
 
@@ -27,8 +28,8 @@ def test_simulation_equals_every_ranks_halo_exchange(sigma, s, P, tokens, offset
         lsh = layer_hash(sigma, s, layer)
         pairs, slots, peers = halo_pairs(lsh, P, tokens, 16, 8, offset=offset)
         for r in range(P):
-            layout = SPLayout(None, r, P, tuple(range(P)), tuple(offset + i * tokens for i in range(P)), tokens)
-            exchange = HaloExchange.build(layout, plsh_needs(lsh, layout, 16, 8, causal=True))
+            chunks = ChunkTable(None, r, P, tuple(range(P)), tuple(offset + i * tokens for i in range(P)), tokens)
+            exchange = HaloExchange.build(chunks, plsh_needs(lsh, chunks, 16, 8, causal=True))
             assert pairs[r] == exchange.recv_tokens(), (layer, r)
             assert slots[r] == exchange.left_pos.numel() and peers[r] == len(exchange.recv), (layer, r)
         assert pairs[0] == 0 and pairs[1:].min() > 0
@@ -40,10 +41,10 @@ def test_simulation_equals_every_ranks_halo_exchange(sigma, s, P, tokens, offset
 def test_simulation_equals_the_planners_traffic(sigma):
     shape = AttentionShape(q_heads=16, kv_heads=8, head_dim=128, dtype_bytes=2, layers=3)
     sim = simulate_halo(8 * 512, 8, sigma, 10, shape)
-    setup = SimpleNamespace(bias="plsh", per_head_hash=sigma is None, num_samples=10, sampler="iid",
-                            sigma=tuple(layer_hash(sigma, 1, 0, shape).sigma.tolist()))
-    attn_cfg = SimpleNamespace(fixed_masks=False, num_samples=10, sampler="iid")
-    planner = sp_traffic(setup, attn_cfg, run_seed=0, layers=3, sp=8, tokens=512, batch=1, q_heads=16, kv_heads=8,
+    attn_cfg = AttentionConfig(bias="plsh", sigma=sigma, num_samples=10, sampler="iid")
+    cost = attention_cost(attn_cfg, 16, "cpu", torch.float32)
+    assert torch.equal(cost.kernel_hash(0).sigma, layer_hash(sigma, 1, 0, shape).sigma)  # the simulation's hash
+    planner = sp_traffic(cost, attn_cfg, run_seed=0, layers=3, sp=8, tokens=512, batch=1, q_heads=16, kv_heads=8,
                          head_dim=128, b=2)
     for a, b in zip(sim.layers, planner, strict=True):
         assert a.bytes_max == b.forward_bytes_max and a.bytes_mean == pytest.approx(b.forward_bytes_mean, rel=1e-12)

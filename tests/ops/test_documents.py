@@ -184,16 +184,16 @@ def test_document_cut_blocks_are_grouped_by_length():
     length, each grid pads at most 2x (the last class aside), and the parts cover every
     token once, in block order."""
     from plsh_dist.hashing import block_starts
-    from plsh_dist.ops.cpu.blocks import BlockLayout, GroupedLayout, block_layout
+    from plsh_dist.ops.cpu.blocks import BlockGrid, GroupedGrids, block_grid
 
     buckets = torch.arange(400) // 100  # four blocks of 100
     doc_starts = torch.zeros(400, dtype=torch.bool)
     doc_starts[[3, 150, 390]] = True  # pieces of 3, 97, 50, 50, 100, 90, 10
-    layout = block_layout(buckets, None, doc_starts)
-    assert isinstance(layout, GroupedLayout)
-    tokens = torch.cat([t for _, t in layout.parts])
+    grid = block_grid(buckets, None, doc_starts)
+    assert isinstance(grid, GroupedGrids)
+    tokens = torch.cat([t for _, t in grid.parts])
     assert torch.equal(tokens.sort().values, torch.arange(400))
-    slots = sum(part.num_blocks * part.max_len for part, _ in layout.parts)
+    slots = sum(part.num_blocks * part.max_len for part, _ in grid.parts)
     assert slots < 7 * 100 * 0.8  # one grid would hold 7 x 100 slots
-    assert isinstance(block_layout(buckets, None, None), BlockLayout)  # no documents: the single grid
+    assert isinstance(block_grid(buckets, None, None), BlockGrid)  # no documents: the single grid
     assert bool(block_starts(buckets)[100])

@@ -20,28 +20,28 @@ import torch.distributed as dist
 from plsh_dist.distributed.comm_stats import record_bytes, record_call
 from plsh_dist.distributed.sp.documents import SPDocuments, alibi_rows_backward, alibi_rows_forward, documents_crc
 from plsh_dist.distributed.sp.signature import call_signature, slopes_crc
-from plsh_dist.distributed.sp_layout import SPLayout, exchange_layout
+from plsh_dist.distributed.chunk_table import ChunkTable, exchange_chunk_table
 from plsh_dist.ops.alibi import default_chunk_size
 
 
-def all_gather_kv(layout: SPLayout, k: torch.Tensor, v: torch.Tensor, phase: str = "fwd") -> torch.Tensor:
+def all_gather_kv(chunks: ChunkTable, k: torch.Tensor, v: torch.Tensor, phase: str = "fwd") -> torch.Tensor:
     """Every rank's k, v (B, T, Hkv, D) -> (2, B, P*T, Hkv, D) in rank order; one collective (counted
     in ``phase``: "bwd" for a backward that gathers again)."""
-    P = layout.size
+    P = chunks.size
     kv = torch.stack([k, v]).contiguous()
     parts = [torch.empty_like(kv) for _ in range(P)]
-    dist.all_gather(parts, kv, group=layout.group)
+    dist.all_gather(parts, kv, group=chunks.group)
     nbytes = kv.numel() * kv.element_size()
     record_bytes(phase, sent=(P - 1) * nbytes, recv=(P - 1) * nbytes)
     return torch.cat(parts, dim=2)
 
 
-def reduce_scatter_kv(layout: SPLayout, dk_all: torch.Tensor, dv_all: torch.Tensor):
+def reduce_scatter_kv(chunks: ChunkTable, dk_all: torch.Tensor, dv_all: torch.Tensor):
     """Sum every rank's (B, P*T, Hkv, D) dk, dv and keep this rank's chunk; one collective."""
-    P = layout.size
+    P = chunks.size
     parts = [g.contiguous() for g in torch.stack([dk_all, dv_all]).chunk(P, dim=2)]
     mine = torch.empty_like(parts[0])
-    dist.reduce_scatter(mine, parts, group=layout.group)
+    dist.reduce_scatter(mine, parts, group=chunks.group)
     nbytes = mine.numel() * mine.element_size()
     record_bytes("bwd", sent=(P - 1) * nbytes, recv=(P - 1) * nbytes)
     return mine[0], mine[1]
@@ -51,7 +51,7 @@ def reduce_scatter_kv(layout: SPLayout, dk_all: torch.Tensor, dv_all: torch.Tens
 class GatherPlan:
     """One call's plan, the same on every rank: the chunk table, every key's position and the documents."""
 
-    layout: SPLayout
+    chunks: ChunkTable
     pos: torch.Tensor
     k_pos: torch.Tensor
     slopes: torch.Tensor
@@ -64,16 +64,16 @@ class GatherPlan:
         """Validate the call across the group (one small all-gather) and plan it."""
         sig = call_signature("alibi_gather", q, k, causal, scale, needs_grad, slopes=slopes_crc(slopes),
                              documents=documents_crc(cu_seqlens))
-        layout = exchange_layout(group, pos, sig)
-        P, T = layout.size, layout.length
-        docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, layout, q.shape[0])
-        k_pos = torch.cat([torch.arange(f, f + T) for f in layout.firsts])
+        chunks = exchange_chunk_table(group, pos, sig)
+        P, T = chunks.size, chunks.length
+        docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, chunks, q.shape[0])
+        k_pos = torch.cat([torch.arange(f, f + T) for f in chunks.firsts])
         chunk = chunk or default_chunk_size(q.shape[2], P * T)
-        return cls(layout, pos, k_pos, slopes, docs, dict(causal=causal, window=None, scale=scale, chunk=chunk))
+        return cls(chunks, pos, k_pos, slopes, docs, dict(causal=causal, window=None, scale=scale, chunk=chunk))
 
     def gather(self, k, v, phase: str = "fwd") -> torch.Tensor:
         """Every rank's keys and values, (2, B, P*T, Hkv, D)."""
-        return all_gather_kv(self.layout, k, v, phase)
+        return all_gather_kv(self.chunks, k, v, phase)
 
     def forward(self, q, kv_all):
         """``(out, lse)`` of this rank's queries against every key."""
@@ -83,7 +83,7 @@ class GatherPlan:
         """``(dq, dk, dv)``: dk, dv of every key reduce-scattered to their ranks."""
         dq, dk_all, dv_all = alibi_rows_backward(dout.contiguous(), q, kv_all[0], kv_all[1], out, lse, self.pos,
                                                  self.k_pos, self.slopes, self.docs, **self.kw)
-        dk, dv = reduce_scatter_kv(self.layout, dk_all, dv_all)
+        dk, dv = reduce_scatter_kv(self.chunks, dk_all, dv_all)
         return dq, dk, dv
 
 

@@ -32,7 +32,7 @@ from plsh_dist.distributed.comm_stats import record_call
 from plsh_dist.distributed.halo import HaloExchange, post_grads, post_kv, window_needs
 from plsh_dist.distributed.sp.documents import SPDocuments, alibi_rows_backward, alibi_rows_forward, documents_crc
 from plsh_dist.distributed.sp.signature import call_signature, slopes_crc, window_code
-from plsh_dist.distributed.sp_layout import SPLayout, exchange_layout
+from plsh_dist.distributed.chunk_table import ChunkTable, exchange_chunk_table
 from plsh_dist.ops.alibi import default_chunk_size, head_windows, widest_window
 from plsh_dist.ops.alibi_kernel import AlibiKernel
 from plsh_dist.ops.triton import KernelBias, TokenLayout, WindowBias, banded_backward, banded_forward, kernel_tiles
@@ -87,7 +87,7 @@ class WindowPlan:
     """One call's plan, the same on every rank: who sends what, which rows need the halo, and whether
     the fused kernel runs it (the caller's kernel, and no documents)."""
 
-    layout: SPLayout
+    chunks: ChunkTable
     exchange: HaloExchange
     pos: torch.Tensor
     slopes: torch.Tensor
@@ -103,14 +103,14 @@ class WindowPlan:
         B, T, Hq, D = q.shape
         sig = call_signature("alibi_window", q, k, causal, scale, needs_grad, slopes=slopes_crc(slopes),
                              window=window_code(window), documents=documents_crc(cu_seqlens))
-        layout = exchange_layout(group, pos, sig)
-        docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, layout, B)
-        exchange = HaloExchange.build(layout, window_needs(widest_window(window), layout, k.shape[2], causal, docs))
+        chunks = exchange_chunk_table(group, pos, sig)
+        docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, chunks, B)
+        exchange = HaloExchange.build(chunks, window_needs(widest_window(window), chunks, k.shape[2], causal, docs))
         on_kernel = kernel == AlibiKernel.FUSED and docs is None
         if not isinstance(window, tuple):  # per-head windows: each window group's own chunk (alibi_forward)
             chunk = chunk or default_chunk_size(Hq, min(T + exchange.left_pos.numel() + exchange.right_pos.numel(),
                                                          2 * window))
-        return cls(layout, exchange, pos, slopes, docs, dict(causal=causal, window=window, scale=scale, chunk=chunk),
+        return cls(chunks, exchange, pos, slopes, docs, dict(causal=causal, window=window, scale=scale, chunk=chunk),
                    on_kernel)
 
     @property
@@ -120,7 +120,7 @@ class WindowPlan:
 
     def fetch(self, k, v, phase: str = "fwd"):
         """The halo keys and values ``(lk, lv, rk, rv)``, each (B, L or R, Hkv, D) (blocking)."""
-        halos = post_kv(self.layout, self.exchange, k, v, phase).wait()
+        halos = post_kv(self.chunks, self.exchange, k, v, phase).wait()
         return (*halos["left"], *halos["right"])
 
     def kernel(self, q) -> _KernelWindow:
@@ -140,7 +140,7 @@ class WindowPlan:
         i0, i1 = _window_rows(T, widest_window(kw["window"]), kw["causal"])
         out = torch.empty_like(q)
         lse = torch.empty(B, Hq, T, dtype=accum_dtype(q.dtype), device=q.device)
-        pending = post_kv(self.layout, self.exchange, k, v)
+        pending = post_kv(self.chunks, self.exchange, k, v)
         if i1 > i0:  # rows whose window is local, while the halo is in flight
             out[:, i0:i1], lse[:, :, i0:i1] = alibi_rows_forward(q[:, i0:i1], k, v, pos[i0:i1], pos, slopes, docs,
                                                                  **kw)
@@ -177,7 +177,7 @@ class WindowPlan:
                 dk_e += dk_c
                 dv_e += dv_c
         halo_grads = {"left": (dk_e[:, :L], dv_e[:, :L]), "right": (dk_e[:, L + T:], dv_e[:, L + T:])}
-        pending = post_grads(self.layout, self.exchange, halo_grads, like=k)
+        pending = post_grads(self.chunks, self.exchange, halo_grads, like=k)
         dk, dv = dk_e[:, L:L + T].clone(), dv_e[:, L:L + T].clone()
         if i1 > i0:
             dq[:, i0:i1], dk_c, dv_c = alibi_rows_backward(
@@ -195,7 +195,7 @@ class WindowPlan:
         dq, dk_e, dv_e = kernel.backward(dout, q, torch.cat([lk, k, rk], 1), torch.cat([lv, v, rv], 1), out, lse,
                                          L, R)
         halo_grads = {"left": (dk_e[:, :L], dv_e[:, :L]), "right": (dk_e[:, L + T:], dv_e[:, L + T:])}
-        pending = post_grads(self.layout, self.exchange, halo_grads, like=k)
+        pending = post_grads(self.chunks, self.exchange, halo_grads, like=k)
         dk, dv = dk_e[:, L:L + T].to(accum_dtype(k.dtype)), dv_e[:, L:L + T].to(accum_dtype(v.dtype))
         pending.wait_add(dk, dv)
         return dq, dk.to(k.dtype), dv.to(v.dtype)

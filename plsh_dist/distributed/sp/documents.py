@@ -22,7 +22,7 @@ import zlib
 
 import torch
 
-from plsh_dist.distributed.sp_layout import SPLayout
+from plsh_dist.distributed.chunk_table import ChunkTable
 from plsh_dist.ops.alibi import alibi_backward, alibi_forward
 from plsh_dist.ops.documents import BatchRows, Documents, check_cu_seqlens
 
@@ -50,16 +50,16 @@ class SPDocuments:
         self.stride = stride
 
     @classmethod
-    def build(cls, cu_seqlens, layout: SPLayout, batch: int) -> "SPDocuments":
-        """From the whole sequence's offsets and the call's layout (checked: names ``cu_seqlens``)."""
-        T, P = layout.length, layout.size
+    def build(cls, cu_seqlens, chunks: ChunkTable, batch: int) -> "SPDocuments":
+        """From the whole sequence's offsets and the call's chunks (checked: names ``cu_seqlens``)."""
+        T, P = chunks.length, chunks.size
         cu = check_cu_seqlens(cu_seqlens, batch, P * T)
-        firsts = torch.tensor(layout.firsts)
+        firsts = torch.tensor(chunks.firsts)
         rows = []
         for b in range(batch):
             g = cu[(cu >= b * P * T) & (cu < (b + 1) * P * T)] - b * P * T  # row-local global tokens
             rows.append(firsts[g // T] + g % T)
-        return cls(rows, layout.end(P - 1) + 1)
+        return cls(rows, chunks.end(P - 1) + 1)
 
     def bounds(self, row: int, firsts: torch.Tensor, lasts: torch.Tensor) -> tuple[list[int], list[int | None]]:
         """For each (first, last) position pair of ``row`` (LongTensors [P]): the first position

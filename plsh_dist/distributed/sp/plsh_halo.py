@@ -24,7 +24,7 @@ from plsh_dist.distributed.comm_stats import record_call
 from plsh_dist.distributed.halo import HaloExchange, plsh_needs, post_grads, post_kv
 from plsh_dist.distributed.sp.documents import SPDocuments, documents_crc
 from plsh_dist.distributed.sp.signature import call_signature
-from plsh_dist.distributed.sp_layout import SPLayout, exchange_layout, hash_fingerprint
+from plsh_dist.distributed.chunk_table import ChunkTable, exchange_chunk_table, hash_fingerprint
 from plsh_dist.ops.documents import BatchRows, Documents
 from plsh_dist.ops.merge import accum_dtype
 
@@ -71,8 +71,8 @@ class _Split:
     s: int
 
 
-def _split(lsh, layout: SPLayout, causal: bool) -> _Split:
-    T, first = layout.length, layout.first
+def _split(lsh, chunks: ChunkTable, causal: bool) -> _Split:
+    T, first = chunks.length, chunks.first
     if not causal:
         return _Split(T, T, T)
     s_abs = int(lsh.next_block_start(first).max())
@@ -90,7 +90,7 @@ class HaloPlan:
     lsh: object
     pos: torch.Tensor
     strategy: object
-    layout: SPLayout
+    chunks: ChunkTable
     exchange: HaloExchange
     split: _Split
     docs_e: Documents | None
@@ -104,14 +104,14 @@ class HaloPlan:
         B, T, Hq, D = q.shape
         sig = call_signature("plsh", q, k, causal, scale, needs_grad, hash=hash_fingerprint(lsh),
                              hash_heads=lsh.num_heads, samples=lsh.num_samples, documents=documents_crc(cu_seqlens))
-        layout = exchange_layout(group, pos, sig)
-        docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, layout, B)
-        exchange = HaloExchange.build(layout, plsh_needs(lsh, layout, Hq, k.shape[2], causal, docs))
-        sp = _split(lsh, layout, causal)
+        chunks = exchange_chunk_table(group, pos, sig)
+        docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, chunks, B)
+        exchange = HaloExchange.build(chunks, plsh_needs(lsh, chunks, Hq, k.shape[2], causal, docs))
+        sp = _split(lsh, chunks, causal)
         pos_e = _cat(exchange.left_pos, pos[:sp.e], exchange.right_pos, dim=0)
         docs_e = None if docs is None else docs.flat(pos_e)
         docs_s = None if docs is None or sp.a >= T else docs.flat(pos[sp.a:])
-        return cls(lsh, pos, strategy, layout, exchange, sp, docs_e, docs_s, dict(causal=causal, scale=scale))
+        return cls(lsh, pos, strategy, chunks, exchange, sp, docs_e, docs_s, dict(causal=causal, scale=scale))
 
     @property
     def pos_e(self) -> torch.Tensor:
@@ -120,14 +120,14 @@ class HaloPlan:
 
     def fetch(self, k, v, phase: str = "fwd"):
         """The halo keys and values ``(lk, lv, rk, rv)``, each (B, L or R, Hkv, D) (blocking)."""
-        halos = post_kv(self.layout, self.exchange, k, v, phase).wait()
+        halos = post_kv(self.chunks, self.exchange, k, v, phase).wait()
         return (*halos["left"], *halos["right"])
 
     def forward(self, q, k, v):
         """``(out, lse, halo, saved)``: out (B, T, Hq, D), lse (B, Hq, T) contiguous, the halo
         (:meth:`fetch`) and the strategy's saved state of both pieces (for :meth:`backward`)."""
         T, sp, kw, lsh, pos = q.shape[1], self.split, self.kw, self.lsh, self.pos
-        pending = post_kv(self.layout, self.exchange, k, v)
+        pending = post_kv(self.chunks, self.exchange, k, v)
         saved_s = None
         if sp.a < T:  # blocks that need no halo, computed while it is in flight
             q_s = _zero_head_rows(q[:, sp.a:], sp.s - sp.a)
@@ -179,7 +179,7 @@ class HaloPlan:
             pad(lse, 2), lsh, self.pos_e, self.docs_e, **kw,
         )
         halo_grads = {"left": (dk_e[:, :L], dv_e[:, :L]), "right": (dk_e[:, L + e:], dv_e[:, L + e:])}
-        pending = post_grads(self.layout, self.exchange, halo_grads, like=k)
+        pending = post_grads(self.chunks, self.exchange, halo_grads, like=k)
 
         dq = torch.empty_like(q)  # the suffix while the halo gradients travel
         dk = torch.zeros(k.shape, dtype=acc, device=k.device)

@@ -1,4 +1,4 @@
-"""Block layouts: one (sample, head) hash -> a padded batch of contiguous blocks.
+"""Block grids: one (sample, head) hash -> a padded batch of contiguous blocks.
 
 All full blocks of one (sample, head) have length floor(delta) or ceil(delta)
 (only the first and last are cut by the range), so padding every block to the
@@ -18,7 +18,7 @@ from plsh_dist.hashing import block_starts, cu_seqlens_from_buckets
 
 
 @dataclass(frozen=True)
-class BlockLayout:
+class BlockGrid:
     """Where each token sits in the padded (nb, L) block grid.
 
     Attributes:
@@ -46,8 +46,8 @@ class BlockLayout:
 
     @classmethod
     def from_buckets(cls, buckets: torch.Tensor, device: torch.device | None = None,
-                     doc_starts: torch.Tensor | None = None) -> "BlockLayout":
-        """Bucket ids LongTensor[n] (on CPU, non-decreasing within each document) -> layout
+                     doc_starts: torch.Tensor | None = None) -> "BlockGrid":
+        """Bucket ids LongTensor[n] (on CPU, non-decreasing within each document) -> grid
         on ``device``. ``doc_starts``: BoolTensor[n], True where a document starts; blocks
         are cut there too (:mod:`plsh_dist.ops.documents`)."""
         n = buckets.numel()
@@ -119,17 +119,17 @@ class BlockLayout:
         return bias.masked_fill(~self.key_valid, float("-inf"))[:, None, None, :]
 
 
-#: A layout whose padding exceeds this fraction of its tokens is split into length classes.
+#: A grid whose padding exceeds this fraction of its tokens is split into length classes.
 _MAX_PADDING = 0.10
 #: Length classes: blocks of length in (L / 2^(c+1), L / 2^c] share grid c; the last takes the rest.
 _NUM_CLASSES = 4
 
 
 @dataclass(frozen=True)
-class GroupedLayout:
-    """Blocks grouped by length: ``parts[c] = (layout, tokens)``, where ``tokens``
+class GroupedGrids:
+    """Blocks grouped by length: ``parts[c] = (grid, tokens)``, where ``tokens``
     (LongTensor on the device) lists, in order, the tokens of the blocks of class c and
-    ``layout`` is their :class:`BlockLayout`: its ``gather`` reads the whole sequence's
+    ``grid`` is their :class:`BlockGrid`: its ``gather`` reads the whole sequence's
     tokens directly, its ``slot`` and ``from_blocks`` give the part's tokens in the order
     of ``tokens``. Every token is in exactly one part.
 
@@ -137,23 +137,23 @@ class GroupedLayout:
     block would spend the grid on padding, so pieces of similar length share one grid
     (each at most 2x padded, the last class aside)."""
 
-    parts: tuple[tuple[BlockLayout, torch.Tensor], ...]
+    parts: tuple[tuple[BlockGrid, torch.Tensor], ...]
 
 
-def block_layout(buckets: torch.Tensor, device: torch.device | None = None,
-                 doc_starts: torch.Tensor | None = None) -> BlockLayout | GroupedLayout:
-    """The padded layout of one (sample, head): :meth:`BlockLayout.from_buckets`, grouped by
+def block_grid(buckets: torch.Tensor, device: torch.device | None = None,
+                 doc_starts: torch.Tensor | None = None) -> BlockGrid | GroupedGrids:
+    """The padded grid of one (sample, head): :meth:`BlockGrid.from_buckets`, grouped by
     block length when documents are given and a single grid would pad more than 10%.
 
     Without documents the blocks are all floor/ceil(delta) long but the first and last,
     so one grid is kept (and the numbers stay those of the single grid)."""
-    layout = BlockLayout.from_buckets(buckets, device, doc_starts)
+    grid = BlockGrid.from_buckets(buckets, device, doc_starts)
     n = buckets.numel()
-    if doc_starts is None or layout.num_blocks * layout.max_len <= (1 + _MAX_PADDING) * n:
-        return layout
-    cu = layout.cu_seqlens.to("cpu", torch.int64)
+    if doc_starts is None or grid.num_blocks * grid.max_len <= (1 + _MAX_PADDING) * n:
+        return grid
+    cu = grid.cu_seqlens.to("cpu", torch.int64)
     starts, lengths = cu[:-1], cu[1:] - cu[:-1]
-    ratio = torch.div(layout.max_len, lengths, rounding_mode="floor").clamp(min=1)
+    ratio = torch.div(grid.max_len, lengths, rounding_mode="floor").clamp(min=1)
     klass = torch.floor(torch.log2(ratio.double())).long().clamp(max=_NUM_CLASSES - 1)
     parts = []
     for c in range(_NUM_CLASSES):
@@ -164,7 +164,7 @@ def block_layout(buckets: torch.Tensor, device: torch.device | None = None,
         # token index of every member of the chosen blocks, in order
         tokens = torch.repeat_interleave(starts[chosen] - torch.cumsum(lens, 0) + lens, lens) + torch.arange(int(lens.sum()))
         ids = torch.repeat_interleave(torch.arange(chosen.numel()), lens)
-        part = BlockLayout.from_buckets(ids, device)
+        part = BlockGrid.from_buckets(ids, device)
         tokens = tokens.to(device)
         parts.append((replace(part, gather=tokens[part.gather]), tokens))  # gathers straight from the sequence
-    return GroupedLayout(tuple(parts))
+    return GroupedGrids(tuple(parts))

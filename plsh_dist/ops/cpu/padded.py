@@ -6,7 +6,7 @@ its own block's tokens only; nothing n x n is built); the s samples
 merge by log-sum-exp (:mod:`plsh_dist.ops.merge`). Backward calls every
 sample's block backward with the merged ``out`` / ``lse`` and sums
 (docs/design.md, section 1, "Backward"), so nothing per sample is kept between forward and backward: the
-block layouts are cheap and recomputed, the strategy saves nothing (``saved`` is None).
+block grids are cheap and recomputed, the strategy saves nothing (``saved`` is None).
 
 Loop order, forward and backward: samples outer, hash heads inner (the order
 in which a key/value head's gradient sums its query heads' parts).
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from plsh_dist.hashing import PositionalLSH
-from plsh_dist.ops.cpu.blocks import BlockLayout, GroupedLayout, block_layout
+from plsh_dist.ops.cpu.blocks import BlockGrid, GroupedGrids, block_grid
 from plsh_dist.ops.dense import DenseKernel, dense_bwd, dense_fwd
 from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.gqa import sum_kv_repeats
@@ -31,12 +31,12 @@ from plsh_dist.ops.merge import accum_dtype, merge_into
 from plsh_dist.ops.strategy import Strategy
 
 
-def _sample_layouts(lsh: PositionalLSH, positions: torch.Tensor, device: torch.device, docs: Documents | None):
-    """Yield, per sample, a function hash head -> its block layout (cheap, never stored)."""
+def _sample_grids(lsh: PositionalLSH, positions: torch.Tensor, device: torch.device, docs: Documents | None):
+    """Yield, per sample, a function hash head -> its block grid (cheap, never stored)."""
     buckets = lsh.buckets(positions)  # (s, H, n) on CPU
     doc_starts = None if docs is None else docs.start_mask
     for t in range(buckets.shape[0]):
-        yield lambda h, t=t: block_layout(buckets[t, h], device, doc_starts)
+        yield lambda h, t=t: block_grid(buckets[t, h], device, doc_starts)
 
 
 def padded_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, causal: bool, scale: float,
@@ -50,9 +50,9 @@ def padded_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor, *, caus
     groups = head_groups(lsh, q.shape[2], k.shape[2]).groups
     inputs = [group_inputs(q, k, v, g) for g in groups]
     out, lse = [None] * len(groups), [None] * len(groups)
-    for layout_of in _sample_layouts(lsh, positions, q.device, docs):
+    for grid_of in _sample_grids(lsh, positions, q.device, docs):
         for i, (g, (q_g, k_g, v_g)) in enumerate(zip(groups, inputs)):
-            o, l = block_fwd(q_g, k_g, v_g, layout_of(g.hash_head), causal=causal, scale=scale, kernel=kernel)
+            o, l = block_fwd(q_g, k_g, v_g, grid_of(g.hash_head), causal=causal, scale=scale, kernel=kernel)
             out[i], lse[i] = merge_into(out[i], lse[i], o, l)  # (B, T, Hc, D), (B, Hc, T)
     return torch.cat(out, dim=2).to(q.dtype), torch.cat(lse, dim=1)
 
@@ -70,9 +70,9 @@ def padded_backward(dout, q, k, v, out, lse, lsh: PositionalLSH, positions: torc
     dq = torch.zeros(B, T, Hq, D, dtype=acc, device=q.device)
     dk = torch.zeros(B, T, kv_heads, D, dtype=acc, device=q.device)
     dv = torch.zeros(B, T, kv_heads, D, dtype=acc, device=q.device)
-    for layout_of in _sample_layouts(lsh, positions, q.device, docs):
+    for grid_of in _sample_grids(lsh, positions, q.device, docs):
         for g, (q_g, k_g, v_g, dout_g, out_g, lse_g) in zip(heads.groups, inputs):
-            dq_g, dk_g, dv_g = block_bwd(dout_g, q_g, k_g, v_g, out_g, lse_g, layout_of(g.hash_head),
+            dq_g, dk_g, dv_g = block_bwd(dout_g, q_g, k_g, v_g, out_g, lse_g, grid_of(g.hash_head),
                                          causal=causal, scale=scale, kernel=kernel, partial=True)
             kv = g.q_heads if heads.shared else slice(g.kv_head, g.kv_head + 1)
             dq[:, :, g.q_heads] += dq_g
@@ -95,7 +95,7 @@ class PaddedPerSample(Strategy):
     onepass = False
 
     def forward(self, q, k, v, lsh, positions, *, causal, scale, docs=None):
-        """``(out, lse, saved)``; ``saved`` is None (layouts are recomputed in backward)."""
+        """``(out, lse, saved)``; ``saved`` is None (grids are recomputed in backward)."""
         return (*padded_forward(q, k, v, lsh, positions, causal=causal, scale=scale, kernel=self.kernel,
                                 docs=docs), None)
 
@@ -108,21 +108,21 @@ class PaddedPerSample(Strategy):
 # --- block attention on a padded batch of blocks (one sample, one head group) ---------------------
 
 
-def _bias(layout: BlockLayout, batch: int, causal: bool, dtype: torch.dtype) -> torch.Tensor | None:
+def _bias(grid: BlockGrid, batch: int, causal: bool, dtype: torch.dtype) -> torch.Tensor | None:
     """Padding-key bias (B * nb, 1, 1, L) for non-causal calls, else None."""
     if causal:
         return None
-    bias = layout.pad_key_bias(dtype)
+    bias = grid.pad_key_bias(dtype)
     if bias is None:
         return None
-    return bias.expand(batch, *bias.shape).reshape(batch * layout.num_blocks, 1, 1, layout.max_len)
+    return bias.expand(batch, *bias.shape).reshape(batch * grid.num_blocks, 1, 1, grid.max_len)
 
 
 def block_fwd(
     q_BnGD: torch.Tensor,
     k_BnGD: torch.Tensor,
     v_BnGD: torch.Tensor,
-    layout: BlockLayout,
+    grid: BlockGrid,
     *,
     causal: bool,
     scale: float,
@@ -130,22 +130,22 @@ def block_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Blockwise attention. Returns out (B, n, G, D) in q's dtype and lse (B, G, n).
 
-    A :class:`GroupedLayout` runs one padded grid per block-length class (each part's
-    layout gathers from the whole sequence and returns its own tokens)."""
-    if isinstance(layout, GroupedLayout):
+    A :class:`GroupedGrids` runs one padded grid per block-length class (each part's
+    grid gathers from the whole sequence and returns its own tokens)."""
+    if isinstance(grid, GroupedGrids):
         B, n, G, _ = q_BnGD.shape
         out = torch.empty_like(q_BnGD)
         lse = None
-        for part, tokens in layout.parts:
+        for part, tokens in grid.parts:
             o, l = block_fwd(q_BnGD, k_BnGD, v_BnGD, part, causal=causal, scale=scale, kernel=kernel)
             lse = l.new_empty(B, G, n) if lse is None else lse
             out.index_copy_(1, tokens, o)
             lse.index_copy_(2, tokens, l)
         return out, lse
     B = q_BnGD.shape[0]
-    q, k, v = (layout.to_blocks(x) for x in (q_BnGD, k_BnGD, v_BnGD))  # (B * nb, G, L, D)
-    out, lse = dense_fwd(q, k, v, causal=causal, scale=scale, bias=_bias(layout, B, causal, q.dtype), kernel=kernel)
-    return layout.from_blocks(out, B), layout.lse_from_blocks(lse, B)
+    q, k, v = (grid.to_blocks(x) for x in (q_BnGD, k_BnGD, v_BnGD))  # (B * nb, G, L, D)
+    out, lse = dense_fwd(q, k, v, causal=causal, scale=scale, bias=_bias(grid, B, causal, q.dtype), kernel=kernel)
+    return grid.from_blocks(out, B), grid.lse_from_blocks(lse, B)
 
 
 def block_bwd(
@@ -155,7 +155,7 @@ def block_bwd(
     v_BnGD: torch.Tensor,
     out_BnGD: torch.Tensor,
     lse_BGn: torch.Tensor,
-    layout: BlockLayout,
+    grid: BlockGrid,
     *,
     causal: bool,
     scale: float,
@@ -168,20 +168,20 @@ def block_bwd(
     Returns dq, dk, dv (B, n, G, D) in the inputs' dtype (``partial``: in the accumulation
     dtype, for a caller that sums them over samples, as :func:`~plsh_dist.ops.dense.dense_bwd`).
     """
-    if isinstance(layout, GroupedLayout):  # blocks partition the tokens: each part writes its own
+    if isinstance(grid, GroupedGrids):  # blocks partition the tokens: each part writes its own
         dtype = accum_dtype(q_BnGD.dtype) if partial else q_BnGD.dtype
         grads = [torch.empty(x.shape, dtype=dtype, device=x.device) for x in (q_BnGD, k_BnGD, v_BnGD)]
-        for part, tokens in layout.parts:
+        for part, tokens in grid.parts:
             part_grads = block_bwd(dout_BnGD, q_BnGD, k_BnGD, v_BnGD, out_BnGD, lse_BGn, part, causal=causal,
                                    scale=scale, kernel=kernel, partial=partial)
             for g, pg in zip(grads, part_grads):
                 g.index_copy_(1, tokens, pg)
         return tuple(grads)
     B = q_BnGD.shape[0]
-    q, k, v, out = (layout.to_blocks(x) for x in (q_BnGD, k_BnGD, v_BnGD, out_BnGD))
-    dout = layout.to_blocks(dout_BnGD, zero_pads=True)
-    lse = layout.lse_to_blocks(lse_BGn)
-    bias = _bias(layout, B, causal, q.dtype)
+    q, k, v, out = (grid.to_blocks(x) for x in (q_BnGD, k_BnGD, v_BnGD, out_BnGD))
+    dout = grid.to_blocks(dout_BnGD, zero_pads=True)
+    lse = grid.lse_to_blocks(lse_BGn)
+    bias = _bias(grid, B, causal, q.dtype)
     grads = dense_bwd(dout, q, k, v, out, lse, causal=causal, scale=scale, bias=bias, kernel=kernel,
                       partial=partial)
-    return tuple(layout.from_blocks(g, B) for g in grads)
+    return tuple(grid.from_blocks(g, B) for g in grads)

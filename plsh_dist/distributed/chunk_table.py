@@ -43,7 +43,7 @@ def hash_fingerprint(lsh) -> int:
 
 
 @dataclass(frozen=True)
-class SPLayout:
+class ChunkTable:
     """The chunks of one SP group, identical on every rank.
 
     Attributes:
@@ -72,8 +72,8 @@ class SPLayout:
         return self.firsts[self.rank]
 
 
-def exchange_layout(group, positions: torch.Tensor, signature: dict[str, int]) -> SPLayout:
-    """All-gather each rank's chunk and ``signature``; validate; return the layout.
+def exchange_chunk_table(group, positions: torch.Tensor, signature: dict[str, int]) -> ChunkTable:
+    """All-gather each rank's chunk and ``signature``; validate; return the chunks.
 
     Args:
         positions: this rank's CPU LongTensor[T_local], strictly increasing.
@@ -118,4 +118,4 @@ def exchange_layout(group, positions: torch.Tensor, signature: dict[str, int]) -
                 f"ends at {lasts[r - 1]}; rank r must hold the r-th contiguous chunk of the sequence"
             )
     global_ranks = tuple(dist.get_global_rank(group, r) for r in range(size))
-    return SPLayout(group, rank, size, global_ranks, tuple(firsts), lengths[0])
+    return ChunkTable(group, rank, size, global_ranks, tuple(firsts), lengths[0])
