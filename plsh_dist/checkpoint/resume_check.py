@@ -1,10 +1,10 @@
 """A resumed run continues the run its checkpoint belongs to, or refuses to start.
 
-Before the weights load, the fields that define the trained function (``[model]``, ``[attention]``
-except :data:`COMPUTE_ONLY`, ``[data].document_masking`` and ``seq_len``, ``[run].seed``) are
-compared with the checkpoint's ``config.resolved.json``, and the tokenizer by SHA-256
-(``check_resume_tokenizer``); then ``check_resume_steps`` refuses a checkpoint past ``max_steps``
-and a schedule that would give a trained step another learning rate. A difference is an error
+Before the weights load, the fields that define the trained function (``[model]`` except
+:data:`MODEL_IMPORT_ONLY`, ``[attention]`` except :data:`COMPUTE_ONLY`, ``[data].document_masking``
+and ``seq_len``, ``[run].seed``) are compared with the checkpoint's ``config.resolved.json``, and the
+tokenizer by SHA-256 (``check_resume_tokenizer``); then ``check_resume_steps`` refuses a checkpoint
+past ``max_steps`` and a schedule that would give a trained step another learning rate. A difference is an error
 naming each field, both values and the fix: without it a default changed since (``num_samples``,
 ``sampler``) would switch the estimator mid-run. The rules in full: docs/training.md, "Resume".
 """
@@ -23,13 +23,16 @@ from plsh_dist.config.schema import RunConfig, read_resolved
 #: [attention] fields that may change on resume: same masks and estimator, another way to compute them
 #: (or, ``sampler_module``, another place the sampler's code is imported from: ``sampler`` is compared).
 COMPUTE_ONLY = frozenset({"backend", "method", "chunk_size", "sampler_module"})
+#: [model] keys that may change on resume: another place the family's code is imported from (``family``
+#: is compared).
+MODEL_IMPORT_ONLY = frozenset({"family_module"})
 
 
 def trained_differences(saved: dict, now: dict) -> list[tuple[str, Any, Any]]:
     """``[(field, checkpoint's value, this config's value)]`` of the fields that define the trained model,
     from two configs' TOML tables (``RunConfig.to_dict``: the checkpoint's, and this run's record)."""
     diffs = []
-    for section, skip in (("model", frozenset()), ("attention", COMPUTE_ONLY)):
+    for section, skip in (("model", MODEL_IMPORT_ONLY), ("attention", COMPUTE_ONLY)):
         old, new = saved[section], now[section]
         for key in sorted((set(old) | set(new)) - skip):
             if old.get(key) != new.get(key):

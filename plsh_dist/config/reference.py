@@ -45,6 +45,7 @@ MODEL_EXTRA = {
                             "[model] override. A config without a [model] table is ``preset = \"tiny\"``; "
                             "a [model] table without ``preset`` starts from the defaults below."),
     "init_from": ("str | None", None, None),  # its docstring is RunConfig.init_from's
+    "family_module": ("str | None", None, None),  # RunConfig.family_module's
 }
 
 

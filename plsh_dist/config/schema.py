@@ -43,6 +43,7 @@ from plsh_dist.distributed import ParallelDims
 from plsh_dist.distributed.sp_chunks import check_sp_divisible
 from plsh_dist.models.activation_checkpoint import AC_MODES
 from plsh_dist.models.config import AttentionConfig, ModelConfig, presets
+from plsh_dist.models.families import import_family_module
 
 
 def _positive(section: str, obj: Any, *names: str, allow_zero: bool = False) -> None:
@@ -315,13 +316,18 @@ def _default_model() -> ModelConfig:
     return dataclasses.replace(presets["tiny"], vocab_size=TokenizerConfig().vocab_size)
 
 
+#: ``RunConfig`` fields written in the ``[model]`` table when set (in this order), not ``ModelConfig``'s.
+_MODEL_EXTRAS = ("family_module", "init_from")
+
+
 @dataclass
 class RunConfig:
     """The whole run, one typed section per TOML table (module doc).
 
     ``model`` and ``attention`` are the model package's own dataclasses,
-    handed as they are to ``build_model``; ``init_from`` is written in the
-    TOML's ``[model]`` table but is not architecture, so it is kept apart.
+    handed as they are to ``build_model``; ``init_from`` and ``family_module``
+    are written in the TOML's ``[model]`` table but are not architecture, so
+    they are kept apart (``ModelConfig`` maps onto a transformers config).
     """
 
     run: RunSection = field(default_factory=RunSection)
@@ -340,18 +346,28 @@ class RunConfig:
     init_from: str | None = None
     """[model].init_from: a directory saved by transformers whose weights the run
     starts from (``plsh_dist.models.pretrained``); None = random init."""
+    family_module: str | None = None
+    """[model].family_module: a module to import before ``family`` is checked, which registers
+    model families when imported (:func:`plsh_dist.models.families.register_family`), e.g.
+    ``"mylab.families"`` (importable here: its folder on ``sys.path``). ``None``: plsh_dist's
+    own families only. Written into checkpoints with ``family``, so whatever reads them imports
+    the same module; a resume may change it (``family`` is compared)."""
 
     def __post_init__(self) -> None:
         if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from):
             raise ValueError(f"[model].init_from must be a directory path (a string), got {self.init_from!r}; e.g. "
                              f'init_from = "models/qwen3-0.6b" (written by transformers\' save_pretrained)')
+        if self.family_module is not None:
+            import_family_module(self.family_module, "[model].family_module")
 
     def to_dict(self) -> dict:
-        """The TOML tables, section by section (``[model]`` holds ``init_from`` when set)."""
+        """The TOML tables, section by section (``[model]`` holds ``family_module`` and ``init_from``
+        when set)."""
         out = {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self)
-               if f.name != "init_from"}
-        if self.init_from is not None:
-            out["model"]["init_from"] = self.init_from
+               if f.name not in _MODEL_EXTRAS}
+        for name in _MODEL_EXTRAS:
+            if getattr(self, name) is not None:
+                out["model"][name] = getattr(self, name)
         return out
 
     def validate(self, world_size: int | None = None) -> None:
@@ -375,8 +391,9 @@ class RunConfig:
             check_world_size(world_size, sp)
 
 
-def _model_section(table: Any, tok: TokenizerConfig, tokenizer_vocab: int | None) -> tuple[ModelConfig, Any]:
-    """[model] -> ``(ModelConfig, init_from)``: the one place the vocabulary is resolved.
+def _model_section(table: Any, tok: TokenizerConfig, tokenizer_vocab: int | None) -> tuple[ModelConfig, Any, Any]:
+    """[model] -> ``(ModelConfig, init_from, family_module)``: the one place the vocabulary is resolved.
+    ``family_module`` is imported first, so that the family (and a preset of it) it registers is known.
 
     ``vocab_size`` unset: the tokenizer's, ``tokenizer_vocab`` (``load_config``: its
     file's, else [tokenizer].vocab_size, what a tokenizer still to be trained will
@@ -387,6 +404,9 @@ def _model_section(table: Any, tok: TokenizerConfig, tokenizer_vocab: int | None
         raise ValueError("[model] must be a TOML table")
     table = dict(table)
     init_from = table.pop("init_from", None)
+    family_module = table.pop("family_module", None)
+    if family_module is not None:
+        import_family_module(family_module, "[model].family_module")
     explicit = "vocab_size" in table
     table.setdefault("vocab_size", tokenizer_vocab or tok.vocab_size)
     model = ModelConfig.from_dict(table)
@@ -394,7 +414,7 @@ def _model_section(table: Any, tok: TokenizerConfig, tokenizer_vocab: int | None
         model.check_vocab_covers(tokenizer_vocab, tok.model_path,
                                  fix=f"remove [model].vocab_size (it defaults to the tokenizer's) or set it >= "
                                      f"{tokenizer_vocab}")
-    return model, init_from
+    return model, init_from, family_module
 
 
 def check_world_size(world_size: int, sp_size: int) -> None:
@@ -528,8 +548,8 @@ def config_from_table(table: dict, *, tokenizer_vocab: int | None = None, source
     if not isinstance(attention, dict):
         raise ValueError("[attention] must be a TOML table")
     kwargs["attention"] = AttentionConfig.from_dict(attention)
-    kwargs["model"], kwargs["init_from"] = _model_section(table.get("model", {"preset": "tiny"}), kwargs["tokenizer"],
-                                                          tokenizer_vocab)
+    kwargs["model"], kwargs["init_from"], kwargs["family_module"] = _model_section(
+        table.get("model", {"preset": "tiny"}), kwargs["tokenizer"], tokenizer_vocab)
     cfg = RunConfig(**kwargs)
     cfg.validate()
     return cfg

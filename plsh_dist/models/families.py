@@ -17,7 +17,9 @@ Adding a family is one call, once, before a config names it (docs/design.md, "Mo
                            hf_model="Qwen2ForCausalLM", hf_fields={"use_sliding_window": False}))
 
 A family registered in the package (below) is bundled into every export; one registered by other
-code loads (from the package or an export) in a process that has run that registration first.
+code loads (from the package or an export) in a process that has run that registration first. A run
+config names the module that runs it (``[model].family_module``, :func:`import_family_module`), which
+is imported before the family is checked, wherever the config is read (launch, resume, evaluation).
 
 This module imports nothing outside the standard library (the config module reads it before
 anything imports transformers); transformers' classes may be named by their attribute name in
@@ -26,6 +28,7 @@ anything imports transformers); transformers' classes may be named by their attr
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -147,8 +150,33 @@ def get_family(name: str) -> Family:
     family = FAMILIES.get(name)
     if family is None:
         raise ValueError(f"model.family must be one of {tuple(FAMILIES)}, got {name!r} (a new family is added "
-                         f"with plsh_dist.models.families.register_family)")
+                         f"with plsh_dist.models.families.register_family; one registered outside plsh_dist: name "
+                         f"the module that registers it in [model].family_module, e.g. family_module = "
+                         f"\"mylab.families\")")
     return family
+
+
+def import_family_module(module: str, setting: str = "[model].family_module") -> None:
+    """Import ``module``, which registers its model families when imported (:func:`register_family`).
+
+    ValueError naming ``setting`` (the config key that named it) and the fix when ``module`` is no dotted
+    module name or no such module is importable; an error raised inside the module (it is there but
+    broken) propagates. The rules of ``[attention].sampler_module`` (``plsh_dist.hashing``), for families.
+    """
+    if (not isinstance(module, str) or not module or module != module.strip()
+            or any(not part.isidentifier() for part in module.split("."))):
+        raise ValueError(f"{setting} must be a dotted module name, got {module!r}; e.g. \"mylab.families\", "
+                         f"or leave it out for plsh_dist's own families {BUILT_IN}")
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (module == exc.name or module.startswith(exc.name + ".")):
+            raise  # the module is there; something it imports is not
+        raise ValueError(
+            f"{setting} = {module!r} cannot be imported: no module named {exc.name!r}. Name a module that "
+            f"registers model families when imported (plsh_dist.models.families.register_family) and is "
+            f"importable here (its folder on sys.path: the working directory or PYTHONPATH); or leave {setting} "
+            f"out for plsh_dist's own families {BUILT_IN}") from None
 
 
 def preset_tables() -> dict[str, dict[str, Any]]:
@@ -189,4 +217,4 @@ register_family(Family(
 BUILT_IN: tuple[str, ...] = tuple(FAMILIES)
 
 __all__ = ["Family", "FAMILIES", "BUILT_IN", "register_family", "unregister_family", "on_register", "get_family",
-           "preset_tables", "describe_families"]
+           "import_family_module", "preset_tables", "describe_families"]
