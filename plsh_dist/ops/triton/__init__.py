@@ -3,11 +3,12 @@
 - ``attention.py``: the strategy (:class:`TritonOnePass`) and the launchers of the attention kernels
   (forward, dK/dV, dQ; PLSH's count bias or ALiBi's per-head window); ``kernels.py``: those kernels;
 - its tables: ``tile_bands.py`` (each tile's band of the other side: the host's reference and the
-  planner's), ``kernel_bias.py`` (the tables a launch reads), ``near_runs.py`` (a hash's blocks as
-  runs of tokens, beyond the unrolled samples), ``device_tables.py`` + ``table_kernels.py`` (the same
-  tables built on the device), ``device_draws.py``
-  + ``sampler_kernels.py`` (a hash's draws there: ``device_draws`` registers the package's samplers' device forms
-  with :mod:`plsh_dist.hashing` when ``device_tables`` loads it);
+  planner's), ``kernel_bias.py`` (the tables a launch reads, and their one builder, by torch ops or by
+  ``table_kernels.py``'s kernels), ``near_runs.py`` (a hash's blocks as runs of tokens, beyond the
+  unrolled samples), ``device_tables.py`` + ``table_kernels.py`` (the other tables built on the
+  device), ``device_draws.py`` + ``sampler_kernels.py`` (a hash's draws there: ``device_draws``
+  registers the package's samplers' device forms with :mod:`plsh_dist.hashing` when ``device_tables``
+  loads it);
 - ``cache.py``: the one cache of those tables; ``device_constants.py``: host constants copied once;
   ``runtime.py``: is Triton importable, interpreted, may a device's tensors be launched on.
 
@@ -19,7 +20,7 @@ leaves them out, runs without Triton.
 from plsh_dist.ops.triton.attention import (TritonOnePass, banded_backward, banded_forward, kernel_tiles, triton_cuda,
                                             triton_interpreter)
 from plsh_dist.ops.triton.device_constants import device_constant, host_key
-from plsh_dist.ops.triton.device_tables import device_documents, device_kernel_bias
+from plsh_dist.ops.triton.device_tables import device_documents
 from plsh_dist.ops.triton.kernel_bias import KernelBias
 from plsh_dist.ops.triton.near_runs import NEAR_ANCHOR, near_blocks
 from plsh_dist.ops.triton.tile_bands import (CountBias, TileConfig, TokenLayout, WindowBias, block_bounds, key_spans,
@@ -27,7 +28,7 @@ from plsh_dist.ops.triton.tile_bands import (CountBias, TileConfig, TokenLayout,
 
 __all__ = [
     "TritonOnePass", "banded_backward", "banded_forward", "kernel_tiles", "triton_cuda", "triton_interpreter",
-    "device_constant", "host_key", "device_documents", "device_kernel_bias",
+    "device_constant", "host_key", "device_documents",
     "KernelBias", "NEAR_ANCHOR", "near_blocks", "CountBias", "TileConfig", "TokenLayout", "WindowBias",
     "block_bounds", "key_spans", "key_tile_bands", "query_tile_bands", "row_spans", "tiles_for",
 ]

@@ -6,7 +6,7 @@ limits of the forward, dK/dV and dQ kernels) is a pure function of the hash (its
 samples, seed and sigma), the positions (and documents), causality, the tile shapes and the
 device. The forward and backward of a call share one; so do the layers of a step that share a
 hash (``fixed_masks``, or several calls of one layer). :func:`cached_kernel_bias` builds it on
-the device (:mod:`plsh_dist.ops.triton.device_tables`) and finds it again by those inputs without
+the device (``KernelBias.of(..., by="kernels")``) and finds it again by those inputs without
 reading device data: host values (ints, CPU tensors) by content, device tensors (a seed or
 sigma that a graph carries) by identity and version counter, so an in-place change of a
 tensor, or a new tensor at a reused address, is never mistaken for the old one.
@@ -25,7 +25,7 @@ import weakref
 import torch
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH
-from plsh_dist.ops.triton.device_tables import device_kernel_bias, device_near_blocks, draw_on_device
+from plsh_dist.ops.triton.device_tables import device_near_blocks, draw_on_device
 from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.triton.kernel_bias import UNROLLED_SAMPLES, KernelBias
 from plsh_dist.ops.triton.near_runs import NearBlocks, near_blocks
@@ -91,7 +91,7 @@ def cached_kernel_bias(lsh: PositionalLSH, positions: torch.Tensor, docs: Docume
             _last[0] = kb
             return kb
     layout = docs if isinstance(docs, TokenLayout) else TokenLayout.build(positions, device, docs)
-    kb = device_kernel_bias(draw_on_device(lsh, device), layout, causal, tiles)
+    kb = KernelBias.of(draw_on_device(lsh, device), layout, causal, tiles, by="kernels")
     _builds[0] += 1
     for k in list(_entries):  # drop the entries of freed kernel biases and tensors
         _entries[k] = [(refs, r) for refs, r in _entries[k] if r() is not None and all(x() is not None for x in refs)]

@@ -2,18 +2,14 @@
 
 :func:`draw_on_device` gives a hash's pitch and shift on the attention's device from a
 seed that may itself live there (a graph input), for every sampler with a device form
-(:mod:`plsh_dist.ops.triton.device_draws`); :func:`device_kernel_bias` gives the
-:class:`~plsh_dist.ops.triton.kernel_bias.KernelBias` of a count bias (block bounds, row and key
-spans, band limits of the forward, dK/dV and dQ kernels), or of an ALiBi window bias (key
-spans and band limits), in three launches of
-:func:`~plsh_dist.ops.triton.table_kernels.band_tables_kernel` and one allocation;
-:func:`device_near_blocks` the near tiles' runs table of more than ``UNROLLED_SAMPLES``
-samples in four launches and one allocation; :func:`device_documents` the layout of packed
-documents in one. All equal
-their torch references (:class:`~plsh_dist.hashing.PositionalLSH`'s numpy draws,
-:meth:`KernelBias.of`, :func:`~plsh_dist.ops.triton.near_runs.near_blocks`) bit for bit under Triton's
-interpreter; compiled, the hash's ``log`` is CUDA's (libdevice),
-which may differ from the CPU's in its last bit (docs/gpu.md).
+(:mod:`plsh_dist.ops.triton.device_draws`); :func:`device_near_blocks` the near tiles' runs
+table of more than ``UNROLLED_SAMPLES`` samples in four launches and one allocation;
+:func:`device_documents` the layout of packed documents in one. All equal their torch
+references (:class:`~plsh_dist.hashing.PositionalLSH`'s numpy draws,
+:func:`~plsh_dist.ops.triton.near_runs.near_blocks`) bit for bit under Triton's interpreter;
+compiled, the hash's ``log`` is CUDA's (libdevice), which may differ from the CPU's in its
+last bit (docs/gpu.md). A kernel bias's band tables are built on the device beside their
+torch form (``KernelBias.of(..., by="kernels")``, :mod:`plsh_dist.ops.triton.kernel_bias`).
 
 Legend: n tokens, s samples, Hh bias heads.
 """
@@ -25,9 +21,9 @@ import torch
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, get_device_draw
 from plsh_dist.ops.triton import device_draws  # noqa: F401  registers the package's samplers' device forms
 from plsh_dist.ops.triton.device_constants import on_device
-from plsh_dist.ops.triton.kernel_bias import NEAR_ANCHOR, KernelBias, KernelTables, padded_samples
+from plsh_dist.ops.triton.kernel_bias import NEAR_ANCHOR, padded_samples
 from plsh_dist.ops.triton.near_runs import NearBlocks, run_slots
-from plsh_dist.ops.triton.tile_bands import CountBias, TileConfig, TokenLayout, WindowBias, num_tiles
+from plsh_dist.ops.triton.tile_bands import CountBias, TokenLayout, num_tiles
 from plsh_dist.ops.triton.runtime import launcher
 
 _HASH_BLOCK = 256
@@ -72,51 +68,6 @@ def draw_on_device(lsh: PositionalLSH, device: torch.device) -> CountBias:
     launch(device).hash_draw_kernel[(num_tiles(s * H, _HASH_BLOCK),)](
         seed, sigma, draws[0], draws[1], s, H, FIXED=fixed, BLOCK=_HASH_BLOCK)
     return CountBias(draws[0], draws[1])
-
-
-def device_kernel_bias(bias: CountBias | WindowBias, layout: TokenLayout, causal: bool,
-                       tiles: tuple[TileConfig, TileConfig, TileConfig]) -> KernelBias:
-    """The :class:`KernelBias` of a count or window ``bias`` over ``layout`` for the (forward, dK/dV, dQ)
-    ``tiles``, built on the layout's device: one int32 buffer, three launches (for a count bias the
-    first also writes every token's block bounds). Equal to ``KernelBias.of(bias, layout, causal, tiles)``."""
-    window = isinstance(bias, WindowBias)
-    n, H = layout.n, bias.num_heads
-    s = 0 if window else bias.num_samples
-    device = layout.positions.device
-    sides = ((tiles[0], True), (tiles[1], False), (tiles[2], True))
-    table_rows = 1 if causal else 2
-    sizes = [table_rows * H * s * n]
-    for cfg, query_side in sides:
-        rows, keys = num_tiles(n, cfg.block_m), num_tiles(n, cfg.block_n)
-        sizes += [H * s * rows * 4, keys * 2, 2 * H * (rows if query_side else keys)]
-    buffer = torch.empty(sum(sizes) + 2, dtype=torch.int32, device=device)
-    parts = iter(buffer[2:].split(sizes))
-    table = next(parts).view(table_rows, H, s, n)
-    starts, lasts = table[0], table[-1]
-    has_docs = layout.doc is not None
-    dummy = layout.positions  # an int64 pointer, never read
-    if window:  # the kernels read no block bounds or spans: views with the dtypes KernelBias.of gives
-        consts, fixed, pitch, shift = dict(MODE=1, NUM_SAMPLES=1, SAMPLES_PAD=16), (bias.sigma, bias.window), \
-            bias.sigma, bias.sigma
-    else:  # MODE 0 reads no sigma or window: views with the dtypes KernelBias.of gives, so the kernels keep one build
-        consts = dict(MODE=0, NUM_SAMPLES=s, SAMPLES_PAD=padded_samples(s))
-        fixed, pitch, shift = (buffer[:2].view(torch.float32), buffer[:2].view(torch.int64)), bias.pitch, bias.shift
-    mod = launch(device)
-    built = []
-    for index, (cfg, query_side) in enumerate(sides):
-        rows, keys = num_tiles(n, cfg.block_m), num_tiles(n, cfg.block_n)
-        spans = next(parts).view(H, s, rows, 4)
-        kspan = next(parts).view(keys, 2)
-        lo, hi = next(parts).view(2, H, rows if query_side else keys)
-        mod.band_tables_kernel[(max(rows, keys), H)](
-            layout.positions, layout.virtual, layout.doc_first if has_docs else dummy,
-            layout.doc_end if has_docs else dummy, layout.kernel_positions, pitch, shift,
-            bias.window if window else dummy, table, spans, kspan, lo, hi, n, s, H, rows, keys, H * s * n,
-            ROW_TILE=cfg.block_m, KEY_TILE=cfg.block_n, CAUSAL=causal, QUERY_SIDE=query_side, HAS_DOCS=has_docs,
-            WRITE_TABLE=index == 0, WINDOW=window)
-        tables = (kspan, buffer[:1], buffer[:1], buffer[:1]) if window else (kspan, starts, lasts, spans)
-        built.append(KernelTables((*tables, *fixed), consts, lo, hi))
-    return KernelBias(bias, layout, causal, *built)
 
 
 def device_documents(position_ids: torch.Tensor, cu_seqlens: torch.Tensor, batch: int, seqlen: int) -> TokenLayout:

@@ -20,11 +20,11 @@ from plsh_dist.ops import alibi  # noqa: E402
 from plsh_dist.ops.triton import device_constants  # noqa: E402
 from plsh_dist.ops.triton import device_draws  # noqa: E402
 from plsh_dist.ops.triton import device_tables  # noqa: E402
+from plsh_dist.ops.triton import kernel_bias  # noqa: E402
 from plsh_dist.ops.triton import cache as kernel_bias_cache  # noqa: E402
 from plsh_dist.ops.triton import attention as triton_onepass  # noqa: E402
 from plsh_dist.ops.custom_ops import layer_seed, signed64  # noqa: E402
-from plsh_dist.ops.triton.device_tables import (device_documents, device_kernel_bias, device_near_blocks,  # noqa: E402
-                                         draw_on_device)
+from plsh_dist.ops.triton.device_tables import device_documents, device_near_blocks, draw_on_device  # noqa: E402
 from plsh_dist.ops.documents import Documents, flat_documents  # noqa: E402
 from plsh_dist.ops.triton.kernel_bias import KernelBias, padded_samples  # noqa: E402
 from plsh_dist.ops.triton.near_runs import near_blocks  # noqa: E402
@@ -110,7 +110,7 @@ def test_tables_equal_the_torch_reference(causal, layout_kind):
     for bias in (count, window):
         for head_dim in (64, 128):
             tiles = tiles_for(head_dim)
-            ref, got = KernelBias.of(bias, layout, causal, tiles), device_kernel_bias(bias, layout, causal, tiles)
+            ref, got = (KernelBias.of(bias, layout, causal, tiles, by=by) for by in ("torch", "kernels"))
             for name in ("fwd", "dkdv", "dq"):
                 r, g = getattr(ref, name), getattr(got, name)
                 assert torch.equal(r.lo, g.lo) and torch.equal(r.hi, g.hi), name
@@ -147,7 +147,7 @@ def test_documents_laid_out_on_the_device_equal_the_hosts(offsets):
     shift = device.virtual - device.positions
     assert bool((device.virtual[1:] > device.virtual[:-1]).all()) and torch.equal(shift, shift[device.doc_first])
     bias = CountBias.of(PositionalLSH(SIGMA, 8, seed=11), CPU)
-    ref, got = (device_kernel_bias(bias, layout, True, tiles_for(64)) for layout in (host, device))
+    ref, got = (KernelBias.of(bias, layout, True, tiles_for(64), by="kernels") for layout in (host, device))
     for name in ("fwd", "dkdv", "dq"):
         r, g = getattr(ref, name), getattr(got, name)
         assert torch.equal(r.lo, g.lo) and torch.equal(r.hi, g.hi), name
@@ -193,7 +193,7 @@ def test_the_kernels_on_a_device_layout_of_documents_equal_the_hosts(bias):
         else:
             window = WindowBias.of(SIGMA[:2].float(), torch.tensor([3, 2**31 - 1]), CPU)
             tokens = layout if isinstance(layout, TokenLayout) else TokenLayout.build(docs.positions, CPU, docs)
-            kb = device_kernel_bias(window, tokens, True, tiles_for(16))
+            kb = KernelBias.of(window, tokens, True, tiles_for(16), by="kernels")
             out, lse = triton_onepass.banded_forward(q, k, v, window, tokens, causal=True, scale=0.25, kernel_bias=kb)
             grads = triton_onepass.banded_backward(dout, q, k, v, out, lse, window, tokens, causal=True, scale=0.25,
                                                    kernel_bias=kb)
@@ -308,6 +308,7 @@ def test_the_op_reads_nothing_back_on_a_device(monkeypatch, fixed, shape, docs):
     launches: list = []
     monkeypatch.setattr(triton_onepass, "_launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(kernel_bias, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(triton_onepass, "_arch", lambda device: 9)
     monkeypatch.setattr(device_constants, "_made", {})
     B, T, Hq, Hkv, D, s = shape
@@ -466,6 +467,7 @@ def test_the_op_with_another_sampler_reads_nothing_back_on_a_device(monkeypatch,
     launches: list = []
     monkeypatch.setattr(triton_onepass, "_launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(kernel_bias, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(device_draws, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(triton_onepass, "_arch", lambda device: 9)
     monkeypatch.setattr(device_constants, "_made", {})
@@ -500,6 +502,7 @@ def test_the_alibi_op_reads_nothing_back_on_a_device(monkeypatch, window, shape,
     launches: list = []
     monkeypatch.setattr(triton_onepass, "_launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(kernel_bias, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(triton_onepass, "_arch", lambda device: 9)
     monkeypatch.setattr(device_constants, "_made", {})
     B, T, Hq, Hkv, D = shape
