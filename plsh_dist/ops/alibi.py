@@ -532,7 +532,7 @@ def kernel_call(q, k, v, positions, cu_seqlens, slopes, window: list[int], causa
 
     Reads no device data where the models call it: raw ``position_ids`` and packed offsets on the device
     stay there (:func:`~plsh_dist.ops.custom_ops.device_layout`); the slopes and windows are host constants,
-    checked on the host and copied to the device once (:func:`~plsh_dist.ops.triton.device_constants.device_constant`).
+    checked on the host and copied to the device once (:func:`~plsh_dist.ops.triton.cache.device_constant`).
     Exact ALiBi is the window :data:`UNBOUNDED_WINDOW`; zero slopes (no bias) give ``sigma = inf``. The
     kernel's tables are built on the device (``KernelBias.of(..., by="kernels")``)."""
     if kernel != AlibiKernel.FUSED:

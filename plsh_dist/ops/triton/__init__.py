@@ -8,9 +8,10 @@
   unrolled samples), ``device_tables.py`` + ``table_kernels.py`` (the other tables built on the
   device), ``device_draws.py`` + ``sampler_kernels.py`` (a hash's draws there: ``device_draws``
   registers the package's samplers' device forms with :mod:`plsh_dist.hashing` when ``device_tables``
-  loads it);
-- ``cache.py``: the one cache of those tables; ``device_constants.py``: host constants copied once;
-  ``runtime.py``: is Triton importable, interpreted, may a device's tensors be launched on.
+  loads it), ``call_tables.py`` (a call's tables, found in the cache or built);
+- ``cache.py``: the one cache of the wing (host constants copied to a device once, kernel biases,
+  near runs; one ``clear()``); ``runtime.py``: is Triton importable, interpreted, may a device's
+  tensors be launched on.
 
 Nothing here imports Triton at import time: the ``*kernels.py`` modules load by name where a kernel
 runs (:func:`~plsh_dist.ops.triton.runtime.kernels_module`), so an export's bundled copy, which
@@ -19,7 +20,7 @@ leaves them out, runs without Triton.
 
 from plsh_dist.ops.triton.attention import (TritonOnePass, banded_backward, banded_forward, kernel_tiles, triton_cuda,
                                             triton_interpreter)
-from plsh_dist.ops.triton.device_constants import device_constant, host_key
+from plsh_dist.ops.triton.cache import device_constant, host_key
 from plsh_dist.ops.triton.device_tables import device_documents
 from plsh_dist.ops.triton.kernel_bias import KernelBias
 from plsh_dist.ops.triton.near_runs import NEAR_ANCHOR, near_blocks

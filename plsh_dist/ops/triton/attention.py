@@ -38,7 +38,7 @@ import torch
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.triton.kernel_bias import KernelBias
-from plsh_dist.ops.triton.cache import cached_kernel_bias, near_args
+from plsh_dist.ops.triton.call_tables import cached_kernel_bias, near_args
 from plsh_dist.ops.strategy import Strategy
 from plsh_dist.ops.triton.tile_bands import TileConfig, TokenLayout, WindowBias, num_tiles, tiles_for
 from plsh_dist.ops.triton.runtime import interpreting, kernels_module, launcher, triton_status  # noqa: F401

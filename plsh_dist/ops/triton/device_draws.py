@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from plsh_dist.ops.triton.device_constants import device_constant
+from plsh_dist.ops.triton.cache import device_constant
 from plsh_dist.ops.triton.runtime import launcher
 
 from plsh_dist.hashing import PositionalLSH, register_device_draw

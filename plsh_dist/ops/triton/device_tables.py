@@ -20,7 +20,7 @@ import torch
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, get_device_draw
 from plsh_dist.ops.triton import device_draws  # noqa: F401  registers the package's samplers' device forms
-from plsh_dist.ops.triton.device_constants import on_device
+from plsh_dist.ops.triton.cache import on_device
 from plsh_dist.ops.triton.kernel_bias import NEAR_ANCHOR, padded_samples
 from plsh_dist.ops.triton.near_runs import NearBlocks, run_slots
 from plsh_dist.ops.triton.tile_bands import CountBias, TokenLayout, num_tiles

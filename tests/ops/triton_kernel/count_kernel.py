@@ -18,7 +18,7 @@ from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.triton.kernel_bias import KernelBias
 from plsh_dist.ops.triton.tile_bands import CountBias, TileConfig, TokenLayout
 from plsh_dist.ops.triton.attention import kernels
-from plsh_dist.ops.triton.cache import near_args as _near_args
+from plsh_dist.ops.triton.call_tables import near_args as _near_args
 from plsh_dist.ops.triton.kernels import (UNROLL_SAMPLES, _count_before_visible, _count_tile, _first_blocks,
                                                   _near_count, _visible)
 

@@ -17,7 +17,6 @@ pytest.importorskip("triton")
 from plsh_dist.hashing import (FixedBlocks, PositionalLSH, alibi_slopes, gamma2_ppf, get_device_draw,  # noqa: E402
                                get_sampler, sampler_names)
 from plsh_dist.ops import alibi  # noqa: E402
-from plsh_dist.ops.triton import device_constants  # noqa: E402
 from plsh_dist.ops.triton import device_draws  # noqa: E402
 from plsh_dist.ops.triton import device_tables  # noqa: E402
 from plsh_dist.ops.triton import kernel_bias  # noqa: E402
@@ -26,7 +25,7 @@ from plsh_dist.ops.triton import attention as triton_onepass  # noqa: E402
 from plsh_dist.ops.custom_ops import layer_seed, signed64  # noqa: E402
 from plsh_dist.ops.triton.device_tables import device_documents, device_near_blocks, draw_on_device  # noqa: E402
 from plsh_dist.ops.documents import Documents, flat_documents  # noqa: E402
-from plsh_dist.ops.triton.kernel_bias import KernelBias, padded_samples  # noqa: E402
+from plsh_dist.ops.triton.kernel_bias import UNROLLED_SAMPLES, KernelBias, padded_samples  # noqa: E402
 from plsh_dist.ops.triton.near_runs import near_blocks  # noqa: E402
 from plsh_dist.ops.plsh import block_attention_op, block_attention_op_backward  # noqa: E402
 from plsh_dist.ops.triton.tile_bands import CountBias, TokenLayout, WindowBias, block_bounds, tiles_for  # noqa: E402
@@ -310,7 +309,7 @@ def test_the_op_reads_nothing_back_on_a_device(monkeypatch, fixed, shape, docs):
     monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(kernel_bias, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(triton_onepass, "_arch", lambda device: 9)
-    monkeypatch.setattr(device_constants, "_made", {})
+    kernel_bias_cache.clear()  # constants and tables made afresh: the cold call makes them
     B, T, Hq, Hkv, D, s = shape
     meta = torch.device("meta")
     q = torch.empty(B, T, Hq, D, dtype=torch.bfloat16, device=meta)
@@ -322,7 +321,6 @@ def test_the_op_reads_nothing_back_on_a_device(monkeypatch, fixed, shape, docs):
     args = (position_ids, cu_seqlens, seed, sigma, s, "iid", fixed, True, None, "TritonOnePass()", True)
     counts = []
     for call in ("cold", "warm"):
-        kernel_bias_cache.clear()
         launches.clear()
         with _HostReads() as reads:
             out, lse = block_attention_op._init_fn(q, k, v, *args)
@@ -334,12 +332,12 @@ def test_the_op_reads_nothing_back_on_a_device(monkeypatch, fixed, shape, docs):
     tables = ["hash_draw_kernel"] + ["band_tables_kernel"] * 3  # fixed blocks: pitch 2 sigma, shift 0, one launch
     if docs:
         tables = ["document_layout_kernel"] + tables
-    if not fixed and s > kernel_bias_cache.UNROLLED_SAMPLES:  # + the near tiles' runs table, one allocation more
+    if not fixed and s > UNROLLED_SAMPLES:  # + the near tiles' runs table, one allocation more
         tables += ["block_ends_kernel", "near_runs_kernel", "run_offsets_kernel", "near_runs_kernel"]
     # (forward, forward + backward) of a warm call, whatever T, H, D and s: 15 and 36 (documents: 7 and 20,
     # the layout's one launch replacing the positions' checks); one allocation more each for the runs table,
     # and with documents in rows of a batch, the flat row's copy back to the batch (lse; dq, dk, dv)
-    near = not fixed and s > kernel_bias_cache.UNROLLED_SAMPLES
+    near = not fixed and s > UNROLLED_SAMPLES
     warm = ((7, 20) if docs else (15, 36), (1, 2) if near else (0, 0), (1, 3) if docs and B > 1 else (0, 0))
     warm = tuple(sum(x) for x in zip(*warm))
     assert counts == [(warm[0] + 1, warm[1] + 1), warm] and warm[1] <= 38
@@ -362,7 +360,7 @@ def recorded_draws(monkeypatch, lsh_of, calls=("cold", "warm")) -> list[tuple[in
     launches: list = []
     monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(device_draws, "launch", lambda device: _Recorder(launches))
-    monkeypatch.setattr(device_constants, "_made", {})
+    kernel_bias_cache.clear()  # constants and tables made afresh: the cold call makes them
     meta = torch.device("meta")
     seed = torch.empty((), dtype=torch.int64, device=meta)
     recorded = []
@@ -470,7 +468,7 @@ def test_the_op_with_another_sampler_reads_nothing_back_on_a_device(monkeypatch,
     monkeypatch.setattr(kernel_bias, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(device_draws, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(triton_onepass, "_arch", lambda device: 9)
-    monkeypatch.setattr(device_constants, "_made", {})
+    kernel_bias_cache.clear()  # constants and tables made afresh: the cold call makes them
     B, T, H, D, s = 1, 300, 4, 64, 16
     meta = torch.device("meta")
     q, k, v = (torch.empty(B, T, H, D, dtype=torch.bfloat16, device=meta) for _ in range(3))
@@ -478,7 +476,6 @@ def test_the_op_with_another_sampler_reads_nothing_back_on_a_device(monkeypatch,
     args = (torch.empty(B, T, dtype=torch.int64, device=meta), None, seed, torch.linspace(1.0, 900.0, H,
             dtype=torch.float64), s, sampler, False, True, None, "TritonOnePass()", True)
     for call in ("cold", "warm"):
-        kernel_bias_cache.clear()
         launches.clear()
         with _HostReads() as reads:
             out, lse = block_attention_op._init_fn(q, k, v, *args)
@@ -504,7 +501,7 @@ def test_the_alibi_op_reads_nothing_back_on_a_device(monkeypatch, window, shape,
     monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(kernel_bias, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(triton_onepass, "_arch", lambda device: 9)
-    monkeypatch.setattr(device_constants, "_made", {})
+    kernel_bias_cache.clear()  # constants and tables made afresh: the cold call makes them
     B, T, Hq, Hkv, D = shape
     meta = torch.device("meta")
     q = torch.empty(B, T, Hq, D, dtype=torch.bfloat16, device=meta)
