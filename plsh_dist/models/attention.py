@@ -24,7 +24,7 @@ from torch import nn
 from plsh_dist.biases import AttentionCall, Bias, bias_for
 from plsh_dist.models.config import AttentionConfig
 from plsh_dist.models.runtime import AttentionRuntime
-from plsh_dist.ops.documents import layout_of_position_ids
+from plsh_dist.ops.layout import layout_of_position_ids
 
 #: Name under which transformers finds our attention (``config._attn_implementation``).
 IMPLEMENTATION = "plsh_dist"

@@ -13,8 +13,8 @@ calling the op's backward, itself an op:
     plsh_dist::layer_seed                a layer's hash seed        (none: integers)                      here
 
 Each op lives in its algorithm's file, with its public function; this module holds
-what they share (the namespace, the fake outputs, the autograd formula, the layout of
-raw ``position_ids``) and imports none of them.
+what they share (the namespace, the fake outputs, the autograd formula) and imports none of
+them; the ops lay raw ``position_ids`` out with :mod:`plsh_dist.ops.layout`.
 
 ``out`` is contiguous in q's dtype, ``lse`` (B, Hq, T) contiguous fp32 (fp64 for fp64
 inputs) and not differentiable; the gradients are contiguous in their input's dtype.
@@ -30,36 +30,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from plsh_dist.ops.triton import TokenLayout, device_documents
-from plsh_dist.ops.documents import device_positions, layout_of_position_ids
 from plsh_dist.ops.merge import accum_dtype
 from plsh_dist.splitmix import MASK64, hash_seed, splitmix64_int
 
 NAMESPACE = "plsh_dist"
-
-
-def op_layout(positions, cu_seqlens, q, from_position_ids: bool):
-    """The ops' ``(positions, cu_seqlens)``: as given, or laid out from transformers' raw ``position_ids``."""
-    if from_position_ids:
-        return layout_of_position_ids(positions, cu_seqlens, q.shape[0], q.shape[1])
-    return positions, cu_seqlens
-
-
-def device_layout(positions, cu_seqlens, q, from_position_ids: bool) -> tuple[Tensor, TokenLayout | None] | None:
-    """Raw ``position_ids`` (and packed offsets) left on the device for the fused kernel, read by no host:
-    ``(positions, None)``, the positions checked there (:func:`~plsh_dist.ops.documents.device_positions`),
-    or ``(positions, layout)`` of documents laid out there
-    (:func:`~plsh_dist.ops.triton.device_tables.device_documents`:
-    the flat row's positions and :class:`~plsh_dist.ops.triton.tile_bands.TokenLayout`). None where they are on
-    the host (:func:`op_layout` lays them out)."""
-    if not from_position_ids or positions is None or positions.device.type == "cpu":
-        return None
-    if cu_seqlens is None:
-        return device_positions(positions, q.shape[1]), None
-    if cu_seqlens.device.type == "cpu":
-        return None
-    layout = device_documents(positions, cu_seqlens, q.shape[0], q.shape[1])
-    return layout.positions, layout
 
 
 def fake_forward(q: Tensor) -> tuple[Tensor, Tensor]:

@@ -30,10 +30,10 @@ from torch import Tensor
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, get_sampler
 from plsh_dist.ops.backends import choose_strategy, chosen_name, strategy_name, strategy_named
-from plsh_dist.ops.custom_ops import (NAMESPACE, device_layout, fake_backward, fake_forward, op_layout,
-                                      register_autograd)
+from plsh_dist.ops.custom_ops import NAMESPACE, fake_backward, fake_forward, register_autograd
 from plsh_dist.ops.documents import BatchRows, Documents, flat_documents
 from plsh_dist.ops.head_groups import head_groups
+from plsh_dist.ops.layout import device_layout, host_layout
 from plsh_dist.ops.input_checks import check_positions, check_qkv, softmax_scale_for
 
 
@@ -234,7 +234,7 @@ def op_hash(seed: Tensor, sigma: Tensor, num_samples: int, sampler: str, fixed: 
 def _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, strategy, from_position_ids):
     """The ops' ``(positions, scale, docs)``. Raw ``position_ids`` (and packed offsets) on a device, for a
     strategy that builds its layout there (``device_positions``: the fused kernel), stay there
-    (:func:`~plsh_dist.ops.custom_ops.device_layout`; ``docs`` is then the documents' layout): that call
+    (:func:`~plsh_dist.ops.layout.device_layout`; ``docs`` is then the documents' layout): that call
     reads nothing back to the host. Otherwise the host lays them out (:func:`check_block_attention`)."""
     on_device = device_layout(positions, cu_seqlens, q, from_position_ids) if strategy.device_positions else None
     if on_device is not None:
@@ -242,7 +242,7 @@ def _op_call(q, k, v, lsh, positions, cu_seqlens, softmax_scale, strategy, from_
         head_groups(lsh, q.shape[2], k.shape[2])
         pos, docs = on_device
         return pos, softmax_scale_for(q, softmax_scale), docs
-    positions, cu_seqlens = op_layout(positions, cu_seqlens, q, from_position_ids)
+    positions, cu_seqlens = host_layout(positions, cu_seqlens, q, from_position_ids)
     return check_block_attention(q, k, v, lsh, positions, softmax_scale, cu_seqlens)
 
 

@@ -31,7 +31,7 @@ class Strategy:
 
     device_positions: bool = False
     """It builds its layout on the device: the op leaves raw ``position_ids`` (and packed offsets) there
-    (:func:`~plsh_dist.ops.custom_ops.device_layout`) instead of laying them out on the host."""
+    (:func:`~plsh_dist.ops.layout.device_layout`) instead of laying them out on the host."""
 
     cost_model: str = "pairs"
     """How the planner costs it (:mod:`plsh_dist.plan.attention_cost`): ``"pairs"``, the query-key

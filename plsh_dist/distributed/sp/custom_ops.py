@@ -35,7 +35,8 @@ from plsh_dist.distributed.sp.alibi_allgather import GatherPlan
 from plsh_dist.distributed.sp.alibi_window_halo import WindowPlan
 from plsh_dist.distributed.sp.plsh_halo import HaloPlan
 from plsh_dist.ops.alibi import check_alibi_attention, op_window
-from plsh_dist.ops.custom_ops import NAMESPACE, fake_backward, fake_forward, op_layout, register_autograd
+from plsh_dist.ops.custom_ops import NAMESPACE, fake_backward, fake_forward, register_autograd
+from plsh_dist.ops.layout import host_layout
 from plsh_dist.ops.backends import strategy_named
 from plsh_dist.ops.plsh import check_block_attention, op_hash
 
@@ -43,7 +44,7 @@ from plsh_dist.ops.plsh import check_block_attention, op_hash
 def _block_plan(q, k, v, positions, cu_seqlens, seed, sigma, num_samples, sampler, fixed, causal, softmax_scale,
                 strategy, group_name, needs_grad) -> HaloPlan:
     lsh = op_hash(seed, sigma, num_samples, sampler, fixed)
-    positions, cu_seqlens = op_layout(positions, cu_seqlens, q, True)
+    positions, cu_seqlens = host_layout(positions, cu_seqlens, q, True)
     pos, scale, _ = check_block_attention(q, k, v, lsh, positions, softmax_scale)
     return HaloPlan.make(q, k, lsh, pos, causal, scale, strategy_named(strategy), _resolve_process_group(group_name),
                          cu_seqlens, needs_grad)
@@ -94,7 +95,7 @@ register_autograd(sp_block_attention_op, sp_block_attention_op_backward)
 def _alibi_plan(q, k, v, positions, cu_seqlens, slopes, window, causal, softmax_scale, chunk_size, kernel,
                 group_name, needs_grad, window_tensor) -> GatherPlan | WindowPlan:
     """The all-gather's plan (no window) or the halo's (``window`` [w] or one per head, or ``window_tensor``)."""
-    positions, cu_seqlens = op_layout(positions, cu_seqlens, q, True)
+    positions, cu_seqlens = host_layout(positions, cu_seqlens, q, True)
     window = op_window(window, window_tensor, q.shape[2])
     win = None if not window else window[0] if len(window) == 1 else tuple(window)
     slopes, pos, scale, win = check_alibi_attention(q, k, v, slopes, positions, win, softmax_scale, chunk_size)

@@ -100,7 +100,7 @@ class TokenLayout:
     def build(cls, positions: torch.Tensor, device: torch.device, docs=None) -> "TokenLayout":
         """From positions (LongTensor[n], increasing within each document, below 2^31; CPU, checked
         here, or already on ``device`` without documents, checked where they were made:
-        :func:`~plsh_dist.ops.documents.device_positions`) and optional
+        :func:`~plsh_dist.ops.layout.device_positions`) and optional
         :class:`~plsh_dist.ops.documents.Documents` of the same row (CPU)."""
         put = lambda x: x.to(device, torch.int64, non_blocking=True)  # noqa: E731
         pos = positions if docs is None else docs.positions
