@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the cost reads the bias it belongs to; the bias module imports this one
-    from plsh_dist.biases.base import Bias
 
 
 @dataclass(frozen=True)
@@ -66,10 +62,10 @@ class CallShape:
 
 class BiasCost(abc.ABC):
     """The cost of one bias's attention under one :class:`AttentionSetup`: a subclass per bias (its
-    ``cost_model``) implements the abstract methods and overrides what differs. ``bias`` is the bias
-    object it was made by."""
+    ``cost_model``) implements the abstract methods and overrides what differs. ``bias`` is the
+    :class:`~plsh_dist.biases.base.Bias` it was made by (which imports this module: not imported here)."""
 
-    def __init__(self, bias: Bias, setup: AttentionSetup) -> None:
+    def __init__(self, bias, setup: AttentionSetup) -> None:
         self.bias = bias
         self.setup = setup
 
