@@ -40,10 +40,10 @@ from plsh_dist.ops.alibi_band import band_chunk, banded_backward, banded_forward
 from plsh_dist.ops.alibi_kernel import AlibiKernel, choose_alibi_kernel
 from plsh_dist.ops.custom_ops import NAMESPACE, fake_backward, fake_forward, register_autograd
 from plsh_dist.ops.dense import dense_bwd, dense_fwd
-from plsh_dist.ops.triton import TokenLayout, WindowBias, device_constant, device_kernel_bias, host_key
+from plsh_dist.ops.triton import KernelBias, TokenLayout, WindowBias, device_constant, host_key
 from plsh_dist.ops.documents import BatchRows, flat_documents
-from plsh_dist.ops.layout import device_layout, host_layout
 from plsh_dist.ops.gqa import repeat_kv, sum_kv_repeats
+from plsh_dist.ops.layout import device_layout, host_layout
 from plsh_dist.ops.input_checks import check_positions, check_qkv, softmax_scale_for
 from plsh_dist.ops.merge import accum_dtype
 
@@ -532,9 +532,9 @@ def kernel_call(q, k, v, positions, cu_seqlens, slopes, window: list[int], causa
 
     Reads no device data where the models call it: raw ``position_ids`` and packed offsets on the device
     stay there (:func:`~plsh_dist.ops.layout.device_layout`); the slopes and windows are host constants,
-    checked on the host and copied to the device once (:func:`~plsh_dist.ops.triton.device_constants.device_constant`).
+    checked on the host and copied to the device once (:func:`~plsh_dist.ops.triton.cache.device_constant`).
     Exact ALiBi is the window :data:`UNBOUNDED_WINDOW`; zero slopes (no bias) give ``sigma = inf``. The
-    kernel's tables are built on the device (:func:`~plsh_dist.ops.triton.device_tables.device_kernel_bias`)."""
+    kernel's tables are built on the device (``KernelBias.of(..., by="kernels")``)."""
     if kernel != AlibiKernel.FUSED:
         return None
     check_qkv(q, k, v)
@@ -557,7 +557,7 @@ def kernel_call(q, k, v, positions, cu_seqlens, slopes, window: list[int], causa
         return WindowBias(torch.tensor(sigma).to(device), head_windows(win or UNBOUNDED_WINDOW, Hq).to(device))
 
     key = ("alibi window bias", str(device), Hq, tuple(window), *host_key(slopes.cpu()))
-    kb = device_kernel_bias(device_constant(key, bias), layout, causal, fused.kernel_tiles(q))
+    kb = KernelBias.of(device_constant(key, bias), layout, causal, fused.kernel_tiles(q), by="kernels")
     return kb, softmax_scale_for(q, softmax_scale)
 
 
