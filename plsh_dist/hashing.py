@@ -21,13 +21,13 @@ n = number of positions.
 
 from __future__ import annotations
 
-import importlib
 import math
 from typing import Callable, ClassVar, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
+from plsh_dist.plugins import import_plugin_module
 from plsh_dist.splitmix import MASK64, splitmix64
 
 #: A sampler: ``draw(lsh, t, h) -> (gamma, unit_shift)``. ``t``, ``h``: int ndarray[s, H] of
@@ -97,25 +97,10 @@ def register_device_draw(name: str, device_draw: SamplerDeviceDraw) -> None:
 
 
 def import_sampler_module(module: str, setting: str = "sampler_module") -> None:
-    """Import ``module``, which registers its samplers when imported (:func:`register_sampler`).
-
-    ValueError naming ``setting`` (the config key or option that named it) and the fix when no such
-    module is importable; an error raised inside the module (it is there but broken) propagates.
-    """
-    if (not isinstance(module, str) or not module or module != module.strip()
-            or any(not part.isidentifier() for part in module.split("."))):
-        raise ValueError(f"{setting} must be a dotted module name, got {module!r}; e.g. \"mylab.samplers\", "
-                         f"or leave it out for plsh_dist's own samplers ('iid', 'stratified')")
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not (module == exc.name or module.startswith(exc.name + ".")):
-            raise  # the module is there; something it imports is not
-        raise ValueError(
-            f"{setting} = {module!r} cannot be imported: no module named {exc.name!r}. Name a module that "
-            f"registers samplers when imported (plsh_dist.hashing.register_sampler) and is importable here "
-            f"(its folder on sys.path: the working directory or PYTHONPATH); or leave {setting} out for plsh_dist's own samplers ('iid', 'stratified')"
-        ) from None
+    """Import ``module``, which registers its samplers when imported (:func:`register_sampler`);
+    ValueError naming ``setting`` and the fix when it cannot be (:mod:`plsh_dist.plugins`)."""
+    import_plugin_module(module, setting, registers="samplers", register="plsh_dist.hashing.register_sampler",
+                         example="mylab.samplers", own="plsh_dist's own samplers ('iid', 'stratified')")
 
 
 def sampler_names() -> tuple[str, ...]:

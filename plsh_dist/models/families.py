@@ -28,9 +28,10 @@ anything imports transformers); transformers' classes may be named by their attr
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
+
+from plsh_dist.plugins import import_plugin_module
 
 #: A ModelConfig field table (its keys are ``ModelConfig`` fields; ``family`` is filled in).
 PresetTable = Mapping[str, Any]
@@ -157,26 +158,11 @@ def get_family(name: str) -> Family:
 
 
 def import_family_module(module: str, setting: str = "[model].family_module") -> None:
-    """Import ``module``, which registers its model families when imported (:func:`register_family`).
-
-    ValueError naming ``setting`` (the config key that named it) and the fix when ``module`` is no dotted
-    module name or no such module is importable; an error raised inside the module (it is there but
-    broken) propagates. The rules of ``[attention].sampler_module`` (``plsh_dist.hashing``), for families.
-    """
-    if (not isinstance(module, str) or not module or module != module.strip()
-            or any(not part.isidentifier() for part in module.split("."))):
-        raise ValueError(f"{setting} must be a dotted module name, got {module!r}; e.g. \"mylab.families\", "
-                         f"or leave it out for plsh_dist's own families {BUILT_IN}")
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not (module == exc.name or module.startswith(exc.name + ".")):
-            raise  # the module is there; something it imports is not
-        raise ValueError(
-            f"{setting} = {module!r} cannot be imported: no module named {exc.name!r}. Name a module that "
-            f"registers model families when imported (plsh_dist.models.families.register_family) and is "
-            f"importable here (its folder on sys.path: the working directory or PYTHONPATH); or leave {setting} "
-            f"out for plsh_dist's own families {BUILT_IN}") from None
+    """Import ``module``, which registers its model families when imported (:func:`register_family`);
+    ValueError naming ``setting`` and the fix when it cannot be (:mod:`plsh_dist.plugins`)."""
+    import_plugin_module(module, setting, registers="model families",
+                         register="plsh_dist.models.families.register_family", example="mylab.families",
+                         own=f"plsh_dist's own families {BUILT_IN}")
 
 
 def preset_tables() -> dict[str, dict[str, Any]]:
