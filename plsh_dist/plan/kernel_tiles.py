@@ -173,16 +173,16 @@ def block_trips(bias: CountBias, T: int, kernel: str, block_m: int, block_n: int
     over the tiles of ``kernel`` ("fwd", "bwd_dkdv", "bwd_dq") at ``block_m`` x ``block_n`` that
     :func:`far_tiles` leaves, over positions ``0..T-1``: the runs holding the tile's anchor
     ``max(first row, first key)`` and those opening after it before the tile's row and key ends, read
-    from the launcher's own table (:func:`plsh_dist.ops.triton.near_runs.near_blocks`) as the kernels
+    from the launcher's own table (:meth:`plsh_dist.ops.triton.near_runs.NearBlocks.of`) as the kernels
     read it. One head at a time."""
-    from plsh_dist.ops.triton import NEAR_ANCHOR, near_blocks  # noqa: PLC0415 (torch only)
+    from plsh_dist.ops.triton import NEAR_ANCHOR, NearBlocks  # noqa: PLC0415 (torch only)
 
     layout = TokenLayout.build(torch.arange(T), torch.device("cpu"))
     trips = tiles = 0
     for h in range(bias.num_heads):
         one = CountBias(bias.pitch[:, h:h + 1].contiguous(), bias.shift[:, h:h + 1].contiguous())
         starts, _ = block_bounds(one, layout, causal)
-        table = near_blocks(starts, None)
+        table = NearBlocks.of(starts, None)
         offsets, enter = table.offsets[0].long(), table.enter_offsets[0].long()
         bands = key_tile_bands if kernel == "bwd_dkdv" else query_tile_bands
         lo, hi = (x[0].long() for x in bands(one, layout, block_m, block_n, causal))

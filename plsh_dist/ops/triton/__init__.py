@@ -5,7 +5,7 @@
 - its tables: ``tile_bands.py`` (each tile's band of the other side: the host's reference and the
   planner's), ``kernel_bias.py`` (the tables a launch reads, and their one builder, by torch ops or by
   ``table_kernels.py``'s kernels), ``near_runs.py`` (a hash's blocks as runs of tokens, beyond the
-  unrolled samples), ``device_tables.py`` + ``table_kernels.py`` (the other tables built on the
+  unrolled samples, and their one builder in the same two forms), ``device_tables.py`` + ``table_kernels.py`` (the other tables built on the
   device), ``device_draws.py`` + ``sampler_kernels.py`` (a hash's draws there: ``device_draws``
   registers the package's samplers' device forms with :mod:`plsh_dist.hashing` when ``device_tables``
   loads it), ``call_tables.py`` (a call's tables, found in the cache or built);
@@ -23,13 +23,13 @@ from plsh_dist.ops.triton.attention import (TritonOnePass, banded_backward, band
 from plsh_dist.ops.triton.cache import device_constant, host_key
 from plsh_dist.ops.triton.device_tables import device_documents
 from plsh_dist.ops.triton.kernel_bias import KernelBias
-from plsh_dist.ops.triton.near_runs import NEAR_ANCHOR, near_blocks
+from plsh_dist.ops.triton.near_runs import NEAR_ANCHOR, NearBlocks
 from plsh_dist.ops.triton.tile_bands import (CountBias, TileConfig, TokenLayout, WindowBias, block_bounds, key_spans,
                                              key_tile_bands, query_tile_bands, row_spans, tiles_for)
 
 __all__ = [
     "TritonOnePass", "banded_backward", "banded_forward", "kernel_tiles", "triton_cuda", "triton_interpreter",
     "device_constant", "host_key", "device_documents",
-    "KernelBias", "NEAR_ANCHOR", "near_blocks", "CountBias", "TileConfig", "TokenLayout", "WindowBias",
+    "KernelBias", "NEAR_ANCHOR", "NearBlocks", "CountBias", "TileConfig", "TokenLayout", "WindowBias",
     "block_bounds", "key_spans", "key_tile_bands", "query_tile_bands", "row_spans", "tiles_for",
 ]

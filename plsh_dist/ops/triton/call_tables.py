@@ -14,9 +14,9 @@ import torch
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.triton import cache
-from plsh_dist.ops.triton.device_tables import device_near_blocks, draw_on_device
+from plsh_dist.ops.triton.device_tables import draw_on_device
 from plsh_dist.ops.triton.kernel_bias import UNROLLED_SAMPLES, KernelBias
-from plsh_dist.ops.triton.near_runs import near_blocks
+from plsh_dist.ops.triton.near_runs import NearBlocks
 from plsh_dist.ops.triton.tile_bands import TileConfig, TokenLayout
 
 
@@ -41,13 +41,14 @@ def near_args(kb: KernelBias, device: torch.device) -> tuple:
     kernel bias, freed with it), or dummies where the kernels do not read them (s <= UNROLLED_SAMPLES,
     window).
 
-    On a device the table kernels build it (four launches, one allocation); on CPU tensors its torch
-    reference does: Triton's interpreter runs ``tl.sort`` as a Python network, about half a second a
-    program, too slow for a test suite (the kernels are held equal to it on small tables there)."""
+    On a device the table kernels build it (``NearBlocks.of(..., by="kernels")``: four launches, one
+    allocation); on CPU tensors its torch form does: Triton's interpreter runs ``tl.sort`` as a Python
+    network, about half a second a program, too slow for a test suite (the kernels are held equal to it
+    on small tables there)."""
     if kb.fwd.consts["MODE"] != 0 or kb.fwd.consts["NUM_SAMPLES"] <= UNROLLED_SAMPLES:
         return (kb.fwd.args[1],) * 5  # never read: any tensor of the call (no torch op)
     near = cache.find_near_blocks(kb)
     if near is None:
-        build = near_blocks if device.type == "cpu" else device_near_blocks
-        near = cache.keep_near_blocks(kb, build(kb.fwd.args[1], kb.layout.doc))
+        by = "torch" if device.type == "cpu" else "kernels"
+        near = cache.keep_near_blocks(kb, NearBlocks.of(kb.fwd.args[1], kb.layout.doc, by=by))
     return near.args

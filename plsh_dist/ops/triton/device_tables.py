@@ -2,14 +2,13 @@
 
 :func:`draw_on_device` gives a hash's pitch and shift on the attention's device from a
 seed that may itself live there (a graph input), for every sampler with a device form
-(:mod:`plsh_dist.ops.triton.device_draws`); :func:`device_near_blocks` the near tiles' runs
-table of more than ``UNROLLED_SAMPLES`` samples in four launches and one allocation;
-:func:`device_documents` the layout of packed documents in one. All equal their torch
-references (:class:`~plsh_dist.hashing.PositionalLSH`'s numpy draws,
-:func:`~plsh_dist.ops.triton.near_runs.near_blocks`) bit for bit under Triton's interpreter;
-compiled, the hash's ``log`` is CUDA's (libdevice), which may differ from the CPU's in its
-last bit (docs/gpu.md). A kernel bias's band tables are built on the device beside their
-torch form (``KernelBias.of(..., by="kernels")``, :mod:`plsh_dist.ops.triton.kernel_bias`).
+(:mod:`plsh_dist.ops.triton.device_draws`); :func:`device_documents` the layout of packed
+documents in one launch. Both equal their host forms (:class:`~plsh_dist.hashing.PositionalLSH`'s
+numpy draws, :meth:`~plsh_dist.ops.triton.tile_bands.TokenLayout.build`) bit for bit under
+Triton's interpreter; compiled, the hash's ``log`` is CUDA's (libdevice), which may differ from
+the CPU's in its last bit (docs/gpu.md). A kernel bias's band tables and the near runs are built
+on the device beside their torch forms (``KernelBias.of(..., by="kernels")``,
+``NearBlocks.of(..., by="kernels")``).
 
 Legend: n tokens, s samples, Hh bias heads.
 """
@@ -21,16 +20,11 @@ import torch
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, get_device_draw
 from plsh_dist.ops.triton import device_draws  # noqa: F401  registers the package's samplers' device forms
 from plsh_dist.ops.triton.cache import on_device
-from plsh_dist.ops.triton.kernel_bias import NEAR_ANCHOR, padded_samples
-from plsh_dist.ops.triton.near_runs import NearBlocks, run_slots
 from plsh_dist.ops.triton.tile_bands import CountBias, TokenLayout, num_tiles
 from plsh_dist.ops.triton.runtime import launcher
 
 _HASH_BLOCK = 256
-_SCAN_CHUNK = 1024
 _DOC_BLOCK = 1024
-#: entries of one near_runs_kernel program's (tokens, samples) block: at most this, and at most NEAR_ANCHOR tokens
-_RUN_LANES = 2048
 
 
 def launch(device: torch.device):
@@ -96,39 +90,3 @@ def device_documents(position_ids: torch.Tensor, cu_seqlens: torch.Tensor, batch
                                   "increasing, with every row start among them, and positions must increase "
                                   "strictly within each document, in [0, 2^31)")
     return TokenLayout(positions, virtual, kernel_positions, doc, first, end)
-
-
-def device_near_blocks(starts: torch.Tensor, doc: torch.Tensor | None) -> NearBlocks:
-    """:func:`~plsh_dist.ops.triton.near_runs.near_blocks` of the block starts ``starts`` (int32 (Hh, s, n),
-    contiguous) and document ids ``doc`` (int32[n] or None), on their device: one int32 buffer,
-    four launches, nothing read back. Equal to the reference where the kernels read it (the
-    offsets, and the runs they index).
-
-    The launches: every sample's runs (``block_ends_kernel``: the end of the block opening on each
-    token, the run holding each anchor), how many distinct runs open on each token and hold each
-    anchor (``near_runs_kernel``), their running sums per head (``run_offsets_kernel``), then each
-    run at its slot (``near_runs_kernel`` again, ``WRITE``). Memory: ``Hh s n`` int32 of ends besides
-    the table's ``2.5 Hh s (n + a)`` words."""
-    Hh, s, n = starts.shape
-    opening, entering = run_slots(Hh, s, n)
-    na = -(-n // NEAR_ANCHOR)
-    runs = opening + entering
-    sizes = [Hh * s * n, Hh * s * na, Hh * s * na, Hh * (n + 1), Hh * (na + 1), 2 * Hh, runs, runs, -(-runs // 2)]
-    open_end, anchor_first, anchor_end, offsets, enter_offsets, totals, first, end, weight = \
-        torch.empty(sum(sizes), dtype=torch.int32, device=starts.device).split(sizes)
-    weight = weight.view(torch.float16)[:runs]
-    has_docs = doc is not None
-    doc = doc if has_docs else starts  # an int32 pointer, never read
-    samples = padded_samples(s)
-    tokens = max(1, min(NEAR_ANCHOR, _RUN_LANES // samples))
-    heads = 1 << max(Hh - 1, 0).bit_length()
-    mod = launch(starts.device)
-    mod.block_ends_kernel[(s, Hh)](starts, doc, open_end, anchor_first, anchor_end, n, s, na, HAS_DOCS=has_docs,
-                                   ANCHOR=NEAR_ANCHOR, CHUNK=min(_SCAN_CHUNK, 1 << max(n - 1, 15).bit_length()))
-    counts = dict(TOKENS=tokens, SAMPLES=samples, HEADS=heads, ANCHOR=NEAR_ANCHOR)
-    tables = (open_end, anchor_first, anchor_end, offsets, enter_offsets, totals, first, end, weight,
-              n, s, Hh, na, opening)
-    mod.near_runs_kernel[(num_tiles(n, tokens), Hh)](*tables, WRITE=False, **counts)
-    mod.run_offsets_kernel[(2, Hh)](offsets, enter_offsets, totals, n, Hh, na, CHUNK=_SCAN_CHUNK)
-    mod.near_runs_kernel[(num_tiles(n, tokens), Hh)](*tables, WRITE=True, **counts)
-    return NearBlocks(offsets.view(Hh, n + 1), enter_offsets.view(Hh, na + 1), first, end, weight)

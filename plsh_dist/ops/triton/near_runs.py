@@ -2,10 +2,16 @@
 
 Beyond ``UNROLLED_SAMPLES`` samples the fused kernel counts a tile that meets its rows' blocks
 as a product over the runs that hold them (:mod:`plsh_dist.ops.triton.kernels`,
-``_count_blocks``), read from one :class:`NearBlocks` per kernel bias. The launcher builds it on
-the device in four launches (:func:`plsh_dist.ops.triton.device_tables.device_near_blocks`);
-:func:`near_blocks` here is its torch reference (the tests hold the two equal) and what the
-planner's static model counts runs with.
+``_count_blocks``), read from one :class:`NearBlocks` per kernel bias. :meth:`NearBlocks.of`
+builds it, in one of two forms that give the same table where the kernels read it (the offsets,
+and the runs they index):
+
+- ``by="torch"``: torch ops with static shapes on the starts' device: the reference, what the
+  planner's static model counts runs with, and what the launcher runs on CPU tensors (Triton's
+  interpreter runs ``tl.sort`` too slowly for a test suite);
+- ``by="kernels"``: one int32 buffer filled by four launches of
+  :mod:`~plsh_dist.ops.triton.table_kernels`' kernels (CUDA tensors, or CPU ones under Triton's
+  interpreter), nothing read back.
 
 Legend: n tokens, s samples, Hh bias heads, a = ceil(n / NEAR_ANCHOR) anchors.
 """
@@ -16,7 +22,18 @@ from dataclasses import dataclass
 
 import torch
 
-from plsh_dist.ops.triton.kernel_bias import MAX_NEAR_SAMPLES, NEAR_ANCHOR
+from plsh_dist.ops.triton.kernel_bias import MAX_NEAR_SAMPLES, NEAR_ANCHOR, padded_samples
+from plsh_dist.ops.triton.runtime import launcher
+from plsh_dist.ops.triton.tile_bands import num_tiles
+
+_SCAN_CHUNK = 1024
+#: entries of one near_runs_kernel program's (tokens, samples) block: at most this, and at most NEAR_ANCHOR tokens
+_RUN_LANES = 2048
+
+
+def launch(device: torch.device):
+    """The table kernels' module for tensors on ``device`` (tests wrap it to count host ops)."""
+    return launcher("table_kernels", device)
 
 
 @dataclass(frozen=True)
@@ -44,6 +61,16 @@ class NearBlocks:
     first: torch.Tensor
     end: torch.Tensor
     weight: torch.Tensor
+
+    @classmethod
+    def of(cls, starts: torch.Tensor, doc: torch.Tensor | None, *, by: str = "torch") -> "NearBlocks":
+        """The runs of the kernels' block starts ``starts`` (int32 (Hh, s, n), contiguous:
+        :meth:`~plsh_dist.ops.triton.tile_bands.CountReach.table`) and document ids ``doc`` (int32[n] or
+        None), built ``by`` torch ops (:func:`_by_torch`) or the table kernels (:func:`_by_kernels`)."""
+        forms = {"torch": _by_torch, "kernels": _by_kernels}
+        if by not in forms:
+            raise ValueError(f"a near runs table is built by 'torch' or 'kernels', got {by!r}")
+        return forms[by](starts, doc)
 
     @property
     def args(self) -> tuple:
@@ -76,9 +103,8 @@ def _merge(keys: torch.Tensor, valid: torch.Tensor, big: int) -> tuple[torch.Ten
     return out, weight
 
 
-def near_blocks(starts: torch.Tensor, doc: torch.Tensor | None) -> NearBlocks:
-    """:class:`NearBlocks` from the kernels' block starts (int32 (Hh, s, n),
-    :meth:`~plsh_dist.ops.triton.tile_bands.CountReach.table`) and document ids (int32[n] or None).
+def _by_torch(starts: torch.Tensor, doc: torch.Tensor | None) -> NearBlocks:
+    """The runs table by torch ops on the starts' device.
 
     A token opens a block of sample t where its start differs from the previous token's, or its
     document does (equal starts in one document are one block of the hash; only a first block can
@@ -113,3 +139,38 @@ def near_blocks(starts: torch.Tensor, doc: torch.Tensor | None) -> NearBlocks:
                       torch.cat([runs // width % n, entering // width % width]).to(torch.int32),
                       torch.cat([runs % width, entering % width]).to(torch.int32),
                       torch.cat([weight, enter_weight]).to(torch.float16))
+
+
+def _by_kernels(starts: torch.Tensor, doc: torch.Tensor | None) -> NearBlocks:
+    """The runs table by the table kernels on the starts' device: one int32 buffer, four launches,
+    nothing read back. Equal to :func:`_by_torch`'s where the kernels read it (the offsets, and the
+    runs they index).
+
+    The launches: every sample's runs (``block_ends_kernel``: the end of the block opening on each
+    token, the run holding each anchor), how many distinct runs open on each token and hold each
+    anchor (``near_runs_kernel``), their running sums per head (``run_offsets_kernel``), then each
+    run at its slot (``near_runs_kernel`` again, ``WRITE``). Memory: ``Hh s n`` int32 of ends besides
+    the table's ``2.5 Hh s (n + a)`` words."""
+    Hh, s, n = starts.shape
+    opening, entering = run_slots(Hh, s, n)
+    na = -(-n // NEAR_ANCHOR)
+    runs = opening + entering
+    sizes = [Hh * s * n, Hh * s * na, Hh * s * na, Hh * (n + 1), Hh * (na + 1), 2 * Hh, runs, runs, -(-runs // 2)]
+    open_end, anchor_first, anchor_end, offsets, enter_offsets, totals, first, end, weight = \
+        torch.empty(sum(sizes), dtype=torch.int32, device=starts.device).split(sizes)
+    weight = weight.view(torch.float16)[:runs]
+    has_docs = doc is not None
+    doc = doc if has_docs else starts  # an int32 pointer, never read
+    samples = padded_samples(s)
+    tokens = max(1, min(NEAR_ANCHOR, _RUN_LANES // samples))
+    heads = 1 << max(Hh - 1, 0).bit_length()
+    mod = launch(starts.device)
+    mod.block_ends_kernel[(s, Hh)](starts, doc, open_end, anchor_first, anchor_end, n, s, na, HAS_DOCS=has_docs,
+                                   ANCHOR=NEAR_ANCHOR, CHUNK=min(_SCAN_CHUNK, 1 << max(n - 1, 15).bit_length()))
+    counts = dict(TOKENS=tokens, SAMPLES=samples, HEADS=heads, ANCHOR=NEAR_ANCHOR)
+    tables = (open_end, anchor_first, anchor_end, offsets, enter_offsets, totals, first, end, weight,
+              n, s, Hh, na, opening)
+    mod.near_runs_kernel[(num_tiles(n, tokens), Hh)](*tables, WRITE=False, **counts)
+    mod.run_offsets_kernel[(2, Hh)](offsets, enter_offsets, totals, n, Hh, na, CHUNK=_SCAN_CHUNK)
+    mod.near_runs_kernel[(num_tiles(n, tokens), Hh)](*tables, WRITE=True, **counts)
+    return NearBlocks(offsets.view(Hh, n + 1), enter_offsets.view(Hh, na + 1), first, end, weight)

@@ -20,13 +20,14 @@ from plsh_dist.ops import alibi  # noqa: E402
 from plsh_dist.ops.triton import device_draws  # noqa: E402
 from plsh_dist.ops.triton import device_tables  # noqa: E402
 from plsh_dist.ops.triton import kernel_bias  # noqa: E402
+from plsh_dist.ops.triton import near_runs  # noqa: E402
 from plsh_dist.ops.triton import cache as kernel_bias_cache  # noqa: E402
 from plsh_dist.ops.triton import attention as triton_onepass  # noqa: E402
 from plsh_dist.ops.custom_ops import layer_seed, signed64  # noqa: E402
-from plsh_dist.ops.triton.device_tables import device_documents, device_near_blocks, draw_on_device  # noqa: E402
+from plsh_dist.ops.triton.device_tables import device_documents, draw_on_device  # noqa: E402
 from plsh_dist.ops.documents import Documents, flat_documents  # noqa: E402
 from plsh_dist.ops.triton.kernel_bias import UNROLLED_SAMPLES, KernelBias, padded_samples  # noqa: E402
-from plsh_dist.ops.triton.near_runs import near_blocks  # noqa: E402
+from plsh_dist.ops.triton.near_runs import NearBlocks  # noqa: E402
 from plsh_dist.ops.plsh import block_attention_op, block_attention_op_backward  # noqa: E402
 from plsh_dist.ops.triton.tile_bands import CountBias, TokenLayout, WindowBias, block_bounds, tiles_for  # noqa: E402
 from plsh_dist.splitmix import MASK64, hash_seed  # noqa: E402
@@ -204,8 +205,9 @@ def test_the_kernels_on_a_device_layout_of_documents_equal_the_hosts(bias):
 @pytest.mark.slow  # the interpreter runs tl.sort as a Python network (about 20 s a case)
 @pytest.mark.parametrize(("layout_kind", "tokens"), [("row", "16_a_program"), ("documents", "2_a_program")])
 def test_runs_table_equals_the_torch_reference(monkeypatch, layout_kind, tokens):
-    """The near tiles' runs table from the four launches equals ``near_runs.near_blocks`` wherever the
-    kernels read it: the offsets, and the runs they index (first token, end, weight), ordered alike.
+    """The near tiles' runs table from the four launches (``NearBlocks.of(..., by="kernels")``) equals its
+    torch form wherever the kernels read it: the offsets, and the runs they index (first token, end,
+    weight), ordered alike.
     ``2_a_program``: the lanes of a program shrunk so that most programs hold no anchor."""
     n, s = 40, 20
     docs = None
@@ -213,11 +215,11 @@ def test_runs_table_equals_the_torch_reference(monkeypatch, layout_kind, tokens)
         cu = torch.tensor([0, 1, 2, 20, 21, n])
         docs = Documents.from_cu_seqlens(cu, torch.cat([torch.arange(int(c)) for c in cu[1:] - cu[:-1]]))
     if tokens == "2_a_program":
-        monkeypatch.setattr(device_tables, "_RUN_LANES", 2 * padded_samples(s))
+        monkeypatch.setattr(near_runs, "_RUN_LANES", 2 * padded_samples(s))
     positions = docs.positions if docs is not None else 300 + torch.arange(n)
     layout = TokenLayout.build(positions, CPU, docs)
     starts, _ = block_bounds(CountBias.of(PositionalLSH(SIGMA, s, seed=2), CPU), layout, True)
-    ref, got = near_blocks(starts, layout.doc), device_near_blocks(starts.contiguous(), layout.doc)
+    ref, got = NearBlocks.of(starts, layout.doc), NearBlocks.of(starts.contiguous(), layout.doc, by="kernels")
     assert torch.equal(ref.offsets, got.offsets) and torch.equal(ref.enter_offsets, got.enter_offsets)
     for lo, hi in ((0, int(ref.offsets[-1, -1])), (int(ref.enter_offsets[0, 0]), int(ref.enter_offsets[-1, -1]))):
         for name in ("first", "end", "weight"):
@@ -308,6 +310,7 @@ def test_the_op_reads_nothing_back_on_a_device(monkeypatch, fixed, shape, docs):
     monkeypatch.setattr(triton_onepass, "_launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(kernel_bias, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(near_runs, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(triton_onepass, "_arch", lambda device: 9)
     kernel_bias_cache.clear()  # constants and tables made afresh: the cold call makes them
     B, T, Hq, Hkv, D, s = shape
@@ -466,6 +469,7 @@ def test_the_op_with_another_sampler_reads_nothing_back_on_a_device(monkeypatch,
     monkeypatch.setattr(triton_onepass, "_launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(kernel_bias, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(near_runs, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(device_draws, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(triton_onepass, "_arch", lambda device: 9)
     kernel_bias_cache.clear()  # constants and tables made afresh: the cold call makes them
@@ -500,6 +504,7 @@ def test_the_alibi_op_reads_nothing_back_on_a_device(monkeypatch, window, shape,
     monkeypatch.setattr(triton_onepass, "_launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(kernel_bias, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(near_runs, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(triton_onepass, "_arch", lambda device: 9)
     kernel_bias_cache.clear()  # constants and tables made afresh: the cold call makes them
     B, T, Hq, Hkv, D = shape

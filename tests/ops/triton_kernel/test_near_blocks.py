@@ -1,7 +1,7 @@
-"""The runs table the kernels count a near tile from at large s
-(:func:`plsh_dist.ops.triton.near_runs.near_blocks`) against the hash's own buckets: every block of
-every sample as a run of tokens, merged across samples with its weight, listed by the token it
-opens on and at every anchor it holds (pure data: ``torch.equal``). Needs no Triton."""
+"""The runs table the kernels count a near tile from at large s (``NearBlocks.of``'s torch form,
+:mod:`plsh_dist.ops.triton.near_runs`) against the hash's own buckets: every block of every sample
+as a run of tokens, merged across samples with its weight, listed by the token it opens on and at
+every anchor it holds (pure data: ``torch.equal``). Needs no Triton."""
 
 from collections import Counter
 
@@ -11,7 +11,7 @@ import torch
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.triton.tile_bands import CountBias, TokenLayout, block_bounds
-from plsh_dist.ops.triton.near_runs import NEAR_ANCHOR, near_blocks
+from plsh_dist.ops.triton.near_runs import NEAR_ANCHOR, NearBlocks
 
 SIGMA = torch.tensor([0.8, 3.0, 40.0, 700.0], dtype=torch.float64)
 
@@ -39,7 +39,7 @@ def _brute(lsh, positions, docs):
 def _table(lsh, positions, docs):
     layout = TokenLayout.build(positions, torch.device("cpu"), docs)
     starts, _ = block_bounds(CountBias.of(lsh, torch.device("cpu")), layout, True)
-    t = near_blocks(starts, layout.doc)
+    t = NearBlocks.of(starts, layout.doc)
     n = positions.numel()
     out = []
     for h in range(starts.shape[0]):
@@ -73,4 +73,4 @@ def test_runs_table_equals_the_hash(docs):
 
 def test_runs_table_refuses_more_samples_than_fp16_counts():
     with pytest.raises(ValueError, match="at most 2048"):
-        near_blocks(torch.zeros(1, 2049, 4, dtype=torch.int32), None)
+        NearBlocks.of(torch.zeros(1, 2049, 4, dtype=torch.int32), None)

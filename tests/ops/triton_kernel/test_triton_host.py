@@ -111,7 +111,7 @@ def test_host_ops_do_not_grow_with_heads_samples_or_tokens(count_ops, causal):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_host_ops_at_large_s_do_not_grow_with_heads_samples_or_tokens(count_ops, causal):
     """Beyond 16 samples the first call of a hash also builds the runs table of the near tiles once per
-    kernel bias (on CPU tensors its torch reference, ``near_runs.near_blocks``: a fixed number of ops
+    kernel bias (on CPU tensors its torch form, ``NearBlocks.of``: a fixed number of ops
     more; on a device one allocation, ``test_device_tables.py``); a call that finds its hash's tables
     issues what it does at small s."""
     counts = []
