@@ -232,7 +232,7 @@ def run_op(case: Case, q, k, v, dout):
 
 def _run_triton(case: Case, q, k, v, dout):
     """The fused kernel under the interpreter, bf16 rounding emulated (module docstring)."""
-    from plsh_dist.ops.triton.tile_bands import CountBias, TokenLayout, WindowBias  # noqa: PLC0415
+    from plsh_dist.ops.triton import CountBias, TokenLayout, WindowBias  # noqa: PLC0415
     from plsh_dist.ops.triton.attention import banded_backward, banded_forward  # noqa: PLC0415
 
     cpu = torch.device("cpu")

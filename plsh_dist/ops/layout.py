@@ -9,9 +9,8 @@ It is made in one of two forms, side by side here:
   and laid out in Python (a device-to-host copy: a sync on a GPU), for every strategy;
 - on the device (:func:`device_layout`): the positions checked there (:func:`device_positions`), and
   packed documents laid out there by the fused kernel's wing
-  (:func:`~plsh_dist.ops.triton.device_tables.device_documents` -> its
-  :class:`~plsh_dist.ops.triton.tile_bands.TokenLayout`), read by no host, for the strategy that
-  builds its tables there (``Strategy.device_positions``).
+  (:meth:`~plsh_dist.ops.triton.token_layout.TokenLayout.build_on_device`), read by no host, for the
+  strategy that builds its tables there (``Strategy.device_positions``).
 
 Legend: B batch, T tokens per row.
 """
@@ -22,7 +21,7 @@ import torch
 from torch import Tensor
 
 from plsh_dist.ops.documents import cu_seqlens_from_position_ids
-from plsh_dist.ops.triton import TokenLayout, device_documents
+from plsh_dist.ops.triton import TokenLayout
 
 
 def host_layout(positions, cu_seqlens, q, from_position_ids: bool):
@@ -36,16 +35,16 @@ def device_layout(positions, cu_seqlens, q, from_position_ids: bool) -> tuple[Te
     """Raw ``position_ids`` (and packed offsets) left on the device for the fused kernel, read by no host:
     ``(positions, None)``, the positions checked there (:func:`device_positions`),
     or ``(positions, layout)`` of documents laid out there
-    (:func:`~plsh_dist.ops.triton.device_tables.device_documents`:
-    the flat row's positions and :class:`~plsh_dist.ops.triton.tile_bands.TokenLayout`). None where they are on
-    the host (:func:`host_layout` lays them out)."""
+    (:meth:`~plsh_dist.ops.triton.token_layout.TokenLayout.build_on_device`:
+    the flat row's positions and its :class:`~plsh_dist.ops.triton.token_layout.TokenLayout`). None where
+    they are on the host (:func:`host_layout` lays them out)."""
     if not from_position_ids or positions is None or positions.device.type == "cpu":
         return None
     if cu_seqlens is None:
         return device_positions(positions, q.shape[1]), None
     if cu_seqlens.device.type == "cpu":
         return None
-    layout = device_documents(positions, cu_seqlens, q.shape[0], q.shape[1])
+    layout = TokenLayout.build_on_device(positions, cu_seqlens, q.shape[0], q.shape[1])
     return layout.positions, layout
 
 

@@ -40,7 +40,8 @@ from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.triton.kernel_bias import KernelBias
 from plsh_dist.ops.triton.call_tables import cached_kernel_bias, near_args
 from plsh_dist.ops.strategy import Strategy
-from plsh_dist.ops.triton.tile_bands import TileConfig, TokenLayout, WindowBias, num_tiles, tiles_for
+from plsh_dist.ops.triton.tile_bands import TileConfig, WindowBias, num_tiles, tiles_for
+from plsh_dist.ops.triton.token_layout import TokenLayout
 from plsh_dist.ops.triton.runtime import interpreting, kernels_module, launcher, triton_status  # noqa: F401
 
 LOG2E = 1.4426950408889634
@@ -178,7 +179,7 @@ def triton_onepass_forward(q, k, v, lsh: PositionalLSH, positions: torch.Tensor,
 
     q: (B, n, Hq, D); k, v: (B, n, Hkv, D); positions CPU LongTensor[n] (within each
     document of ``docs``, a batch-1 call's documents; or their layout built on the device,
-    :func:`~plsh_dist.ops.triton.device_tables.device_documents`, with its positions). Returns out
+    :meth:`~plsh_dist.ops.triton.token_layout.TokenLayout.build_on_device`, with its positions). Returns out
     (B, n, Hq, D) in q's dtype, lse (B, Hq, n) fp32.
     """
     return _plsh_forward(q, k, v, lsh, positions, causal=causal, scale=scale, docs=docs)[:2]

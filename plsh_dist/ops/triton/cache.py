@@ -41,7 +41,8 @@ from plsh_dist.hashing import FixedBlocks, PositionalLSH
 from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.triton.kernel_bias import KernelBias
 from plsh_dist.ops.triton.near_runs import NearBlocks
-from plsh_dist.ops.triton.tile_bands import TileConfig, TokenLayout
+from plsh_dist.ops.triton.tile_bands import TileConfig
+from plsh_dist.ops.triton.token_layout import TokenLayout
 
 T = TypeVar("T")
 

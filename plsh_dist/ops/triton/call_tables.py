@@ -17,14 +17,15 @@ from plsh_dist.ops.triton import cache
 from plsh_dist.ops.triton.device_tables import draw_on_device
 from plsh_dist.ops.triton.kernel_bias import UNROLLED_SAMPLES, KernelBias
 from plsh_dist.ops.triton.near_runs import NearBlocks
-from plsh_dist.ops.triton.tile_bands import TileConfig, TokenLayout
+from plsh_dist.ops.triton.tile_bands import TileConfig
+from plsh_dist.ops.triton.token_layout import TokenLayout
 
 
 def cached_kernel_bias(lsh: PositionalLSH, positions: torch.Tensor, docs: Documents | TokenLayout | None,
                        causal: bool, device: torch.device,
                        tiles: tuple[TileConfig, TileConfig, TileConfig]) -> KernelBias:
     """The :class:`KernelBias` of ``lsh`` over ``positions`` (and ``docs``: the host's documents, or their
-    layout built on the device, :func:`~plsh_dist.ops.triton.device_tables.device_documents`) for the
+    layout built on the device, :meth:`TokenLayout.build_on_device`) for the
     kernels' (forward, dK/dV, dQ) ``tiles`` on ``device``: the cached one when these inputs built one
     that is still alive, else a new one built on the device."""
     device = torch.device(device)

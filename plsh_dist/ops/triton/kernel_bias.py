@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import torch
 
 from plsh_dist.ops.triton.runtime import launcher
-from plsh_dist.ops.triton.tile_bands import (CountBias, CountReach, TileConfig, TokenLayout, WindowBias, WindowReach,
-                                             key_bands, num_tiles, query_bands)
+from plsh_dist.ops.triton.tile_bands import (CountBias, CountReach, TileConfig, WindowBias, WindowReach, key_bands,
+                                             num_tiles, query_bands)
+from plsh_dist.ops.triton.token_layout import TokenLayout
 
 
 #: Samples up to which the kernels count a near tile sample by sample (their per-sample blocks

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from plsh_dist.hashing import PositionalLSH, bucket, bucket_start
+from plsh_dist.ops.triton.token_layout import TokenLayout
 
 
 @dataclass(frozen=True)
@@ -72,63 +73,6 @@ def tiles_for(head_dim: int, arch: int = 9) -> tuple[TileConfig, TileConfig, Til
     if arch < min(ARCHS):
         raise ValueError(f"the Triton kernel is built for compute capability >= {min(ARCHS)}.0, got {arch}.x")
     return TILES[(min(arch, max(ARCHS)), dims[0])]
-
-
-@dataclass(frozen=True)
-class TokenLayout:
-    """The tokens of one row, on the kernel's device.
-
-    Attributes:
-        positions: LongTensor[n], the hash's positions (restarting per document allowed).
-        virtual: LongTensor[n], strictly increasing: positions plus a per-document constant
-            (:attr:`plsh_dist.ops.documents.Documents.virtual_positions`), so a position
-            maps to a token by ``searchsorted``.
-        kernel_positions: IntTensor[n], the positions as the kernels read them (int32).
-        doc: IntTensor[n] document index of every token, or None (one document).
-        doc_first, doc_end: LongTensor[n], first token and one past the last of each
-            token's document, or None.
-    """
-
-    positions: torch.Tensor
-    virtual: torch.Tensor
-    kernel_positions: torch.Tensor
-    doc: torch.Tensor | None = None
-    doc_first: torch.Tensor | None = None
-    doc_end: torch.Tensor | None = None
-
-    @classmethod
-    def build(cls, positions: torch.Tensor, device: torch.device, docs=None) -> "TokenLayout":
-        """From positions (LongTensor[n], increasing within each document, below 2^31; CPU, checked
-        here, or already on ``device`` without documents, checked where they were made:
-        :func:`~plsh_dist.ops.layout.device_positions`) and optional
-        :class:`~plsh_dist.ops.documents.Documents` of the same row (CPU)."""
-        put = lambda x: x.to(device, torch.int64, non_blocking=True)  # noqa: E731
-        pos = positions if docs is None else docs.positions
-        if pos.device.type == "cpu" and pos.numel() and int(pos.max()) >= 2**31:  # no device sync
-            raise ValueError(f"positions must be below 2^31 for the Triton kernel, got {int(pos.max())}")
-        if docs is None:
-            pos = put(positions)
-            return cls(pos, pos, pos.to(torch.int32))
-        pos = put(docs.positions)
-        return cls(pos, put(docs.virtual_positions), pos.to(torch.int32), put(docs.ids).to(torch.int32),
-                   put(docs.first), put(docs.end))
-
-    @property
-    def n(self) -> int:
-        return self.positions.numel()
-
-    def token_at(self, virtual: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """First token whose virtual position is >= ``virtual`` (positions of ``tokens``' own
-        documents, shape like ``tokens`` or broadcasting with it), clamped to ``tokens``' document."""
-        t = torch.searchsorted(self.virtual, virtual.contiguous())
-        return t if self.doc_first is None else torch.maximum(t, self.doc_first[tokens])
-
-    def clamp_end(self, end: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        return end if self.doc_end is None else torch.minimum(end, self.doc_end[tokens])
-
-    def shift(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Virtual minus real position of ``tokens`` (their document's constant)."""
-        return self.virtual[tokens] - self.positions[tokens]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ import triton.language as tl
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.triton.kernel_bias import KernelBias
-from plsh_dist.ops.triton.tile_bands import CountBias, TileConfig, TokenLayout
+from plsh_dist.ops.triton.tile_bands import CountBias, TileConfig
+from plsh_dist.ops.triton.token_layout import TokenLayout
 from plsh_dist.ops.triton.attention import kernels
 from plsh_dist.ops.triton.call_tables import near_args as _near_args
 from plsh_dist.ops.triton.kernels import (UNROLL_SAMPLES, _count_before_visible, _count_tile, _first_blocks,

@@ -21,15 +21,17 @@ from plsh_dist.ops.triton import device_draws  # noqa: E402
 from plsh_dist.ops.triton import device_tables  # noqa: E402
 from plsh_dist.ops.triton import kernel_bias  # noqa: E402
 from plsh_dist.ops.triton import near_runs  # noqa: E402
+from plsh_dist.ops.triton import token_layout  # noqa: E402
 from plsh_dist.ops.triton import cache as kernel_bias_cache  # noqa: E402
 from plsh_dist.ops.triton import attention as triton_onepass  # noqa: E402
 from plsh_dist.ops.custom_ops import layer_seed, signed64  # noqa: E402
-from plsh_dist.ops.triton.device_tables import device_documents, draw_on_device  # noqa: E402
+from plsh_dist.ops.triton.device_tables import draw_on_device  # noqa: E402
 from plsh_dist.ops.documents import Documents, flat_documents  # noqa: E402
 from plsh_dist.ops.triton.kernel_bias import UNROLLED_SAMPLES, KernelBias, padded_samples  # noqa: E402
 from plsh_dist.ops.triton.near_runs import NearBlocks  # noqa: E402
 from plsh_dist.ops.plsh import block_attention_op, block_attention_op_backward  # noqa: E402
-from plsh_dist.ops.triton.tile_bands import CountBias, TokenLayout, WindowBias, block_bounds, tiles_for  # noqa: E402
+from plsh_dist.ops.triton.tile_bands import CountBias, WindowBias, block_bounds, tiles_for  # noqa: E402
+from plsh_dist.ops.triton.token_layout import TokenLayout  # noqa: E402
 from plsh_dist.splitmix import MASK64, hash_seed  # noqa: E402
 
 from kernel_cases import kernel_device  # noqa: E402
@@ -132,15 +134,15 @@ def _packed(B: int, T: int, cu: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("offsets", [torch.int32, torch.int64])
 def test_documents_laid_out_on_the_device_equal_the_hosts(offsets):
-    """``device_documents`` (one launch) gives the host's layout of packed documents (1-token ones, a row
-    of one document, documents across a 16-token program's edge): positions, documents, their first and
-    end tokens equal; virtual positions strictly increasing, with a constant per document; the tables
-    built from it equal the host layout's."""
+    """``TokenLayout.build_on_device`` (one launch) gives the host's layout of packed documents (1-token
+    ones, a row of one document, documents across a 16-token program's edge): positions, documents,
+    their first and end tokens equal; virtual positions strictly increasing, with a constant per
+    document; the tables built from it equal the host layout's."""
     B, T, cu = 2, 50, [0, 1, 2, 30, 50, 51, 97, 100]
     position_ids = _packed(B, T, cu)
     docs = flat_documents(position_ids, torch.tensor(cu), B, T)
     host = TokenLayout.build(docs.positions, CPU, docs)
-    device = device_documents(position_ids, torch.tensor(cu, dtype=offsets), B, T)
+    device = TokenLayout.build_on_device(position_ids, torch.tensor(cu, dtype=offsets), B, T)
     for name in ("positions", "kernel_positions", "doc", "doc_first", "doc_end"):
         a, b = getattr(host, name), getattr(device, name)
         assert a.dtype == b.dtype and torch.equal(a, b), name
@@ -152,7 +154,8 @@ def test_documents_laid_out_on_the_device_equal_the_hosts(offsets):
         r, g = getattr(ref, name), getattr(got, name)
         assert torch.equal(r.lo, g.lo) and torch.equal(r.hi, g.hi), name
         assert all(torch.equal(a, b) for a, b in zip(r.args[:4], g.args[:4])), name
-    one_row = device_documents(torch.arange(T)[None], torch.tensor([0, 10, 50, 75, 100]), B, T)  # (1, T) ids
+    one_row = TokenLayout.build_on_device(torch.arange(T)[None], torch.tensor([0, 10, 50, 75, 100]), B,
+                                          T)  # (1, T) ids
     assert torch.equal(one_row.positions, torch.arange(T).repeat(B)) and one_row.doc.tolist()[::25] == [0, 1, 2, 3]
 
 
@@ -169,7 +172,7 @@ def test_a_bad_document_layout_stops_the_step(fault):
     if fault == "position_2_31":
         position_ids[1, 20:] += 2**31 - 100
     with pytest.raises(RuntimeError, match="offsets must run from 0 to B"):
-        device_documents(position_ids, torch.tensor(bad_cu), B, T)
+        TokenLayout.build_on_device(position_ids, torch.tensor(bad_cu), B, T)
 
 
 @pytest.mark.parametrize("bias", ["plsh", "window"])
@@ -182,7 +185,7 @@ def test_the_kernels_on_a_device_layout_of_documents_equal_the_hosts(bias):
     g = torch.Generator().manual_seed(0)
     q, k, v, dout = (torch.randn(1, B * T, 2, 16, generator=g) for _ in range(4))
     results = []
-    for layout in (docs, device_documents(position_ids, torch.tensor(cu), B, T)):
+    for layout in (docs, TokenLayout.build_on_device(position_ids, torch.tensor(cu), B, T)):
         kernel_bias_cache.clear()
         if bias == "plsh":
             lsh = PositionalLSH(SIGMA[:2], 3, seed=4)
@@ -311,6 +314,7 @@ def test_the_op_reads_nothing_back_on_a_device(monkeypatch, fixed, shape, docs):
     monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(kernel_bias, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(near_runs, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(token_layout, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(triton_onepass, "_arch", lambda device: 9)
     kernel_bias_cache.clear()  # constants and tables made afresh: the cold call makes them
     B, T, Hq, Hkv, D, s = shape
@@ -470,6 +474,7 @@ def test_the_op_with_another_sampler_reads_nothing_back_on_a_device(monkeypatch,
     monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(kernel_bias, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(near_runs, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(token_layout, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(device_draws, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(triton_onepass, "_arch", lambda device: 9)
     kernel_bias_cache.clear()  # constants and tables made afresh: the cold call makes them
@@ -505,6 +510,7 @@ def test_the_alibi_op_reads_nothing_back_on_a_device(monkeypatch, window, shape,
     monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(kernel_bias, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(near_runs, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(token_layout, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(triton_onepass, "_arch", lambda device: 9)
     kernel_bias_cache.clear()  # constants and tables made afresh: the cold call makes them
     B, T, Hq, Hkv, D = shape

@@ -10,7 +10,8 @@ import torch
 
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
-from plsh_dist.ops.triton.tile_bands import CountBias, TokenLayout, block_bounds
+from plsh_dist.ops.triton.tile_bands import CountBias, block_bounds
+from plsh_dist.ops.triton.token_layout import TokenLayout
 from plsh_dist.ops.triton.near_runs import NEAR_ANCHOR, NearBlocks
 
 SIGMA = torch.tensor([0.8, 3.0, 40.0, 700.0], dtype=torch.float64)

@@ -12,8 +12,9 @@ pytest.importorskip("triton")
 
 from plsh_dist.hashing import FixedBlocks, PositionalLSH, sampler_names  # noqa: E402
 from plsh_dist.ops.documents import Documents  # noqa: E402
-from plsh_dist.ops.triton.tile_bands import (TILES, CountBias, TokenLayout, WindowBias, key_tile_bands,  # noqa: E402
+from plsh_dist.ops.triton.tile_bands import (TILES, CountBias, WindowBias, key_tile_bands,  # noqa: E402
                                       query_tile_bands)
+from plsh_dist.ops.triton.token_layout import TokenLayout  # noqa: E402
 
 from count_kernel import count_matrix  # noqa: E402
 from kernel_cases import brute_counts, kernel_device, window_weights  # noqa: E402

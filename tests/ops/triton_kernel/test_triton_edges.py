@@ -9,7 +9,8 @@ import torch
 pytest.importorskip("triton")
 
 from plsh_dist.hashing import PositionalLSH  # noqa: E402
-from plsh_dist.ops.triton.tile_bands import CountBias, TokenLayout  # noqa: E402
+from plsh_dist.ops.triton.tile_bands import CountBias  # noqa: E402
+from plsh_dist.ops.triton.token_layout import TokenLayout  # noqa: E402
 from plsh_dist.ops.triton.attention import banded_backward, banded_forward  # noqa: E402
 
 from kernel_cases import brute_counts, dense_reference, kernel_device, random_qkv  # noqa: E402

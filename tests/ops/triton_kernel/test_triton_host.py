@@ -18,8 +18,9 @@ from plsh_dist.ops.triton import attention as triton_onepass  # noqa: E402
 from plsh_dist.ops.documents import Documents  # noqa: E402
 from plsh_dist.ops.triton.kernel_bias import KernelBias  # noqa: E402
 from plsh_dist.ops.plsh import plsh_attention  # noqa: E402
-from plsh_dist.ops.triton.tile_bands import (CountBias, TokenLayout, WindowBias, block_bounds, key_spans,  # noqa: E402
+from plsh_dist.ops.triton.tile_bands import (CountBias, WindowBias, block_bounds, key_spans,  # noqa: E402
                                       key_tile_bands, query_tile_bands, row_spans, tiles_for)
+from plsh_dist.ops.triton.token_layout import TokenLayout  # noqa: E402
 from plsh_dist.ops.triton.attention import alibi_window_attention  # noqa: E402
 
 from kernel_cases import kernel_device  # noqa: E402
