@@ -82,7 +82,7 @@ def halo_bytes(seq_len: int, lengths: list[int], sp: int, samples: int, layers: 
 
     from plsh_dist.distributed.halo import HaloExchange, plsh_needs
     from plsh_dist.distributed.sp.documents import SPDocuments
-    from plsh_dist.distributed.chunk_table import ChunkTable
+    from plsh_dist.distributed.group_chunks import GroupChunks
     from plsh_dist.hashing import PositionalLSH, alibi_slopes
     from plsh_dist.models.runtime import hash_seed
 
@@ -95,7 +95,7 @@ def halo_bytes(seq_len: int, lengths: list[int], sp: int, samples: int, layers: 
     for layer in range(layers):
         lsh = PositionalLSH(sigma, samples, hash_seed(seed, 0, 0, layer))
         for r in range(sp):
-            chunks = ChunkTable(None, r, sp, tuple(range(sp)), tuple(i * T for i in range(sp)), T)
+            chunks = GroupChunks(None, r, sp, tuple(range(sp)), tuple(i * T for i in range(sp)), T)
             docs = SPDocuments.build(cu, chunks, 1)
             plain[r] += HaloExchange.build(chunks, plsh_needs(lsh, chunks, Hq, Hkv, True)).recv_tokens(1)
             masked[r] += HaloExchange.build(chunks, plsh_needs(lsh, chunks, Hq, Hkv, True, docs)).recv_tokens(1)

@@ -33,7 +33,7 @@ from plsh_dist.distributed.comm_stats import comm_stats, reset_comm_stats
 from plsh_dist.distributed.sp import attention as sp_attention
 from plsh_dist.distributed.sp.alibi_allgather import all_gather_kv, reduce_scatter_kv
 from plsh_dist.distributed.sp_chunks import sp_positions
-from plsh_dist.distributed.chunk_table import exchange_chunk_table
+from plsh_dist.distributed.group_chunks import exchange_chunks
 from plsh_dist.hashing import alibi_slopes
 
 _KV = ("fwd_sent_bytes", "fwd_recv_bytes", "bwd_sent_bytes", "bwd_recv_bytes")
@@ -84,7 +84,7 @@ def _time_op(op, q, k, v, dout, repeats, **kw) -> tuple[list[float], dict[str, i
 def _alibi_traffic_only(k, v, pos, H) -> dict[str, int]:
     """The all-gather baseline's own collectives, without its O(T^2) compute."""
     reset_comm_stats()
-    chunks = exchange_chunk_table(dist.group.WORLD, pos, {"bench": 0})
+    chunks = exchange_chunks(dist.group.WORLD, pos, {"bench": 0})
     kv_all = all_gather_kv(chunks, k, v)
     reduce_scatter_kv(chunks, kv_all[0], kv_all[1])
     return _kv_bytes()

@@ -267,10 +267,10 @@ def _median(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _chunk_tables(sp: int, tokens: int, rank: int):
-    from plsh_dist.distributed.chunk_table import ChunkTable
+def _group_chunks(sp: int, tokens: int, rank: int):
+    from plsh_dist.distributed.group_chunks import GroupChunks
 
-    return ChunkTable(None, rank, sp, tuple(range(sp)), tuple(r * tokens for r in range(sp)), tokens)
+    return GroupChunks(None, rank, sp, tuple(range(sp)), tuple(r * tokens for r in range(sp)), tokens)
 
 
 def planning_time(seq_len: int, sp: int, sigma: float | None, num_samples: int,
@@ -290,7 +290,7 @@ def planning_time(seq_len: int, sp: int, sigma: float | None, num_samples: int,
 
     _check_split(seq_len, sp)
     tokens = seq_len // sp
-    chunks = _chunk_tables(sp, tokens, sp - 1)
+    chunks = _group_chunks(sp, tokens, sp - 1)
 
     def halo_forward():
         for layer in range(shape.layers):

@@ -422,7 +422,7 @@ def sp_part(out: Path, budget_s: float, backend: str, result: dict) -> None:
     """The SP = 2 layer's capture (``tools/gpu_graph_sp.py``, run as its own command: two ranks on this GPU
     over gloo): its record, with its own verdict, under ``result["sp_layer"]``. Its failure (a capture that
     cannot be made, a stale replay) is reported with its message and does not fail the one-process step's
-    verdict: the SP ops read the chunk table on the host and move the halo through gloo, so the capture is
+    verdict: the SP ops read the group's chunks on the host and move the halo through gloo, so the capture is
     not expected to work (docs/gpu.md)."""
     cmd = [sys.executable, str(ROOT / "tools" / "gpu_graph_sp.py"), "--out", str(out), "--budget-s", f"{budget_s:g}",
            "--compile-backend", backend]

@@ -83,7 +83,8 @@ class BiasCost(abc.ABC):
         return None
 
     def sp_needs(self, chunks, shape: CallShape, seed: int):
-        """What a rank of ``chunks`` (the SP group's :class:`~plsh_dist.distributed.chunk_table.ChunkTable`) receives under sequence parallelism at the hash of
-        ``seed``: the halo needs (:mod:`plsh_dist.distributed.halo`), or None for an all-gather of
-        every chunk."""
+        """What a rank of ``chunks`` (the SP group's
+        :class:`~plsh_dist.distributed.group_chunks.GroupChunks`) receives under sequence parallelism at
+        the hash of ``seed``: the halo needs (:mod:`plsh_dist.distributed.halo`), or None for an
+        all-gather of every chunk."""
         return None

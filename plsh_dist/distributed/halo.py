@@ -5,7 +5,7 @@ A *need* says, per key/value head ``h`` of receiving rank ``i``, the
 positions ``[lo[h], first_i)`` before its chunk (left halo) and
 ``[end_i, hi[h])`` after it (right halo, non-causal only). Every rank
 computes every rank's need from shared information (the hash seed, the
-window, the chunk table), so a sender knows what to send without a
+window, the group's chunks), so a sender knows what to send without a
 handshake. Positions that exist on no rank (before the first chunk, in gaps
 between chunks, after the last) are simply not sent.
 
@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from plsh_dist.distributed.comm_stats import record_bytes
-from plsh_dist.distributed.chunk_table import ChunkTable
+from plsh_dist.distributed.group_chunks import GroupChunks
 
 #: Point-to-point tags: keys/values, and their gradients going home.
 _TAG = {"kv": 71, "grads": 72}
@@ -76,7 +76,7 @@ def _by_row(need) -> list[tuple[int | None, Need]]:
     return [(None, need)]
 
 
-def _cut_at_documents(needs: list[Need], chunks: ChunkTable, docs) -> list:
+def _cut_at_documents(needs: list[Need], chunks: GroupChunks, docs) -> list:
     """Clamp every rank's need to the documents of its first and last token, row by row
     (``docs``: :class:`~plsh_dist.distributed.sp.documents.SPDocuments` or None)."""
     if docs is None:
@@ -118,7 +118,7 @@ def _block_bounds_at(lsh, positions: list[int], after: bool) -> torch.Tensor:
     return lsh.bucket_start(lsh.bucket_of(p) + int(after))
 
 
-def plsh_needs(lsh, chunks: ChunkTable, num_q_heads: int, num_kv_heads: int, causal: bool, docs=None) -> list:
+def plsh_needs(lsh, chunks: GroupChunks, num_q_heads: int, num_kv_heads: int, causal: bool, docs=None) -> list:
     """Need of every rank under a positional LSH hash.
 
     The only blocks that reach outside chunk ``i`` are the one holding its
@@ -141,7 +141,7 @@ def plsh_needs(lsh, chunks: ChunkTable, num_q_heads: int, num_kv_heads: int, cau
     return _cut_at_documents(needs, chunks, docs)
 
 
-def window_needs(window: int, chunks: ChunkTable, num_kv_heads: int, causal: bool, docs=None) -> list:
+def window_needs(window: int, chunks: GroupChunks, num_kv_heads: int, causal: bool, docs=None) -> list:
     """Need of every rank under sliding-window attention: keys within
     ``window - 1`` positions of the chunk (and of its rows' documents, ``docs``)."""
     needs = []
@@ -185,7 +185,7 @@ class Transfer:
         return sum(p.length * (batch if p.row is None else 1) for p in self.pieces)
 
 
-def _side_ranges(chunks: ChunkTable, lo: int, hi: int, owners) -> list[tuple[int, int, int]]:
+def _side_ranges(chunks: GroupChunks, lo: int, hi: int, owners) -> list[tuple[int, int, int]]:
     """(owner, start, stop) of existing positions in [lo, hi) held by ``owners``, in order."""
     out = []
     for j in owners:
@@ -195,14 +195,14 @@ def _side_ranges(chunks: ChunkTable, lo: int, hi: int, owners) -> list[tuple[int
     return out
 
 
-def _reaches(chunks: ChunkTable, i: int, need, a: int, b: int) -> bool:
+def _reaches(chunks: GroupChunks, i: int, need, a: int, b: int) -> bool:
     """Whether rank ``i``'s halo (either side) overlaps positions [a, b)."""
     left = min(need.lo) < b and a < chunks.start(i)
     right = max(need.hi) > a and b > chunks.end(i)
     return left or right
 
 
-def _transfers(chunks: ChunkTable, i: int, need) -> list[tuple[int, Transfer]]:
+def _transfers(chunks: GroupChunks, i: int, need) -> list[tuple[int, Transfer]]:
     """All messages towards receiver ``i``: (owner, Transfer with peer = i)."""
     first, end = chunks.start(i), chunks.end(i)
     H = len(need.lo)
@@ -243,7 +243,7 @@ class HaloExchange:
     right_pos: torch.Tensor
 
     @classmethod
-    def build(cls, chunks: ChunkTable, needs: list[Need]) -> "HaloExchange":
+    def build(cls, chunks: GroupChunks, needs: list[Need]) -> "HaloExchange":
         me = chunks.rank
         recv, send = [], []
         mine = (chunks.start(me), chunks.end(me))
@@ -299,12 +299,12 @@ def _unpack_into(buf: torch.Tensor, tensors: list[torch.Tensor], pieces: list[Pi
             off += n
 
 
-def _isend(chunks: ChunkTable, buf: torch.Tensor, peer: int, phase: str, what: str):
+def _isend(chunks: GroupChunks, buf: torch.Tensor, peer: int, phase: str, what: str):
     record_bytes(phase, sent=buf.numel() * buf.element_size())
     return dist.isend(buf, dst=chunks.global_ranks[peer], group=chunks.group, tag=_TAG[what])
 
 
-def _irecv(chunks: ChunkTable, buf: torch.Tensor, peer: int, phase: str, what: str):
+def _irecv(chunks: GroupChunks, buf: torch.Tensor, peer: int, phase: str, what: str):
     record_bytes(phase, recv=buf.numel() * buf.element_size())
     return dist.irecv(buf, src=chunks.global_ranks[peer], group=chunks.group, tag=_TAG[what])
 
@@ -312,7 +312,7 @@ def _irecv(chunks: ChunkTable, buf: torch.Tensor, peer: int, phase: str, what: s
 class PendingHalo:
     """Posted halo messages of keys/values; :meth:`wait` returns the filled halo buffers."""
 
-    def __init__(self, chunks: ChunkTable, exchange: HaloExchange, k: torch.Tensor, v: torch.Tensor, phase: str):
+    def __init__(self, chunks: GroupChunks, exchange: HaloExchange, k: torch.Tensor, v: torch.Tensor, phase: str):
         self.exchange = exchange
         B, _, Hkv, D = k.shape
         self.shapes = {"left": (B, exchange.left_pos.numel(), Hkv, D), "right": (B, exchange.right_pos.numel(), Hkv, D)}
@@ -335,7 +335,7 @@ class PendingHalo:
         return halos
 
 
-def post_kv(chunks: ChunkTable, exchange: HaloExchange, k: torch.Tensor, v: torch.Tensor,
+def post_kv(chunks: GroupChunks, exchange: HaloExchange, k: torch.Tensor, v: torch.Tensor,
             phase: str = "fwd") -> PendingHalo:
     """Post the halo messages of ``k``, ``v`` (B, T, Hkv, D); returns before they complete. ``phase``
     ("fwd", or "bwd" for a backward that fetches the halo again) is where :mod:`comm_stats` counts them."""
@@ -364,7 +364,7 @@ class PendingGrads:
             _unpack_into(buf, [dk, dv], t.pieces, "src", add=True)
 
 
-def post_grads(chunks: ChunkTable, exchange: HaloExchange, halo_grads, like: torch.Tensor) -> PendingGrads:
+def post_grads(chunks: GroupChunks, exchange: HaloExchange, halo_grads, like: torch.Tensor) -> PendingGrads:
     """Post the backward messages: ``halo_grads`` side -> (dk_halo, dv_halo) go to
     their owners; the gradients of this rank's sent tokens are received.
     ``like``: a (B, T, Hkv, D) tensor of the gradient dtype."""

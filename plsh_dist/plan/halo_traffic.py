@@ -2,8 +2,8 @@
 
 PLSH and fixed blocks: for every layer the hash the run will draw (step 0,
 micro-step 0: ``AttentionRuntime(run_seed).layer_seed(layer)``), every
-rank's halo need (``plsh_needs``) over a chunk table of P equal chunks
-(a ``ChunkTable`` built without a process group, as
+rank's halo need (``plsh_needs``) over P equal chunks
+(``GroupChunks`` built without a process group, as
 tests/distributed/test_halo_exchange.py does) and its ``HaloExchange``: the keys and
 values a rank receives in forward, the same bytes of their gradients sent
 back in backward. Windowed ALiBi: the ``window - 1`` positions before each
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from plsh_dist.biases.cost import CallShape
 from plsh_dist.distributed.halo import HaloExchange
-from plsh_dist.distributed.chunk_table import ChunkTable
+from plsh_dist.distributed.group_chunks import GroupChunks
 from plsh_dist.models.runtime import AttentionRuntime
 
 
@@ -38,9 +38,9 @@ class LayerTraffic:
     """Positions of the worst rank's halo buffers (both sides)."""
 
 
-def _chunk_tables(sp: int, tokens: int):
+def _group_chunks(sp: int, tokens: int):
     firsts = tuple(r * tokens for r in range(sp))
-    return [ChunkTable(None, r, sp, tuple(range(sp)), firsts, tokens) for r in range(sp)]
+    return [GroupChunks(None, r, sp, tuple(range(sp)), firsts, tokens) for r in range(sp)]
 
 
 def sp_traffic(cost, attn_cfg, *, run_seed: int, layers: int, sp: int, tokens: int, batch: int, q_heads: int,
@@ -53,7 +53,7 @@ def sp_traffic(cost, attn_cfg, *, run_seed: int, layers: int, sp: int, tokens: i
     if sp == 1:
         return []
     per_token = batch * head_dim * b * 2  # K and V of one (kv head, position), all batch rows
-    tables = _chunk_tables(sp, tokens)
+    tables = _group_chunks(sp, tokens)
     shape = CallShape(batch, tokens, tokens, q_heads, kv_heads, head_dim, b)
     out = []
     for layer in range(layers):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from plsh_dist.distributed.halo import HaloExchange, plsh_needs
-from plsh_dist.distributed.chunk_table import ChunkTable
+from plsh_dist.distributed.group_chunks import GroupChunks
 from plsh_dist.hashing import PositionalLSH, alibi_slopes
 
 
@@ -33,7 +33,7 @@ def test_exchange_receives_exactly_the_needed_pairs(P, causal):
     Tl, offset = T // P, 50
     buckets = lsh.buckets(torch.arange(T) + offset)
     for r in range(P):
-        chunks = ChunkTable(None, r, P, tuple(range(P)), tuple(offset + i * Tl for i in range(P)), Tl)
+        chunks = GroupChunks(None, r, P, tuple(range(P)), tuple(offset + i * Tl for i in range(P)), Tl)
         exchange = HaloExchange.build(chunks, plsh_needs(lsh, chunks, Hq, Hkv, causal))
         c0, c1 = r * Tl, (r + 1) * Tl
         expected = 0

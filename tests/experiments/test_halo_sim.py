@@ -8,7 +8,7 @@ import torch
 import torch.multiprocessing as mp
 
 from plsh_dist.distributed.halo import HaloExchange, plsh_needs
-from plsh_dist.distributed.chunk_table import ChunkTable
+from plsh_dist.distributed.group_chunks import GroupChunks
 from experiments.halo_sim import (QWEN3_0_6B, AttentionShape, halo_pairs, layer_hash, ring_bytes,
                                      simulate_halo, ulysses_bytes)
 from plsh_dist.models import AttentionConfig
@@ -28,7 +28,7 @@ def test_simulation_equals_every_ranks_halo_exchange(sigma, s, P, tokens, offset
         lsh = layer_hash(sigma, s, layer)
         pairs, slots, peers = halo_pairs(lsh, P, tokens, 16, 8, offset=offset)
         for r in range(P):
-            chunks = ChunkTable(None, r, P, tuple(range(P)), tuple(offset + i * tokens for i in range(P)), tokens)
+            chunks = GroupChunks(None, r, P, tuple(range(P)), tuple(offset + i * tokens for i in range(P)), tokens)
             exchange = HaloExchange.build(chunks, plsh_needs(lsh, chunks, 16, 8, causal=True))
             assert pairs[r] == exchange.recv_tokens(), (layer, r)
             assert slots[r] == exchange.left_pos.numel() and peers[r] == len(exchange.recv), (layer, r)

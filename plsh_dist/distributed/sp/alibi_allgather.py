@@ -20,11 +20,11 @@ import torch.distributed as dist
 from plsh_dist.distributed.comm_stats import record_bytes, record_call
 from plsh_dist.distributed.sp.documents import SPDocuments, alibi_rows_backward, alibi_rows_forward, documents_crc
 from plsh_dist.distributed.sp.signature import call_signature, slopes_crc
-from plsh_dist.distributed.chunk_table import ChunkTable, exchange_chunk_table
+from plsh_dist.distributed.group_chunks import GroupChunks, exchange_chunks
 from plsh_dist.ops.alibi import default_chunk_size
 
 
-def all_gather_kv(chunks: ChunkTable, k: torch.Tensor, v: torch.Tensor, phase: str = "fwd") -> torch.Tensor:
+def all_gather_kv(chunks: GroupChunks, k: torch.Tensor, v: torch.Tensor, phase: str = "fwd") -> torch.Tensor:
     """Every rank's k, v (B, T, Hkv, D) -> (2, B, P*T, Hkv, D) in rank order; one collective (counted
     in ``phase``: "bwd" for a backward that gathers again)."""
     P = chunks.size
@@ -36,7 +36,7 @@ def all_gather_kv(chunks: ChunkTable, k: torch.Tensor, v: torch.Tensor, phase: s
     return torch.cat(parts, dim=2)
 
 
-def reduce_scatter_kv(chunks: ChunkTable, dk_all: torch.Tensor, dv_all: torch.Tensor):
+def reduce_scatter_kv(chunks: GroupChunks, dk_all: torch.Tensor, dv_all: torch.Tensor):
     """Sum every rank's (B, P*T, Hkv, D) dk, dv and keep this rank's chunk; one collective."""
     P = chunks.size
     parts = [g.contiguous() for g in torch.stack([dk_all, dv_all]).chunk(P, dim=2)]
@@ -49,9 +49,9 @@ def reduce_scatter_kv(chunks: ChunkTable, dk_all: torch.Tensor, dv_all: torch.Te
 
 @dataclass(frozen=True)
 class GatherPlan:
-    """One call's plan, the same on every rank: the chunk table, every key's position and the documents."""
+    """One call's plan, the same on every rank: the group's chunks, every key's position and the documents."""
 
-    chunks: ChunkTable
+    chunks: GroupChunks
     pos: torch.Tensor
     k_pos: torch.Tensor
     slopes: torch.Tensor
@@ -64,7 +64,7 @@ class GatherPlan:
         """Validate the call across the group (one small all-gather) and plan it."""
         sig = call_signature("alibi_gather", q, k, causal, scale, needs_grad, slopes=slopes_crc(slopes),
                              documents=documents_crc(cu_seqlens))
-        chunks = exchange_chunk_table(group, pos, sig)
+        chunks = exchange_chunks(group, pos, sig)
         P, T = chunks.size, chunks.length
         docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, chunks, q.shape[0])
         k_pos = torch.cat([torch.arange(f, f + T) for f in chunks.firsts])

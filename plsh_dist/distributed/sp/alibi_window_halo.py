@@ -32,7 +32,7 @@ from plsh_dist.distributed.comm_stats import record_call
 from plsh_dist.distributed.halo import HaloExchange, post_grads, post_kv, window_needs
 from plsh_dist.distributed.sp.documents import SPDocuments, alibi_rows_backward, alibi_rows_forward, documents_crc
 from plsh_dist.distributed.sp.signature import call_signature, slopes_crc, window_code
-from plsh_dist.distributed.chunk_table import ChunkTable, exchange_chunk_table
+from plsh_dist.distributed.group_chunks import GroupChunks, exchange_chunks
 from plsh_dist.ops.alibi import default_chunk_size, head_windows, widest_window
 from plsh_dist.ops.alibi_kernel import AlibiKernel
 from plsh_dist.ops.triton import KernelBias, TokenLayout, WindowBias, banded_backward, banded_forward, kernel_tiles
@@ -87,7 +87,7 @@ class WindowPlan:
     """One call's plan, the same on every rank: who sends what, which rows need the halo, and whether
     the fused kernel runs it (the caller's kernel, and no documents)."""
 
-    chunks: ChunkTable
+    chunks: GroupChunks
     exchange: HaloExchange
     pos: torch.Tensor
     slopes: torch.Tensor
@@ -103,7 +103,7 @@ class WindowPlan:
         B, T, Hq, D = q.shape
         sig = call_signature("alibi_window", q, k, causal, scale, needs_grad, slopes=slopes_crc(slopes),
                              window=window_code(window), documents=documents_crc(cu_seqlens))
-        chunks = exchange_chunk_table(group, pos, sig)
+        chunks = exchange_chunks(group, pos, sig)
         docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, chunks, B)
         exchange = HaloExchange.build(chunks, window_needs(widest_window(window), chunks, k.shape[2], causal, docs))
         on_kernel = kernel == AlibiKernel.FUSED and docs is None

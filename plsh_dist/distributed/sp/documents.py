@@ -22,7 +22,7 @@ import zlib
 
 import torch
 
-from plsh_dist.distributed.chunk_table import ChunkTable
+from plsh_dist.distributed.group_chunks import GroupChunks
 from plsh_dist.ops.alibi import alibi_backward, alibi_forward
 from plsh_dist.ops.documents import BatchRows, Documents, check_cu_seqlens
 
@@ -50,7 +50,7 @@ class SPDocuments:
         self.stride = stride
 
     @classmethod
-    def build(cls, cu_seqlens, chunks: ChunkTable, batch: int) -> "SPDocuments":
+    def build(cls, cu_seqlens, chunks: GroupChunks, batch: int) -> "SPDocuments":
         """From the whole sequence's offsets and the call's chunks (checked: names ``cu_seqlens``)."""
         T, P = chunks.length, chunks.size
         cu = check_cu_seqlens(cu_seqlens, batch, P * T)

@@ -24,7 +24,7 @@ from plsh_dist.distributed.comm_stats import record_call
 from plsh_dist.distributed.halo import HaloExchange, plsh_needs, post_grads, post_kv
 from plsh_dist.distributed.sp.documents import SPDocuments, documents_crc
 from plsh_dist.distributed.sp.signature import call_signature
-from plsh_dist.distributed.chunk_table import ChunkTable, exchange_chunk_table, hash_fingerprint
+from plsh_dist.distributed.group_chunks import GroupChunks, exchange_chunks, hash_fingerprint
 from plsh_dist.ops.documents import BatchRows, Documents
 from plsh_dist.ops.merge import accum_dtype
 
@@ -71,7 +71,7 @@ class _Split:
     s: int
 
 
-def _split(lsh, chunks: ChunkTable, causal: bool) -> _Split:
+def _split(lsh, chunks: GroupChunks, causal: bool) -> _Split:
     T, first = chunks.length, chunks.first
     if not causal:
         return _Split(T, T, T)
@@ -84,13 +84,13 @@ def _split(lsh, chunks: ChunkTable, causal: bool) -> _Split:
 
 @dataclass(frozen=True)
 class HaloPlan:
-    """One call's plan, derived identically on every rank from the hash and the chunk table: who sends
+    """One call's plan, derived identically on every rank from the hash and the group's chunks: who sends
     what (``exchange``), the split into extended piece and suffix, and the pieces' documents."""
 
     lsh: object
     pos: torch.Tensor
     strategy: object
-    chunks: ChunkTable
+    chunks: GroupChunks
     exchange: HaloExchange
     split: _Split
     docs_e: Documents | None
@@ -104,7 +104,7 @@ class HaloPlan:
         B, T, Hq, D = q.shape
         sig = call_signature("plsh", q, k, causal, scale, needs_grad, hash=hash_fingerprint(lsh),
                              hash_heads=lsh.num_heads, samples=lsh.num_samples, documents=documents_crc(cu_seqlens))
-        chunks = exchange_chunk_table(group, pos, sig)
+        chunks = exchange_chunks(group, pos, sig)
         docs = None if cu_seqlens is None else SPDocuments.build(cu_seqlens, chunks, B)
         exchange = HaloExchange.build(chunks, plsh_needs(lsh, chunks, Hq, k.shape[2], causal, docs))
         sp = _split(lsh, chunks, causal)

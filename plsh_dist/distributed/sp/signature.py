@@ -1,7 +1,7 @@
 """What every rank of an SP group must agree on, checked once per attention call.
 
 Each sequence-parallel attention call starts with one small all-gather
-(:func:`plsh_dist.distributed.chunk_table.exchange_chunk_table`) of the rank's chunk
+(:func:`plsh_dist.distributed.group_chunks.exchange_chunks`) of the rank's chunk
 and of this signature: batch, heads, head dim, dtype, causal flag, softmax
 scale, whether a backward will run, and the algorithm's own parameters (hash
 fingerprint, slopes, window). A mismatch raises the same ValueError on every
@@ -15,7 +15,7 @@ import zlib
 
 import torch
 
-from plsh_dist.distributed.chunk_table import dtype_code
+from plsh_dist.distributed.group_chunks import dtype_code
 
 _OPS = {"plsh": 1, "alibi_gather": 2, "alibi_window": 3}
 

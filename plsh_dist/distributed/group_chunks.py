@@ -43,7 +43,7 @@ def hash_fingerprint(lsh) -> int:
 
 
 @dataclass(frozen=True)
-class ChunkTable:
+class GroupChunks:
     """The chunks of one SP group, identical on every rank.
 
     Attributes:
@@ -72,7 +72,7 @@ class ChunkTable:
         return self.firsts[self.rank]
 
 
-def exchange_chunk_table(group, positions: torch.Tensor, signature: dict[str, int]) -> ChunkTable:
+def exchange_chunks(group, positions: torch.Tensor, signature: dict[str, int]) -> GroupChunks:
     """All-gather each rank's chunk and ``signature``; validate; return the chunks.
 
     Args:
@@ -118,4 +118,4 @@ def exchange_chunk_table(group, positions: torch.Tensor, signature: dict[str, in
                 f"ends at {lasts[r - 1]}; rank r must hold the r-th contiguous chunk of the sequence"
             )
     global_ranks = tuple(dist.get_global_rank(group, r) for r in range(size))
-    return ChunkTable(group, rank, size, global_ranks, tuple(firsts), lengths[0])
+    return GroupChunks(group, rank, size, global_ranks, tuple(firsts), lengths[0])
