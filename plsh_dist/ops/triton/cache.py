@@ -21,7 +21,10 @@
   beyond ``UNROLLED_SAMPLES`` samples, made once per kernel bias and freed with it.
 
 The cache finds and keeps; its callers (:mod:`plsh_dist.ops.triton.call_tables`) build what it keeps,
-so the table builders, which read the device constants, import it and it imports none of them.
+so the table builders, which read the device constants, import it and it imports none of them (the
+types it keeps, :class:`~plsh_dist.ops.triton.kernel_bias.KernelBias`,
+:class:`~plsh_dist.ops.triton.near_runs.NearBlocks` and the kernels'
+:class:`~plsh_dist.ops.triton.tile_bands.TileConfig`, are named in its docstrings, not imported).
 
 Memory: the cache holds the most recent kernel bias, and the others only weakly: a kernel bias lives
 while a caller (an autograd graph waiting for its backward) holds it, and is freed with
@@ -37,11 +40,8 @@ from typing import Callable, TypeVar
 
 import torch
 
-from plsh_dist.hashing import FixedBlocks, PositionalLSH
+from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
-from plsh_dist.ops.triton.kernel_bias import KernelBias
-from plsh_dist.ops.triton.near_runs import NearBlocks
-from plsh_dist.ops.triton.tile_bands import TileConfig
 from plsh_dist.ops.triton.token_layout import TokenLayout
 
 T = TypeVar("T")
@@ -57,7 +57,7 @@ _last: list = [None]
 #: kernel biases built so far (tests count the builds)
 _builds = [0]
 #: kernel bias -> its near runs, freed with it
-_near: "weakref.WeakKeyDictionary[KernelBias, NearBlocks]" = weakref.WeakKeyDictionary()
+_near: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def clear() -> None:
@@ -123,7 +123,7 @@ def _key(lsh: PositionalLSH, positions, docs: Documents | TokenLayout | None, ca
          device) -> tuple[tuple, list]:
     held: list = []
     seed, sigma = lsh.given
-    seed = None if isinstance(lsh, FixedBlocks) else seed if isinstance(seed, int) else _token(seed, held)
+    seed = None if lsh.fixed else seed if isinstance(seed, int) else _token(seed, held)
     sigma = _token(sigma, held)
     if docs is None:
         tokens = (_token(positions, held),)
@@ -135,12 +135,12 @@ def _key(lsh: PositionalLSH, positions, docs: Documents | TokenLayout | None, ca
 
 
 def find_kernel_bias(lsh: PositionalLSH, positions: torch.Tensor, docs: Documents | TokenLayout | None,
-                     causal: bool, device: torch.device,
-                     tiles: tuple[TileConfig, TileConfig, TileConfig]) -> tuple[KernelBias | None, tuple]:
-    """``(kernel bias, key)``: the kernel bias these inputs built, while it is alive, else None, and the key
-    to :func:`keep_kernel_bias` a new one under. ``lsh``, ``positions``, ``docs`` (the host's documents, or
-    their layout built on the device), ``causal``, ``device`` and the kernels' (forward, dK/dV, dQ) ``tiles``
-    make the key."""
+                     causal: bool, device: torch.device, tiles: tuple) -> tuple:
+    """``(kernel bias, key)``: the :class:`~plsh_dist.ops.triton.kernel_bias.KernelBias` these inputs built,
+    while it is alive, else None, and the key to :func:`keep_kernel_bias` a new one under. ``lsh``,
+    ``positions``, ``docs`` (the host's documents, or their layout built on the device), ``causal``,
+    ``device`` and the kernels' (forward, dK/dV, dQ) ``tiles`` (three
+    :class:`~plsh_dist.ops.triton.tile_bands.TileConfig`) make the key."""
     key, held = _key(lsh, positions, docs, causal, tiles, torch.device(device))
     for refs, ref in _entries.get(key, []):
         kb = ref()
@@ -150,8 +150,9 @@ def find_kernel_bias(lsh: PositionalLSH, positions: torch.Tensor, docs: Document
     return None, (key, held)
 
 
-def keep_kernel_bias(key: tuple, kb: KernelBias) -> KernelBias:
-    """``kb``, kept under ``key`` (:func:`find_kernel_bias`'s) while it is alive, and strongly until the next."""
+def keep_kernel_bias(key: tuple, kb):
+    """``kb`` (a :class:`~plsh_dist.ops.triton.kernel_bias.KernelBias`), kept under ``key``
+    (:func:`find_kernel_bias`'s) while it is alive, and strongly until the next."""
     key, held = key
     _builds[0] += 1
     for k in list(_entries):  # drop the entries of freed kernel biases and tensors
@@ -166,12 +167,14 @@ def keep_kernel_bias(key: tuple, kb: KernelBias) -> KernelBias:
 # -- near runs --------------------------------------------------------------------------------
 
 
-def find_near_blocks(kb: KernelBias) -> NearBlocks | None:
-    """``kb``'s near runs, if kept (:func:`keep_near_blocks`), else None."""
+def find_near_blocks(kb):
+    """``kb``'s near runs (a :class:`~plsh_dist.ops.triton.near_runs.NearBlocks`), if kept
+    (:func:`keep_near_blocks`), else None."""
     return _near.get(kb)
 
 
-def keep_near_blocks(kb: KernelBias, near: NearBlocks) -> NearBlocks:
-    """``near``, kept as ``kb``'s near runs until ``kb`` is freed."""
+def keep_near_blocks(kb, near):
+    """``near`` (a :class:`~plsh_dist.ops.triton.near_runs.NearBlocks`), kept as ``kb``'s near runs until
+    ``kb`` (a :class:`~plsh_dist.ops.triton.kernel_bias.KernelBias`) is freed."""
     _near[kb] = near
     return near
