@@ -80,11 +80,11 @@ def layer_seed(steps: Tensor, run_seed: int, layer: Tensor) -> Tensor:
     if steps.device.type == "cpu":
         step, micro_step = steps.tolist()
         return torch.tensor(hash_seed(run_seed & MASK64, step, micro_step, int(layer)), dtype=torch.int64)
-    from plsh_dist.ops.triton import device_tables  # noqa: PLC0415 (imports Triton)
+    from plsh_dist.ops.triton import runtime  # noqa: PLC0415 (the wing's launcher; Triton when asked)
 
     out = steps.new_empty((), dtype=torch.int64)
     run_key = signed64(splitmix64_int(run_seed & MASK64))
-    device_tables.launch(steps.device).layer_seed_kernel[(1,)](steps, out, run_key, int(layer))
+    runtime.launcher("table_kernels", steps.device).layer_seed_kernel[(1,)](steps, out, run_key, int(layer))
     return out
 
 

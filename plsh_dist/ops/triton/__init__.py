@@ -4,12 +4,13 @@
   (forward, dK/dV, dQ; PLSH's count bias or ALiBi's per-head window); ``kernels.py``: those kernels;
 - its tables: ``token_layout.py`` (a row's tokens, laid out on the host or, packed documents, on the
   device), ``tile_bands.py`` (each tile's band of the other side: the host's reference and the
-  planner's), ``kernel_bias.py`` (the tables a launch reads, and their one builder, by torch ops or by
+  planner's; and the hash's draws, ``CountBias.of``, copied from the host's or drawn on the device),
+  ``kernel_bias.py`` (the tables a launch reads, and their one builder, by torch ops or by
   ``table_kernels.py``'s kernels), ``near_runs.py`` (a hash's blocks as runs of tokens, beyond the
-  unrolled samples, and their one builder in the same two forms), ``device_tables.py`` + ``table_kernels.py`` (the other tables built on the
-  device), ``device_draws.py`` + ``sampler_kernels.py`` (a hash's draws there: ``device_draws``
-  registers the package's samplers' device forms with :mod:`plsh_dist.hashing` when ``device_tables``
-  loads it), ``call_tables.py`` (a call's tables, found in the cache or built);
+  unrolled samples, and their one builder in the same two forms), ``device_draws.py`` +
+  ``sampler_kernels.py`` (what the samplers draw with on the device: ``device_draws`` registers the
+  package's samplers' device forms with :mod:`plsh_dist.hashing` when ``tile_bands`` loads it),
+  ``call_tables.py`` (a call's tables, found in the cache or built);
 - ``cache.py``: the one cache of the wing (host constants copied to a device once, kernel biases,
   near runs; one ``clear()``); ``runtime.py``: is Triton importable, interpreted, may a device's
   tensors be launched on.

@@ -1,7 +1,7 @@
 """The tables one call of the fused kernels reads, found in the wing's cache or built there.
 
 :func:`cached_kernel_bias`: a PLSH hash's :class:`~plsh_dist.ops.triton.kernel_bias.KernelBias`,
-built on the call's device (the hash drawn there, :func:`~plsh_dist.ops.triton.device_tables.draw_on_device`;
+built on the call's device (the hash drawn there, ``CountBias.of(..., by="kernels")``;
 the tables by the table kernels, ``KernelBias.of(..., by="kernels")``) and found again by later
 calls with the same inputs (:mod:`plsh_dist.ops.triton.cache`). :func:`near_args`: the
 runs table the kernels read beyond ``UNROLLED_SAMPLES`` samples, once per kernel bias.
@@ -14,10 +14,9 @@ import torch
 from plsh_dist.hashing import PositionalLSH
 from plsh_dist.ops.documents import Documents
 from plsh_dist.ops.triton import cache
-from plsh_dist.ops.triton.device_tables import draw_on_device
 from plsh_dist.ops.triton.kernel_bias import UNROLLED_SAMPLES, KernelBias
 from plsh_dist.ops.triton.near_runs import NearBlocks
-from plsh_dist.ops.triton.tile_bands import TileConfig
+from plsh_dist.ops.triton.tile_bands import CountBias, TileConfig
 from plsh_dist.ops.triton.token_layout import TokenLayout
 
 
@@ -32,8 +31,8 @@ def cached_kernel_bias(lsh: PositionalLSH, positions: torch.Tensor, docs: Docume
     kb, key = cache.find_kernel_bias(lsh, positions, docs, causal, device, tiles)
     if kb is None:
         layout = docs if isinstance(docs, TokenLayout) else TokenLayout.build(positions, device, docs)
-        kb = cache.keep_kernel_bias(key, KernelBias.of(draw_on_device(lsh, device), layout, causal, tiles,
-                                                       by="kernels"))
+        kb = cache.keep_kernel_bias(key, KernelBias.of(CountBias.of(lsh, device, by="kernels"), layout, causal,
+                                                       tiles, by="kernels"))
     return kb
 
 

@@ -103,7 +103,8 @@ def gamma2_ppf(q: torch.Tensor) -> torch.Tensor:
 
 def iid_draws(lsh: PositionalLSH, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``hashing._iid_draws`` on ``device``: float64 [s, H] unit pitches and shifts.
-    (:func:`~plsh_dist.ops.triton.device_tables.draw_on_device` draws "iid" with sigma in one launch instead.)"""
+    (:meth:`~plsh_dist.ops.triton.tile_bands.CountBias.of`, ``by="kernels"``, draws "iid" with sigma in one
+    launch instead.)"""
     t, h = grid(lsh.num_samples, lsh.num_heads, device)
     abc = uniforms(seed_on(lsh, device), t, h, 0, 3)
     logs = log(abc[:2])
@@ -136,6 +137,6 @@ def stratified_draws(lsh: PositionalLSH, device: torch.device) -> tuple[torch.Te
 
 
 # The package's samplers' device forms (their host forms: plsh_dist.hashing). Registered here, when the
-# module that draws on a device is loaded (device_tables imports it before any draw).
+# module that draws on a device is loaded (tile_bands, CountBias.of's home, imports it before any draw).
 register_device_draw("iid", iid_draws)
 register_device_draw("stratified", stratified_draws)

@@ -1,8 +1,10 @@
 """Where Triton's kernels run: is Triton importable, is this process its CPU interpreter, and may
 tensors on a device be launched on.
 
-Shared by the attention kernels' launchers (:mod:`plsh_dist.ops.triton.attention`) and the table
-kernels' (:mod:`plsh_dist.ops.triton.device_tables`). Imports Triton only when asked.
+Shared by the attention kernels' launchers (:mod:`plsh_dist.ops.triton.attention`), the table
+kernels' (each table's builder beside its host form: ``tile_bands``, ``kernel_bias``, ``near_runs``,
+``token_layout``; and ``plsh_dist::layer_seed``) and the samplers' (``device_draws``). Imports Triton
+only when asked.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Triton kernels that build the fused kernel's inputs on the device: the hash's draws and the band tables.
 
-Imported only where Triton is importable (:mod:`plsh_dist.ops.triton.device_tables` launches them).
+Imported only where Triton is importable (each table's builder launches them beside its host form:
+``CountBias.of``, ``KernelBias.of``, ``NearBlocks.of``, ``TokenLayout.build_on_device``; and
+``plsh_dist::layer_seed``).
 They replace about sixty small torch ops per call with two launches, and read nothing
 back to the host, so a training step's attention can be captured in a CUDA graph.
 

@@ -6,7 +6,9 @@ key tiles that meet its band (docs/design.md, section 1, "The one-pass form"), a
 the query tiles whose band meets it. This module computes those limits in
 torch, on the tensors' device and without a host synchronisation, so that
 the kernel's launcher and the cost model (:mod:`plsh_dist.plan.kernel_tiles`)
-call the same function and count the same tiles. It imports no Triton.
+call the same function and count the same tiles. It imports no Triton: the one
+launch here, the hash's draws made on the device (:meth:`CountBias.of`, ``by="kernels"``,
+beside the host's ``by="torch"``), loads the table kernels when it is called.
 
 Reach of a token ``i`` (hash head ``hh``):
 
@@ -31,7 +33,10 @@ from dataclasses import dataclass
 
 import torch
 
-from plsh_dist.hashing import PositionalLSH, bucket, bucket_start
+from plsh_dist.hashing import PositionalLSH, bucket, bucket_start, get_device_draw
+from plsh_dist.ops.triton import device_draws  # noqa: F401  registers the package's samplers' device forms
+from plsh_dist.ops.triton.cache import on_device
+from plsh_dist.ops.triton.runtime import launcher
 from plsh_dist.ops.triton.token_layout import TokenLayout
 
 
@@ -75,6 +80,15 @@ def tiles_for(head_dim: int, arch: int = 9) -> tuple[TileConfig, TileConfig, Til
     return TILES[(min(arch, max(ARCHS)), dims[0])]
 
 
+#: hash_draw_kernel's lanes per program
+_HASH_BLOCK = 256
+
+
+def launch(device: torch.device):
+    """The table kernels' module for tensors on ``device`` (tests wrap it to count host ops)."""
+    return launcher("table_kernels", device)
+
+
 @dataclass(frozen=True)
 class CountBias:
     """The one-pass PLSH bias ``log c_ij``: the hash's pitch and shift on the device.
@@ -87,9 +101,47 @@ class CountBias:
     shift: torch.Tensor
 
     @classmethod
-    def of(cls, lsh: PositionalLSH, device: torch.device) -> "CountBias":
-        put = lambda x: x.to(device, torch.float64, non_blocking=True).contiguous()  # noqa: E731
-        return cls(put(lsh.pitch), put(lsh.shift))
+    def of(cls, lsh: PositionalLSH, device: torch.device, *, by: str = "torch") -> "CountBias":
+        """``lsh``'s pitch and shift, float64 (s, Hh) on ``device``, drawn ``by`` one of two forms that
+        give equal draws (``torch.equal`` under Triton's interpreter; compiled, the hash's ``log`` is
+        CUDA's, libdevice, which may differ from the CPU's in its last bit: docs/gpu.md):
+
+        - ``by="torch"``: the host's numpy draws (:attr:`PositionalLSH.pitch` / ``.shift``) copied to
+          ``device``: the reference, and what the planner and the host's tests read;
+        - ``by="kernels"``: drawn on ``device`` from the seed (:attr:`PositionalLSH.seed_tensor`) and
+          sigma there, nothing read back; a host sigma is copied by the first call only
+          (:func:`~plsh_dist.ops.triton.cache.on_device`), so a later call (a CUDA graph's capture)
+          copies nothing. Fixed blocks and the "iid" sampler: one launch of ``hash_draw_kernel``.
+          Other samplers: their device form's unit draws (:func:`plsh_dist.hashing.register_sampler`;
+          the package's: :mod:`~plsh_dist.ops.triton.device_draws`) times sigma, the host's products.
+          A sampler registered without a device form: its host draws on a CPU; elsewhere a ValueError.
+        """
+        if by not in ("torch", "kernels"):
+            raise ValueError(f"a hash's draws are made by 'torch' or 'kernels', got {by!r}")
+        if by == "torch":
+            put = lambda x: x.to(device, torch.float64, non_blocking=True).contiguous()  # noqa: E731
+            return cls(put(lsh.pitch), put(lsh.shift))
+        device = torch.device(device)
+        # a host sigma is copied once, so a later call (a CUDA graph's capture) copies nothing
+        sigma = on_device(lsh.given[1], device).reshape(-1).to(torch.float64)
+        if not lsh.fixed and lsh.sampler != "iid":
+            device_draw = get_device_draw(lsh.sampler)
+            if device_draw is None:
+                if device.type == "cpu":
+                    return cls.of(lsh, device)
+                raise ValueError(
+                    f"sampler {lsh.sampler!r} has no device form, and the fused kernel draws its masks on "
+                    f"{device}: register one with it (register_sampler(name, draw, device_draw), see "
+                    f"plsh_dist.hashing.SamplerDeviceDraw), or run another backend than the fused kernel")
+            gamma, unit_shift = device_draw(lsh, device)
+            pitch = gamma * sigma  # the host's products (PositionalLSH._draw), exact on every device
+            return cls(pitch, unit_shift * pitch)
+        s, H = lsh.num_samples, lsh.num_heads
+        draws = torch.empty(2, s, H, dtype=torch.float64, device=device)
+        seed = sigma if lsh.fixed else lsh.seed_tensor.to(device, non_blocking=True)  # FIXED reads no seed
+        launch(device).hash_draw_kernel[(num_tiles(s * H, _HASH_BLOCK),)](
+            seed, sigma, draws[0], draws[1], s, H, FIXED=lsh.fixed, BLOCK=_HASH_BLOCK)
+        return cls(draws[0], draws[1])
 
     @property
     def num_heads(self) -> int:

@@ -18,14 +18,14 @@ from plsh_dist.hashing import (FixedBlocks, PositionalLSH, alibi_slopes, gamma2_
                                get_sampler, sampler_names)
 from plsh_dist.ops import alibi  # noqa: E402
 from plsh_dist.ops.triton import device_draws  # noqa: E402
-from plsh_dist.ops.triton import device_tables  # noqa: E402
+from plsh_dist.ops.triton import runtime  # noqa: E402
+from plsh_dist.ops.triton import tile_bands  # noqa: E402
 from plsh_dist.ops.triton import kernel_bias  # noqa: E402
 from plsh_dist.ops.triton import near_runs  # noqa: E402
 from plsh_dist.ops.triton import token_layout  # noqa: E402
 from plsh_dist.ops.triton import cache as kernel_bias_cache  # noqa: E402
 from plsh_dist.ops.triton import attention as triton_onepass  # noqa: E402
 from plsh_dist.ops.custom_ops import layer_seed, signed64  # noqa: E402
-from plsh_dist.ops.triton.device_tables import draw_on_device  # noqa: E402
 from plsh_dist.ops.documents import Documents, flat_documents  # noqa: E402
 from plsh_dist.ops.triton.kernel_bias import UNROLLED_SAMPLES, KernelBias, padded_samples  # noqa: E402
 from plsh_dist.ops.triton.near_runs import NearBlocks  # noqa: E402
@@ -51,16 +51,16 @@ def _interpreter():
 def test_hash_draws_equal_the_hosts(seed, samples):
     host = PositionalLSH(SIGMA, samples, seed)
     for given in (seed, host.seed_tensor.clone()):
-        drawn = draw_on_device(PositionalLSH(SIGMA, samples, given), CPU)
+        drawn = CountBias.of(PositionalLSH(SIGMA, samples, given), CPU, by="kernels")
         assert torch.equal(drawn.pitch, host.pitch) and torch.equal(drawn.shift, host.shift)
     shared = PositionalLSH(256.0, samples, seed)
-    drawn = draw_on_device(shared, CPU)
+    drawn = CountBias.of(shared, CPU, by="kernels")
     assert torch.equal(drawn.pitch, shared.pitch) and torch.equal(drawn.shift, shared.shift)
 
 
 def test_fixed_blocks_draw_as_the_host():
     fixed = FixedBlocks(SIGMA)
-    drawn = draw_on_device(fixed, CPU)
+    drawn = CountBias.of(fixed, CPU, by="kernels")
     assert torch.equal(drawn.pitch, fixed.pitch) and torch.equal(drawn.shift, fixed.shift)
 
 
@@ -78,7 +78,7 @@ def test_every_samplers_device_form_draws_as_its_host_form(samples):
             device_gamma, device_shift = get_device_draw(name)(PositionalLSH(SIGMA, samples, seed, name), CPU)
             assert np.array_equal(device_gamma.numpy(), gamma) and np.array_equal(device_shift.numpy(), unit_shift)
             for given in (seed, host.seed_tensor.clone()):
-                drawn = draw_on_device(PositionalLSH(SIGMA, samples, given, sampler=name), CPU)
+                drawn = CountBias.of(PositionalLSH(SIGMA, samples, given, sampler=name), CPU, by="kernels")
                 assert torch.equal(drawn.pitch, host.pitch) and torch.equal(drawn.shift, host.shift), (name, seed)
 
 
@@ -236,8 +236,8 @@ def test_layer_seed_kernel_equals_hash_seed(run_seed):
 
     for step, micro_step, layer in ((0, 0, 0), (5, 1, 27), (2**40, 3, 1)):
         steps, out = torch.tensor([step, micro_step]), torch.empty((), dtype=torch.int64)
-        device_tables.launch(CPU).layer_seed_kernel[(1,)](steps, out, signed64(splitmix64_int(run_seed & MASK64)),
-                                                          layer)
+        runtime.launcher("table_kernels", CPU).layer_seed_kernel[(1,)](
+            steps, out, signed64(splitmix64_int(run_seed & MASK64)), layer)
         assert int(out) == hash_seed(run_seed & MASK64, step, micro_step, layer)
 
 
@@ -311,7 +311,7 @@ def test_the_op_reads_nothing_back_on_a_device(monkeypatch, fixed, shape, docs):
     Packed documents (``cu_seq_lens_q`` on the device) are laid out there by one launch more in each."""
     launches: list = []
     monkeypatch.setattr(triton_onepass, "_launch", lambda device: _Recorder(launches))
-    monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(tile_bands, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(kernel_bias, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(near_runs, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(token_layout, "launch", lambda device: _Recorder(launches))
@@ -362,10 +362,10 @@ SAMPLER_DRAWS = {
 
 
 def recorded_draws(monkeypatch, lsh_of, calls=("cold", "warm")) -> list[tuple[int, list, list]]:
-    """``(eager ops, host copies, launches)`` of ``draw_on_device(lsh_of(seed), meta)`` at each call, with a
-    seed on the meta device and the device constants made afresh."""
+    """``(eager ops, host copies, launches)`` of ``CountBias.of(lsh_of(seed), meta, by="kernels")`` at each
+    call, with a seed on the meta device and the device constants made afresh."""
     launches: list = []
-    monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(tile_bands, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(device_draws, "launch", lambda device: _Recorder(launches))
     kernel_bias_cache.clear()  # constants and tables made afresh: the cold call makes them
     meta = torch.device("meta")
@@ -374,7 +374,7 @@ def recorded_draws(monkeypatch, lsh_of, calls=("cold", "warm")) -> list[tuple[in
     for _ in calls:
         launches.clear()
         with _HostReads() as reads:
-            drawn = draw_on_device(lsh_of(seed), meta)
+            drawn = CountBias.of(lsh_of(seed), meta, by="kernels")
         assert drawn.pitch.device == meta and drawn.shift.shape == drawn.pitch.shape
         recorded.append((reads.count, reads.uploads, list(launches)))
     return recorded
@@ -444,7 +444,8 @@ def lab_samplers(tmp_path, monkeypatch):
 def test_a_lab_sampler_named_by_its_setting_draws_on_the_device(lab_samplers, monkeypatch):
     for samples in (1, 7, 40):
         host = PositionalLSH(SIGMA, samples, 3, "lab_inverse")
-        drawn = draw_on_device(PositionalLSH(SIGMA, samples, host.seed_tensor.clone(), "lab_inverse"), CPU)
+        lsh = PositionalLSH(SIGMA, samples, host.seed_tensor.clone(), "lab_inverse")
+        drawn = CountBias.of(lsh, CPU, by="kernels")
         assert torch.equal(drawn.pitch, host.pitch) and torch.equal(drawn.shift, host.shift)
     sigma = torch.linspace(1.0, 900.0, 4, dtype=torch.float64)
     (_, cold, _), (ops, warm, launches) = recorded_draws(monkeypatch, lambda seed: PositionalLSH(sigma, 16, seed,
@@ -457,7 +458,7 @@ def test_a_sampler_without_a_device_form_is_refused_on_a_device(lab_samplers, mo
     """Its host draws serve on a CPU; on a device the op says how to give it a device form (a host copy
     at every call would be replayed stale by a captured graph)."""
     host = PositionalLSH(SIGMA, 4, 3, "lab_host_only")
-    drawn = draw_on_device(host, CPU)
+    drawn = CountBias.of(host, CPU, by="kernels")
     assert torch.equal(drawn.pitch, host.pitch) and torch.equal(drawn.shift, host.shift)
     with pytest.raises(ValueError, match=r"'lab_host_only' has no device form.*register_sampler\(name, draw, "
                                          r"device_draw\)"):
@@ -471,7 +472,7 @@ def test_the_op_with_another_sampler_reads_nothing_back_on_a_device(monkeypatch,
     call."""
     launches: list = []
     monkeypatch.setattr(triton_onepass, "_launch", lambda device: _Recorder(launches))
-    monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(tile_bands, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(kernel_bias, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(near_runs, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(token_layout, "launch", lambda device: _Recorder(launches))
@@ -507,7 +508,7 @@ def test_the_alibi_op_reads_nothing_back_on_a_device(monkeypatch, window, shape,
     copies nothing)."""
     launches: list = []
     monkeypatch.setattr(triton_onepass, "_launch", lambda device: _Recorder(launches))
-    monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(tile_bands, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(kernel_bias, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(near_runs, "launch", lambda device: _Recorder(launches))
     monkeypatch.setattr(token_layout, "launch", lambda device: _Recorder(launches))
@@ -543,7 +544,7 @@ def test_the_alibi_op_reads_nothing_back_on_a_device(monkeypatch, window, shape,
 
 def test_layer_seed_on_a_device_is_one_launch(monkeypatch):
     launches: list = []
-    monkeypatch.setattr(device_tables, "launch", lambda device: _Recorder(launches))
+    monkeypatch.setattr(runtime, "launcher", lambda name, device: _Recorder(launches))
     steps = torch.empty(2, dtype=torch.int64, device="meta")
     with _HostReads():
         seed = layer_seed._init_fn(steps, 5, torch.tensor(3))
@@ -556,7 +557,7 @@ def test_a_device_seed_draws_what_the_host_draws():
     sigma = alibi_slopes(H).double().reciprocal()
     run = PositionalLSH(sigma, s, hash_seed(3, 2, 1, 5))
     seed = layer_seed(torch.tensor([2, 1]), 3, torch.tensor(5))
-    drawn = draw_on_device(PositionalLSH(sigma, s, seed), CPU)
+    drawn = CountBias.of(PositionalLSH(sigma, s, seed), CPU, by="kernels")
     assert torch.equal(drawn.pitch, run.pitch) and torch.equal(drawn.shift, run.shift)
 
 

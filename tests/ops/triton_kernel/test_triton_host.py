@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 pytest.importorskip("triton")
 
 from plsh_dist.hashing import PositionalLSH, alibi_slopes  # noqa: E402
-from plsh_dist.ops.triton import device_tables  # noqa: E402
+from plsh_dist.ops.triton import tile_bands  # noqa: E402
 from plsh_dist.ops.triton import kernel_bias  # noqa: E402
 from plsh_dist.ops.triton import cache as kernel_bias_cache  # noqa: E402
 from plsh_dist.ops.triton import attention as triton_onepass  # noqa: E402
@@ -68,12 +68,12 @@ def count_ops(monkeypatch):
     """``count_ops(fn)``: the torch ops ``fn()`` issues outside the kernel launches."""
     if kernel_device().type != "cpu":
         pytest.skip("counts the host's ops on CPU")
-    real, real_tables, real_bands = triton_onepass._launch, device_tables.launch, kernel_bias.launch
+    real, real_tables, real_bands = triton_onepass._launch, tile_bands.launch, kernel_bias.launch
 
     def count(fn) -> int:
         ops = _Ops()
         monkeypatch.setattr(triton_onepass, "_launch", lambda device: _Launches(real(device), ops))
-        monkeypatch.setattr(device_tables, "launch", lambda device: _Launches(real_tables(device), ops))
+        monkeypatch.setattr(tile_bands, "launch", lambda device: _Launches(real_tables(device), ops))
         monkeypatch.setattr(kernel_bias, "launch", lambda device: _Launches(real_bands(device), ops))
         with ops:
             fn()
