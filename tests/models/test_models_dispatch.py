@@ -14,15 +14,17 @@ from plsh_dist.models import (
 
 SP_GROUP = object()  # stands for a torch.distributed group: bound once, never called here
 
-SP_FUNCTIONS = ("plsh_attention", "fixed_blocks_attention", "alibi_attention", "causal_attention")
+#: What the biases call under sequence parallelism: the blocks of a hash (PLSH and fixed blocks take the hash
+#: object whole), ALiBi with or without a window, plain causal attention.
+SP_FUNCTIONS = ("block_attention", "alibi_attention", "causal_attention")
 
 
 def _record_sp_calls(monkeypatch) -> list:
     """Replace the sequence-parallel functions by recorders: (name, q shape, k shape, kwargs) per call."""
     calls = []
     for name in SP_FUNCTIONS:
-        def op(q, k, v, _name=name, **kwargs):
-            calls.append((_name, q.shape, k.shape, kwargs))
+        def op(q, k, v, *hash_, _name=name, **kwargs):
+            calls.append((_name, q.shape, k.shape, dict(kwargs, lsh=hash_[0]) if hash_ else kwargs))
             return torch.zeros_like(q)
         monkeypatch.setattr(sp_attention, name, op)
     return calls
@@ -35,8 +37,8 @@ def _record_sp_calls(monkeypatch) -> list:
         (AttentionConfig(bias="alibi", chunk_size=8), "alibi_attention"),
         (AttentionConfig(bias="window", window=7, sigma=32.0), "alibi_attention"),
         (AttentionConfig(bias="plsh", num_samples=5, sampler="stratified", backend="math", method="onepass"),
-         "plsh_attention"),
-        (AttentionConfig(bias="fixed_blocks", sigma=3.0), "fixed_blocks_attention"),
+         "block_attention"),
+        (AttentionConfig(bias="fixed_blocks", sigma=3.0), "block_attention"),
     ],
     ids=lambda x: x if isinstance(x, str) else x.bias,
 )
@@ -62,12 +64,13 @@ def test_sequence_parallel_functions_receive_chunk_positions(cfg, op, monkeypatc
             assert kw["window"] == (cfg.window if cfg.bias == "window" else None)
             assert kw["chunk_size"] == cfg.chunk_size
         if cfg.bias == "plsh":
-            torch.testing.assert_close(kw["sigma"], alibi_slopes(4).reciprocal(), atol=0, rtol=0)
-            assert kw["seed"] == hash_seed(5, 2, 1, layer)
-            assert (kw["num_samples"], kw["sampler"], kw["backend"], kw["method"]) == (5, "stratified", "math",
-                                                                                      "onepass")
+            lsh = kw["lsh"]
+            torch.testing.assert_close(lsh.sigma, alibi_slopes(4).reciprocal().double(), atol=0, rtol=0)
+            assert lsh.seed == hash_seed(5, 2, 1, layer) and not lsh.fixed
+            assert (lsh.num_samples, lsh.sampler, kw["backend"], kw["method"]) == (5, "stratified", "math", "onepass")
         if cfg.bias == "fixed_blocks":
-            assert kw["sigma"] == 3.0 and kw["method"] == "auto"
+            lsh = kw["lsh"]
+            assert lsh.fixed and lsh.sigma.tolist() == [3.0] and kw["method"] == "auto"
 
 
 def test_single_process_op_by_default(monkeypatch):
