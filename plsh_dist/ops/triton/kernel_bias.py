@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from plsh_dist.ops.triton.runtime import launcher
+from plsh_dist.ops.triton.runtime import table_kernels as launch
 from plsh_dist.ops.triton.tile_bands import (CountBias, CountReach, TileConfig, WindowBias, WindowReach, key_bands,
                                              num_tiles, query_bands)
 from plsh_dist.ops.triton.token_layout import TokenLayout
@@ -47,11 +47,6 @@ NEAR_ANCHOR = 16
 def padded_samples(s: int) -> int:
     """``s`` padded to a power of two >= 16 (``tl.dot``'s smallest inner dimension)."""
     return max(16, 1 << (s - 1).bit_length())
-
-
-def launch(device: torch.device):
-    """The table kernels' module for tensors on ``device`` (tests wrap it to count host ops)."""
-    return launcher("table_kernels", device)
 
 
 @dataclass(frozen=True)

@@ -23,17 +23,12 @@ from dataclasses import dataclass
 import torch
 
 from plsh_dist.ops.triton.kernel_bias import MAX_NEAR_SAMPLES, NEAR_ANCHOR, padded_samples
-from plsh_dist.ops.triton.runtime import launcher
+from plsh_dist.ops.triton.runtime import table_kernels as launch
 from plsh_dist.ops.triton.tile_bands import num_tiles
 
 _SCAN_CHUNK = 1024
 #: entries of one near_runs_kernel program's (tokens, samples) block: at most this, and at most NEAR_ANCHOR tokens
 _RUN_LANES = 2048
-
-
-def launch(device: torch.device):
-    """The table kernels' module for tensors on ``device`` (tests wrap it to count host ops)."""
-    return launcher("table_kernels", device)
 
 
 @dataclass(frozen=True)

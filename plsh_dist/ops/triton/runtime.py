@@ -64,6 +64,12 @@ def launcher(name: str, device: torch.device):
     return module
 
 
+def table_kernels(device: torch.device):
+    """The table kernels' module (``table_kernels.py``) for tensors on ``device``. Each table's module binds
+    it as its ``launch``, which tests wrap to count that table's launches."""
+    return launcher("table_kernels", device)
+
+
 def check_device(device: torch.device) -> None:
     """Kernels take CUDA tensors, or CPU tensors under the interpreter; a ValueError says how otherwise."""
     if device.type != "cuda" and not interpreting():

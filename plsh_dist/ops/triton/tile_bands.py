@@ -36,7 +36,7 @@ import torch
 from plsh_dist.hashing import PositionalLSH, bucket, bucket_start, get_device_draw
 from plsh_dist.ops.triton import device_draws  # noqa: F401  registers the package's samplers' device forms
 from plsh_dist.ops.triton.cache import on_device
-from plsh_dist.ops.triton.runtime import launcher
+from plsh_dist.ops.triton.runtime import table_kernels as launch
 from plsh_dist.ops.triton.token_layout import TokenLayout
 
 
@@ -82,11 +82,6 @@ def tiles_for(head_dim: int, arch: int = 9) -> tuple[TileConfig, TileConfig, Til
 
 #: hash_draw_kernel's lanes per program
 _HASH_BLOCK = 256
-
-
-def launch(device: torch.device):
-    """The table kernels' module for tensors on ``device`` (tests wrap it to count host ops)."""
-    return launcher("table_kernels", device)
 
 
 @dataclass(frozen=True)

@@ -22,14 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from plsh_dist.ops.triton.runtime import launcher
+from plsh_dist.ops.triton.runtime import table_kernels as launch
 
 _DOC_BLOCK = 1024
-
-
-def launch(device: torch.device):
-    """The table kernels' module for tensors on ``device`` (tests wrap it to count host ops)."""
-    return launcher("table_kernels", device)
 
 
 @dataclass(frozen=True)
