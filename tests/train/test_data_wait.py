@@ -129,8 +129,11 @@ def _ranks(rank: int, port: int, mode: str, out) -> None:
 
     data_wait.prepare_locked = builder
     data_wait.prepare_data = lambda *args, **kwargs: "opened"  # what a waiting rank does once the data is ready
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=2))
+    # The ranks meet with time to spare (a spawn on a loaded machine can take seconds); then the store and
+    # the process group get the short timeout the waiting must outlast.
+    store = TCPStore("127.0.0.1", port, world_size=2, is_master=rank == 0, timeout=timedelta(seconds=60))
+    store.set_timeout(timedelta(seconds=2))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=2))
     try:
         prepared = data_wait.prepare_collectively(DataConfig(), TokenizerConfig(), rank=rank, local_rank=rank,
                                                   threads=1)
