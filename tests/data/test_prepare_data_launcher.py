@@ -1,6 +1,6 @@
 """launchers/prepare_data.py: tokenizes a corpus before the launch on several threads, resumes when
 interrupted, gives the tokens of a 1-thread build, and training with the same config only opens
-the cache (it prints the command that does so)."""
+the cache (it prints the command that does so). The interrupted build is ``make test-slow``'s."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from plsh_dist.data.sources import iter_documents
 from plsh_dist.data.token_cache import PARTIAL_DIR, build_token_stream
@@ -32,6 +34,7 @@ def _corpus(corpus_texts, path, mb: float = 13.0) -> None:
             copy += 1
 
 
+@pytest.mark.slow  # a 13 MB corpus, killed and resumed through the launcher (in-process: test_token_cache_resume.py)
 def test_prepare_data_resumes_and_training_only_opens_its_cache(corpus_texts, tmp_path):
     corpus, cache = tmp_path / "corpus.jsonl", tmp_path / "cache"
     _corpus(corpus_texts, corpus)

@@ -4,7 +4,7 @@ Before: it deleted the run's out_dir before any check, so a bad config or bad da
 previous run and ended in a traceback (exit 1). Now a bad config or bad data exits 2 with one
 message and the previous run untouched; an out_dir a live run holds is refused; and once the checks
 pass, the previous run is moved aside and deleted only when every step has passed, so a failure in
-training keeps it (slow: the deepspeed launcher).
+training keeps it (through the deepspeed launcher). Every test starts the launcher: ``make test-slow``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ import pytest
 from plsh_dist.train.run_lock import RunDirLock
 from tests.train.launcher_runs import ROOT, Finished, launcher_env, run
 from tests.train.test_refusals_launcher import _snapshot
+
+# Launcher-level: each test starts the launcher in a fresh process (seconds each): make test-slow.
+pytestmark = pytest.mark.slow
 
 QUICKSTART = ROOT / "launchers" / "quickstart.py"
 _TIMEOUT_S = 600
@@ -75,7 +78,6 @@ def test_an_out_dir_in_use_is_not_replaced(tiny_data, tmp_path):
         lock.release()
 
 
-@pytest.mark.slow
 def test_a_failed_training_keeps_the_previous_run_aside_and_says_where(tiny_data, tmp_path):
     """One process for an SP = 2 config: training is refused (exit 2) after the checks passed."""
     out = tmp_path / "quickstart"

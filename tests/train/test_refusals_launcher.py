@@ -5,8 +5,9 @@ prints ``<kind> error: <message>`` exactly once, no traceback, writes no
 ``failures/rank_N.txt`` and changes nothing on disk: an out_dir that did not
 exist is not created, one that did keeps every byte (the run's record,
 ``config.resolved.*``, included), and a failed token-cache build leaves no
-file behind. One process (plain ``python``) unless the test says otherwise;
-the cases that train or start two ranks are slow.
+file behind. One process (plain ``python``) unless the test says otherwise.
+``make test-slow``: every test starts the launcher (the in-process checks are
+test_config_validation.py's and test_resume_check.py's, in ``make test``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from plsh_dist.config import load_config, write_resolved
 from plsh_dist.data.tokenizer import train_tokenizer
 from tests.train.conftest import base_overrides
 from tests.train.launcher_runs import PRETRAIN, Finished, deepspeed_cmd, empty_config, launcher_env, run
+
+# Launcher-level: each test starts the launcher in a fresh process (seconds each): make test-slow.
+pytestmark = pytest.mark.slow
 
 _TIMEOUT_S = 300  # one process on 2 busy cores: ~15-60 s; a hang fails the test
 
@@ -191,7 +195,6 @@ def test_resume_with_another_tokenizer_exits_2_and_changes_nothing_on_disk(tiny_
     assert _snapshot(out) == before
 
 
-@pytest.mark.slow
 def test_a_bug_exits_1_with_its_traceback_and_failure_file(tiny_data, tmp_path):
     """Not a refusal: an error raised inside training (here an injected one)."""
     out = tmp_path / "run"
@@ -204,7 +207,6 @@ def test_a_bug_exits_1_with_its_traceback_and_failure_file(tiny_data, tmp_path):
     assert not (out / "run.lock").exists()  # the error left train() through the lock's release
 
 
-@pytest.mark.slow
 def test_two_ranks_refuse_empty_data_with_one_message(tiny_data, tmp_path):
     """Rank 0 builds the cache and shares its verdict: both ranks exit 2, rank 0 alone prints."""
     out, cache, empty = tmp_path / "run", tmp_path / "cache", tmp_path / "empty.txt"
@@ -216,7 +218,6 @@ def test_two_ranks_refuse_empty_data_with_one_message(tiny_data, tmp_path):
     assert not out.exists() and [p for p in cache.rglob("*") if p.is_file()] == []
 
 
-@pytest.mark.slow
 def test_two_ranks_refuse_a_bad_config_with_one_message(tiny_data, tmp_path):
     """load_config refuses on every rank before any process group: the node's first rank prints."""
     out = tmp_path / "run"

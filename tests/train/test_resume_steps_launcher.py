@@ -4,7 +4,7 @@ already trained (resume_check.py).
 
 Each refusal exits 2 with ``resume error:`` and the fix, and leaves the record (config.resolved.*)
 and every other file unchanged; they use a checkpoint as a run leaves it on disk without weights
-(the checks come before any weight is read): one quick launch each. The slow tests train: with
+(the checks come before any weight is read): one quick launch each. Two tests train: with
 ``--optim.decay_end`` a run trains on past its planned end at min_lr, and the resolved config then
 gives the logged rate of every step, old and new, bit for bit.
 """
@@ -19,6 +19,9 @@ import pytest
 from plsh_dist.config import lr_at, read_resolved
 from tests.train.conftest import base_overrides
 from tests.train.test_refusals_launcher import _checkpoint_of, _launch, _snapshot, assert_refused
+
+# Launcher-level: each test starts the launcher in a fresh process (seconds each): make test-slow.
+pytestmark = pytest.mark.slow
 
 
 def _resume(tiny_data, out: Path, *extra: str) -> list[str]:
@@ -68,7 +71,6 @@ def test_extending_max_steps_without_saying_how_the_decay_ends_exits_2(tiny_data
     assert _snapshot(out) == before
 
 
-@pytest.mark.slow
 def test_extending_with_decay_end_trains_the_new_steps_at_the_documented_rate(tiny_data, tmp_path):
     """6 steps planned (warmup 2); killed after step 4; resumed to 10 steps: refused without the flag
     (steps 3 and 4 would change rate), then with --optim.decay_end=6: steps 5 and 6 finish the
@@ -90,7 +92,6 @@ def test_extending_with_decay_end_trains_the_new_steps_at_the_documented_rate(ti
     assert [lrs[s] for s in range(7, 11)] == pytest.approx([record.optim.min_lr] * 4, rel=1e-12)
 
 
-@pytest.mark.slow
 def test_a_schedule_change_no_trained_step_sees_takes_effect_from_the_first_resumed_step(tiny_data, tmp_path):
     """Steps 1..3 (warmup 2, then the peak rate at the cosine's start) do not depend on where the decay
     ends, so 3 -> 7 steps is accepted, and step 4 must train at the 7-step schedule's rate (before:

@@ -3,8 +3,8 @@ used out_dir.
 
 - A live run's lock refuses a second job (exit 2, ``out_dir error:`` naming the holder's host, pid,
   start and command; nothing changes on disk); a lock whose holder was killed with SIGKILL is named
-  stale and taken over, and the run proceeds. The slow tests do it with two real training runs, and
-  with a two-process job whose rank 1 must refuse too instead of waiting for rank 0.
+  stale and taken over, and the run proceeds; also with two real training runs, and with a
+  two-process job whose rank 1 must refuse too instead of waiting for rank 0.
 - ``--resume never`` in a used out_dir moves the whole previous run aside, every byte intact.
 """
 
@@ -26,6 +26,9 @@ from plsh_dist.train.run_lock import LOCK_NAME, RunDirLock
 from tests.train.conftest import base_overrides
 from tests.train.launcher_runs import PRETRAIN, ROOT, Launch, empty_config, launcher_env
 from tests.train.test_refusals_launcher import _checkpoint_of, _launch, _snapshot, assert_refused
+
+# Launcher-level: each test starts the launcher in a fresh process (seconds each): make test-slow.
+pytestmark = pytest.mark.slow
 
 _TIMEOUT_S = 300
 
@@ -80,7 +83,6 @@ def test_a_lock_left_by_a_killed_run_is_named_stale_and_taken_over(tiny_data, tm
     assert (out / "metrics.jsonl").is_file()
 
 
-@pytest.mark.slow
 def test_two_runs_on_one_out_dir_the_second_is_refused_and_a_killed_run_leaves_no_lock(tiny_data, tmp_path):
     """The trial's story: run A trains; run B starts on the same out_dir with --resume never and is
     refused (before the fix both ran and mixed their checkpoints and metrics); A is killed with
@@ -111,7 +113,6 @@ def test_two_runs_on_one_out_dir_the_second_is_refused_and_a_killed_run_leaves_n
     assert not (out / LOCK_NAME).exists()
 
 
-@pytest.mark.slow
 def test_every_rank_of_a_two_process_job_refuses_a_locked_out_dir(tiny_data, tmp_path):
     """Only rank 0 takes the lock; rank 1 learns the verdict and exits 2 too, at once (no wait in a
     collective for a rank 0 that has left)."""
