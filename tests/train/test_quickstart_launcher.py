@@ -18,7 +18,6 @@ from plsh_dist.train.run_lock import RunDirLock
 from tests.train.launcher_runs import ROOT, Finished, launcher_env, run
 from tests.train.test_refusals_launcher import _snapshot
 
-# Launcher-level: each test starts the launcher in a fresh process (seconds each): make test-slow.
 pytestmark = pytest.mark.slow
 
 QUICKSTART = ROOT / "launchers" / "quickstart.py"

@@ -26,7 +26,6 @@ from plsh_dist.data.tokenizer import train_tokenizer
 from tests.train.conftest import base_overrides
 from tests.train.launcher_runs import PRETRAIN, Finished, deepspeed_cmd, empty_config, launcher_env, run
 
-# Launcher-level: each test starts the launcher in a fresh process (seconds each): make test-slow.
 pytestmark = pytest.mark.slow
 
 _TIMEOUT_S = 300  # one process on 2 busy cores: ~15-60 s; a hang fails the test

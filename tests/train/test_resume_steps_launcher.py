@@ -20,7 +20,6 @@ from plsh_dist.config import lr_at, read_resolved
 from tests.train.conftest import base_overrides
 from tests.train.test_refusals_launcher import _checkpoint_of, _launch, _snapshot, assert_refused
 
-# Launcher-level: each test starts the launcher in a fresh process (seconds each): make test-slow.
 pytestmark = pytest.mark.slow
 
 

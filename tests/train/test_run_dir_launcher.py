@@ -27,7 +27,6 @@ from tests.train.conftest import base_overrides
 from tests.train.launcher_runs import PRETRAIN, ROOT, Launch, empty_config, launcher_env
 from tests.train.test_refusals_launcher import _checkpoint_of, _launch, _snapshot, assert_refused
 
-# Launcher-level: each test starts the launcher in a fresh process (seconds each): make test-slow.
 pytestmark = pytest.mark.slow
 
 _TIMEOUT_S = 300
